@@ -1,0 +1,116 @@
+"""Packing algorithms: document lengths in, an assignment of every item to a pack out. No Ray, no I/O.
+
+Two kinds, one table. *Histogram* packers see only the item-length histogram and return a `Plan` that
+any worker can expand for its own items from (length, rank among items of that length); the distributed
+job uses only these for global packing. *Item* packers need the item list itself (order or identity
+matters to them) and are the baselines.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raypack.packing import bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp
+from raypack.packing.assignment import Assignment, check_assignment
+from raypack.packing.items import OVERFLOW_POLICIES, Items, item_histogram, make_items
+from raypack.packing.plan import Plan, expand, fill_offsets
+
+__all__ = [
+    "ALGORITHMS",
+    "OVERFLOW_POLICIES",
+    "Algorithm",
+    "Assignment",
+    "Items",
+    "Plan",
+    "check_assignment",
+    "expand",
+    "item_histogram",
+    "make_items",
+    "pack",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Algorithm:
+    """One packer: `plan(hist, seq_len, **options) -> Plan` or `assign(items, seq_len)`."""
+
+    name: str
+    summary: str
+    plan: Callable[..., Plan] | None = None
+    assign: Callable[[Items, int], tuple[np.ndarray, np.ndarray, np.ndarray, int]] | None = None
+    make_items: Callable[[np.ndarray, int, str], Items] = make_items
+
+    @property
+    def is_histogram(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        """Keyword options the packer accepts (beyond histogram and seq_len)."""
+        if self.plan is None:
+            return ()
+        params = inspect.signature(self.plan).parameters.values()
+        return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "bfd": Algorithm("bfd", "best-fit-decreasing, segment tree (Ding et al. 2024)", plan=bfd.plan),
+    "lpfhp": Algorithm("lpfhp", "longest-pack-first histogram packing (Krell et al.)", plan=lpfhp.plan),
+    "spfhp": Algorithm("spfhp", "shortest-pack-first histogram packing (Krell et al.)", plan=spfhp.plan),
+    "nnlshp": Algorithm("nnlshp", "NNLS histogram packing, depth <= 3 (Krell et al.)", plan=nnlshp.plan),
+    "bucket": Algorithm("bucket", "multi-bucket composition (Liu et al. 2024)", plan=bucket.plan),
+    "ffd": Algorithm("ffd", "first-fit-decreasing (baseline)", assign=ffd.assign),
+    "greedy": Algorithm("greedy", "next-fit in input order (baseline)", assign=greedy.assign),
+    "concat": Algorithm(
+        "concat",
+        "concatenate and cut every seq_len (baseline)",
+        assign=concat.assign,
+        make_items=concat.make_concat_items,
+    ),
+}
+
+
+def pack(
+    lengths: np.ndarray | list[int],
+    seq_len: int,
+    algorithm: str = "bfd",
+    *,
+    overflow: str = "split",
+    **options: Any,
+) -> Assignment:
+    """Pack documents of the given token lengths into packs of `seq_len` tokens."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
+    algo = ALGORITHMS[algorithm]
+    unknown = sorted(set(options) - set(algo.options))
+    if unknown:
+        accepted = ", ".join(algo.options) or "none"
+        raise ValueError(f"{algorithm} does not take option(s) {', '.join(unknown)} (accepted: {accepted})")
+    items = algo.make_items(np.asarray(lengths), seq_len, overflow)
+    capacity = None
+    if algo.plan is not None:
+        plan = algo.plan(item_histogram(items.length, seq_len), seq_len, **options)
+        pack_id, slot, offset = expand(plan, items.length)
+        if not plan.offsets_known:
+            offset = fill_offsets(pack_id, slot, items.length, plan.num_packs)
+        num_packs = plan.num_packs
+        if len(plan.capacity_value) > 1 or plan.capacity_value[0] != seq_len:
+            capacity = plan.pack_capacity()
+    else:
+        assert algo.assign is not None
+        pack_id, slot, offset, num_packs = algo.assign(items, seq_len)
+    return Assignment(
+        algorithm=algorithm,
+        seq_len=seq_len,
+        items=items,
+        pack=pack_id,
+        slot=slot,
+        offset=offset,
+        num_packs=num_packs,
+        pack_capacity=capacity,
+    )

@@ -1,0 +1,120 @@
+"""Documents → packable items: the overflow policy, and the item-length histogram.
+
+An *item* is what a packer places: a whole document, or one chunk of a document longer than `seq_len`.
+Items of one document are contiguous and in order, so a CSR offset array (`doc_start`) is the whole
+item→document map: 8 bytes per document instead of 8 per item plus a chunk column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["OVERFLOW_POLICIES", "Items", "check_lengths", "item_histogram", "make_items"]
+
+OVERFLOW_POLICIES = ("split", "truncate", "drop")
+
+
+@dataclass(frozen=True, slots=True)
+class Items:
+    """The items made from a list of documents, in document order then chunk order."""
+
+    doc_length: np.ndarray
+    """int64[documents]: the original document lengths, in tokens."""
+    doc_start: np.ndarray
+    """int64[documents + 1]: items of document d are `doc_start[d]:doc_start[d + 1]` (none if dropped)."""
+    length: np.ndarray
+    """int32[items]: tokens in each item."""
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_length)
+
+    @property
+    def num_items(self) -> int:
+        return len(self.length)
+
+    def doc_of_item(self) -> np.ndarray:
+        """int64[items]: the document each item comes from."""
+        counts = np.diff(self.doc_start)
+        return np.repeat(np.arange(self.num_docs, dtype=np.int64), counts)
+
+    def _first_item_of_own_doc(self) -> np.ndarray:
+        return np.repeat(self.doc_start[:-1], np.diff(self.doc_start))
+
+    def chunk_index(self) -> np.ndarray:
+        """int32[items]: 0 for a whole document or its first chunk, then 1, 2, ..."""
+        idx = np.arange(self.num_items, dtype=np.int64)
+        return (idx - self._first_item_of_own_doc()).astype(np.int32)
+
+    def start_in_doc(self) -> np.ndarray:
+        """int64[items]: token offset of each item inside its document (chunks are contiguous)."""
+        cum = np.cumsum(self.length, dtype=np.int64) - self.length
+        return cum - cum[self._first_item_of_own_doc()]
+
+    def placed_per_doc(self) -> np.ndarray:
+        """int64[documents]: tokens of each document that made it into items."""
+        cum = np.concatenate(([0], np.cumsum(self.length, dtype=np.int64)))
+        return cum[self.doc_start[1:]] - cum[self.doc_start[:-1]]
+
+
+def check_lengths(lengths: np.ndarray | list[int]) -> np.ndarray:
+    """Validate document lengths and return them as int64; raise ValueError naming the first bad one."""
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be a 1-D array, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if bad.size:
+            raise ValueError(f"lengths must be integers; document {bad[0]} has length {arr[bad[0]]!r}")
+    arr = arr.astype(np.int64, copy=False)
+    bad = np.flatnonzero(arr < 1)
+    if bad.size:
+        # An empty document has nothing to pack; the pipeline rejects it before it gets here.
+        raise ValueError(f"lengths must be >= 1; document {bad[0]} has length {arr[bad[0]]}")
+    return arr
+
+
+def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> Items:
+    """Apply the overflow policy to documents longer than `seq_len`.
+
+    split:    cut into `seq_len` chunks plus a remainder (Ding et al. 2024); the remainder is packed
+              like any document, so only documents longer than the context are ever cut.
+    truncate: keep the first `seq_len` tokens; the rest counts as dropped.
+    drop:     leave the document out entirely; it counts as dropped.
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    if overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+    doc_length = check_lengths(lengths)
+    n = len(doc_length)
+    doc_start = np.empty(n + 1, dtype=np.int64)
+    doc_start[0] = 0
+    if overflow == "split":
+        counts = (doc_length + (seq_len - 1)) // seq_len
+        np.cumsum(counts, out=doc_start[1:])
+        del counts
+        length = np.full(int(doc_start[-1]), seq_len, dtype=np.int32)
+        # Only the last chunk of each document differs from seq_len.
+        last = doc_start[1:] - 1
+        length[last] = doc_length - (doc_start[1:] - doc_start[:-1] - 1) * seq_len
+    elif overflow == "truncate":
+        doc_start[1:] = np.arange(1, n + 1)
+        length = np.minimum(doc_length, seq_len).astype(np.int32)
+    else:
+        keep = doc_length <= seq_len
+        np.cumsum(keep, out=doc_start[1:])
+        length = doc_length[keep].astype(np.int32)
+    return Items(doc_length=doc_length, doc_start=doc_start, length=length)
+
+
+def item_histogram(item_length: np.ndarray, seq_len: int) -> np.ndarray:
+    """int64[seq_len + 1]: how many items have each length (index 0 is always 0)."""
+    hist = np.bincount(item_length, minlength=seq_len + 1).astype(np.int64, copy=False)
+    if len(hist) > seq_len + 1:
+        raise ValueError(f"an item is longer than seq_len={seq_len}")
+    return hist
