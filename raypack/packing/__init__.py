@@ -99,11 +99,12 @@ def pack(
         if not plan.offsets_known:
             offset = fill_offsets(pack_id, slot, items.length, plan.num_packs)
         num_packs = plan.num_packs
-        if len(plan.capacity_value) > 1 or plan.capacity_value[0] != seq_len:
+        if np.any(plan.capacity_value != seq_len):
             capacity = plan.pack_capacity()
-    else:
-        assert algo.assign is not None
+    elif algo.assign is not None:
         pack_id, slot, offset, num_packs = algo.assign(items, seq_len)
+    else:
+        raise TypeError(f"algorithm {algorithm!r} defines neither plan nor assign")  # a bug in the table
     return Assignment(
         algorithm=algorithm,
         seq_len=seq_len,

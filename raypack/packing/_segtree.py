@@ -38,6 +38,8 @@ def tree_set(tree, value, present):  # type: ignore[no-untyped-def]
 @numba.njit(cache=True, nogil=True)
 def tree_first_ge(tree, x):  # type: ignore[no-untyped-def]
     """Smallest present value >= x, or -1. The left child is tried first: it holds the smaller values."""
+    if x < 0:
+        x = 0  # absent nodes hold -1, so a negative bound would walk into them
     if tree[1] < x:
         return -1
     size = len(tree) // 2

@@ -59,14 +59,14 @@ def check_assignment(a: Assignment) -> None:
         raise ValueError(f"pack {int(np.argmin(counts))} is empty")
     order = np.lexsort((a.slot, a.pack))
     p, s = a.pack[order], a.slot[order]
-    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    first = np.cumsum(counts) - counts
     expected_slot = np.arange(n) - np.repeat(first, counts)
     if not np.array_equal(s, expected_slot):
         bad = int(np.flatnonzero(s != expected_slot)[0])
         raise ValueError(f"pack {int(p[bad])}: slots are not 0..k-1 (duplicate or gap)")
     lengths = it.length[order].astype(np.int64)
     cum = np.cumsum(lengths) - lengths
-    expected_offset = cum - np.repeat(cum[first], counts) if n else cum
+    expected_offset = cum - np.repeat(cum[first], counts)
     if not np.array_equal(a.offset[order], expected_offset):
         bad = int(np.flatnonzero(a.offset[order] != expected_offset)[0])
         raise ValueError(f"pack {int(p[bad])}: item offsets are not back to back in slot order")

@@ -62,7 +62,7 @@ def _grow(a, n):  # type: ignore[no-untyped-def]
 
 @numba.njit(cache=True, nogil=True)
 def _fill(tree, count, capacity, steps):  # type: ignore[no-untyped-def]
-    """Greedy fill of one pack; writes (length, q, count-limited) rows to steps; returns (rows, room)."""
+    """Greedy fill of one pack; writes (length, q) rows to steps; returns (rows, room)."""
     room = capacity
     nsteps = 0
     bound = room
@@ -74,7 +74,6 @@ def _fill(tree, count, capacity, steps):  # type: ignore[no-untyped-def]
         q = fit if fit < count[x] else count[x]
         steps[nsteps, 0] = x
         steps[nsteps, 1] = q
-        steps[nsteps, 2] = 1 if q < fit else 0
         nsteps += 1
         room -= q * x
         # Lengths strictly decrease: x is either used up or no longer fits.
@@ -92,7 +91,7 @@ def _compose(count, buckets, threshold):  # type: ignore[no-untyped-def]
             tree_set(tree, x, True)
     consumed = np.zeros(seq_len + 1, dtype=np.int64)
     mult = np.zeros(seq_len + 1, dtype=np.int64)
-    steps = np.empty((nb, seq_len + 1, 3), dtype=np.int64)
+    steps = np.empty((nb, seq_len + 1, 2), dtype=np.int64)
     nsteps = np.zeros(nb, dtype=np.int64)
     runs = np.empty((256, 8), dtype=np.int64)
     nr = 0
@@ -117,16 +116,18 @@ def _compose(count, buckets, threshold):  # type: ignore[no-untyped-def]
             chosen = best
         for s in range(nsteps[chosen]):
             mult[steps[chosen, s, 0]] = steps[chosen, s, 1]
-        # How many times the chosen pattern repeats before any examined candidate's fill would change.
+        # How many times the chosen pattern repeats before any examined candidate's fill would change:
+        # a fill that took q of length x is unchanged while at least q of x remain. (A fill limited by
+        # the supply of x took all of it, so the bound is then 1.)
         k = np.int64(1) << 62
         for c in range(evaluated):
             if buckets[c] < longest:
                 continue
             for s in range(nsteps[c]):
-                x, q, limited = steps[c, s, 0], steps[c, s, 1], steps[c, s, 2]
+                x, q = steps[c, s, 0], steps[c, s, 1]
                 if mult[x] == 0:
                     continue
-                bound = 1 if limited else 1 + (count[x] - q) // mult[x]
+                bound = 1 + (count[x] - q) // mult[x]
                 if bound < k:
                     k = bound
         caps = _grow(caps, nc)

@@ -69,7 +69,7 @@ def check_lengths(lengths: np.ndarray | list[int]) -> np.ndarray:
             raise ValueError(f"lengths must be integers, got dtype {arr.dtype}")
         bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
         if bad.size:
-            raise ValueError(f"lengths must be integers; document {bad[0]} has length {arr[bad[0]]!r}")
+            raise ValueError(f"lengths must be integers; document {bad[0]} has length {arr[bad[0]].item()!r}")
     arr = arr.astype(np.int64, copy=False)
     bad = np.flatnonzero(arr < 1)
     if bad.size:

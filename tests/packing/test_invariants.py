@@ -1,0 +1,121 @@
+"""Properties every packer must have, on arbitrary lengths (hypothesis)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from raypack.packing import ALGORITHMS, check_assignment, expand, item_histogram, make_items, pack
+
+HISTOGRAM = [name for name, a in ALGORITHMS.items() if a.is_histogram]
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def corpora(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+    seq_len = draw(st.integers(1, 64))
+    lengths = draw(st.lists(st.integers(1, 3 * seq_len + 5), min_size=0, max_size=80))
+    return np.array(lengths, dtype=np.int64), seq_len
+
+
+def assert_sound(lengths: np.ndarray, seq_len: int, algorithm: str, overflow: str, **options: object) -> None:
+    a = pack(lengths, seq_len, algorithm, overflow=overflow, **options)
+    check_assignment(a)
+    it = a.items
+    # Each item exactly once, in a real pack.
+    assert len(a.pack) == it.num_items
+    assert a.num_packs == (len(np.unique(a.pack)) if it.num_items else 0)
+    # No pack over capacity.
+    fill = np.bincount(a.pack, weights=it.length, minlength=a.num_packs)
+    assert np.all(fill <= a.capacities())
+    # Conservation of tokens, document by document.
+    placed = it.placed_per_doc()
+    if overflow == "split":
+        assert np.array_equal(placed, lengths)
+    elif overflow == "truncate":
+        assert np.array_equal(placed, np.minimum(lengths, seq_len))
+    else:
+        assert np.array_equal(placed, np.where(lengths <= seq_len, lengths, 0))
+    # Chunks are contiguous and in order: chunk starts add up.
+    starts = it.start_in_doc()
+    assert np.all(starts + it.length <= np.repeat(lengths, np.diff(it.doc_start)))
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@pytest.mark.parametrize("overflow", ["split", "truncate", "drop"])
+@SETTINGS
+@given(corpus=corpora())
+def test_every_item_placed_once_within_capacity_and_tokens_conserved(
+    algorithm: str, overflow: str, corpus: tuple[np.ndarray, int]
+) -> None:
+    lengths, seq_len = corpus
+    assert_sound(lengths, seq_len, algorithm, overflow)
+
+
+@pytest.mark.parametrize("algorithm", ["bfd", "lpfhp", "spfhp", "nnlshp"])
+@SETTINGS
+@given(corpus=corpora(), depth=st.integers(1, 4))
+def test_depth_cap_respected(algorithm: str, corpus: tuple[np.ndarray, int], depth: int) -> None:
+    lengths, seq_len = corpus
+    if algorithm == "nnlshp":
+        depth = min(depth, 3)
+    a = pack(lengths, seq_len, algorithm, max_depth=depth)
+    check_assignment(a)
+    if algorithm != "nnlshp":  # nnlshp caps only its NNLS packs; bfd takes the leftovers uncapped
+        assert np.bincount(a.pack).max(initial=0) <= depth
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+@SETTINGS
+@given(corpus=corpora())
+def test_deterministic(algorithm: str, corpus: tuple[np.ndarray, int]) -> None:
+    lengths, seq_len = corpus
+    a = pack(lengths, seq_len, algorithm)
+    b = pack(lengths.copy(), seq_len, algorithm)
+    for name in ("pack", "slot", "offset"):
+        assert np.array_equal(getattr(a, name), getattr(b, name))
+    assert a.num_packs == b.num_packs
+
+
+@pytest.mark.parametrize("algorithm", HISTOGRAM)
+@SETTINGS
+@given(corpus=corpora(), cuts=st.lists(st.integers(0, 200), max_size=5))
+def test_shards_expand_alone_to_the_global_assignment(
+    algorithm: str, corpus: tuple[np.ndarray, int], cuts: list[int]
+) -> None:
+    """What the distributed job does: each shard places its own items from the plan, its items' lengths
+    and the counts of each length in earlier shards; the result must equal the one-process expansion."""
+    lengths, seq_len = corpus
+    items = make_items(lengths, seq_len)
+    hist = item_histogram(items.length, seq_len)
+    plan = ALGORITHMS[algorithm].plan(hist, seq_len)  # type: ignore[misc]
+    whole = expand(plan, items.length)
+    bounds = sorted({0, items.num_items, *(c for c in cuts if c <= items.num_items)})
+    parts = []
+    rank_base = np.zeros(seq_len + 1, dtype=np.int64)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        shard = items.length[lo:hi]
+        parts.append(expand(plan, shard, rank_base))
+        rank_base = rank_base + item_histogram(shard, seq_len)
+    for k in range(3):
+        joined = np.concatenate([p[k] for p in parts]) if parts else whole[k][:0]
+        assert np.array_equal(joined, whole[k])
+
+
+@pytest.mark.parametrize("algorithm", HISTOGRAM)
+def test_plan_covers_exactly_the_histogram(algorithm: str) -> None:
+    rng = np.random.default_rng(1)
+    lengths = np.maximum(1, rng.lognormal(4.0, 1.0, 5000)).astype(np.int64)
+    items = make_items(lengths, 256)
+    hist = item_histogram(items.length, 256)
+    plan = ALGORITHMS[algorithm].plan(hist, 256)  # type: ignore[misc]
+    assert np.array_equal(plan.coverage(), hist)
+
+
+def test_expand_rejects_items_the_plan_does_not_cover() -> None:
+    items = make_items(np.array([3, 3, 5]), 8)
+    plan = ALGORITHMS["bfd"].plan(item_histogram(items.length, 8), 8)  # type: ignore[misc]
+    with pytest.raises(ValueError, match="not covered by the plan"):
+        expand(plan, np.array([3, 3, 3], dtype=np.int32))
