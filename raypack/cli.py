@@ -24,7 +24,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="raypack", description="Pack tokenized corpora into fixed-length training sequences.")
+    parser = _Parser(
+        prog="raypack", description="Pack tokenized corpora into fixed-length training sequences."
+    )
     parser.add_argument("--version", action="version", version=f"raypack {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -35,11 +37,18 @@ def _build_parser() -> argparse.ArgumentParser:
         "algorithm and seq_len.",
     )
     source = plan.add_mutually_exclusive_group(required=True)
-    source.add_argument("--lengths", metavar="FILE", help=".npy, .txt (one length a line) or .parquet (length column)")
     source.add_argument(
-        "--sample", metavar="N", type=int, help="use N built-in lognormal(6.0, 1.2) lengths (seeded) instead of a file"
+        "--lengths", metavar="FILE", help=".npy, .txt (one length a line) or .parquet (length column)"
     )
-    plan.add_argument("--seq-len", metavar="N", type=int, nargs="+", required=True, help="one or more pack lengths")
+    source.add_argument(
+        "--sample",
+        metavar="N",
+        type=int,
+        help="use N built-in lognormal(6.0, 1.2) lengths (seeded) instead of a file",
+    )
+    plan.add_argument(
+        "--seq-len", metavar="N", type=int, nargs="+", required=True, help="one or more pack lengths"
+    )
     plan.add_argument(
         "--algorithm",
         default="bfd",
@@ -78,7 +87,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if len(path) != 1:
             raise ConfigError(f"--set {text!r}: plan settings are flat keys (pack.* without the prefix)")
         settings[path[0]] = value
-    lengths = dryrun.sample_lengths(args.sample, args.seed) if args.sample is not None else dryrun.load_lengths(args.lengths)
+    lengths = (
+        dryrun.sample_lengths(args.sample, args.seed)
+        if args.sample is not None
+        else dryrun.load_lengths(args.lengths)
+    )
     results = dryrun.run_sweep(lengths, args.seq_len, algorithms, settings)
     if args.json:
         for metrics, seconds in results:

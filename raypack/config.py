@@ -55,7 +55,9 @@ class PackConfig:
                 f"pack.algorithm {self.algorithm!r} is unknown; choose from {', '.join(ALGORITHMS)}"
             )
         if self.overflow not in OVERFLOW_POLICIES:
-            raise ConfigError(f"pack.overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}")
+            raise ConfigError(
+                f"pack.overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}"
+            )
         if self.max_depth is not None and self.max_depth < 1:
             raise ConfigError(f"pack.max_depth must be >= 1 or null, got {self.max_depth}")
         if self.algorithm == "nnlshp" and self.max_depth is not None and self.max_depth > 3:
@@ -181,4 +183,3 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def _deepcopy(d: dict[str, Any]) -> dict[str, Any]:
     return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in d.items()}
-

@@ -131,7 +131,11 @@ def _config_for(algorithm: str, seq_len: int, settings: dict[str, Any]) -> PackC
     (a depth cap given for lpfhp does not break the nnlshp column of `--algorithm all`)."""
     values = dict(settings, algorithm=algorithm, seq_len=seq_len)
     accepted = ALGORITHMS[algorithm].options
-    per_algorithm = {"max_depth": "max_depth", "bucket_lengths": "bucket_lengths", "nnls_bin_width": "bin_width"}
+    per_algorithm = {
+        "max_depth": "max_depth",
+        "bucket_lengths": "bucket_lengths",
+        "nnls_bin_width": "bin_width",
+    }
     for key, option in per_algorithm.items():
         if key in values and option not in accepted:
             values.pop(key)
@@ -178,7 +182,13 @@ def format_table(results: list[tuple[PackingMetrics, float]]) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+
+    def line(cells: Sequence[str]) -> str:
+        # Algorithm name left-aligned, numbers right-aligned.
+        pairs = list(zip(cells, widths, strict=True))
+        return "  ".join([pairs[0][0].ljust(pairs[0][1])] + [c.rjust(w) for c, w in pairs[1:]])
+
+    lines = [line(r) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

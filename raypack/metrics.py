@@ -102,5 +102,5 @@ def _bands(doc_length: np.ndarray, truncations: np.ndarray) -> tuple[LengthBand,
     cuts = np.bincount(band, weights=truncations)
     return tuple(
         LengthBand(lo=1 << b, hi=1 << (b + 1), documents=int(docs[b]), truncations_per_doc=cuts[b] / docs[b])
-        for b in np.flatnonzero(docs)
+        for b in np.flatnonzero(docs).tolist()
     )

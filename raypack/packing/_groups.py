@@ -31,9 +31,7 @@ __all__ = ["fit_histogram"]
 G_BASE, G_COUNT, G_USED, G_DEPTH, G_NEXT = range(5)
 
 
-def fit_histogram(
-    hist: np.ndarray, seq_len: int, *, best: bool, stack: bool, max_depth: int | None
-) -> Plan:
+def fit_histogram(hist: np.ndarray, seq_len: int, *, best: bool, stack: bool, max_depth: int | None) -> Plan:
     """Plan for the item-length histogram `hist` (int[seq_len + 1]).
 
     best:  tightest fitting pack (best fit) if True, roomiest (worst fit, Krell's SPFHP) if False.
@@ -50,7 +48,7 @@ def fit_histogram(
 
 
 @numba.njit(cache=True, nogil=True)
-def _grow(a, n):  # type: ignore[no-untyped-def]
+def _grow(a, n):
     if n < a.shape[0]:
         return a
     b = np.empty((a.shape[0] * 2, a.shape[1]), dtype=a.dtype)
@@ -59,7 +57,7 @@ def _grow(a, n):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _fit(hist, seq_len, best, stack, max_depth):  # type: ignore[no-untyped-def]
+def _fit(hist, seq_len, best, stack, max_depth):
     tree = tree_new(seq_len + 1)
     head = np.full(seq_len + 1, -1, dtype=np.int64)
     groups = np.empty((256, 5), dtype=np.int64)
@@ -142,4 +140,3 @@ def _fit(hist, seq_len, best, stack, max_depth):  # type: ignore[no-untyped-def]
                 head[r] = ng
                 ng += 1
     return runs[:nr], num_packs
-

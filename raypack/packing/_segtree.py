@@ -15,7 +15,7 @@ __all__ = ["tree_first_ge", "tree_last_le", "tree_new", "tree_set"]
 
 
 @numba.njit(cache=True, nogil=True)
-def tree_new(n):  # type: ignore[no-untyped-def]
+def tree_new(n):
     size = 1
     while size < n:
         size *= 2
@@ -23,7 +23,7 @@ def tree_new(n):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def tree_set(tree, value, present):  # type: ignore[no-untyped-def]
+def tree_set(tree, value, present):
     size = len(tree) // 2
     node = size + value
     tree[node] = value if present else -1
@@ -36,7 +36,7 @@ def tree_set(tree, value, present):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def tree_first_ge(tree, x):  # type: ignore[no-untyped-def]
+def tree_first_ge(tree, x):
     """Smallest present value >= x, or -1. The left child is tried first: it holds the smaller values."""
     if x < 0:
         x = 0  # absent nodes hold -1, so a negative bound would walk into them
@@ -53,7 +53,7 @@ def tree_first_ge(tree, x):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def tree_last_le(tree, x):  # type: ignore[no-untyped-def]
+def tree_last_le(tree, x):
     """Largest present value <= x, or -1."""
     size = len(tree) // 2
     if x < 0:

@@ -35,9 +35,7 @@ class Assignment:
 
     def pack_fill(self) -> np.ndarray:
         """int64[num_packs]: real tokens in each pack."""
-        return np.bincount(self.pack, weights=self.items.length, minlength=self.num_packs).astype(
-            np.int64
-        )
+        return np.bincount(self.pack, weights=self.items.length, minlength=self.num_packs).astype(np.int64)
 
 
 def check_assignment(a: Assignment) -> None:

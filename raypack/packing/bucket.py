@@ -41,7 +41,9 @@ def plan(
 ) -> Plan:
     buckets = tuple(sorted(set(bucket_lengths))) if bucket_lengths else default_buckets(seq_len)
     if buckets[0] < 1 or buckets[-1] != seq_len:
-        raise ValueError(f"bucket lengths must be >= 1 with the largest equal to seq_len={seq_len}, got {buckets}")
+        raise ValueError(
+            f"bucket lengths must be >= 1 with the largest equal to seq_len={seq_len}, got {buckets}"
+        )
     if not 0.0 <= padding_threshold < 1.0:
         raise ValueError(f"padding_threshold must be in [0, 1), got {padding_threshold}")
     hist = np.asarray(hist, dtype=np.int64)
@@ -52,16 +54,16 @@ def plan(
 
 
 @numba.njit(cache=True, nogil=True)
-def _grow(a, n):  # type: ignore[no-untyped-def]
+def _grow(a, n):
     if n < a.shape[0]:
         return a
-    b = np.empty((a.shape[0] * 2,) + a.shape[1:], dtype=a.dtype)
+    b = np.empty((a.shape[0] * 2,) + a.shape[1:], dtype=a.dtype)  # noqa: RUF005 (numba: no star-unpacking)
     b[: a.shape[0]] = a
     return b
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(tree, count, capacity, steps):  # type: ignore[no-untyped-def]
+def _fill(tree, count, capacity, steps):
     """Greedy fill of one pack; writes (length, q) rows to steps; returns (rows, room)."""
     room = capacity
     nsteps = 0
@@ -82,7 +84,7 @@ def _fill(tree, count, capacity, steps):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _compose(count, buckets, threshold):  # type: ignore[no-untyped-def]
+def _compose(count, buckets, threshold):
     seq_len = buckets[-1]
     nb = len(buckets)
     tree = tree_new(seq_len + 1)
@@ -97,7 +99,7 @@ def _compose(count, buckets, threshold):  # type: ignore[no-untyped-def]
     nr = 0
     caps = np.empty((64, 2), dtype=np.int64)
     nc = 0
-    num_packs = 0
+    num_packs = np.int64(0)
     while tree[1] > 0:
         longest = tree[1]
         chosen, best, best_pad, evaluated = -1, -1, 2.0, 0

@@ -44,7 +44,7 @@ def assign(items: Items, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 @numba.njit(cache=True, nogil=True)
-def _count_pieces(stream, seq_len):  # type: ignore[no-untyped-def]
+def _count_pieces(stream, seq_len):
     pos, total = 0, 0
     for d in range(len(stream)):
         if stream[d] > 0:
@@ -54,7 +54,7 @@ def _count_pieces(stream, seq_len):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def _cut(stream, seq_len, doc_start, out_length):  # type: ignore[no-untyped-def]
+def _cut(stream, seq_len, doc_start, out_length):
     pos, k = 0, 0
     doc_start[0] = 0
     for d in range(len(stream)):

@@ -25,7 +25,7 @@ def assign(items: Items, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 @numba.njit(cache=True, nogil=True)
-def _ffd(length, seq_len, out_pack, out_slot, out_offset):  # type: ignore[no-untyped-def]
+def _ffd(length, seq_len, out_pack, out_slot, out_offset):
     n = len(length)
     # Counting sort, longest first and stable: O(n + seq_len) instead of an O(n log n) argsort.
     count = np.zeros(seq_len + 2, dtype=np.int64)

@@ -25,7 +25,7 @@ def assign(items: Items, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 @numba.njit(cache=True, nogil=True)
-def _next_fit(length, seq_len, out_pack, out_slot, out_offset):  # type: ignore[no-untyped-def]
+def _next_fit(length, seq_len, out_pack, out_slot, out_offset):
     current, fill, depth = -1, seq_len, 0
     for i in range(len(length)):
         if fill + length[i] > seq_len:

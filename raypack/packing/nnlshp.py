@@ -28,9 +28,7 @@ SHORT_WEIGHT = 0.09
 DEFAULT_CLASSES = 256
 
 
-def plan(
-    hist: np.ndarray, seq_len: int, *, max_depth: int = 3, bin_width: int | None = None
-) -> Plan:
+def plan(hist: np.ndarray, seq_len: int, *, max_depth: int = 3, bin_width: int | None = None) -> Plan:
     if not 1 <= max_depth <= 3:
         raise ValueError(f"nnlshp supports max_depth 1..3, got {max_depth}")
     width = int(bin_width) if bin_width is not None else max(1, -(-seq_len // DEFAULT_CLASSES))

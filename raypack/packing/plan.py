@@ -122,7 +122,7 @@ def expand(
 
 
 @numba.njit(cache=True, nogil=True)
-def _expand(item_length, rank_base, run_ptr, runs, out_pack, out_slot, out_offset):  # type: ignore[no-untyped-def]
+def _expand(item_length, rank_base, run_ptr, runs, out_pack, out_slot, out_offset):
     seq_len = len(run_ptr) - 2
     counter = rank_base.copy()
     cursor = np.full(seq_len + 1, -1, dtype=np.int64)

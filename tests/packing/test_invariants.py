@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -95,7 +97,7 @@ def test_shards_expand_alone_to_the_global_assignment(
     bounds = sorted({0, items.num_items, *(c for c in cuts if c <= items.num_items)})
     parts = []
     rank_base = np.zeros(seq_len + 1, dtype=np.int64)
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in itertools.pairwise(bounds):
         shard = items.length[lo:hi]
         parts.append(expand(plan, shard, rank_base))
         rank_base = rank_base + item_histogram(shard, seq_len)

@@ -30,7 +30,7 @@ def test_rounded_strategies_never_ask_for_more_than_exists() -> None:
     supply = np.array([5, 4, 1, 2])  # classes 1..4
     out = _fit_to_supply(strategies, np.array([4, 3, 9]), supply)
     use = np.zeros(5, dtype=np.int64)
-    for row, r in zip(strategies, out):
+    for row, r in zip(strategies, out, strict=True):
         for c in row[row > 0]:
             use[c] += r
     assert np.all(use[1:] <= supply)
@@ -61,7 +61,7 @@ def test_nnls_packs_respect_depth_and_efficiency_on_lognormal() -> None:
 
 
 def test_bad_options() -> None:
-    with pytest.raises(ValueError, match="max_depth 1..3"):
+    with pytest.raises(ValueError, match=r"max_depth 1\.\.3"):
         pack([5], 10, "nnlshp", max_depth=4)
     with pytest.raises(ValueError, match="bin_width"):
         pack([5], 10, "nnlshp", bin_width=11)

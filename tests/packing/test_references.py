@@ -69,7 +69,9 @@ def reference_ffd(items: list[int], seq_len: int) -> list[int]:
     return sorted(seq_len - r for r in room)
 
 
-def reference_bucket(items: list[int], buckets: tuple[int, ...], threshold: float) -> list[tuple[int, list[int]]]:
+def reference_bucket(
+    items: list[int], buckets: tuple[int, ...], threshold: float
+) -> list[tuple[int, list[int]]]:
     """Liu et al., one pack at a time: open with the longest item; per bucket (smallest first) fill
     greedily with the longest item that fits; first bucket within the padding threshold, else the
     least padded."""

@@ -1,0 +1,121 @@
+"""`raypack plan`: the dry run a user runs before spending cluster time."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from raypack.cli import main
+from raypack.dryrun import JSON_KEYS
+from raypack.packing import ALGORITHMS
+
+
+@pytest.fixture
+def lengths_files(tmp_path: Path) -> dict[str, Path]:
+    lengths = [20, 5, 3, 6, 7, 1, 30]
+    npy = tmp_path / "l.npy"
+    np.save(npy, np.array(lengths))
+    txt = tmp_path / "l.txt"
+    txt.write_text("# lengths\n" + "\n".join(map(str, lengths)) + "\n")
+    parquet = tmp_path / "l.parquet"
+    pq.write_table(pa.table({"length": lengths, "other": ["x"] * len(lengths)}), parquet)
+    return {"npy": npy, "txt": txt, "parquet": parquet}
+
+
+@pytest.mark.parametrize("kind", ["npy", "txt", "parquet"])
+def test_json_output_for_each_file_type(
+    kind: str, lengths_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--lengths", str(lengths_files[kind]), "--seq-len", "8", "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    record = json.loads(line)
+    assert tuple(record) == JSON_KEYS
+    assert record["algorithm"] == "bfd" and record["seq_len"] == 8
+    assert record["documents"] == 7
+    assert record["items"] == 7 + 2 + 3  # 20 → 3 items, 30 → 4 items
+    assert record["lower_bound"] == 9  # ceil(72 / 8)
+    assert record["tokens_dropped"] == 0
+
+
+def test_sweep_prints_one_row_per_algorithm_and_seq_len(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--sample", "2000", "--seq-len", "512", "2048", "--algorithm", "all"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in out[3:]]
+    assert [(r[0], r[1]) for r in rows] == [(a, s) for s in ("512", "2048") for a in ALGORITHMS]
+    bfd_512 = next(r for r in rows if r[:2] == ["bfd", "512"])
+    assert float(bfd_512[5].rstrip("%")) > 99.0
+
+
+def test_settings_reach_the_packer(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--sample", "500", "--seq-len", "512", "--json", "--algorithm", "lpfhp,nnlshp"]
+    assert main([*args, "--set", "max_depth=2", "--set", "overflow=truncate"]) == 0
+    capped, nnls = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert capped["packing_factor"] <= 2.0
+    assert capped["tokens_dropped"] > 0 and nnls["tokens_dropped"] == capped["tokens_dropped"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lengths", "/nonexistent.npy", "--seq-len", "8"], "lengths file not found"),
+        (["--lengths", "{bad_txt}", "--seq-len", "8"], "line 2: 'abc' is not an integer"),
+        (["--lengths", "{neg}", "--seq-len", "8"], "document 1 has length -4"),
+        (["--lengths", "{csv}", "--seq-len", "8"], "unsupported lengths file type"),
+        (["--lengths", "{noparquet}", "--seq-len", "8"], "not a readable Parquet file"),
+        (["--lengths", "{nocol}", "--seq-len", "8"], "no 'length' column"),
+        (["--sample", "10", "--seq-len", "0"], "--seq-len must be >= 1"),
+        (["--sample", "10", "--seq-len", "8", "--algorithm", "magic"], "unknown algorithm 'magic'"),
+        (["--sample", "10", "--seq-len", "8", "--set", "max_depth=0"], "max_depth must be >= 1"),
+        (["--sample", "10", "--seq-len", "8", "--set", "depth=3"], "unknown setting depth"),
+        (["--sample", "10", "--seq-len", "x"], "invalid int value"),
+        (["--seq-len", "8"], "one of the arguments --lengths --sample is required"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = {
+        "bad_txt": tmp_path / "bad.txt",
+        "neg": tmp_path / "neg.npy",
+        "csv": tmp_path / "l.csv",
+        "noparquet": tmp_path / "broken.parquet",
+        "nocol": tmp_path / "nocol.parquet",
+    }
+    files["bad_txt"].write_text("3\nabc\n")
+    np.save(files["neg"], np.array([3, -4]))
+    files["csv"].write_text("3\n")
+    files["noparquet"].write_text("not parquet")
+    pq.write_table(pa.table({"len": [1, 2]}), files["nocol"])
+    args = [a.format(**{k: str(v) for k, v in files.items()}) for a in args]
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("raypack: error: ") and message in err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_console_script_exits_2_without_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raypack.cli",
+            "plan",
+            "--lengths",
+            str(tmp_path / "missing.txt"),
+            "--seq-len",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"raypack: error: lengths file not found: {tmp_path / 'missing.txt'}"
+    assert proc.stdout == ""

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import pytest
+
+from raypack.config import ConfigError, PackConfig, apply_overrides, from_dict
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"seq_len": 0}, "seq_len must be >= 1"),
+        ({"seq_len": "2048"}, "seq_len must be an integer"),
+        ({"seq_len": True}, "seq_len must be an integer"),
+        ({"algorithm": "best"}, "algorithm 'best' is unknown"),
+        ({"overflow": "wrap"}, "overflow must be one of"),
+        ({"max_depth": 0}, "max_depth must be >= 1"),
+        ({"algorithm": "nnlshp", "max_depth": 4}, "<= 3 for nnlshp"),
+        ({"seq_len": 4096, "bucket_lengths": [1024, 2048]}, "largest bucket must equal seq_len"),
+        ({"bucket_lengths": "2048"}, "bucket_lengths must be a list"),
+        ({"padding_threshold": 1.5}, "padding_threshold must be in"),
+        ({"nnls_bin_width": 0}, "nnls_bin_width"),
+        ({"shuffle": "yes"}, "shuffle must be true or false"),
+        ({"seqlen": 2048}, "unknown key seqlen"),
+    ],
+)
+def test_bad_values_name_the_key(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_dict(PackConfig, data)
+
+
+def test_valid_config_and_algorithm_options() -> None:
+    cfg = from_dict(PackConfig, {"seq_len": 4096, "algorithm": "bucket", "bucket_lengths": [4096, 1024]})
+    assert cfg.bucket_lengths == (4096, 1024)
+    assert cfg.algorithm_options() == {"bucket_lengths": (4096, 1024), "padding_threshold": 0.01}
+    assert from_dict(PackConfig, {"max_depth": 3}).algorithm_options() == {"max_depth": 3}
+    assert from_dict(PackConfig, {"algorithm": "ffd"}).algorithm_options() == {}
+
+
+def test_overrides_are_read_as_yaml() -> None:
+    data = apply_overrides(
+        {"pack": {"seq_len": 2048}}, ["pack.seq_len=8192", "pack.shuffle=false", "x.y=[1, 2]"]
+    )
+    assert data == {"pack": {"seq_len": 8192, "shuffle": False}, "x": {"y": [1, 2]}}
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_overrides({}, ["pack.seq_len"])
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides({"pack": 3}, ["pack.seq_len=1"])

@@ -1,0 +1,59 @@
+"""Metrics on cases small enough to count by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from raypack.metrics import compute_metrics
+from raypack.packing import pack
+
+
+def test_bfd_hand_case() -> None:
+    # seq_len 8; documents 20, 5, 3, 6: 20 → 8 + 8 + 4. Items 8, 8, 6, 5, 4, 3 in best fit:
+    # [8] [8] [6] [5, 3] [4]  → 5 packs, 34 tokens, 40 slots.
+    m = compute_metrics(pack([20, 5, 3, 6], 8, "bfd"))
+    assert (m.documents, m.items, m.packs) == (4, 6, 5)
+    assert m.tokens == 34 and m.slots == 40
+    assert m.lower_bound == 5  # ceil(34 / 8)
+    assert m.efficiency == pytest.approx(34 / 40)
+    assert m.padding_ratio == pytest.approx(6 / 40)
+    assert m.truncation_ratio == pytest.approx(1 / 4)  # only the 20-token document is cut
+    assert m.concatenation_ratio == pytest.approx(4 / 5)
+    assert m.packing_factor == pytest.approx(6 / 5)
+    assert m.tokens_dropped == 0 and m.documents_dropped == 0
+    bands = {(b.lo, b.hi): (b.documents, b.truncations_per_doc) for b in m.truncation_bands}
+    # 3 in [2,4); 5, 6 in [4,8); 20 in [16,32) with 2 cuts.
+    assert bands == {(2, 4): (1, 0.0), (4, 8): (2, 0.0), (16, 32): (1, 2.0)}
+
+
+def test_truncate_and_drop_count_lost_tokens() -> None:
+    t = compute_metrics(pack([20, 5, 3], 8, "bfd", overflow="truncate"))
+    assert t.tokens_dropped == 12 and t.documents_dropped == 0
+    assert t.truncation_ratio == pytest.approx(1 / 3)
+    assert t.packs == 2  # [8] [5, 3]
+    d = compute_metrics(pack([20, 5, 3], 8, "bfd", overflow="drop"))
+    assert d.tokens_dropped == 20 and d.documents_dropped == 1
+    assert d.truncation_ratio == pytest.approx(1 / 3)
+    assert d.concatenation_ratio == pytest.approx(2 / 1)  # two documents reach the one pack
+    assert d.packs == 1
+
+
+def test_concat_cuts_documents_at_pack_boundaries() -> None:
+    # 5, 5, 5 with seq_len 8: stream [0,15) → packs [0,8) [8,15); the second document straddles 8.
+    m = compute_metrics(pack([5, 5, 5], 8, "concat"))
+    assert m.packs == 2 and m.items == 4
+    assert m.truncation_ratio == pytest.approx(1 / 3)
+    assert m.efficiency == pytest.approx(15 / 16)
+
+
+def test_bucket_slots_are_the_bucket_lengths() -> None:
+    # Buckets 2/4/8 (seq_len 8): a 3-token document alone fits bucket 4 with 1 pad.
+    m = compute_metrics(pack([3], 8, "bucket", bucket_lengths=(2, 4, 8), padding_threshold=0.5))
+    assert m.packs == 1 and m.slots == 4
+    assert m.efficiency == pytest.approx(3 / 4)
+
+
+def test_empty_corpus() -> None:
+    m = compute_metrics(pack([], 8, "bfd"))
+    assert (m.packs, m.tokens, m.lower_bound) == (0, 0, 0)
+    assert m.efficiency == 1.0 and m.truncation_bands == ()
