@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 __all__ = ["OVERFLOW_POLICIES", "Items", "check_lengths", "item_histogram", "make_items"]
@@ -92,16 +93,13 @@ def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> It
         raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
     doc_length = check_lengths(lengths)
     n = len(doc_length)
-    doc_start = np.empty(n + 1, dtype=np.int64)
-    doc_start[0] = 0
+    doc_start = np.zeros(n + 1, dtype=np.int64)
     if overflow == "split":
-        counts = (doc_length + (seq_len - 1)) // seq_len
-        np.cumsum(counts, out=doc_start[1:])
-        del counts
-        length = np.full(int(doc_start[-1]), seq_len, dtype=np.int32)
-        # Only the last chunk of each document differs from seq_len.
-        last = doc_start[1:] - 1
-        length[last] = doc_length - (doc_start[1:] - doc_start[:-1] - 1) * seq_len
+        # One numba pass, no temporaries: at 10M documents numpy's intermediates (chunk counts, last
+        # positions, remainders) pushed the peak from 25.6 to 36.6 bytes per document.
+        total = _count_chunks(doc_length, seq_len)
+        length = np.empty(total, dtype=np.int32)
+        _split(doc_length, seq_len, doc_start, length)
     elif overflow == "truncate":
         doc_start[1:] = np.arange(1, n + 1)
         length = np.minimum(doc_length, seq_len).astype(np.int32)
@@ -110,6 +108,28 @@ def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> It
         np.cumsum(keep, out=doc_start[1:])
         length = doc_length[keep].astype(np.int32)
     return Items(doc_length=doc_length, doc_start=doc_start, length=length)
+
+
+@numba.njit(cache=True, nogil=True)
+def _count_chunks(doc_length, seq_len):
+    total = 0
+    for n in doc_length:
+        total += (n + seq_len - 1) // seq_len
+    return total
+
+
+@numba.njit(cache=True, nogil=True)
+def _split(doc_length, seq_len, doc_start, out_length):
+    k = 0
+    for d in range(len(doc_length)):
+        left = doc_length[d]
+        while left > seq_len:
+            out_length[k] = seq_len
+            k += 1
+            left -= seq_len
+        out_length[k] = left
+        k += 1
+        doc_start[d + 1] = k
 
 
 def item_histogram(item_length: np.ndarray, seq_len: int) -> np.ndarray:
