@@ -18,6 +18,7 @@ import numpy as np
 from raypack.packing import bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp
 from raypack.packing.assignment import Assignment, check_assignment
 from raypack.packing.items import OVERFLOW_POLICIES, Items, item_histogram, make_items
+from raypack.packing.permute import PackPermutation
 from raypack.packing.plan import Plan, expand, fill_offsets
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Algorithm",
     "Assignment",
     "Items",
+    "PackPermutation",
     "Plan",
     "check_assignment",
     "expand",
@@ -81,9 +83,14 @@ def pack(
     algorithm: str = "bfd",
     *,
     overflow: str = "split",
+    seed: int | None = None,
     **options: Any,
 ) -> Assignment:
-    """Pack documents of the given token lengths into packs of `seq_len` tokens."""
+    """Pack documents of the given token lengths into packs of `seq_len` tokens.
+
+    With a `seed`, pack ids are a seeded permutation of plan order (PackPermutation), so the packs
+    come out shuffled; without one, in the order the packer made them.
+    """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
     algo = ALGORITHMS[algorithm]
@@ -105,6 +112,13 @@ def pack(
         pack_id, slot, offset, num_packs = algo.assign(items, seq_len)
     else:
         raise TypeError(f"algorithm {algorithm!r} defines neither plan nor assign")  # a bug in the table
+    if seed is not None and num_packs:
+        perm = PackPermutation(num_packs, seed)
+        pack_id = perm(pack_id)
+        if capacity is not None:
+            shuffled = np.empty_like(capacity)
+            shuffled[perm(np.arange(num_packs))] = capacity
+            capacity = shuffled
     return Assignment(
         algorithm=algorithm,
         seq_len=seq_len,

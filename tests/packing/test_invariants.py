@@ -71,11 +71,12 @@ def test_depth_cap_respected(algorithm: str, corpus: tuple[np.ndarray, int], dep
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 @SETTINGS
-@given(corpus=corpora())
-def test_deterministic(algorithm: str, corpus: tuple[np.ndarray, int]) -> None:
+@given(corpus=corpora(), seed=st.none() | st.integers(0, 2**32))
+def test_deterministic_for_a_seed(algorithm: str, corpus: tuple[np.ndarray, int], seed: int | None) -> None:
     lengths, seq_len = corpus
-    a = pack(lengths, seq_len, algorithm)
-    b = pack(lengths.copy(), seq_len, algorithm)
+    a = pack(lengths, seq_len, algorithm, seed=seed)
+    b = pack(lengths.copy(), seq_len, algorithm, seed=seed)
+    check_assignment(a)
     for name in ("pack", "slot", "offset"):
         assert np.array_equal(getattr(a, name), getattr(b, name))
     assert a.num_packs == b.num_packs

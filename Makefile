@@ -1,0 +1,34 @@
+# The README's two commands are `make demo` and `make test`; .ci/run runs `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-slow lint bench clean
+
+$(BIN)/raypack: pyproject.toml
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "raypack needs Python >= 3.11")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+# Dry run on the built-in length sample: which algorithm and seq_len, before any cluster time.
+demo: $(BIN)/raypack
+	$(BIN)/raypack plan --sample 1000000 --seq-len 2048 8192 --algorithm all
+
+lint: $(BIN)/raypack
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -m "not slow"
+
+test-slow: $(BIN)/raypack
+	$(BIN)/pytest -m slow
+
+bench: $(BIN)/raypack
+	$(BIN)/python benchmarks/bench_packing.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
