@@ -22,7 +22,7 @@ lint: $(BIN)/raypack
 	$(BIN)/mypy
 
 test: lint
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest
 
 test-slow: $(BIN)/raypack
 	$(BIN)/pytest -m slow

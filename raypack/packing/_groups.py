@@ -22,6 +22,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from raypack.packing._buffers import grow_rows
 from raypack.packing._segtree import tree_first_ge, tree_new, tree_set
 from raypack.packing.plan import Plan
 
@@ -48,12 +49,18 @@ def fit_histogram(hist: np.ndarray, seq_len: int, *, best: bool, stack: bool, ma
 
 
 @numba.njit(cache=True, nogil=True)
-def _grow(a, n):
-    if n < a.shape[0]:
-        return a
-    b = np.empty((a.shape[0] * 2, a.shape[1]), dtype=a.dtype)
-    b[: a.shape[0]] = a
-    return b
+def _push(groups, ng, head, tree, room, base, count, used, depth):
+    """Add group `ng` (packs base..base+count-1) to the list of groups with `room` left."""
+    groups = grow_rows(groups, ng)
+    groups[ng, G_BASE] = base
+    groups[ng, G_COUNT] = count
+    groups[ng, G_USED] = used
+    groups[ng, G_DEPTH] = depth
+    groups[ng, G_NEXT] = head[room]
+    if head[room] < 0:
+        tree_set(tree, room, True)
+    head[room] = ng
+    return groups
 
 
 @numba.njit(cache=True, nogil=True)
@@ -97,7 +104,7 @@ def _fit(hist, seq_len, best, stack, max_depth):
                     k, per = (1, n) if (n > 0 and count > 0) else (0, 0)
                 if k == 0:
                     continue
-                runs = _grow(runs, nr)
+                runs = grow_rows(runs, nr)
                 runs[nr, 0] = length
                 runs[nr, 1] = rank
                 runs[nr, 2] = k * per
@@ -111,15 +118,7 @@ def _fit(hist, seq_len, best, stack, max_depth):
                 new_depth = depth + per
                 room = seq_len - new_used
                 if room > 0 and new_depth < max_depth:
-                    groups = _grow(groups, ng)
-                    groups[ng, G_BASE] = base
-                    groups[ng, G_COUNT] = k
-                    groups[ng, G_USED] = new_used
-                    groups[ng, G_DEPTH] = new_depth
-                    groups[ng, G_NEXT] = head[room]
-                    if head[room] < 0:
-                        tree_set(tree, room, True)
-                    head[room] = ng
+                    groups = _push(groups, ng, head, tree, room, base, k, new_used, new_depth)
                     ng += 1
                 if r < 0:
                     num_packs += k
@@ -129,14 +128,6 @@ def _fit(hist, seq_len, best, stack, max_depth):
                 count -= k
             if r >= 0 and count > 0:
                 # The untouched rest of the group keeps its room and stays the tightest fit.
-                groups = _grow(groups, ng)
-                groups[ng, G_BASE] = base
-                groups[ng, G_COUNT] = count
-                groups[ng, G_USED] = used
-                groups[ng, G_DEPTH] = depth
-                groups[ng, G_NEXT] = head[r]
-                if head[r] < 0:
-                    tree_set(tree, r, True)
-                head[r] = ng
+                groups = _push(groups, ng, head, tree, r, base, count, used, depth)
                 ng += 1
     return runs[:nr], num_packs

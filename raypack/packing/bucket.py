@@ -19,6 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from raypack.packing._buffers import grow_rows
 from raypack.packing._segtree import tree_last_le, tree_new, tree_set
 from raypack.packing.plan import Plan
 
@@ -51,15 +52,6 @@ def plan(
         hist.copy(), np.array(buckets, dtype=np.int64), float(padding_threshold)
     )
     return Plan.build(seq_len, num_packs, runs, cap_start, cap_value)
-
-
-@numba.njit(cache=True, nogil=True)
-def _grow(a, n):
-    if n < a.shape[0]:
-        return a
-    b = np.empty((a.shape[0] * 2,) + a.shape[1:], dtype=a.dtype)  # noqa: RUF005 (numba: no star-unpacking)
-    b[: a.shape[0]] = a
-    return b
 
 
 @numba.njit(cache=True, nogil=True)
@@ -132,14 +124,14 @@ def _compose(count, buckets, threshold):
                 bound = 1 + (count[x] - q) // mult[x]
                 if bound < k:
                     k = bound
-        caps = _grow(caps, nc)
+        caps = grow_rows(caps, nc)
         caps[nc, 0] = num_packs
         caps[nc, 1] = buckets[chosen]
         nc += 1
         slot, offset = 0, 0
         for s in range(nsteps[chosen]):
             x, q = steps[chosen, s, 0], steps[chosen, s, 1]
-            runs = _grow(runs, nr)
+            runs = grow_rows(runs, nr)
             runs[nr, 0] = x
             runs[nr, 1] = consumed[x]
             runs[nr, 2] = k * q
