@@ -175,7 +175,7 @@ def format_table(results: list[tuple[PackingMetrics, float]]) -> str:
                 str(m.packs),
                 str(m.lower_bound),
                 f"{m.packs_over_lower_bound:.5f}",
-                f"{100 * m.efficiency:.3f}%",
+                f"{100 * m.efficiency:.4f}%",
                 f"{m.padding_ratio:.5f}",
                 f"{m.truncation_ratio:.4f}",
                 f"{m.concatenation_ratio:.2f}",

@@ -5,8 +5,9 @@ found with a segment tree over remaining capacities (plus a capacity → packs t
 not grow with the number of packs. Documents longer than seq_len were already cut into seq_len chunks
 plus a remainder by the overflow policy, so nothing else is ever cut. We run it on the length histogram
 by groups of identical packs (see _groups.py): the packs are the ones item-level BFD produces, up to
-which of several equally full packs an item lands in. 10M lognormal documents: ~0.1 s plan, ~0.3 s
-per-item expansion at seq_len 2048, 99.99%+ efficiency (docs/benchmarks.md).
+which of several equally full packs an item lands in. 10M lognormal documents at seq_len 2048: the plan
+takes 4 ms, the whole pack() (chunking, histogram, plan, per-item expansion) ~0.5 s, for 99.9988%
+efficiency (docs/benchmarks.md).
 """
 
 from __future__ import annotations

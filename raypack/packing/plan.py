@@ -6,7 +6,7 @@ in item order) go q to a pack into packs pack0, pack0+1, ..., at slots slot0.. a
 A worker holding any subset of items can therefore place them knowing only each item's length and its
 global rank among items of that length: no global list of items exists anywhere. The plan's size
 grows with the number of distinct (length, pack-pattern) events, not with the number of items: for
-10M lognormal documents at seq_len 8192 bfd emits about 20k runs (measured; see docs/benchmarks.md).
+10M lognormal(6, 1.2) documents bfd emits 6,199 runs at seq_len 2048 and 24,973 at 8192.
 """
 
 from __future__ import annotations
