@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from raypack import __version__
-from raypack.config import ConfigError, parse_override
+from raypack.config import parse_override
+from raypack.errors import ConfigError, JobError
 from raypack.packing import ALGORITHMS
 
 __all__ = ["main"]
@@ -62,10 +63,48 @@ def _build_parser() -> argparse.ArgumentParser:
         dest="overrides",
         help="a pack setting, e.g. overflow=truncate, max_depth=3, bucket_lengths=[1024,2048], "
         "padding_threshold=0.05, nnls_bin_width=16 (repeatable)",
-    )
+    )  # flat keys: plan has only pack settings
     plan.add_argument("--seed", type=int, default=0, help="seed of the built-in sample (default 0)")
     plan.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
+
+    pack = sub.add_parser(
+        "pack",
+        help="run the packing job on local Ray, or on the cluster named by RAY_ADDRESS",
+        description="Read, tokenize, pack and write a corpus as configured in CONFIG (YAML).",
+    )
+    pack.add_argument("config", metavar="CONFIG", help="job config (YAML): input, tokenizer, pack, output")
+    _add_overrides(pack)
+    pack.add_argument("--overwrite", action="store_true", help="replace a dataset already at output.path")
+
+    verify = sub.add_parser(
+        "verify",
+        help="check that a packed dataset holds every input document exactly once",
+        description="Re-read OUTPUT and check files, packs and documents against its manifest and index.",
+    )
+    verify.add_argument("output", metavar="OUTPUT")
+    verify.add_argument("--config", help="the job config: also re-tokenize a sample of documents and compare")
+    verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize with --config (64)")
+
+    demo = sub.add_parser(
+        "demo",
+        help="pack a built-in corpus (Python's standard library) with a built-in tokenizer, offline",
+        description="Build a corpus from this Python's standard library sources, train a small BPE "
+        "tokenizer on it, pack it on local Ray, and verify the result.",
+    )
+    demo.add_argument("out", metavar="OUT", nargs="?", default="raypack-demo", help="work dir (raypack-demo)")
+    demo.add_argument("--seq-len", type=int, default=2048)
     return parser
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        dest="overrides",
+        help="override a config value, e.g. pack.seq_len=8192 or output.path=s3://bucket/out (repeatable)",
+    )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -102,13 +141,70 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pack(args: argparse.Namespace) -> int:
+    from raypack.config import load_config
+    from raypack.pipeline.job import run_job
+    from raypack.summary import format_summary
+
+    cfg = load_config(args.config, args.overrides)
+    result = run_job(cfg, overwrite=args.overwrite, log=lambda msg: print(msg, file=sys.stderr))
+    print(format_summary(result))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from raypack.config import load_config
+    from raypack.verify import verify
+
+    cfg = load_config(args.config) if args.config else None
+    report = verify(args.output, cfg, sample=args.sample)
+    if report.ok:
+        sampled = f", {report.sampled} documents re-tokenized and equal" if cfg else ""
+        print(
+            f"OK: {report.documents:,} documents, {report.items:,} items, {report.packs:,} packs, "
+            f"{report.tokens:,} tokens{sampled}"
+        )
+        return 0
+    for problem in report.problems:
+        print(f"FAIL: {problem}")
+    return 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from raypack.config import load_config
+    from raypack.demo import demo_config
+    from raypack.pipeline.job import run_job
+    from raypack.summary import format_summary
+    from raypack.verify import verify
+
+    out = Path(args.out).resolve()
+    print(f"[raypack] building the demo corpus and tokenizer under {out} ...", file=sys.stderr)
+    cfg = load_config(str(demo_config(out, seq_len=args.seq_len)))
+    result = run_job(cfg, overwrite=True, log=lambda msg: print(msg, file=sys.stderr))
+    print(format_summary(result))
+    report = verify(cfg.output.path, cfg, sample=32)
+    if not report.ok:
+        for problem in report.problems:
+            print(f"FAIL: {problem}")
+        return 1
+    print(f"verify: OK ({report.documents:,} documents present exactly once, {report.sampled} re-tokenized)")
+    print(f"config: {out / 'demo.yaml'}  (raypack pack {out / 'demo.yaml'} --overwrite reruns it)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    commands = {"plan": _cmd_plan, "pack": _cmd_pack, "verify": _cmd_verify, "demo": _cmd_demo}
     try:
         args = _build_parser().parse_args(argv)
-        return {"plan": _cmd_plan}[args.command](args)
+        return commands[args.command](args)
     except ConfigError as e:
         print(f"raypack: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except JobError as e:
+        print(f"raypack: job failed: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("raypack: interrupted", file=sys.stderr)
         return 130

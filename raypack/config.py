@@ -13,16 +13,26 @@ import typing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from raypack.errors import ConfigError
 from raypack.packing import ALGORITHMS, OVERFLOW_POLICIES
 from raypack.packing.bucket import DEFAULT_PADDING_THRESHOLD
 
-__all__ = ["ConfigError", "PackConfig", "apply_overrides", "from_dict", "parse_override"]
+__all__ = [
+    "ConfigError",
+    "InputConfig",
+    "JobConfig",
+    "OutputConfig",
+    "PackConfig",
+    "TokenizerConfig",
+    "apply_overrides",
+    "from_dict",
+    "load_config",
+    "parse_override",
+]
+
+INPUT_FORMATS = ("jsonl", "parquet", "text")
 
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration mistake the user can fix; the CLI prints it on one line and exits 2."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,6 +97,114 @@ class PackConfig:
         return {k: v for k, v in candidates.items() if k in accepted and v is not None}
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InputConfig:
+    paths: tuple[str, ...]
+    """Glob patterns of input shards, local or s3://...; compression (.gz, .zst) from the suffix."""
+    format: str = "jsonl"
+    """jsonl (one JSON object a line), parquet, or text (each file is one document)."""
+    text_field: str = "text"
+    """The field (jsonl) or column (parquet) holding the document text."""
+    id_field: str | None = None
+    """Field holding the document id; None: `<path relative to root>:<line>` (jsonl, 1-based) or
+    `<path>:<row>` (parquet, 0-based)."""
+    root: str | None = None
+    """Directory the ids' paths are relative to; None: the fixed part of the first pattern."""
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            raise ConfigError("input.paths is empty: give at least one file or glob pattern")
+        if self.format not in INPUT_FORMATS:
+            raise ConfigError(f"input.format must be one of {', '.join(INPUT_FORMATS)}, got {self.format!r}")
+        if not self.text_field:
+            raise ConfigError("input.text_field must not be empty")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenizerConfig:
+    path: str
+    """A Hugging Face `tokenizers` JSON file, local or s3://..."""
+    add_bos: bool = False
+    add_eos: bool = True
+    bos_id: int | None = None
+    """BOS token id; None: the tokenizer's own BOS special token (<s>, <|begin_of_text|>, ...)."""
+    eos_id: int | None = None
+    """EOS token id; None: the tokenizer's own EOS special token (</s>, <|endoftext|>, ...)."""
+    concurrency: int | None = None
+    """Tokenizer actors; None: one per CPU of the cluster."""
+    batch_size: int = 512
+    """Documents per encode_batch call."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigError("tokenizer.path must not be empty")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"tokenizer.concurrency must be >= 1 or null, got {self.concurrency}")
+        if self.batch_size < 1:
+            raise ConfigError(f"tokenizer.batch_size must be >= 1, got {self.batch_size}")
+        for name in ("bos_id", "eos_id"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"tokenizer.{name} must be >= 0, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OutputConfig:
+    path: str
+    """Output directory, local or s3://...; complete only once manifest.json exists."""
+    shard_rows: int = 10000
+    """Packs per output Parquet file."""
+    pad_id: int = 0
+    """Token id written into padding positions (never attended: doc_offsets ends before them)."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigError("output.path must not be empty")
+        if self.shard_rows < 1:
+            raise ConfigError(f"output.shard_rows must be >= 1, got {self.shard_rows}")
+        if self.pad_id < 0:
+            raise ConfigError(f"output.pad_id must be >= 0, got {self.pad_id}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobConfig:
+    input: InputConfig
+    tokenizer: TokenizerConfig
+    output: OutputConfig
+    pack: PackConfig = PackConfig()
+
+    def __post_init__(self) -> None:
+        if not ALGORITHMS[self.pack.algorithm].is_histogram:
+            histogram = ", ".join(name for name, a in ALGORITHMS.items() if a.is_histogram)
+            raise ConfigError(
+                f"pack.algorithm {self.pack.algorithm!r} needs every document in one process; the "
+                f"distributed job packs from the length histogram: use one of {histogram}"
+            )
+        if self.pack.seq_len < 2:
+            raise ConfigError(f"pack.seq_len must be >= 2 for a training sequence, got {self.pack.seq_len}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> JobConfig:
+    """Read a YAML job config, apply `key.path=value` overrides, validate; ConfigError if anything is off."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read config {path}: {e}".replace("\n", " ")) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: the top level must be a mapping of sections")
+    return from_dict(JobConfig, apply_overrides(data, overrides or []))
+
+
 def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
     """Build dataclass `cls` from a mapping: unknown keys and wrong types are ConfigErrors."""
     data = dict(data or {})
@@ -94,12 +212,13 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"unknown key {where}{unknown[0]}; valid keys: {', '.join(fields)}")
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in data:
+            raise ConfigError(f"missing required key {where}{name}")
     hints = typing.get_type_hints(cls)
     kwargs = {name: _coerce(value, hints[name], f"{where}{name}") for name, value in data.items()}
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a required field without a default
-        raise ConfigError(f"{where.rstrip('.') or cls.__name__}: {e}") from None
+    return cls(**kwargs)
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:

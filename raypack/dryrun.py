@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from raypack.config import ConfigError, PackConfig
+from raypack.config import PackConfig
+from raypack.errors import ConfigError
 from raypack.metrics import PackingMetrics, compute_metrics
 from raypack.packing import ALGORITHMS, pack
 from raypack.packing.items import check_lengths

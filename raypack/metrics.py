@@ -14,13 +14,17 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from raypack.packing.assignment import Assignment
+from raypack.packing.items import Items
 
-__all__ = ["LengthBand", "PackingMetrics", "compute_metrics"]
+__all__ = ["DocStats", "LengthBand", "PackingMetrics", "compute_metrics", "finalize_metrics"]
+
+N_BANDS = 64  # power-of-two length bands: 2^63 tokens is more than any document
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,43 +68,102 @@ class PackingMetrics:
         return d
 
 
+@dataclass(frozen=True, slots=True)
+class DocStats:
+    """Per-document counts that add up across shards: what the metrics need besides the packs."""
+
+    documents: int = 0
+    documents_present: int = 0
+    truncated: int = 0
+    items: int = 0
+    tokens: int = 0
+    """Tokens placed (after truncate/drop)."""
+    input_tokens: int = 0
+    band_documents: tuple[int, ...] = (0,) * N_BANDS
+    band_truncations: tuple[int, ...] = (0,) * N_BANDS
+
+    @classmethod
+    def from_items(cls, it: Items) -> DocStats:
+        pieces = np.diff(it.doc_start)
+        placed = it.placed_per_doc()
+        truncations = np.maximum(pieces - 1, 0) + (placed < it.doc_length)
+        band = np.floor(np.log2(np.maximum(it.doc_length, 1))).astype(np.int64)  # lengths are >= 1
+        return cls(
+            documents=it.num_docs,
+            documents_present=int(np.count_nonzero(pieces)),
+            truncated=int(np.count_nonzero(truncations)),
+            items=it.num_items,
+            tokens=int(it.length.sum(dtype=np.int64)),
+            input_tokens=int(it.doc_length.sum(dtype=np.int64)),
+            band_documents=tuple(np.bincount(band, minlength=N_BANDS)[:N_BANDS].tolist()),
+            band_truncations=tuple(
+                np.bincount(band, weights=truncations, minlength=N_BANDS)[:N_BANDS].astype(np.int64).tolist()
+            ),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> DocStats:
+        d = json.loads(text)
+        return cls(
+            documents=int(d["documents"]),
+            documents_present=int(d["documents_present"]),
+            truncated=int(d["truncated"]),
+            items=int(d["items"]),
+            tokens=int(d["tokens"]),
+            input_tokens=int(d["input_tokens"]),
+            band_documents=tuple(int(x) for x in d["band_documents"]),
+            band_truncations=tuple(int(x) for x in d["band_truncations"]),
+        )
+
+    def __add__(self, other: DocStats) -> DocStats:
+        return DocStats(
+            documents=self.documents + other.documents,
+            documents_present=self.documents_present + other.documents_present,
+            truncated=self.truncated + other.truncated,
+            items=self.items + other.items,
+            tokens=self.tokens + other.tokens,
+            input_tokens=self.input_tokens + other.input_tokens,
+            band_documents=tuple(
+                a + b for a, b in zip(self.band_documents, other.band_documents, strict=True)
+            ),
+            band_truncations=tuple(
+                a + b for a, b in zip(self.band_truncations, other.band_truncations, strict=True)
+            ),
+        )
+
+
 def compute_metrics(a: Assignment) -> PackingMetrics:
-    it = a.items
-    docs = it.num_docs
-    tokens = int(it.length.sum(dtype=np.int64))
     slots = int(a.capacities().sum()) if a.num_packs else 0
-    pieces = np.diff(it.doc_start)
-    placed = it.placed_per_doc()
-    shortened = placed < it.doc_length
-    truncations = np.maximum(pieces - 1, 0) + shortened
-    present = int(np.count_nonzero(pieces))
+    return finalize_metrics(DocStats.from_items(a.items), a.algorithm, a.seq_len, a.num_packs, slots)
+
+
+def finalize_metrics(stats: DocStats, algorithm: str, seq_len: int, packs: int, slots: int) -> PackingMetrics:
+    """Metrics from summed document counts and the plan's packs and slots."""
+    docs, tokens = stats.documents, stats.tokens
     return PackingMetrics(
-        algorithm=a.algorithm,
-        seq_len=a.seq_len,
+        algorithm=algorithm,
+        seq_len=seq_len,
         documents=docs,
-        items=it.num_items,
-        packs=a.num_packs,
-        lower_bound=-(-tokens // a.seq_len),
+        items=stats.items,
+        packs=packs,
+        lower_bound=-(-tokens // seq_len),
         tokens=tokens,
         slots=slots,
         efficiency=tokens / slots if slots else 1.0,
         padding_ratio=(slots - tokens) / slots if slots else 0.0,
-        truncation_ratio=float(np.count_nonzero(truncations)) / docs if docs else 0.0,
-        concatenation_ratio=present / a.num_packs if a.num_packs else 0.0,
-        packing_factor=it.num_items / a.num_packs if a.num_packs else 0.0,
-        tokens_dropped=int(it.doc_length.sum(dtype=np.int64)) - tokens,
-        documents_dropped=docs - present,
-        truncation_bands=_bands(it.doc_length, truncations),
-    )
-
-
-def _bands(doc_length: np.ndarray, truncations: np.ndarray) -> tuple[LengthBand, ...]:
-    if not len(doc_length):
-        return ()
-    band = np.floor(np.log2(doc_length)).astype(np.int64)  # lengths are >= 1
-    docs = np.bincount(band)
-    cuts = np.bincount(band, weights=truncations)
-    return tuple(
-        LengthBand(lo=1 << b, hi=1 << (b + 1), documents=int(docs[b]), truncations_per_doc=cuts[b] / docs[b])
-        for b in np.flatnonzero(docs).tolist()
+        truncation_ratio=stats.truncated / docs if docs else 0.0,
+        concatenation_ratio=stats.documents_present / packs if packs else 0.0,
+        packing_factor=stats.items / packs if packs else 0.0,
+        tokens_dropped=stats.input_tokens - tokens,
+        documents_dropped=docs - stats.documents_present,
+        truncation_bands=tuple(
+            LengthBand(
+                lo=1 << b, hi=1 << (b + 1), documents=n, truncations_per_doc=stats.band_truncations[b] / n
+            )
+            for b, n in enumerate(stats.band_documents)
+            if n
+        ),
     )

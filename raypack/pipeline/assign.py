@@ -1,0 +1,135 @@
+"""Stage 5, assign: each worker places the items of its own shards from the plan, the shard's rank
+base (items of each length in earlier shards) and each item's rank within its length in the shard.
+No list of all documents exists anywhere; the driver sent only the plan (O(seq_len²)) and rank bases.
+
+Output rows are items with their tokens, keyed by the output file they belong to; pack ids are local
+to a bucket (one bucket unless the algorithm is `bucket`) and shuffled by a seeded permutation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raypack.config import JobConfig
+from raypack.packing import Items, PackPermutation, Plan, expand, item_histogram, make_items
+from raypack.pipeline.tokenize import tokens_path
+from raypack.storage import resolve
+
+__all__ = ["ITEMS", "Buckets", "assign_shards", "file_key"]
+
+ITEMS = pa.schema(
+    [
+        ("file_key", pa.int64()),
+        ("pack", pa.int64()),
+        ("slot", pa.int32()),
+        ("capacity", pa.int32()),
+        ("doc_id", pa.string()),
+        ("chunk", pa.int32()),
+        ("tokens", pa.list_(pa.int32())),
+    ]
+)
+_KEY_SHIFT = 32  # file_key = bucket << 32 | file number within the bucket
+
+
+def file_key(bucket: int, part: int) -> int:
+    return (bucket << _KEY_SHIFT) | part
+
+
+def split_file_key(key: int) -> tuple[int, int]:
+    return key >> _KEY_SHIFT, key & ((1 << _KEY_SHIFT) - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Buckets:
+    """Plan pack id → (bucket, pack id within the bucket, capacity), from the plan's capacity runs."""
+
+    lengths: tuple[int, ...]
+    """Distinct capacities, ascending: bucket b holds packs of lengths[b] tokens."""
+    sizes: tuple[int, ...]
+    """Packs per bucket."""
+    run_start: np.ndarray
+    run_bucket: np.ndarray
+    run_base: np.ndarray
+    """Packs of the same bucket in earlier capacity runs."""
+
+    @classmethod
+    def of(cls, plan: Plan) -> Buckets:
+        starts, values = plan.capacity_start, plan.capacity_value
+        ends = np.append(starts[1:], plan.num_packs)
+        lengths = tuple(sorted({int(v) for v in values})) if len(values) else (plan.seq_len,)
+        bucket = np.searchsorted(np.array(lengths), values).astype(np.int64)
+        run_base = np.zeros(len(values), dtype=np.int64)
+        seen = np.zeros(len(lengths), dtype=np.int64)
+        for i in range(len(values)):
+            run_base[i] = seen[bucket[i]]
+            seen[bucket[i]] += ends[i] - starts[i]
+        return cls(lengths, tuple(int(x) for x in seen), starts, bucket, run_base)
+
+    def locate(self, pack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        run = np.searchsorted(self.run_start, pack, side="right") - 1
+        return self.run_bucket[run], self.run_base[run] + (pack - self.run_start[run])
+
+
+def assign_shards(
+    batch: dict[str, np.ndarray], cfg: JobConfig, staging: str, plan: Plan, rank_bases: dict[int, np.ndarray]
+) -> Iterator[pa.Table]:
+    """map_batches generator over shard rows: yields item tables (schema ITEMS)."""
+    buckets = Buckets.of(plan)
+    perms = [PackPermutation(n, cfg.pack.seed) if cfg.pack.shuffle else None for n in buckets.sizes]
+    seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
+    for shard in batch["index"].tolist():
+        base = rank_bases[shard].copy()
+        fs, inner = resolve(tokens_path(staging, shard))
+        with fs.open_input_file(inner) as f:
+            for record_batch in pq.ParquetFile(f).iter_batches(batch_size=cfg.tokenizer.batch_size):
+                docs = pa.Table.from_batches([record_batch])
+                items = make_items(docs.column("length").to_numpy(), seq_len, overflow)
+                pack, slot, _ = expand(plan, items.length, base)
+                base += item_histogram(items.length, seq_len)
+                bucket, local = buckets.locate(pack.astype(np.int64))
+                for b, perm in enumerate(perms):
+                    if perm is not None:
+                        mask = bucket == b
+                        local[mask] = perm(local[mask])
+                yield _items_table(docs, items, bucket, local, slot, buckets, rows)
+
+
+def _items_table(
+    docs: pa.Table,
+    items: Items,
+    bucket: np.ndarray,
+    local: np.ndarray,
+    slot: np.ndarray,
+    buckets: Buckets,
+    rows: int,
+) -> pa.Table:
+    doc_of_item = items.doc_of_item()
+    tokens = docs.column("tokens").combine_chunks()
+    flat = tokens.flatten().to_numpy()
+    doc_token_start = tokens.offsets.to_numpy()[:-1].astype(np.int64)
+    start = doc_token_start[doc_of_item] + items.start_in_doc()
+    length = items.length.astype(np.int64)
+    out_offsets = np.concatenate(([0], np.cumsum(length)))
+    # Gather every item's tokens: position j of the output takes flat[start of its item + j - its offset].
+    owner = np.repeat(np.arange(len(length)), length)
+    gather = start[owner] + np.arange(out_offsets[-1]) - out_offsets[:-1][owner]
+    item_tokens = pa.ListArray.from_arrays(pa.array(out_offsets.astype(np.int32)), pa.array(flat[gather]))
+    keys = (bucket.astype(np.int64) << _KEY_SHIFT) | (local // rows)
+    capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
+    return pa.table(
+        {
+            "file_key": keys,
+            "pack": local.astype(np.int64),
+            "slot": slot.astype(np.int32),
+            "capacity": capacity,
+            "doc_id": docs.column("doc_id").take(pa.array(doc_of_item)),
+            "chunk": items.chunk_index(),
+            "tokens": item_tokens,
+        },
+        schema=ITEMS,
+    )

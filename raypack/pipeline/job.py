@@ -1,0 +1,207 @@
+"""The job: the only module that wires Ray Data verbs together.
+
+    shards ─map_batches(TokenizeShards actors)─▶ staged token files      (tokenize, once)
+    shards ─map_batches(shard_histograms)──────▶ per-shard histograms    (histogram) ─▶ plan (driver)
+    shards ─map_batches(assign_shards)─────────▶ items ─groupby(file_key).map_groups(write_pack_file)─▶ data/
+
+then metrics.json, and manifest.json last: a dataset is complete only when its manifest exists.
+The driver holds the shard list, per-shard histograms and rank bases (O(shards × seq_len)) and the plan
+(O(seq_len²)); documents and tokens never pass through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from raypack import __version__, schema
+from raypack.config import JobConfig
+from raypack.errors import ConfigError, JobError
+from raypack.metrics import PackingMetrics, finalize_metrics
+from raypack.packing import ALGORITHMS, Plan
+from raypack.pipeline.assign import assign_shards
+from raypack.pipeline.histogram import shard_histograms, sum_histograms
+from raypack.pipeline.materialize import write_pack_file
+from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer
+from raypack.storage import Shard, exists, expand_inputs, join, resolve, write_bytes
+
+__all__ = ["JobError", "JobResult", "run_job"]
+
+MANIFEST = "manifest.json"
+METRICS = "metrics.json"
+_OUTPUT_PARTS = (MANIFEST, METRICS, "data", "index", "rejects", "_staging")
+
+
+@dataclass
+class JobResult:
+    output: str
+    metrics: PackingMetrics
+    documents: int
+    rejects: int
+    files: list[dict[str, Any]]
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def _stage(timings: dict[str, float], name: str, log: Callable[[str], None]) -> Iterator[None]:
+    log(f"[raypack] {name} ...")
+    t0 = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - t0
+
+
+def ensure_ray() -> None:
+    """Connect to RAY_ADDRESS when set, else start local Ray (once per process)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, logging_level=logging.WARNING)
+
+
+def run_job(cfg: JobConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> JobResult:
+    import ray
+    import ray.data
+
+    timings: dict[str, float] = {}
+    out = cfg.output.path
+    # Everything that can be wrong with the config or the environment fails here, before any work.
+    tok = load_tokenizer(cfg.tokenizer)
+    shards = expand_inputs(cfg.input.paths, cfg.input.root)
+    if exists(join(out, MANIFEST)) and not overwrite:
+        raise ConfigError(f"{out} already holds a dataset (manifest.json); pass --overwrite to replace it")
+    _clear_output(out)
+    staging = join(out, "_staging")
+    ensure_ray()
+    concurrency = cfg.tokenizer.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    shard_ds = ray.data.from_items([dataclasses.asdict(s) for s in shards], override_num_blocks=len(shards))
+
+    with _stage(timings, "tokenize", log):
+        summaries = shard_ds.map_batches(
+            TokenizeShards,
+            fn_constructor_kwargs={"cfg": cfg, "staging": staging},
+            batch_size=1,
+            concurrency=min(concurrency, len(shards)),
+            num_cpus=1,
+        ).take_all()
+    documents = sum(int(s["documents"]) for s in summaries)
+    rejects = sum(int(s["rejects"]) for s in summaries)
+    if documents == 0:
+        raise JobError(f"no documents to pack: {rejects} records rejected (see {join(out, 'rejects')})")
+
+    with _stage(timings, "histogram", log):
+        rows = shard_ds.map_batches(
+            partial(shard_histograms, cfg=cfg, staging=staging), batch_size=1
+        ).take_all()
+        hist, rank_bases, stats = sum_histograms(rows, cfg.pack.seq_len)
+
+    with _stage(timings, "plan", log):
+        planner = ALGORITHMS[cfg.pack.algorithm].plan
+        if planner is None:  # JobConfig admits histogram packers only
+            raise ConfigError(f"{cfg.pack.algorithm} cannot plan from a histogram")
+        plan = planner(hist, cfg.pack.seq_len, **cfg.pack.algorithm_options())
+
+    with _stage(timings, "assign+write", log):
+        assign = partial(assign_shards, cfg=cfg, staging=staging, plan=plan, rank_bases=rank_bases)
+        write = partial(
+            write_pack_file, output=out, pad_id=cfg.output.pad_id, bucketed=cfg.pack.algorithm == "bucket"
+        )
+        items = shard_ds.map_batches(assign, batch_size=1)
+        files = items.groupby("file_key").map_groups(write, batch_format="pyarrow").take_all()
+    files = sorted(files, key=lambda f: f["path"])
+    _check_conservation(files, plan, stats.items, stats.tokens)
+
+    slots = _slots(plan)
+    metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, plan.num_packs, slots)
+    with _stage(timings, "finalize", log):
+        _remove(staging)
+        write_bytes(
+            join(out, METRICS),
+            json.dumps({"metrics": metrics.to_dict(), "stage_seconds": timings}, indent=2).encode(),
+        )
+        manifest = _manifest(cfg, shards, tok, plan, files, documents, rejects, stats.items, stats.tokens)
+        write_bytes(join(out, MANIFEST), json.dumps(manifest, indent=2).encode())
+    return JobResult(out, metrics, documents, rejects, files, timings)
+
+
+def _clear_output(out: str) -> None:
+    """Remove a previous dataset, manifest first, so a crash mid-way never leaves one that looks
+    complete."""
+    for part in _OUTPUT_PARTS:
+        _remove(join(out, part))
+
+
+def _remove(path: str) -> None:
+    from pyarrow import fs as pafs
+
+    fs, inner = resolve(path)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(inner)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(inner)
+
+
+def _slots(plan: Plan) -> int:
+    ends = np.append(plan.capacity_start[1:], plan.num_packs)
+    return int(((ends - plan.capacity_start) * plan.capacity_value).sum())
+
+
+def _check_conservation(files: list[dict[str, Any]], plan: Plan, items: int, tokens: int) -> None:
+    """The written files must hold exactly the planned packs, every item and every token."""
+    got = (sum(f["rows"] for f in files), sum(f["items"] for f in files), sum(f["tokens"] for f in files))
+    want = (plan.num_packs, items, tokens)
+    if got != want:
+        raise RuntimeError(f"written (packs, items, tokens) = {got}, planned {want}: refusing to commit")
+
+
+def _manifest(
+    cfg: JobConfig,
+    shards: list[Shard],
+    tok: Any,
+    plan: Plan,
+    files: list[dict[str, Any]],
+    documents: int,
+    rejects: int,
+    items: int,
+    tokens: int,
+) -> dict[str, Any]:
+    buckets: dict[int, int] = {}
+    for f in files:
+        buckets[int(f["bucket_length"])] = buckets.get(int(f["bucket_length"]), 0) + int(f["rows"])
+    return {
+        "schema_version": schema.OUTPUT_SCHEMA_VERSION,
+        "raypack_version": __version__,
+        "config": cfg.to_dict(),
+        "inputs": [{"path": s.relpath, "size": s.size, "mtime_ns": s.mtime_ns} for s in shards],
+        "tokenizer": {
+            "path": cfg.tokenizer.path,
+            "sha256": tok.sha256,
+            "bos_id": tok.bos_id,
+            "eos_id": tok.eos_id,
+            "vocab_size": tok.vocab_size,
+        },
+        "counts": {
+            "shards": len(shards),
+            "documents": documents,
+            "rejects": rejects,
+            "items": items,
+            "packs": plan.num_packs,
+            "tokens": tokens,
+        },
+        "buckets": [{"length": k, "packs": v} for k, v in sorted(buckets.items())],
+        "files": [
+            {k: f[k] for k in ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256")}
+            for f in files
+        ],
+        "metrics": METRICS,
+    }

@@ -1,0 +1,180 @@
+"""Stage 2, tokenize: a Ray Data actor that loads the tokenizer once and turns whole shards into staged
+token files (one Parquet file per input shard, schema.TOKENIZED), plus a rejects file when needed.
+
+Documents are encoded with `encode_batch(..., add_special_tokens=False)`: the tokenizer's own template
+(which may add BOS, CLS/SEP, ...) is off, so `add_bos` / `add_eos` alone decide what frames a document.
+Tokens are computed once here; later stages only read these files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tokenizers import Tokenizer
+
+from raypack import schema
+from raypack.config import JobConfig, TokenizerConfig
+from raypack.errors import ConfigError
+from raypack.pipeline.read import Batch, read_shard
+from raypack.storage import Shard, join, read_bytes, resolve
+
+__all__ = [
+    "LoadedTokenizer",
+    "TokenizeShards",
+    "encode_documents",
+    "load_tokenizer",
+    "rejects_path",
+    "tokens_path",
+]
+
+BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
+EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTokenizer:
+    tokenizer: Tokenizer
+    sha256: str
+    bos_id: int | None
+    eos_id: int | None
+    vocab_size: int
+
+
+def load_tokenizer(cfg: TokenizerConfig) -> LoadedTokenizer:
+    """Load and check the tokenizer; ConfigError naming the problem (missing file, not a tokenizer
+    JSON, no EOS token when add_eos is on...)."""
+    try:
+        raw = read_bytes(cfg.path)
+    except FileNotFoundError:
+        raise ConfigError(f"tokenizer file not found: {cfg.path}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read tokenizer {cfg.path}: {str(e).splitlines()[0]}") from None
+    try:
+        tok = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # tokenizers raises its own Exception type on bad JSON
+        raise ConfigError(f"{cfg.path} is not a tokenizers JSON file: {str(e).splitlines()[0]}") from None
+    bos = cfg.bos_id if cfg.bos_id is not None else _find(tok, BOS_NAMES)
+    eos = cfg.eos_id if cfg.eos_id is not None else _find(tok, EOS_NAMES)
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    if cfg.add_bos and bos is None:
+        raise ConfigError(
+            f"tokenizer {cfg.path} has no BOS token ({', '.join(BOS_NAMES)}); set tokenizer.bos_id"
+        )
+    if cfg.add_eos and eos is None:
+        raise ConfigError(
+            f"tokenizer {cfg.path} has no EOS token ({', '.join(EOS_NAMES)}); set tokenizer.eos_id"
+        )
+    for name, value in (("bos_id", bos), ("eos_id", eos)):
+        if value is not None and value >= vocab:
+            raise ConfigError(f"tokenizer.{name}={value} is outside the vocabulary (size {vocab})")
+    return LoadedTokenizer(tok, hashlib.sha256(raw).hexdigest(), bos, eos, vocab)
+
+
+def encode_documents(tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, framed by BOS/EOS as configured (the tokenizer's own template off)."""
+    prefix = [tok.bos_id] if cfg.add_bos and tok.bos_id is not None else []
+    suffix = [tok.eos_id] if cfg.add_eos and tok.eos_id is not None else []
+    return [prefix + e.ids + suffix for e in tok.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
+
+def _find(tok: Tokenizer, names: tuple[str, ...]) -> int | None:
+    for name in names:
+        token_id = tok.token_to_id(name)
+        if token_id is not None:
+            return int(token_id)
+    return None
+
+
+def tokens_path(staging: str, shard: int) -> str:
+    return join(staging, "tokens", f"shard-{shard:06d}.parquet")
+
+
+def rejects_path(output: str, shard: int) -> str:
+    return join(output, "rejects", f"shard-{shard:06d}.parquet")
+
+
+class TokenizeShards:
+    """map_batches callable: each input row names a shard; each output row summarizes it."""
+
+    def __init__(self, cfg: JobConfig, staging: str) -> None:
+        self.cfg = cfg
+        self.staging = staging
+        self.tok = load_tokenizer(cfg.tokenizer)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        out: dict[str, list[Any]] = {"shard": [], "documents": [], "tokens": [], "rejects": []}
+        for i in range(len(batch["index"])):
+            shard = Shard(
+                index=int(batch["index"][i]),
+                path=str(batch["path"][i]),
+                relpath=str(batch["relpath"][i]),
+                size=int(batch["size"][i]),
+                mtime_ns=int(batch["mtime_ns"][i]),
+            )
+            docs, tokens, rejects = self.tokenize_shard(shard)
+            out["shard"].append(shard.index)
+            out["documents"].append(docs)
+            out["tokens"].append(tokens)
+            out["rejects"].append(rejects)
+        return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+
+    def tokenize_shard(self, shard: Shard) -> tuple[int, int, int]:
+        """Write the shard's token file (and rejects file); returns (documents, tokens, rejects)."""
+        cfg = self.cfg
+        fs, inner = resolve(tokens_path(self.staging, shard.index))
+        fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+        docs = tokens = 0
+        rejects: list[dict[str, Any]] = []
+        with fs.open_output_stream(inner) as sink, pq.ParquetWriter(sink, schema.TOKENIZED) as writer:
+            for batch in read_shard(
+                shard, cfg.input.format, cfg.input.text_field, cfg.input.id_field, cfg.tokenizer.batch_size
+            ):
+                rejects.extend(
+                    {"source": shard.relpath, "row": r.row, "reason": r.reason, "raw": r.raw}
+                    for r in batch.rejects
+                )
+                if len(batch):
+                    table = self._encode(batch, shard.relpath, rejects)
+                    writer.write_table(table)
+                    docs += table.num_rows
+                    tokens += int(pa.compute.sum(table.column("length")).as_py())
+        if rejects:
+            self._write_rejects(shard.index, rejects)
+        return docs, tokens, len(rejects)
+
+    def _encode(self, batch: Batch, relpath: str, rejects: list[dict[str, Any]]) -> pa.Table:
+        ids = encode_documents(self.tok, self.cfg.tokenizer, batch.texts)
+        empty = [i for i, x in enumerate(ids) if not x]
+        if empty:  # only possible without BOS/EOS: text the tokenizer maps to nothing
+            for i in empty:
+                reason = "tokenizes to zero tokens"
+                rejects.append(
+                    {"source": relpath, "row": batch.rows[i], "reason": reason, "raw": batch.texts[i][:200]}
+                )
+            keep = [i for i, x in enumerate(ids) if x]
+            ids = [ids[i] for i in keep]
+            batch = Batch(rows=[batch.rows[i] for i in keep], ids=[batch.ids[i] for i in keep])
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        flat = np.fromiter((t for x in ids for t in x), dtype=np.int32, count=int(lengths.sum()))
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+        tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+        return pa.table(
+            {
+                "row": pa.array(batch.rows, pa.int64()),
+                "doc_id": batch.ids,
+                "length": lengths,
+                "tokens": tokens,
+            },
+            schema=schema.TOKENIZED,
+        )
+
+    def _write_rejects(self, shard: int, rejects: list[dict[str, Any]]) -> None:
+        fs, inner = resolve(rejects_path(self.cfg.output.path, shard))
+        fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(inner) as sink:
+            pq.write_table(pa.Table.from_pylist(rejects, schema=schema.REJECTS), sink)

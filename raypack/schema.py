@@ -1,0 +1,51 @@
+"""The Arrow schema at each stage boundary, defined once."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = ["DOCUMENTS", "OUTPUT_SCHEMA_VERSION", "PACKED", "REJECTS", "TOKENIZED"]
+
+# Tokenized documents of one input shard (staging area): written by tokenize, read by histogram/assign.
+TOKENIZED = pa.schema(
+    [
+        ("row", pa.int64()),  # line (jsonl, 1-based) or row (parquet, 0-based) in the input shard
+        ("doc_id", pa.string()),
+        ("length", pa.int64()),
+        ("tokens", pa.list_(pa.int32())),
+    ]
+)
+
+# Input records that did not become documents, with why.
+REJECTS = pa.schema(
+    [
+        ("source", pa.string()),  # input path relative to the input root
+        ("row", pa.int64()),  # -1: the whole file
+        ("reason", pa.string()),
+        ("raw", pa.string()),  # the first 200 characters of the record, as read
+    ]
+)
+
+# One row per input document that reached tokenization: what `raypack verify` checks the output against.
+DOCUMENTS = pa.schema(
+    [
+        ("doc_id", pa.string()),
+        ("shard", pa.int32()),
+        ("row", pa.int64()),
+        ("length", pa.int64()),  # tokens, including BOS/EOS
+        ("chunks", pa.int32()),  # items in the output (0: dropped by overflow=drop)
+        ("placed", pa.int64()),  # tokens in the output (< length: truncated or dropped)
+    ]
+)
+
+# One row per pack: the training-side format (docs/output-format.md).
+OUTPUT_SCHEMA_VERSION = 1
+PACKED = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),  # exactly the pack's capacity long, padded with pad_id
+        ("doc_offsets", pa.list_(pa.int32())),  # cu_seqlens: 0, each item end, ..., num_tokens
+        ("doc_ids", pa.list_(pa.string())),
+        ("chunk_index", pa.list_(pa.int32())),
+        ("num_tokens", pa.int32()),
+    ]
+)

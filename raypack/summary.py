@@ -1,0 +1,34 @@
+"""The one table `raypack pack` prints at the end: what went in, what came out, what it cost."""
+
+from __future__ import annotations
+
+from raypack.pipeline.job import JobResult
+
+__all__ = ["format_summary"]
+
+
+def format_summary(result: JobResult) -> str:
+    m = result.metrics
+    rows = [
+        ("output", result.output),
+        ("documents", f"{result.documents:,} ({result.rejects:,} records rejected, see rejects/)"),
+        ("tokens", f"{m.tokens:,} packed, {m.tokens_dropped:,} dropped"),
+        ("items", f"{m.items:,} from {m.documents - m.documents_dropped:,} documents"),
+        (
+            "packs",
+            f"{m.packs:,} of {m.seq_len} (lower bound {m.lower_bound:,}: {m.packs_over_lower_bound:.5f}x)",
+        ),
+        ("efficiency", f"{100 * m.efficiency:.4f}%  (padding ratio {m.padding_ratio:.5f})"),
+        ("truncation ratio", f"{m.truncation_ratio:.4f}"),
+        ("concatenation ratio", f"{m.concatenation_ratio:.2f} documents per pack"),
+        ("packing factor", f"{m.packing_factor:.2f} items per pack"),
+        (
+            "files",
+            f"{len(result.files)} Parquet files, {sum(f['bytes'] for f in result.files) / 2**20:.1f} MiB",
+        ),
+    ]
+    total = sum(result.stage_seconds.values())
+    stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items())
+    rows.append(("time", f"{total:.1f}s ({stages})"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

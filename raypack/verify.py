@@ -1,0 +1,248 @@
+"""`raypack verify OUTPUT [--config CONFIG]`: re-read a packed dataset and prove nothing was lost.
+
+Checks, each failure naming the file, pack or document:
+- manifest.json exists (else the dataset is incomplete) and every file it lists has its size and sha256;
+- every pack row is well formed: input_ids exactly its bucket length, doc_offsets from 0 rising to
+  num_tokens, one doc id and chunk index per item, padding positions hold pad_id;
+- every document of the index is present exactly once: chunks 0..k-1 each once, their tokens adding up
+  to what the document placed (its full length under overflow=split);
+- totals equal the manifest's counts;
+- with the job config: a sample of documents is re-read from the input and re-tokenized, and its
+  tokens must equal the output's, chunk after chunk.
+Reads the output with pyarrow on one machine; memory grows with the number of items.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raypack import schema
+from raypack.config import JobConfig
+from raypack.storage import Shard, exists, join, read_bytes, resolve
+
+__all__ = ["VerifyReport", "verify"]
+
+MAX_PROBLEMS = 20
+
+
+@dataclass
+class VerifyReport:
+    problems: list[str] = field(default_factory=list)
+    documents: int = 0
+    items: int = 0
+    packs: int = 0
+    tokens: int = 0
+    sampled: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, problem: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(problem)
+        elif len(self.problems) == MAX_PROBLEMS:
+            self.problems.append("... (more problems not shown)")
+
+
+def verify(output: str, config: JobConfig | None = None, sample: int = 64, seed: int = 0) -> VerifyReport:
+    report = VerifyReport()
+    if not exists(join(output, "manifest.json")):
+        report.add(f"{output}: no manifest.json: the dataset is incomplete (or not a raypack output)")
+        return report
+    manifest = json.loads(read_bytes(join(output, "manifest.json")))
+    if manifest.get("schema_version") != schema.OUTPUT_SCHEMA_VERSION:
+        report.add(f"schema_version {manifest.get('schema_version')} is not {schema.OUTPUT_SCHEMA_VERSION}")
+        return report
+    pad_id = int(manifest["config"]["output"]["pad_id"])
+    items = _check_files(output, manifest, pad_id, report)
+    docs = _read_index(output, manifest)
+    report.documents = docs.num_rows
+    if items is not None:
+        _check_documents(docs, items, report)
+    counts = manifest["counts"]
+    for key, got in (("documents", report.documents), ("items", report.items), ("packs", report.packs)):
+        if counts[key] != got:
+            report.add(f"manifest counts {counts[key]} {key}, the output holds {got}")
+    if counts["tokens"] != report.tokens:
+        report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
+    if config is not None and items is not None and report.ok:
+        _check_sample(config, manifest, docs, items, sample, seed, report)
+    return report
+
+
+def _check_files(output: str, manifest: dict[str, Any], pad_id: int, report: VerifyReport) -> pa.Table | None:
+    """Check every data file; returns the items (doc_id, chunk, length) they hold, or None if unreadable."""
+    import hashlib
+
+    tables = []
+    for f in manifest["files"]:
+        path = join(output, f["path"])
+        try:
+            data = read_bytes(path)
+        except FileNotFoundError:
+            report.add(f"{f['path']}: listed in the manifest but missing")
+            continue
+        if len(data) != f["bytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
+            report.add(f"{f['path']}: size or sha256 differs from the manifest (modified or truncated)")
+            continue
+        table = pq.read_table(pa.BufferReader(data))
+        if not table.schema.equals(schema.PACKED):
+            report.add(f"{f['path']}: schema differs from the packed schema")
+            continue
+        tables.append(_check_rows(f["path"], table, int(f["bucket_length"]), pad_id, report))
+    if not tables:
+        return None if manifest["files"] else pa.table({"doc_id": [], "chunk": [], "length": []})
+    return pa.concat_tables(tables)
+
+
+def _check_rows(name: str, table: pa.Table, capacity: int, pad_id: int, report: VerifyReport) -> pa.Table:
+    report.packs += table.num_rows
+    ids = table.column("input_ids").combine_chunks()
+    offsets = table.column("doc_offsets").combine_chunks()
+    doc_ids = table.column("doc_ids").combine_chunks()
+    chunks = table.column("chunk_index").combine_chunks()
+    num_tokens = table.column("num_tokens").to_numpy()
+    id_len = np.diff(ids.offsets.to_numpy())
+    for bad in np.flatnonzero(id_len != capacity)[:3]:
+        report.add(f"{name} row {bad}: input_ids has {id_len[bad]} tokens, not {capacity}")
+    n_off = np.diff(offsets.offsets.to_numpy())
+    n_ids = np.diff(doc_ids.offsets.to_numpy())
+    n_chunks = np.diff(chunks.offsets.to_numpy())
+    for bad in np.flatnonzero((n_off != n_ids + 1) | (n_ids != n_chunks) | (n_ids == 0))[:3]:
+        report.add(f"{name} row {bad}: doc_offsets, doc_ids and chunk_index disagree on the number of items")
+    values = offsets.flatten().to_numpy().astype(np.int64)
+    starts = offsets.offsets.to_numpy()[:-1]
+    ends = offsets.offsets.to_numpy()[1:] - 1
+    rising = np.diff(values) > 0
+    rising[ends[:-1]] = True  # the step from one pack's last offset to the next pack's 0 is not a check
+    bad_rows = set(np.flatnonzero(values[starts] != 0).tolist())
+    bad_rows |= {int(np.searchsorted(starts, i, side="right") - 1) for i in np.flatnonzero(~rising)[:3]}
+    bad_rows |= set(np.flatnonzero((values[ends] != num_tokens) | (num_tokens > capacity)).tolist())
+    for bad in sorted(bad_rows)[:3]:
+        report.add(f"{name} row {bad}: doc_offsets must rise from 0 to num_tokens <= {capacity}")
+    flat = ids.flatten().to_numpy().reshape(-1, capacity) if not np.any(id_len != capacity) else None
+    if flat is not None:
+        padding = np.arange(capacity)[None, :] >= num_tokens[:, None]
+        for bad in np.flatnonzero(np.any(padding & (flat != pad_id), axis=1))[:3]:
+            report.add(f"{name} row {bad}: a padding position does not hold pad_id={pad_id}")
+    report.tokens += int(num_tokens.sum())
+    item_len = np.diff(values)[~np.isin(np.arange(len(values) - 1), ends)] if len(values) else values
+    report.items += len(doc_ids.flatten())
+    return pa.table(
+        {
+            "doc_id": doc_ids.flatten(),
+            "chunk": chunks.flatten(),
+            "length": pa.array(item_len.astype(np.int64)),
+        }
+    )
+
+
+def _read_index(output: str, manifest: dict[str, Any]) -> pa.Table:
+    fs, inner = resolve(join(output, "index"))
+    parts = []
+    for shard in range(int(manifest["counts"]["shards"])):
+        path = f"{inner}/shard-{shard:06d}.parquet"
+        with fs.open_input_file(path) as f:
+            parts.append(pq.read_table(f))
+    return pa.concat_tables(parts) if parts else schema.DOCUMENTS.empty_table()
+
+
+def _check_documents(docs: pa.Table, items: pa.Table, report: VerifyReport) -> None:
+    dup = docs.group_by("doc_id").aggregate([("doc_id", "count")])
+    for d in dup.filter(pc.greater(dup.column("doc_id_count"), 1)).column("doc_id").to_pylist()[:3]:
+        report.add(f"document id {d!r} occurs more than once in the input; ids must be unique to verify")
+    got = items.group_by("doc_id").aggregate(
+        [
+            ("chunk", "count"),
+            ("chunk", "count_distinct"),
+            ("chunk", "min"),
+            ("chunk", "max"),
+            ("length", "sum"),
+        ]
+    )
+    joined = docs.join(got, "doc_id", join_type="full outer")
+    expected_chunks = joined.column("chunks").to_numpy(zero_copy_only=False)
+    placed = joined.column("placed").to_numpy(zero_copy_only=False)
+    ids = joined.column("doc_id").to_pylist()
+    count = joined.column("chunk_count").to_numpy(zero_copy_only=False)
+    distinct = joined.column("chunk_count_distinct").to_numpy(zero_copy_only=False)
+    cmin = joined.column("chunk_min").to_numpy(zero_copy_only=False)
+    cmax = joined.column("chunk_max").to_numpy(zero_copy_only=False)
+    total = joined.column("length_sum").to_numpy(zero_copy_only=False)
+    for i in range(joined.num_rows):
+        exp = 0 if np.isnan(expected_chunks[i]) else int(expected_chunks[i])
+        have = 0 if np.isnan(count[i]) else int(count[i])
+        if np.isnan(placed[i]):
+            report.add(f"document {ids[i]!r} is in the packs but not in the input index")
+        elif have != exp:
+            report.add(f"document {ids[i]!r}: {have} chunks in the packs, expected {exp}")
+        elif have and (int(distinct[i]) != have or int(cmin[i]) != 0 or int(cmax[i]) != have - 1):
+            report.add(f"document {ids[i]!r}: chunk indexes are not 0..{have - 1} each once")
+        elif have and int(total[i]) != int(placed[i]):
+            report.add(f"document {ids[i]!r}: chunks hold {int(total[i])} tokens, expected {int(placed[i])}")
+
+
+def _check_sample(
+    config: JobConfig,
+    manifest: dict[str, Any],
+    docs: pa.Table,
+    items: pa.Table,
+    sample: int,
+    seed: int,
+    report: VerifyReport,
+) -> None:
+    """Re-read and re-tokenize `sample` documents; compare with their tokens in the packs."""
+    from raypack.pipeline.read import read_shard
+    from raypack.pipeline.tokenize import encode_documents, load_tokenizer
+    from raypack.storage import expand_inputs
+
+    shards = {s.index: s for s in expand_inputs(config.input.paths, config.input.root)}
+    picks = sorted(random.Random(seed).sample(range(docs.num_rows), min(sample, docs.num_rows)))
+    wanted: dict[int, dict[int, str]] = {}
+    for i in picks:
+        wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(
+            docs.column("doc_id")[i].as_py()
+        )
+    tok = load_tokenizer(config.tokenizer)
+    expected: dict[str, list[int]] = {}
+    for shard_index, rows in wanted.items():
+        shard: Shard = shards[shard_index]
+        for batch in read_shard(
+            shard, config.input.format, config.input.text_field, config.input.id_field, 256
+        ):
+            keep = [k for k, row in enumerate(batch.rows) if row in rows]
+            if not keep:
+                continue
+            encoded = encode_documents(tok, config.tokenizer, [batch.texts[k] for k in keep])
+            for k, tokens in zip(keep, encoded, strict=True):
+                expected[batch.ids[k]] = tokens
+    actual = _tokens_of(manifest, set(expected), config.output.path)
+    for doc_id, tokens in expected.items():
+        got = actual.get(doc_id)
+        placed = len(got) if got is not None else 0
+        if got is None or got != tokens[:placed] or (config.pack.overflow == "split" and got != tokens):
+            report.add(f"document {doc_id!r}: tokens in the packs differ from re-tokenizing the input")
+        report.sampled += 1
+
+
+def _tokens_of(manifest: dict[str, Any], doc_ids: set[str], output: str) -> dict[str, list[int]]:
+    """Tokens of the given documents, chunks joined in order, read back from the packs."""
+    pieces: dict[str, list[tuple[int, list[int]]]] = {}
+    for f in manifest["files"]:
+        table = pq.read_table(pa.BufferReader(read_bytes(join(output, f["path"]))))
+        for row in table.to_pylist():
+            ends = row["doc_offsets"]
+            for k, doc_id in enumerate(row["doc_ids"]):
+                if doc_id in doc_ids:
+                    chunk = row["input_ids"][ends[k] : ends[k + 1]]
+                    pieces.setdefault(doc_id, []).append((row["chunk_index"][k], chunk))
+    return {d: [t for _, chunk in sorted(p) for t in chunk] for d, p in pieces.items()}

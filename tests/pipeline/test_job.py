@@ -1,0 +1,176 @@
+"""The job end to end on real local Ray, real tokenizers and files on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from raypack.cli import main
+from raypack.config import load_config
+from raypack.errors import ConfigError
+from raypack.pipeline.job import run_job
+from raypack.pipeline.read import read_shard
+from raypack.storage import Shard
+from raypack.verify import verify
+from tests.conftest import job_config, make_corpus, write_jsonl
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def read_packs(out: Path) -> pa.Table:
+    return pa.concat_tables(pq.read_table(p) for p in sorted((out / "data").rglob("*.parquet")))
+
+
+def test_every_token_of_every_document_arrives_once(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=40)
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path)))
+    result = run_job(cfg, log=quiet)
+    assert result.documents == 160 and result.rejects == 0
+
+    # Independently of raypack: tokenize the corpus here and rebuild every document from the packs.
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    eos = tok.token_to_id("<|endoftext|>")
+    expected = {}
+    for shard in sorted(corpus.iterdir()):
+        s = Shard(index=0, path=str(shard), relpath=shard.name, size=0, mtime_ns=0)
+        for batch in read_shard(s, "jsonl", "text", None, 1000):
+            for doc_id, text in zip(batch.ids, batch.texts, strict=True):
+                expected[doc_id] = [*tok.encode(text, add_special_tokens=False).ids, eos]
+    pieces: dict[str, list[tuple[int, list[int]]]] = {}
+    packs = read_packs(tmp_path / "out")
+    for row in packs.to_pylist():
+        assert len(row["input_ids"]) == 512
+        ends = row["doc_offsets"]
+        assert ends[0] == 0 and ends[-1] == row["num_tokens"]
+        assert all(t == 0 for t in row["input_ids"][row["num_tokens"] :])  # pad_id 0
+        for k, doc_id in enumerate(row["doc_ids"]):
+            pieces.setdefault(doc_id, []).append(
+                (row["chunk_index"][k], row["input_ids"][ends[k] : ends[k + 1]])
+            )
+    assert set(pieces) == set(expected)
+    for doc_id, parts in pieces.items():
+        chunks = sorted(parts)
+        assert [c for c, _ in chunks] == list(range(len(chunks)))
+        assert [t for _, p in chunks for t in p] == expected[doc_id]
+        assert all(len(p) == 512 for _, p in chunks[:-1])  # only documents over seq_len are cut
+    assert result.metrics.tokens == sum(len(v) for v in expected.values())
+    assert result.metrics.packs == packs.num_rows
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["counts"]["documents"] == 160 and manifest["counts"]["packs"] == packs.num_rows
+    assert not (tmp_path / "out" / "_staging").exists()
+    report = verify(str(tmp_path / "out"), cfg, sample=20)
+    assert report.ok, report.problems
+    assert report.sampled == 20
+
+
+def test_output_is_byte_identical_whatever_the_workers_and_batches(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = make_corpus(tmp_path, shards=5, docs_per_shard=30, seed=3)
+    digests = []
+    for run, (workers, batch) in enumerate([(1, 512), (2, 7)]):
+        cfg = load_config(
+            str(job_config(tmp_path, f"{corpus}/*", tokenizer_path)),
+            [
+                f"tokenizer.concurrency={workers}",
+                f"tokenizer.batch_size={batch}",
+                f"output.path={tmp_path}/out{run}",
+            ],
+        )
+        run_job(cfg, log=quiet)
+        files = sorted((tmp_path / f"out{run}" / "data").rglob("*.parquet"))
+        assert len(files) > 1
+        digests.append({f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files})
+    assert digests[0] == digests[1]
+
+
+def test_bucket_writes_one_directory_per_bucket_length(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=50, seed=5)
+    cfg = load_config(
+        str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack={"algorithm": "bucket", "seq_len": 512}))
+    )
+    result = run_job(cfg, log=quiet)
+    dirs = sorted(p.name for p in (tmp_path / "out" / "data").iterdir())
+    assert dirs and all(d.startswith("bucket=") for d in dirs)
+    for d in dirs:
+        length = int(d.split("=")[1])
+        assert length in (64, 128, 256, 512)
+        table = pa.concat_tables(pq.read_table(p) for p in (tmp_path / "out" / "data" / d).iterdir())
+        assert {len(x) for x in table.column("input_ids").to_pylist()} == {length}
+    assert verify(str(tmp_path / "out")).ok
+    assert result.metrics.slots < result.metrics.packs * 512  # smaller buckets were used
+
+
+def test_rejects_are_recorded_and_an_existing_dataset_needs_overwrite(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"text": "fit best"}, b"{oops", {"text": ""}, {"text": "plan bucket"}])
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path)))
+    result = run_job(cfg, log=quiet)
+    assert (result.documents, result.rejects) == (2, 2)
+    rejects = pq.read_table(tmp_path / "out" / "rejects" / "shard-000000.parquet").to_pylist()
+    assert [(r["source"], r["row"]) for r in rejects] == [("a.jsonl", 2), ("a.jsonl", 3)]
+    assert rejects[0]["raw"] == "{oops"
+    with pytest.raises(ConfigError, match="already holds a dataset"):
+        run_job(cfg, log=quiet)
+    assert run_job(cfg, overwrite=True, log=quiet).documents == 2
+
+
+def test_verify_names_what_is_wrong(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=30, seed=9)
+    out = tmp_path / "out"
+    run_job(load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path))), log=quiet)
+    assert verify(str(out)).ok
+    # Drop one item from a file and fix up the manifest's checksum, as a buggy writer would.
+    victim = sorted((out / "data").glob("*.parquet"))[0]
+    table = pq.read_table(victim)
+    row = table.slice(0, 1).to_pylist()[0]
+    lost = row["doc_ids"][-1]
+    pq.write_table(table.slice(1), victim)
+    manifest = json.loads((out / "manifest.json").read_text())
+    for f in manifest["files"]:
+        if f["path"].endswith(victim.name):
+            data = victim.read_bytes()
+            f["bytes"], f["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    report = verify(str(out))
+    assert not report.ok
+    assert any(repr(lost) in p for p in report.problems), report.problems
+    # Tampering without fixing the manifest is caught by the checksum.
+    victim.write_bytes(victim.read_bytes()[:-10])
+    assert any("sha256" in p for p in verify(str(out)).problems)
+    (out / "manifest.json").unlink()
+    assert "incomplete" in verify(str(out)).problems[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pack", "/no/such.yaml"], "config file not found"),
+        (["pack", "{cfg}", "--set", "pack.seq_len=1"], "pack.seq_len must be >= 2"),
+        (["pack", "{cfg}", "--set", "pack.algorithm=greedy"], "needs every document in one process"),
+        (["pack", "{cfg}", "--set", "tokenizer.path=/no/tok.json"], "tokenizer file not found"),
+        (["pack", "{cfg}", "--set", "input.paths=[/no/where/*.jsonl]"], "matched no files"),
+        (["pack", "{cfg}", "--set", "input.colour=red"], "unknown key input.colour"),
+    ],
+)
+def test_pack_mistakes_are_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=2)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    assert main([a.format(cfg=cfg) for a in args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("raypack: error: ") and message in err and "\n" not in err

@@ -1,0 +1,124 @@
+"""Reading shards: documents with ids, and every bad record recorded with a reason (no Ray)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from raypack.errors import ConfigError
+from raypack.pipeline.read import read_shard
+from raypack.storage import Shard, expand_inputs
+from tests.conftest import write_jsonl, write_parquet
+
+
+def shard_of(path: Path, rel: str | None = None) -> Shard:
+    return Shard(index=0, path=str(path), relpath=rel or path.name, size=path.stat().st_size, mtime_ns=0)
+
+
+def read_all(path: Path, fmt: str = "jsonl", id_field: str | None = None, batch: int = 3):  # type: ignore[no-untyped-def]
+    docs, rejects = [], []
+    for b in read_shard(shard_of(path), fmt, "text", id_field, batch):
+        assert len(b) <= batch
+        docs += list(zip(b.rows, b.ids, b.texts, strict=True))
+        rejects += [(r.row, r.reason) for r in b.rejects]
+    return docs, rejects
+
+
+@pytest.mark.parametrize("compression", [None, "gzip", "zstd"])
+def test_jsonl_ids_are_path_and_line(tmp_path: Path, compression: str | None) -> None:
+    suffix = {None: "", "gzip": ".gz", "zstd": ".zst"}[compression]
+    path = tmp_path / f"a.jsonl{suffix}"
+    write_jsonl(path, [{"text": f"doc {i}"} for i in range(7)], compression)
+    docs, rejects = read_all(path)
+    assert rejects == []
+    assert [(row, doc_id) for row, doc_id, _ in docs] == [(i + 1, f"{path.name}:{i + 1}") for i in range(7)]
+    assert docs[3][2] == "doc 3"
+
+
+def test_every_bad_line_is_a_recorded_reject(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    write_jsonl(
+        path,
+        [
+            {"text": "good one"},
+            b'{"text": "unterminated',
+            b'{"text": "caf\xe9"}',
+            {"body": "no text field"},
+            {"text": 42},
+            {"text": "   \n\t"},
+            b"[1, 2]",
+            b"",
+            {"text": "good two"},
+        ],
+    )
+    docs, rejects = read_all(path)
+    assert [d[0] for d in docs] == [1, 9]
+    reasons = dict(rejects)
+    assert set(reasons) == {2, 3, 4, 5, 6, 7}  # line 8 is blank: not a record
+    assert reasons[2].startswith("malformed JSON")
+    assert reasons[3] == "invalid UTF-8 at byte 13"
+    assert reasons[4] == "missing text field 'text'"
+    assert reasons[5] == "text field 'text' is int, not a string"
+    assert reasons[6] == "empty document"
+    assert reasons[7] == "not a JSON object but list"
+
+
+def test_id_field(tmp_path: Path) -> None:
+    path = tmp_path / "ids.jsonl"
+    write_jsonl(path, [{"text": "a", "id": "x-1"}, {"text": "b", "id": 7}, {"text": "c"}])
+    docs, rejects = read_all(path, id_field="id")
+    assert [d[1] for d in docs] == ["x-1", "7"]
+    assert rejects == [(3, "missing or non-scalar id field 'id'")]
+
+
+def test_truncated_gzip_keeps_what_was_read_and_says_where(tmp_path: Path) -> None:
+    path = tmp_path / "cut.jsonl.gz"
+    data = gzip.compress(
+        b"".join(json.dumps({"text": f"doc {i} " * 50}).encode() + b"\n" for i in range(10000))
+    )
+    path.write_bytes(data[: len(data) // 2])
+    docs, rejects = read_all(path, batch=100)
+    assert 1000 < len(docs) < 10000
+    ((row, reason),) = rejects
+    assert row == docs[-1][0] + 1 or row == docs[-1][0] + 2
+    assert reason.startswith(f"unreadable shard after line {row - 1}")
+
+
+def test_parquet_rows_and_wrong_schema(tmp_path: Path) -> None:
+    good = tmp_path / "good.parquet"
+    write_parquet(good, {"text": ["a", "", "c", None]})
+    docs, rejects = read_all(good, fmt="parquet")
+    assert [(d[0], d[1]) for d in docs] == [(0, "good.parquet:0"), (2, "good.parquet:2")]
+    assert rejects == [(1, "empty document"), (3, "missing text field 'text'")]
+    bad = tmp_path / "bad.parquet"
+    write_parquet(bad, {"content": ["a"]})
+    docs, rejects = read_all(bad, fmt="parquet")
+    assert docs == [] and rejects == [(-1, "Parquet file has no column 'text' (columns: content)")]
+
+
+def test_text_files_are_one_document_each(tmp_path: Path) -> None:
+    (tmp_path / "t.txt").write_text("hello\nworld\n")
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe")
+    docs, rejects = read_all(tmp_path / "t.txt", fmt="text")
+    assert docs == [(0, "t.txt", "hello\nworld\n")] and rejects == []
+    docs, rejects = read_all(tmp_path / "bin.txt", fmt="text")
+    assert docs == [] and rejects == [(0, "invalid UTF-8 at byte 0")]
+
+
+def test_expand_inputs_globs_sorts_and_relativizes(tmp_path: Path) -> None:
+    for rel in ("b/2.jsonl", "a/1.jsonl", "a/skip.txt", "a/deep/3.jsonl"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}\n")
+    shards = expand_inputs((f"{tmp_path}/**/*.jsonl",))
+    assert [s.relpath for s in shards] == ["a/1.jsonl", "a/deep/3.jsonl", "b/2.jsonl"]
+    assert [s.index for s in shards] == [0, 1, 2]
+    assert [s.relpath for s in expand_inputs((str(tmp_path / "a"),))] == [
+        "1.jsonl",
+        "deep/3.jsonl",
+        "skip.txt",
+    ]
+    with pytest.raises(ConfigError, match="matched no files"):
+        expand_inputs((f"{tmp_path}/*.parquet",))
