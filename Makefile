@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-slow lint bench clean
+.PHONY: demo plan-demo test test-slow lint bench clean
 
 $(BIN)/raypack: pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "raypack needs Python >= 3.11")'
@@ -12,8 +12,12 @@ $(BIN)/raypack: pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 
-# Dry run on the built-in length sample: which algorithm and seq_len, before any cluster time.
+# Pack a built-in corpus (this Python's standard library sources) with a built-in tokenizer, offline.
 demo: $(BIN)/raypack
+	$(BIN)/raypack demo
+
+# Dry run on the built-in length sample: which algorithm and seq_len, before any cluster time.
+plan-demo: $(BIN)/raypack
 	$(BIN)/raypack plan --sample 1000000 --seq-len 2048 8192 --algorithm all
 
 lint: $(BIN)/raypack
@@ -31,4 +35,4 @@ bench: $(BIN)/raypack
 	$(BIN)/python benchmarks/bench_packing.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis raypack-demo

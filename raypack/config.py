@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 INPUT_FORMATS = ("jsonl", "parquet", "text")
+PACK_MODES = ("global", "sharded")
+SHARDED_ALGORITHMS = ("bfd", "ffd", "greedy")
 
 T = TypeVar("T")
 
@@ -56,6 +58,11 @@ class PackConfig:
     """`bucket`: largest padding share a smaller bucket may have before a larger one is tried."""
     nnls_bin_width: int | None = None
     """`nnlshp`: tokens per length class (None: seq_len / 256, rounded up)."""
+    mode: str = "global"
+    """global: one plan over the whole corpus (histogram packers). sharded: every group of
+    `shards_per_group` input shards is packed on its own by one task (bfd, ffd, greedy): no shuffle of
+    tokens, a little less efficiency."""
+    shards_per_group: int = 1
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
@@ -82,6 +89,10 @@ class PackConfig:
                 )
         if not 0.0 <= self.padding_threshold < 1.0:
             raise ConfigError(f"pack.padding_threshold must be in [0, 1), got {self.padding_threshold}")
+        if self.mode not in PACK_MODES:
+            raise ConfigError(f"pack.mode must be one of {', '.join(PACK_MODES)}, got {self.mode!r}")
+        if self.shards_per_group < 1:
+            raise ConfigError(f"pack.shards_per_group must be >= 1, got {self.shards_per_group}")
         if self.nnls_bin_width is not None and not 1 <= self.nnls_bin_width <= self.seq_len:
             raise ConfigError(f"pack.nnls_bin_width must be in 1..seq_len, got {self.nnls_bin_width}")
 
@@ -174,11 +185,17 @@ class JobConfig:
     pack: PackConfig = PackConfig()
 
     def __post_init__(self) -> None:
-        if not ALGORITHMS[self.pack.algorithm].is_histogram:
+        if self.pack.mode == "sharded" and self.pack.algorithm not in SHARDED_ALGORITHMS:
+            raise ConfigError(
+                f"pack.mode sharded packs each shard group alone with one of "
+                f"{', '.join(SHARDED_ALGORITHMS)}, not {self.pack.algorithm!r}"
+            )
+        if self.pack.mode == "global" and not ALGORITHMS[self.pack.algorithm].is_histogram:
             histogram = ", ".join(name for name, a in ALGORITHMS.items() if a.is_histogram)
             raise ConfigError(
                 f"pack.algorithm {self.pack.algorithm!r} needs every document in one process; the "
-                f"distributed job packs from the length histogram: use one of {histogram}"
+                f"distributed job packs from the length histogram: use one of {histogram}, or "
+                "pack.mode: sharded"
             )
         if self.pack.seq_len < 2:
             raise ConfigError(f"pack.seq_len must be >= 2 for a training sequence, got {self.pack.seq_len}")

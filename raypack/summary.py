@@ -19,6 +19,11 @@ def format_summary(result: JobResult) -> str:
             f"{m.packs:,} of {m.seq_len} (lower bound {m.lower_bound:,}: {m.packs_over_lower_bound:.5f}x)",
         ),
         ("efficiency", f"{100 * m.efficiency:.4f}%  (padding ratio {m.padding_ratio:.5f})"),
+        *(
+            [("global plan", f"{100 * result.global_efficiency:.4f}% with one bfd plan over all shards")]
+            if result.mode == "sharded"
+            else []
+        ),
         ("truncation ratio", f"{m.truncation_ratio:.4f}"),
         ("concatenation ratio", f"{m.concatenation_ratio:.2f} documents per pack"),
         ("packing factor", f"{m.packing_factor:.2f} items per pack"),

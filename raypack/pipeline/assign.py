@@ -20,7 +20,7 @@ from raypack.packing import Items, PackPermutation, Plan, expand, item_histogram
 from raypack.pipeline.tokenize import tokens_path
 from raypack.storage import resolve
 
-__all__ = ["ITEMS", "Buckets", "assign_shards", "file_key"]
+__all__ = ["ITEMS", "Buckets", "assign_shards", "file_key", "items_table"]
 
 ITEMS = pa.schema(
     [
@@ -96,18 +96,20 @@ def assign_shards(
                     if perm is not None:
                         mask = bucket == b
                         local[mask] = perm(local[mask])
-                yield _items_table(docs, items, bucket, local, slot, buckets, rows)
+                keys = (bucket.astype(np.int64) << _KEY_SHIFT) | (local // rows)
+                capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
+                yield items_table(docs, items, keys, local, slot, capacity)
 
 
-def _items_table(
+def items_table(
     docs: pa.Table,
     items: Items,
-    bucket: np.ndarray,
-    local: np.ndarray,
+    keys: np.ndarray,
+    pack: np.ndarray,
     slot: np.ndarray,
-    buckets: Buckets,
-    rows: int,
+    capacity: np.ndarray,
 ) -> pa.Table:
+    """Item rows (schema ITEMS) with each item's slice of its document's tokens."""
     doc_of_item = items.doc_of_item()
     tokens = docs.column("tokens").combine_chunks()
     flat = tokens.flatten().to_numpy()
@@ -119,14 +121,12 @@ def _items_table(
     owner = np.repeat(np.arange(len(length)), length)
     gather = start[owner] + np.arange(out_offsets[-1]) - out_offsets[:-1][owner]
     item_tokens = pa.ListArray.from_arrays(pa.array(out_offsets.astype(np.int32)), pa.array(flat[gather]))
-    keys = (bucket.astype(np.int64) << _KEY_SHIFT) | (local // rows)
-    capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
     return pa.table(
         {
             "file_key": keys,
-            "pack": local.astype(np.int64),
+            "pack": pack.astype(np.int64),
             "slot": slot.astype(np.int32),
-            "capacity": capacity,
+            "capacity": capacity.astype(np.int32),
             "doc_id": docs.column("doc_id").take(pa.array(doc_of_item)),
             "chunk": items.chunk_index(),
             "tokens": item_tokens,

@@ -1,7 +1,5 @@
-"""Stage 3, histogram: per shard, the item-length histogram and document counts (then summed by the
-driver: the one reduce of the job), and the documents index that `raypack verify` checks against.
-
-Only the `length` column of a staged token file is read here, not the tokens.
+"""Stage 3, histogram: per shard, the item-length histogram and document counts, summed by the driver
+(the one reduce of the job); and the documents index that `raypack verify` checks against.
 """
 
 from __future__ import annotations
@@ -16,38 +14,30 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.metrics import DocStats
 from raypack.packing import Items, item_histogram, make_items
-from raypack.pipeline.tokenize import tokens_path
 from raypack.storage import join, resolve
 
-__all__ = ["index_path", "shard_histograms", "sum_histograms"]
+__all__ = ["index_path", "sum_histograms", "summarize_shard"]
 
 
 def index_path(output: str, shard: int) -> str:
     return join(output, "index", f"shard-{shard:06d}.parquet")
 
 
-def shard_histograms(batch: dict[str, np.ndarray], cfg: JobConfig, staging: str) -> dict[str, Any]:
-    """map_batches function over shard rows → per-shard sparse histogram and DocStats (as JSON)."""
-    out: dict[str, list[Any]] = {"shard": [], "lengths": [], "counts": [], "stats": []}
-    seq_len, overflow = cfg.pack.seq_len, cfg.pack.overflow
-    for shard in batch["index"].tolist():
-        fs, inner = resolve(tokens_path(staging, shard))
-        with fs.open_input_file(inner) as f:
-            table = pq.read_table(f, columns=["row", "doc_id", "length"])
-        doc_length = table.column("length").to_numpy()
-        items = make_items(doc_length, seq_len, overflow)
-        hist = item_histogram(items.length, seq_len)
-        nonzero = np.flatnonzero(hist)
-        _write_index(cfg.output.path, shard, table, items)
-        out["shard"].append(shard)
-        out["lengths"].append(nonzero.astype(np.int64))
-        out["counts"].append(hist[nonzero])
-        out["stats"].append(DocStats.from_items(items).to_json())
+def summarize_shard(
+    cfg: JobConfig, shard: int, doc_ids: pa.Array, rows: pa.Array, doc_length: np.ndarray
+) -> dict[str, Any]:
+    """The shard's sparse item histogram and document counts (for the driver's reduce), and its
+    documents index file. Called by the tokenizer actor as soon as the shard is tokenized, so the
+    lengths are never read back."""
+    items = make_items(doc_length, cfg.pack.seq_len, cfg.pack.overflow)
+    hist = item_histogram(items.length, cfg.pack.seq_len)
+    nonzero = np.flatnonzero(hist)
+    table = pa.table({"doc_id": doc_ids, "row": rows, "length": pa.array(doc_length, pa.int64())})
+    _write_index(cfg.output.path, shard, table, items)
     return {
-        "shard": np.asarray(out["shard"], dtype=np.int64),
-        "lengths": out["lengths"],
-        "counts": out["counts"],
-        "stats": np.asarray(out["stats"], dtype=object),
+        "lengths": nonzero.astype(np.int64),
+        "counts": hist[nonzero],
+        "stats": DocStats.from_items(items).to_json(),
     }
 
 

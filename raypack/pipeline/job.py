@@ -1,7 +1,7 @@
 """The job: the only module that wires Ray Data verbs together.
 
-    shards ─map_batches(TokenizeShards actors)─▶ staged token files      (tokenize, once)
-    shards ─map_batches(shard_histograms)──────▶ per-shard histograms    (histogram) ─▶ plan (driver)
+    shards ─map_batches(TokenizeShards actors)─▶ staged token files + per-shard histograms (tokenize, once)
+    per-shard histograms ─sum (driver)─▶ global histogram, rank bases ─▶ plan (driver)
     shards ─map_batches(assign_shards)─────────▶ items ─groupby(file_key).map_groups(write_pack_file)─▶ data/
 
 then metrics.json, and manifest.json last: a dataset is complete only when its manifest exists.
@@ -30,8 +30,9 @@ from raypack.errors import ConfigError, JobError
 from raypack.metrics import PackingMetrics, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.assign import assign_shards
-from raypack.pipeline.histogram import shard_histograms, sum_histograms
+from raypack.pipeline.histogram import sum_histograms
 from raypack.pipeline.materialize import write_pack_file
+from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer
 from raypack.storage import Shard, exists, expand_inputs, join, resolve, write_bytes
 
@@ -49,6 +50,9 @@ class JobResult:
     documents: int
     rejects: int
     files: list[dict[str, Any]]
+    mode: str
+    global_efficiency: float
+    """Efficiency of one global bfd plan over the same documents (the reference for sharded mode)."""
     stage_seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -99,38 +103,46 @@ def run_job(cfg: JobConfig, *, overwrite: bool = False, log: Callable[[str], Non
         raise JobError(f"no documents to pack: {rejects} records rejected (see {join(out, 'rejects')})")
 
     with _stage(timings, "histogram", log):
-        rows = shard_ds.map_batches(
-            partial(shard_histograms, cfg=cfg, staging=staging), batch_size=1
-        ).take_all()
-        hist, rank_bases, stats = sum_histograms(rows, cfg.pack.seq_len)
+        hist, rank_bases, stats = sum_histograms(summaries, cfg.pack.seq_len)
 
     with _stage(timings, "plan", log):
-        planner = ALGORITHMS[cfg.pack.algorithm].plan
-        if planner is None:  # JobConfig admits histogram packers only
-            raise ConfigError(f"{cfg.pack.algorithm} cannot plan from a histogram")
-        plan = planner(hist, cfg.pack.seq_len, **cfg.pack.algorithm_options())
+        # Sharded mode plans per group, inside its task; the global bfd plan is made anyway, to report
+        # the efficiency the sharding costs.
+        name = cfg.pack.algorithm if cfg.pack.mode == "global" else "bfd"
+        planner = ALGORITHMS[name].plan
+        if planner is None:  # JobConfig admits histogram packers only in global mode
+            raise ConfigError(f"{name} cannot plan from a histogram")
+        options = cfg.pack.algorithm_options() if cfg.pack.mode == "global" else {}
+        plan = planner(hist, cfg.pack.seq_len, **options)
 
     with _stage(timings, "assign+write", log):
-        assign = partial(assign_shards, cfg=cfg, staging=staging, plan=plan, rank_bases=rank_bases)
-        write = partial(
-            write_pack_file, output=out, pad_id=cfg.output.pad_id, bucketed=cfg.pack.algorithm == "bucket"
-        )
-        items = shard_ds.map_batches(assign, batch_size=1)
-        files = items.groupby("file_key").map_groups(write, batch_format="pyarrow").take_all()
+        if cfg.pack.mode == "sharded":
+            files = _write_sharded(cfg, staging, len(shards))
+        else:
+            files = _write_global(cfg, staging, shard_ds, plan, rank_bases)
     files = sorted(files, key=lambda f: f["path"])
-    _check_conservation(files, plan, stats.items, stats.tokens)
-
-    slots = _slots(plan)
-    metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, plan.num_packs, slots)
+    packs = plan.num_packs if cfg.pack.mode == "global" else sum(int(f["rows"]) for f in files)
+    _check_conservation(files, packs, stats.items, stats.tokens)
+    slots = _slots(plan) if cfg.pack.mode == "global" else packs * cfg.pack.seq_len
+    metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, packs, slots)
+    global_efficiency = stats.tokens / _slots(plan) if plan.num_packs else 1.0
     with _stage(timings, "finalize", log):
         _remove(staging)
         write_bytes(
             join(out, METRICS),
-            json.dumps({"metrics": metrics.to_dict(), "stage_seconds": timings}, indent=2).encode(),
+            json.dumps(
+                {
+                    "metrics": metrics.to_dict(),
+                    "mode": cfg.pack.mode,
+                    "global_bfd_efficiency": global_efficiency,
+                    "stage_seconds": timings,
+                },
+                indent=2,
+            ).encode(),
         )
-        manifest = _manifest(cfg, shards, tok, plan, files, documents, rejects, stats.items, stats.tokens)
+        manifest = _manifest(cfg, shards, tok, packs, files, documents, rejects, stats.items, stats.tokens)
         write_bytes(join(out, MANIFEST), json.dumps(manifest, indent=2).encode())
-    return JobResult(out, metrics, documents, rejects, files, timings)
+    return JobResult(out, metrics, documents, rejects, files, cfg.pack.mode, global_efficiency, timings)
 
 
 def _clear_output(out: str) -> None:
@@ -151,15 +163,54 @@ def _remove(path: str) -> None:
         fs.delete_file(inner)
 
 
+def _expected_files(plan: Plan, shard_rows: int) -> int:
+    from raypack.pipeline.assign import Buckets
+
+    return sum(-(-n // shard_rows) for n in Buckets.of(plan).sizes)
+
+
 def _slots(plan: Plan) -> int:
     ends = np.append(plan.capacity_start[1:], plan.num_packs)
     return int(((ends - plan.capacity_start) * plan.capacity_value).sum())
 
 
-def _check_conservation(files: list[dict[str, Any]], plan: Plan, items: int, tokens: int) -> None:
+def _write_global(
+    cfg: JobConfig, staging: str, shard_ds: Any, plan: Plan, rank_bases: dict[int, np.ndarray]
+) -> list[dict[str, Any]]:
+    assign = partial(assign_shards, cfg=cfg, staging=staging, plan=plan, rank_bases=rank_bases)
+    write = partial(
+        write_pack_file,
+        output=cfg.output.path,
+        pad_id=cfg.output.pad_id,
+        bucketed=cfg.pack.algorithm == "bucket",
+    )
+    items = shard_ds.map_batches(assign, batch_size=1)
+    # One shuffle partition per output file (capped): Ray's default of 200 costs more in task
+    # overhead than it saves when there are a handful of files.
+    partitions = max(1, min(_expected_files(plan, cfg.output.shard_rows), 256))
+    return list(
+        items.groupby("file_key", num_partitions=partitions)
+        .map_groups(write, batch_format="pyarrow")
+        .take_all()
+    )
+
+
+def _write_sharded(cfg: JobConfig, staging: str, n_shards: int) -> list[dict[str, Any]]:
+    import ray.data
+
+    per = cfg.pack.shards_per_group
+    groups = [
+        {"group": g, "first": first, "count": min(per, n_shards - first)}
+        for g, first in enumerate(range(0, n_shards, per))
+    ]
+    ds = ray.data.from_items(groups, override_num_blocks=len(groups))
+    return list(ds.map_batches(partial(pack_groups, cfg=cfg, staging=staging), batch_size=1).take_all())
+
+
+def _check_conservation(files: list[dict[str, Any]], packs: int, items: int, tokens: int) -> None:
     """The written files must hold exactly the planned packs, every item and every token."""
     got = (sum(f["rows"] for f in files), sum(f["items"] for f in files), sum(f["tokens"] for f in files))
-    want = (plan.num_packs, items, tokens)
+    want = (packs, items, tokens)
     if got != want:
         raise RuntimeError(f"written (packs, items, tokens) = {got}, planned {want}: refusing to commit")
 
@@ -168,7 +219,7 @@ def _manifest(
     cfg: JobConfig,
     shards: list[Shard],
     tok: Any,
-    plan: Plan,
+    packs: int,
     files: list[dict[str, Any]],
     documents: int,
     rejects: int,
@@ -195,7 +246,7 @@ def _manifest(
             "documents": documents,
             "rejects": rejects,
             "items": items,
-            "packs": plan.num_packs,
+            "packs": packs,
             "tokens": tokens,
         },
         "buckets": [{"length": k, "packs": v} for k, v in sorted(buckets.items())],

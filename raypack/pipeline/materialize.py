@@ -33,13 +33,16 @@ FILES = pa.schema(
 _PARQUET = {"compression": "zstd", "compression_level": 3, "row_group_size": 1024, "write_statistics": True}
 
 
-def data_file(bucket_length: int | None, part: int) -> str:
-    name = f"part-{part:05d}.parquet"
+def data_file(bucket_length: int | None, part: int, group: int | None = None) -> str:
+    name = f"part-{part:05d}.parquet" if group is None else f"part-{group:05d}-{part:05d}.parquet"
     return f"data/{name}" if bucket_length is None else f"data/bucket={bucket_length}/{name}"
 
 
-def write_pack_file(items: pa.Table, output: str, pad_id: int, bucketed: bool) -> pa.Table:
-    """map_groups function: one group = the items of one output file; returns its FILES row."""
+def write_pack_file(
+    items: pa.Table, output: str, pad_id: int, bucketed: bool, group: int | None = None
+) -> pa.Table:
+    """map_groups function: one group = the items of one output file; returns its FILES row.
+    `group`: the shard group in sharded mode, whose packs are numbered on their own."""
     _, part = split_file_key(int(items.column("file_key")[0].as_py()))
     capacity = int(items.column("capacity")[0].as_py())
     items = items.sort_by([("pack", "ascending"), ("slot", "ascending")])
@@ -85,7 +88,7 @@ def write_pack_file(items: pa.Table, output: str, pad_id: int, bucketed: bool) -
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, **_PARQUET)
     data = sink.getvalue()
-    rel = data_file(capacity if bucketed else None, part)
+    rel = data_file(capacity if bucketed else None, part, group)
     fs, inner = resolve(join(output, rel))
     fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
     with fs.open_output_stream(inner) as f:

@@ -20,6 +20,7 @@ from tokenizers import Tokenizer
 from raypack import schema
 from raypack.config import JobConfig, TokenizerConfig
 from raypack.errors import ConfigError
+from raypack.pipeline.histogram import summarize_shard
 from raypack.pipeline.read import Batch, read_shard
 from raypack.storage import Shard, join, read_bytes, resolve
 
@@ -107,7 +108,15 @@ class TokenizeShards:
         self.tok = load_tokenizer(cfg.tokenizer)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        out: dict[str, list[Any]] = {"shard": [], "documents": [], "tokens": [], "rejects": []}
+        out: dict[str, list[Any]] = {
+            "shard": [],
+            "documents": [],
+            "tokens": [],
+            "rejects": [],
+            "lengths": [],
+            "counts": [],
+            "stats": [],
+        }
         for i in range(len(batch["index"])):
             shard = Shard(
                 index=int(batch["index"][i]),
@@ -116,20 +125,30 @@ class TokenizeShards:
                 size=int(batch["size"][i]),
                 mtime_ns=int(batch["mtime_ns"][i]),
             )
-            docs, tokens, rejects = self.tokenize_shard(shard)
+            summary = self.tokenize_shard(shard)
+            for key, value in summary.items():
+                out[key].append(value)
             out["shard"].append(shard.index)
-            out["documents"].append(docs)
-            out["tokens"].append(tokens)
-            out["rejects"].append(rejects)
-        return {k: np.asarray(v, dtype=np.int64) for k, v in out.items()}
+        return {
+            "shard": np.asarray(out["shard"], dtype=np.int64),
+            "documents": np.asarray(out["documents"], dtype=np.int64),
+            "tokens": np.asarray(out["tokens"], dtype=np.int64),
+            "rejects": np.asarray(out["rejects"], dtype=np.int64),
+            "lengths": out["lengths"],
+            "counts": out["counts"],
+            "stats": np.asarray(out["stats"], dtype=object),
+        }
 
-    def tokenize_shard(self, shard: Shard) -> tuple[int, int, int]:
-        """Write the shard's token file (and rejects file); returns (documents, tokens, rejects)."""
+    def tokenize_shard(self, shard: Shard) -> dict[str, Any]:
+        """Write the shard's token file (and rejects file); returns its counts and histogram."""
         cfg = self.cfg
         fs, inner = resolve(tokens_path(self.staging, shard.index))
         fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-        docs = tokens = 0
+        tokens = 0
         rejects: list[dict[str, Any]] = []
+        ids: list[pa.Array] = []
+        rows: list[pa.Array] = []
+        lengths: list[np.ndarray] = []
         with fs.open_output_stream(inner) as sink, pq.ParquetWriter(sink, schema.TOKENIZED) as writer:
             for batch in read_shard(
                 shard, cfg.input.format, cfg.input.text_field, cfg.input.id_field, cfg.tokenizer.batch_size
@@ -141,11 +160,21 @@ class TokenizeShards:
                 if len(batch):
                     table = self._encode(batch, shard.relpath, rejects)
                     writer.write_table(table)
-                    docs += table.num_rows
-                    tokens += int(pa.compute.sum(table.column("length")).as_py())
+                    ids.append(table.column("doc_id").combine_chunks())
+                    rows.append(table.column("row").combine_chunks())
+                    lengths.append(table.column("length").to_numpy())
         if rejects:
             self._write_rejects(shard.index, rejects)
-        return docs, tokens, len(rejects)
+        doc_length = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
+        tokens = int(doc_length.sum())
+        summary = summarize_shard(
+            self.cfg,
+            shard.index,
+            pa.concat_arrays(ids) if ids else pa.array([], pa.string()),
+            pa.concat_arrays(rows) if rows else pa.array([], pa.int64()),
+            doc_length,
+        )
+        return {"documents": len(doc_length), "tokens": tokens, "rejects": len(rejects), **summary}
 
     def _encode(self, batch: Batch, relpath: str, rejects: list[dict[str, Any]]) -> pa.Table:
         ids = encode_documents(self.tok, self.cfg.tokenizer, batch.texts)

@@ -174,3 +174,29 @@ def test_pack_mistakes_are_one_line_and_exit_2(
     assert main([a.format(cfg=cfg) for a in args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("raypack: error: ") and message in err and "\n" not in err
+
+
+@pytest.mark.parametrize("algorithm", ["bfd", "greedy"])
+def test_sharded_mode_packs_each_group_alone(tmp_path: Path, tokenizer_path: Path, algorithm: str) -> None:
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=40, seed=13)
+    pack = {"mode": "sharded", "algorithm": algorithm, "shards_per_group": 2}
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack)))
+    result = run_job(cfg, log=quiet)
+    names = sorted(p.name for p in (tmp_path / "out" / "data").iterdir())
+    assert {n.split("-")[1] for n in names} == {"00000", "00001"}  # two groups, numbered on their own
+    report = verify(str(tmp_path / "out"), cfg, sample=10)
+    assert report.ok, report.problems
+    # No pack mixes documents of different groups; global packing is at least as tight.
+    group_of = {f"part-{s:03d}": s // 2 for s in range(4)}
+    for row in read_packs(tmp_path / "out").to_pylist():
+        assert len({group_of[d.split(".")[0]] for d in row["doc_ids"]}) == 1
+    assert result.global_efficiency >= result.metrics.efficiency
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["mode"] == "sharded" and metrics["global_bfd_efficiency"] == result.global_efficiency
+
+
+def test_sharded_mode_refuses_histogram_only_packers(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=2)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack={"mode": "sharded", "algorithm": "nnlshp"})
+    with pytest.raises(ConfigError, match=r"pack\.mode sharded packs each shard group alone"):
+        load_config(str(cfg))
