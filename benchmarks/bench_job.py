@@ -105,7 +105,9 @@ def run(work: Path, demo_yaml: Path, corpus: Path, name: str) -> tuple[float, in
     config = yaml.safe_load(demo_yaml.read_text())
     config["input"] = {"paths": [str(corpus / "*.jsonl.gz")], "format": "jsonl"}
     config["output"]["path"] = str(work / f"out-{name}")
-    config["output"]["shard_rows"] = 10000
+    # 2000 packs per file: full files at both corpus sizes, so a task writing one file holds the same
+    # amount of data in both runs (with 10000, the 50 MB run makes one partial file).
+    config["output"]["shard_rows"] = 2000
     cfg_path = work / f"{name}.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
     cfg = load_config(str(cfg_path))

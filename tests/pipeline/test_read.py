@@ -122,3 +122,17 @@ def test_expand_inputs_globs_sorts_and_relativizes(tmp_path: Path) -> None:
     ]
     with pytest.raises(ConfigError, match="matched no files"):
         expand_inputs((f"{tmp_path}/*.parquet",))
+
+
+@pytest.mark.parametrize(("bos", "eos"), [(False, False), (True, False), (False, True), (True, True)])
+def test_flat_encoding_equals_per_document_encoding(tokenizer_path: Path, bos: bool, eos: bool) -> None:
+    from raypack.config import TokenizerConfig
+    from raypack.pipeline.tokenize import encode_documents, encode_flat, load_tokenizer
+
+    cfg = TokenizerConfig(path=str(tokenizer_path), add_bos=bos, add_eos=eos, bos_id=1 if bos else None)
+    tok = load_tokenizer(cfg)
+    texts = ["best fit packing", "a", "ray data shard " * 50, "plan"]
+    flat, lengths = encode_flat(tok, cfg, texts)
+    docs = encode_documents(tok, cfg, texts)
+    assert lengths.tolist() == [len(d) for d in docs]
+    assert flat.tolist() == [t for d in docs for t in d]
