@@ -72,10 +72,12 @@ def raw_tokens_per_second(tokenizer_path: Path, texts: list[str]) -> tuple[float
 
 
 class WorkerMemory:
-    """Peak RSS per Ray worker process, sampled in a thread."""
+    """Peak RSS per Ray worker process, sampled in a thread, with the process title (the task or actor
+    it ran) at the moment of its peak."""
 
     def __init__(self) -> None:
         self.peaks: dict[int, int] = {}
+        self.titles: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -86,7 +88,9 @@ class WorkerMemory:
                     cmd = " ".join(p.info["cmdline"] or [])
                     if "ray::" in (p.info["name"] or "") or "default_worker.py" in cmd:
                         rss = p.memory_info().rss
-                        self.peaks[p.info["pid"]] = max(self.peaks.get(p.info["pid"], 0), rss)
+                        if rss > self.peaks.get(p.info["pid"], 0):
+                            self.peaks[p.info["pid"]] = rss
+                            self.titles[p.info["pid"]] = p.info["name"] or cmd[:60]
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     pass
             self._stop.wait(0.2)
@@ -100,7 +104,7 @@ class WorkerMemory:
         self._thread.join()
 
 
-def run(work: Path, demo_yaml: Path, corpus: Path, name: str) -> tuple[float, int, int]:
+def run(work: Path, demo_yaml: Path, corpus: Path, name: str) -> tuple[float, int, int, str]:
     """The demo's config (tokenizer, seq_len 2048, bfd) on another corpus: (seconds, tokens, peak)."""
     config = yaml.safe_load(demo_yaml.read_text())
     config["input"] = {"paths": [str(corpus / "*.jsonl.gz")], "format": "jsonl"}
@@ -115,7 +119,9 @@ def run(work: Path, demo_yaml: Path, corpus: Path, name: str) -> tuple[float, in
         t0 = time.perf_counter()
         result = run_job(cfg, overwrite=True, log=lambda m: None)
         seconds = time.perf_counter() - t0
-    return seconds, result.metrics.tokens, max(mem.peaks.values(), default=0)
+    top = max(mem.peaks, key=lambda pid: mem.peaks[pid], default=None)
+    title = mem.titles.get(top, "-") if top is not None else "-"
+    return seconds, result.metrics.tokens, mem.peaks.get(top, 0) if top is not None else 0, title
 
 
 def main() -> int:
@@ -139,14 +145,14 @@ def main() -> int:
         corpus, texts = make_corpus(args.work, mb, sources)
         raw, raw_tokens = raw_tokens_per_second(tokenizer, texts)
         del texts
-        seconds, tokens, worker_peak = run(args.work, demo_yaml, corpus, f"{mb}mb")
+        seconds, tokens, worker_peak, title = run(args.work, demo_yaml, corpus, f"{mb}mb")
         assert tokens >= raw_tokens, "the job packed fewer tokens than the text holds"
         job = tokens / seconds
         rows.append((mb, raw, job, seconds, worker_peak))
         print(
             f"{mb:>5} MB: encode_batch alone {raw / 1e6:.3f} Mtok/s; whole job {job / 1e6:.3f} Mtok/s "
             f"({seconds:.1f} s) = {100 * job / raw:.1f}% of the tokenizer; "
-            f"largest worker peak RSS {worker_peak / 2**20:.0f} MiB",
+            f"largest worker peak RSS {worker_peak / 2**20:.0f} MiB ({title})",
             flush=True,
         )
     small, large = rows
