@@ -20,6 +20,11 @@ from raypack.storage import Shard, resolve
 __all__ = ["Batch", "Reject", "read_shard"]
 
 RAW_PREFIX = 200
+# A batch ends at batch_size documents or this much text, whichever comes first. tokenizers keeps
+# ~100 bytes per token in an Encoding (ids, offsets, token strings, masks), so a batch bounded by
+# count alone grows with the longest documents it happens to meet: the tokenizer actor's peak then
+# rose with the corpus (629 → 925 MiB from 50 to 200 MB, benchmarks/bench_job.py).
+MAX_BATCH_BYTES = 4 << 20
 _CHUNK = 256 << 10  # small enough that a corrupt stream loses at most this much before the break
 
 
@@ -36,9 +41,19 @@ class Batch:
     ids: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     rejects: list[Reject] = field(default_factory=list)
+    text_bytes: int = 0
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    def add(self, row: int, doc_id: str, text: str) -> None:
+        self.rows.append(row)
+        self.ids.append(doc_id)
+        self.texts.append(text)
+        self.text_bytes += len(text)
+
+    def full(self, batch_size: int) -> bool:
+        return len(self.rows) >= batch_size or self.text_bytes >= MAX_BATCH_BYTES
 
 
 def read_shard(
@@ -90,10 +105,8 @@ def _read_jsonl(shard: Shard, text_field: str, id_field: str | None, batch_size:
                 continue  # a blank line is not a record
             doc = _parse_json_line(line, lineno, text_field, id_field, shard.relpath, batch)
             if doc is not None:
-                batch.rows.append(lineno)
-                batch.ids.append(doc[0])
-                batch.texts.append(doc[1])
-            if len(batch) >= batch_size:
+                batch.add(lineno, doc[0], doc[1])
+            if batch.full(batch_size):
                 yield batch
                 batch = Batch()
     except (OSError, pa.ArrowInvalid, EOFError) as e:
@@ -184,9 +197,7 @@ def _read_parquet(shard: Shard, text_field: str, id_field: str | None, batch_siz
                     record, row, text_field, id_field, f"{shard.relpath}:{row}", batch, text or ""
                 )
                 if doc is not None:
-                    batch.rows.append(row)
-                    batch.ids.append(doc[0])
-                    batch.texts.append(doc[1])
+                    batch.add(row, doc[0], doc[1])
                 row += 1
             yield batch
     except (OSError, pa.ArrowInvalid) as e:
@@ -210,9 +221,7 @@ def _read_text(shard: Shard) -> Batch:
     if not text.strip():
         batch.rejects.append(Reject(0, "empty document", _raw(text)))
         return batch
-    batch.rows.append(0)
-    batch.ids.append(shard.relpath)
-    batch.texts.append(text)
+    batch.add(0, shard.relpath, text)
     return batch
 
 

@@ -136,3 +136,12 @@ def test_flat_encoding_equals_per_document_encoding(tokenizer_path: Path, bos: b
     docs = encode_documents(tok, cfg, texts)
     assert lengths.tolist() == [len(d) for d in docs]
     assert flat.tolist() == [t for d in docs for t in d]
+
+
+def test_batches_are_bounded_by_text_bytes_too(tmp_path: Path) -> None:
+    from raypack.pipeline import read
+
+    path = tmp_path / "big.jsonl"
+    write_jsonl(path, [{"text": "x" * (read.MAX_BATCH_BYTES // 3 + 1)} for _ in range(10)])
+    sizes = [len(b) for b in read_shard(shard_of(path), "jsonl", "text", None, 1000)]
+    assert sizes == [3, 3, 3, 1]  # never 1000 documents of megabytes in one encode_batch call
