@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["DOCUMENTS", "OUTPUT_SCHEMA_VERSION", "PACKED", "REJECTS", "TOKENIZED"]
+__all__ = ["DOCUMENTS", "FILES", "ITEMS", "OUTPUT_SCHEMA_VERSION", "PACKED", "REJECTS", "TOKENIZED"]
 
 # Tokenized documents of one input shard (staging area): written by tokenize, read by histogram/assign.
 TOKENIZED = pa.schema(
@@ -35,6 +35,32 @@ DOCUMENTS = pa.schema(
         ("length", pa.int64()),  # tokens, including BOS/EOS
         ("chunks", pa.int32()),  # items in the output (0: dropped by overflow=drop)
         ("placed", pa.int64()),  # tokens in the output (< length: truncated or dropped)
+    ]
+)
+
+# Items on their way to their output file (assign → shuffle → materialize); file_key = bucket << 32 | part.
+ITEMS = pa.schema(
+    [
+        ("file_key", pa.int64()),
+        ("pack", pa.int64()),
+        ("slot", pa.int32()),
+        ("capacity", pa.int32()),
+        ("doc_id", pa.string()),
+        ("chunk", pa.int32()),
+        ("tokens", pa.list_(pa.int32())),
+    ]
+)
+
+# One row per written data file, as the manifest lists it (path relative to the output root).
+FILES = pa.schema(
+    [
+        ("path", pa.string()),  # relative to the output root
+        ("bucket_length", pa.int32()),
+        ("rows", pa.int64()),
+        ("tokens", pa.int64()),
+        ("items", pa.int64()),
+        ("bytes", pa.int64()),
+        ("sha256", pa.string()),
     ]
 )
 

@@ -15,24 +15,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raypack import schema
 from raypack.config import JobConfig
 from raypack.packing import Items, PackPermutation, Plan, expand, item_histogram, make_items
 from raypack.pipeline.tokenize import tokens_path
 from raypack.storage import resolve
 
-__all__ = ["ITEMS", "Buckets", "assign_shards", "file_key", "items_table"]
+__all__ = ["Buckets", "assign_shards", "file_key", "items_table"]
 
-ITEMS = pa.schema(
-    [
-        ("file_key", pa.int64()),
-        ("pack", pa.int64()),
-        ("slot", pa.int32()),
-        ("capacity", pa.int32()),
-        ("doc_id", pa.string()),
-        ("chunk", pa.int32()),
-        ("tokens", pa.list_(pa.int32())),
-    ]
-)
 _KEY_SHIFT = 32  # file_key = bucket << 32 | file number within the bucket
 
 
@@ -78,7 +68,7 @@ class Buckets:
 def assign_shards(
     batch: dict[str, np.ndarray], cfg: JobConfig, staging: str, plan: Plan, rank_bases: dict[int, np.ndarray]
 ) -> Iterator[pa.Table]:
-    """map_batches generator over shard rows: yields item tables (schema ITEMS)."""
+    """map_batches generator over shard rows: yields item tables (schema.ITEMS)."""
     buckets = Buckets.of(plan)
     perms = [PackPermutation(n, cfg.pack.seed) if cfg.pack.shuffle else None for n in buckets.sizes]
     seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
@@ -109,7 +99,7 @@ def items_table(
     slot: np.ndarray,
     capacity: np.ndarray,
 ) -> pa.Table:
-    """Item rows (schema ITEMS) with each item's slice of its document's tokens."""
+    """Item rows (schema.ITEMS) with each item's slice of its document's tokens."""
     doc_of_item = items.doc_of_item()
     tokens = docs.column("tokens").combine_chunks()
     flat = tokens.flatten().to_numpy()
@@ -131,5 +121,5 @@ def items_table(
             "chunk": items.chunk_index(),
             "tokens": item_tokens,
         },
-        schema=ITEMS,
+        schema=schema.ITEMS,
     )

@@ -29,7 +29,7 @@ from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError
 from raypack.metrics import PackingMetrics, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
-from raypack.pipeline.assign import assign_shards
+from raypack.pipeline.assign import Buckets, assign_shards
 from raypack.pipeline.histogram import sum_histograms
 from raypack.pipeline.materialize import write_pack_file
 from raypack.pipeline.sharded import pack_groups
@@ -164,8 +164,6 @@ def _remove(path: str) -> None:
 
 
 def _expected_files(plan: Plan, shard_rows: int) -> int:
-    from raypack.pipeline.assign import Buckets
-
     return sum(-(-n // shard_rows) for n in Buckets.of(plan).sizes)
 
 

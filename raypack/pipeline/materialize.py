@@ -16,19 +16,8 @@ from raypack import schema
 from raypack.pipeline.assign import split_file_key
 from raypack.storage import join, resolve
 
-__all__ = ["FILES", "data_file", "write_pack_file"]
+__all__ = ["data_file", "write_pack_file"]
 
-FILES = pa.schema(
-    [
-        ("path", pa.string()),  # relative to the output root
-        ("bucket_length", pa.int32()),
-        ("rows", pa.int64()),
-        ("tokens", pa.int64()),
-        ("items", pa.int64()),
-        ("bytes", pa.int64()),
-        ("sha256", pa.string()),
-    ]
-)
 # Fixed writer settings: the same rows give the same bytes.
 _PARQUET = {"compression": "zstd", "compression_level": 3, "row_group_size": 1024, "write_statistics": True}
 
@@ -103,5 +92,5 @@ def write_pack_file(
             "bytes": [data.size],
             "sha256": [hashlib.sha256(data).hexdigest()],
         },
-        schema=FILES,
+        schema=schema.FILES,
     )

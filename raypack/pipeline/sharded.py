@@ -11,10 +11,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from raypack import schema
 from raypack.config import JobConfig
 from raypack.packing import pack
 from raypack.pipeline.assign import items_table
-from raypack.pipeline.materialize import FILES, write_pack_file
+from raypack.pipeline.materialize import write_pack_file
 from raypack.pipeline.tokenize import tokens_path
 from raypack.storage import resolve
 
@@ -49,4 +50,4 @@ def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig, staging: str) -> p
             out.append(
                 write_pack_file(part, cfg.output.path, cfg.output.pad_id, bucketed=False, group=int(group))
             )
-    return pa.concat_tables(out) if out else FILES.empty_table()
+    return pa.concat_tables(out) if out else schema.FILES.empty_table()
