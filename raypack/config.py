@@ -32,6 +32,13 @@ __all__ = [
 
 INPUT_FORMATS = ("jsonl", "parquet", "text")
 PACK_MODES = ("global", "sharded")
+# PackConfig field → the keyword option of the packers that take it.
+ALGORITHM_OPTION_FIELDS = {
+    "max_depth": "max_depth",
+    "bucket_lengths": "bucket_lengths",
+    "padding_threshold": "padding_threshold",
+    "nnls_bin_width": "bin_width",
+}
 SHARDED_ALGORITHMS = ("bfd", "ffd", "greedy")
 
 T = TypeVar("T")
@@ -99,13 +106,11 @@ class PackConfig:
     def algorithm_options(self) -> dict[str, Any]:
         """Keyword options for the chosen packer, from the fields that apply to it."""
         accepted = ALGORITHMS[self.algorithm].options
-        candidates: dict[str, Any] = {
-            "max_depth": self.max_depth,
-            "bucket_lengths": self.bucket_lengths,
-            "padding_threshold": self.padding_threshold,
-            "bin_width": self.nnls_bin_width,
+        return {
+            option: getattr(self, name)
+            for name, option in ALGORITHM_OPTION_FIELDS.items()
+            if option in accepted and getattr(self, name) is not None
         }
-        return {k: v for k, v in candidates.items() if k in accepted and v is not None}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

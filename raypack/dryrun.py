@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from raypack.config import PackConfig
+from raypack.config import ALGORITHM_OPTION_FIELDS, PackConfig
 from raypack.errors import ConfigError
 from raypack.metrics import PackingMetrics, compute_metrics
 from raypack.packing import ALGORITHMS, pack
@@ -135,12 +135,7 @@ def _config_for(algorithm: str, seq_len: int, settings: dict[str, Any]) -> PackC
     (a depth cap given for lpfhp does not break the nnlshp column of `--algorithm all`)."""
     values = dict(settings, algorithm=algorithm, seq_len=seq_len)
     accepted = ALGORITHMS[algorithm].options
-    per_algorithm = {
-        "max_depth": "max_depth",
-        "bucket_lengths": "bucket_lengths",
-        "nnls_bin_width": "bin_width",
-    }
-    for key, option in per_algorithm.items():
+    for key, option in ALGORITHM_OPTION_FIELDS.items():
         if key in values and option not in accepted:
             values.pop(key)
     if "bucket_lengths" in values and values["bucket_lengths"] is not None:

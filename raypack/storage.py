@@ -12,11 +12,12 @@ import os
 import posixpath
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack.errors import ConfigError
 
-__all__ = ["Shard", "exists", "expand_inputs", "join", "read_bytes", "resolve", "write_bytes"]
+__all__ = ["Shard", "exists", "expand_inputs", "join", "open_output", "read_bytes", "resolve", "write_bytes"]
 
 _WILDCARDS = "*?["
 
@@ -54,12 +55,17 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def write_bytes(path: str, data: bytes) -> None:
+def open_output(path: str) -> pa.NativeFile:
+    """A stream writing `path` (a context manager), its parent directories created first."""
     fs, inner = resolve(path)
     parent = posixpath.dirname(inner)
     if parent:
         fs.create_dir(parent, recursive=True)
-    with fs.open_output_stream(inner) as f:
+    return fs.open_output_stream(inner)
+
+
+def write_bytes(path: str, data: bytes | pa.Buffer) -> None:
+    with open_output(path) as f:
         f.write(data)
 
 

@@ -26,8 +26,8 @@ __all__ = ["Buckets", "assign_shards", "file_key", "items_table"]
 _KEY_SHIFT = 32  # file_key = bucket << 32 | file number within the bucket
 
 
-def file_key(bucket: int, part: int) -> int:
-    return (bucket << _KEY_SHIFT) | part
+def file_key(bucket: np.ndarray, part: np.ndarray) -> np.ndarray:
+    return (bucket.astype(np.int64) << _KEY_SHIFT) | part
 
 
 def split_file_key(key: int) -> tuple[int, int]:
@@ -86,7 +86,7 @@ def assign_shards(
                     if perm is not None:
                         mask = bucket == b
                         local[mask] = perm(local[mask])
-                keys = (bucket.astype(np.int64) << _KEY_SHIFT) | (local // rows)
+                keys = file_key(bucket, local // rows)
                 capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
                 yield items_table(docs, items, keys, local, slot, capacity)
 

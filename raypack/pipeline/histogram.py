@@ -14,7 +14,7 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.metrics import DocStats
 from raypack.packing import Items, item_histogram, make_items
-from raypack.storage import join, resolve
+from raypack.storage import join, open_output
 
 __all__ = ["index_path", "sum_histograms", "summarize_shard"]
 
@@ -53,9 +53,7 @@ def _write_index(output: str, shard: int, table: pa.Table, items: Items) -> None
         },
         schema=schema.DOCUMENTS,
     )
-    fs, inner = resolve(index_path(output, shard))
-    fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(inner) as sink:
+    with open_output(index_path(output, shard)) as sink:
         pq.write_table(index, sink, compression="zstd")
 
 

@@ -123,9 +123,10 @@ def run_job(cfg: JobConfig, *, overwrite: bool = False, log: Callable[[str], Non
     files = sorted(files, key=lambda f: f["path"])
     packs = plan.num_packs if cfg.pack.mode == "global" else sum(int(f["rows"]) for f in files)
     _check_conservation(files, packs, stats.items, stats.tokens)
-    slots = _slots(plan) if cfg.pack.mode == "global" else packs * cfg.pack.seq_len
+    plan_slots = _slots(plan)
+    slots = plan_slots if cfg.pack.mode == "global" else packs * cfg.pack.seq_len
     metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, packs, slots)
-    global_efficiency = stats.tokens / _slots(plan) if plan.num_packs else 1.0
+    global_efficiency = stats.tokens / plan_slots if plan.num_packs else 1.0
     with _stage(timings, "finalize", log):
         _remove(staging)
         write_bytes(

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.pipeline.assign import split_file_key
-from raypack.storage import join, resolve
+from raypack.storage import join, write_bytes
 
 __all__ = ["data_file", "write_pack_file"]
 
@@ -78,10 +78,7 @@ def write_pack_file(
     pq.write_table(table, sink, **_PARQUET)
     data = sink.getvalue()
     rel = data_file(capacity if bucketed else None, part, group)
-    fs, inner = resolve(join(output, rel))
-    fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(inner) as f:
-        f.write(data)
+    write_bytes(join(output, rel), data)
     return pa.table(
         {
             "path": [rel],

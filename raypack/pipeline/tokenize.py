@@ -23,7 +23,7 @@ from raypack.config import JobConfig, TokenizerConfig
 from raypack.errors import ConfigError
 from raypack.pipeline.histogram import summarize_shard
 from raypack.pipeline.read import Batch, read_shard
-from raypack.storage import Shard, join, read_bytes, resolve
+from raypack.storage import Shard, join, open_output, read_bytes
 
 __all__ = [
     "LoadedTokenizer",
@@ -169,14 +169,14 @@ class TokenizeShards:
     def tokenize_shard(self, shard: Shard) -> dict[str, Any]:
         """Write the shard's token file (and rejects file); returns its counts and histogram."""
         cfg = self.cfg
-        fs, inner = resolve(tokens_path(self.staging, shard.index))
-        fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-        tokens = 0
         rejects: list[dict[str, Any]] = []
         ids: list[pa.Array] = []
         rows: list[pa.Array] = []
         lengths: list[np.ndarray] = []
-        with fs.open_output_stream(inner) as sink, pq.ParquetWriter(sink, schema.TOKENIZED) as writer:
+        with (
+            open_output(tokens_path(self.staging, shard.index)) as sink,
+            pq.ParquetWriter(sink, schema.TOKENIZED) as writer,
+        ):
             for batch in read_shard(
                 shard, cfg.input.format, cfg.input.text_field, cfg.input.id_field, cfg.tokenizer.batch_size
             ):
@@ -228,7 +228,5 @@ class TokenizeShards:
         )
 
     def _write_rejects(self, shard: int, rejects: list[dict[str, Any]]) -> None:
-        fs, inner = resolve(rejects_path(self.cfg.output.path, shard))
-        fs.create_dir(inner.rsplit("/", 1)[0], recursive=True)
-        with fs.open_output_stream(inner) as sink:
+        with open_output(rejects_path(self.cfg.output.path, shard)) as sink:
             pq.write_table(pa.Table.from_pylist(rejects, schema=schema.REJECTS), sink)
