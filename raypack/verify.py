@@ -63,9 +63,14 @@ def verify(output: str, config: JobConfig | None = None, sample: int = 64, seed:
         report.add(f"schema_version {manifest.get('schema_version')} is not {schema.OUTPUT_SCHEMA_VERSION}")
         return report
     pad_id = int(manifest["config"]["output"]["pad_id"])
-    items = _check_files(output, manifest, pad_id, report)
     docs = _read_index(output, manifest)
     report.documents = docs.num_rows
+    picks = _pick_sample(docs, sample, seed) if config is not None else []
+    # The sampled documents' tokens are collected during the one pass over the data files.
+    pieces: dict[str, list[tuple[int, list[int]]]] = {
+        str(docs.column("doc_id")[i].as_py()): [] for i in picks
+    }
+    items = _check_files(output, manifest, pad_id, report, pieces)
     if items is not None:
         _check_documents(docs, items, report)
     counts = manifest["counts"]
@@ -75,12 +80,23 @@ def verify(output: str, config: JobConfig | None = None, sample: int = 64, seed:
     if counts["tokens"] != report.tokens:
         report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
     if config is not None and items is not None and report.ok:
-        _check_sample(config, manifest, docs, items, sample, seed, report)
+        _check_sample(config, docs, picks, pieces, report)
     return report
 
 
-def _check_files(output: str, manifest: dict[str, Any], pad_id: int, report: VerifyReport) -> pa.Table | None:
-    """Check every data file; returns the items (doc_id, chunk, length) they hold, or None if unreadable."""
+def _pick_sample(docs: pa.Table, sample: int, seed: int) -> list[int]:
+    return sorted(random.Random(seed).sample(range(docs.num_rows), min(sample, docs.num_rows)))
+
+
+def _check_files(
+    output: str,
+    manifest: dict[str, Any],
+    pad_id: int,
+    report: VerifyReport,
+    pieces: dict[str, list[tuple[int, list[int]]]],
+) -> pa.Table | None:
+    """Check every data file; returns the items (doc_id, chunk, length) they hold, or None if unreadable.
+    Appends (chunk, tokens) to `pieces` for every item of a document that `pieces` has a key for."""
     import hashlib
 
     tables = []
@@ -99,6 +115,8 @@ def _check_files(output: str, manifest: dict[str, Any], pad_id: int, report: Ver
             report.add(f"{f['path']}: schema differs from the packed schema")
             continue
         tables.append(_check_rows(f["path"], table, int(f["bucket_length"]), pad_id, report))
+        if pieces:
+            _collect(table, pieces)
     if not tables:
         return None if manifest["files"] else pa.table({"doc_id": [], "chunk": [], "length": []})
     return pa.concat_tables(tables)
@@ -191,22 +209,42 @@ def _check_documents(docs: pa.Table, items: pa.Table, report: VerifyReport) -> N
             report.add(f"document {ids[i]!r}: chunks hold {int(total[i])} tokens, expected {int(placed[i])}")
 
 
+def _collect(table: pa.Table, pieces: dict[str, list[tuple[int, list[int]]]]) -> None:
+    doc_ids = table.column("doc_ids").combine_chunks()
+    hits = pc.is_in(doc_ids.flatten(), value_set=pa.array(list(pieces), pa.string()))
+    positions = np.flatnonzero(hits.to_numpy(zero_copy_only=False))
+    if not positions.size:
+        return
+    ids = table.column("input_ids").combine_chunks()
+    offsets = table.column("doc_offsets").combine_chunks()
+    item_start = doc_ids.offsets.to_numpy()
+    offset_start = offsets.offsets.to_numpy()
+    values = offsets.flatten().to_numpy()
+    flat_ids = ids.flatten().to_numpy()
+    token_start = ids.offsets.to_numpy()
+    chunks = table.column("chunk_index").combine_chunks().flatten().to_numpy()
+    names = doc_ids.flatten()
+    for pos in positions.tolist():
+        row = int(np.searchsorted(item_start, pos, side="right") - 1)
+        k = pos - item_start[row]
+        lo, hi = values[offset_start[row] + k], values[offset_start[row] + k + 1]
+        tokens = flat_ids[token_start[row] + lo : token_start[row] + hi].tolist()
+        pieces[str(names[pos].as_py())].append((int(chunks[pos]), tokens))
+
+
 def _check_sample(
     config: JobConfig,
-    manifest: dict[str, Any],
     docs: pa.Table,
-    items: pa.Table,
-    sample: int,
-    seed: int,
+    picks: list[int],
+    pieces: dict[str, list[tuple[int, list[int]]]],
     report: VerifyReport,
 ) -> None:
-    """Re-read and re-tokenize `sample` documents; compare with their tokens in the packs."""
+    """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
     from raypack.pipeline.read import read_shard
     from raypack.pipeline.tokenize import encode_documents, load_tokenizer
     from raypack.storage import expand_inputs
 
     shards = {s.index: s for s in expand_inputs(config.input.paths, config.input.root)}
-    picks = sorted(random.Random(seed).sample(range(docs.num_rows), min(sample, docs.num_rows)))
     wanted: dict[int, dict[int, str]] = {}
     for i in picks:
         wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(
@@ -225,24 +263,11 @@ def _check_sample(
             encoded = encode_documents(tok, config.tokenizer, [batch.texts[k] for k in keep])
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
-    actual = _tokens_of(manifest, set(expected), config.output.path)
     for doc_id, tokens in expected.items():
-        got = actual.get(doc_id)
+        got = (
+            [t for _, chunk in sorted(pieces.get(doc_id, [])) for t in chunk] if pieces.get(doc_id) else None
+        )
         placed = len(got) if got is not None else 0
         if got is None or got != tokens[:placed] or (config.pack.overflow == "split" and got != tokens):
             report.add(f"document {doc_id!r}: tokens in the packs differ from re-tokenizing the input")
         report.sampled += 1
-
-
-def _tokens_of(manifest: dict[str, Any], doc_ids: set[str], output: str) -> dict[str, list[int]]:
-    """Tokens of the given documents, chunks joined in order, read back from the packs."""
-    pieces: dict[str, list[tuple[int, list[int]]]] = {}
-    for f in manifest["files"]:
-        table = pq.read_table(pa.BufferReader(read_bytes(join(output, f["path"]))))
-        for row in table.to_pylist():
-            ends = row["doc_offsets"]
-            for k, doc_id in enumerate(row["doc_ids"]):
-                if doc_id in doc_ids:
-                    chunk = row["input_ids"][ends[k] : ends[k + 1]]
-                    pieces.setdefault(doc_id, []).append((row["chunk_index"][k], chunk))
-    return {d: [t for _, chunk in sorted(p) for t in chunk] for d, p in pieces.items()}
