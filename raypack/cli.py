@@ -76,12 +76,22 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_overrides(pack)
     pack.add_argument("--overwrite", action="store_true", help="replace a dataset already at output.path")
 
+    rebuild = sub.add_parser(
+        "rebuild",
+        help="write a new version of a dataset, tokenizing only new or changed shards",
+        description="Scheduled, incremental rebuild: writes output.path/v=NNNNNN/ with the same job as "
+        "`pack`, reusing token files from output.path/_cache/ for unchanged shards, then moves "
+        "output.path/LATEST to it and keeps output.keep_versions versions.",
+    )
+    rebuild.add_argument("config", metavar="CONFIG", help="job config (YAML), as for pack")
+    _add_overrides(rebuild)
+
     verify = sub.add_parser(
         "verify",
         help="check that a packed dataset holds every input document exactly once",
         description="Re-read OUTPUT and check files, packs and documents against its manifest and index.",
     )
-    verify.add_argument("output", metavar="OUTPUT")
+    verify.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
     verify.add_argument("--config", help="the job config: also re-tokenize a sample of documents and compare")
     verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize with --config (64)")
 
@@ -152,6 +162,17 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rebuild(args: argparse.Namespace) -> int:
+    from raypack.config import load_config
+    from raypack.pipeline.rebuild import run_rebuild
+    from raypack.summary import format_rebuild
+
+    cfg = load_config(args.config, args.overrides)
+    result = run_rebuild(cfg, log=lambda msg: print(msg, file=sys.stderr))
+    print(format_rebuild(result))
+    return 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from raypack.config import load_config
     from raypack.verify import verify
@@ -161,12 +182,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if report.ok:
         sampled = f", {report.sampled} documents re-tokenized and equal" if cfg else ""
         print(
-            f"OK: {report.documents:,} documents, {report.items:,} items, {report.packs:,} packs, "
-            f"{report.tokens:,} tokens{sampled}"
+            f"OK: {report.dataset}: {report.documents:,} documents, {report.items:,} items, "
+            f"{report.packs:,} packs, {report.tokens:,} tokens{sampled}"
         )
         return 0
     for problem in report.problems:
-        print(f"FAIL: {problem}")
+        print(f"FAIL: {report.dataset}: {problem}")
     return 1
 
 
@@ -195,7 +216,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    commands = {"plan": _cmd_plan, "pack": _cmd_pack, "verify": _cmd_verify, "demo": _cmd_demo}
+    commands = {
+        "plan": _cmd_plan,
+        "pack": _cmd_pack,
+        "rebuild": _cmd_rebuild,
+        "verify": _cmd_verify,
+        "demo": _cmd_demo,
+    }
     try:
         args = _build_parser().parse_args(argv)
         return commands[args.command](args)

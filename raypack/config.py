@@ -23,6 +23,7 @@ __all__ = [
     "JobConfig",
     "OutputConfig",
     "PackConfig",
+    "StorageConfig",
     "TokenizerConfig",
     "apply_overrides",
     "from_dict",
@@ -172,6 +173,8 @@ class OutputConfig:
     """Packs per output Parquet file."""
     pad_id: int = 0
     """Token id written into padding positions (never attended: doc_offsets ends before them)."""
+    keep_versions: int = 3
+    """`raypack rebuild`: complete versions (v=NNNNNN/) kept under output.path, the newest included."""
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -180,6 +183,36 @@ class OutputConfig:
             raise ConfigError(f"output.shard_rows must be >= 1, got {self.shard_rows}")
         if self.pad_id < 0:
             raise ConfigError(f"output.pad_id must be >= 0, got {self.pad_id}")
+        if self.keep_versions < 1:
+            raise ConfigError(f"output.keep_versions must be >= 1, got {self.keep_versions}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StorageConfig:
+    """Where object storage is and how hard to try. Credentials are not here on purpose: they come from
+    the standard places (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, ~/.aws, instance roles) and are never
+    printed, logged or written to the manifest."""
+
+    endpoint: str | None = None
+    """S3-compatible endpoint URL (http://host:9000 for MinIO/SeaweedFS); None: AWS_ENDPOINT_URL, else AWS."""
+    region: str | None = None
+    """None: AWS_REGION / AWS_DEFAULT_REGION, else the bucket's own region (looked up once)."""
+    max_attempts: int = 6
+    """Attempts per S3 request, with exponential backoff between them (AWS standard retry strategy)."""
+    connect_timeout: float = 5.0
+    """Seconds to open a connection: an unreachable endpoint fails in seconds, not minutes."""
+
+    def __post_init__(self) -> None:
+        if self.endpoint is not None and "://" not in self.endpoint:
+            raise ConfigError(f"storage.endpoint must be a URL like http://host:port, got {self.endpoint!r}")
+        if self.endpoint is not None and "@" in self.endpoint.split("://", 1)[1]:
+            raise ConfigError(
+                "storage.endpoint must not hold credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
+        if self.max_attempts < 1:
+            raise ConfigError(f"storage.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.connect_timeout <= 0:
+            raise ConfigError(f"storage.connect_timeout must be > 0, got {self.connect_timeout}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -188,6 +221,7 @@ class JobConfig:
     tokenizer: TokenizerConfig
     output: OutputConfig
     pack: PackConfig = PackConfig()
+    storage: StorageConfig = StorageConfig()
 
     def __post_init__(self) -> None:
         if self.pack.mode == "sharded" and self.pack.algorithm not in SHARDED_ALGORITHMS:

@@ -1,40 +1,94 @@
 """Paths that may be local or in object storage (s3://, gs://, ...), through pyarrow filesystems.
 
-Every stage opens files through `resolve()`, so nothing assumes a local disk. Credentials and the
-endpoint come from the environment pyarrow reads (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-AWS_ENDPOINT_URL, AWS_REGION); they are never part of a path we log or write.
+Every stage opens files through `resolve()`, so nothing assumes a local disk. S3 credentials come from
+the environment pyarrow reads (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, ~/.aws, instance roles); the
+endpoint and region from `storage.*` config keys or AWS_ENDPOINT_URL / AWS_REGION. No credential is ever
+part of a path we accept, log or write.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import posixpath
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from raypack.config import StorageConfig
 from raypack.errors import ConfigError
 
-__all__ = ["Shard", "exists", "expand_inputs", "join", "open_output", "read_bytes", "resolve", "write_bytes"]
+__all__ = [
+    "TMP_PREFIX",
+    "Shard",
+    "atomic_output",
+    "exists",
+    "expand_inputs",
+    "join",
+    "list_dir",
+    "open_output",
+    "read_bytes",
+    "remove",
+    "resolve",
+    "write_bytes",
+    "write_bytes_atomic",
+]
 
 _WILDCARDS = "*?["
+_DEFAULT = StorageConfig()
 
 
 def is_uri(path: str) -> bool:
     return "://" in path
 
 
-def resolve(path: str) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) for a local path or a URI."""
-    if is_uri(path):
-        try:
-            fs, inner = pafs.FileSystem.from_uri(path)
-        except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
-            raise ConfigError(f"cannot open {path}: {_first_line(e)}") from None
-        return fs, inner
-    return pafs.LocalFileSystem(), os.path.abspath(path)
+def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) for a local path or a URI. Filesystems are cached per process:
+    resolving an s3:// URI without a region costs a request to find the bucket's region."""
+    if not is_uri(path):
+        return pafs.LocalFileSystem(), os.path.abspath(path)
+    # Split by hand: urlsplit would read a `?` glob as the start of a query string.
+    scheme, _, rest = path.partition("://")
+    bucket = rest.split("/", 1)[0]
+    if "@" in bucket:
+        # Never echo the path: it holds a secret.
+        raise ConfigError(
+            f"a {scheme}:// path holds credentials; set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+            "(or your cloud's standard variables) instead"
+        )
+    if scheme in ("s3", "s3a"):
+        return _s3(bucket, storage or _DEFAULT), rest.rstrip("/") or bucket
+    try:
+        fs, inner = pafs.FileSystem.from_uri(path)
+    except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        raise ConfigError(f"cannot open {path}: {_first_line(e)}") from None
+    return fs, inner
+
+
+@functools.lru_cache(maxsize=64)
+def _s3(bucket: str, storage: StorageConfig) -> pafs.FileSystem:
+    endpoint = storage.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = storage.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region is None and endpoint is None:
+        try:  # a bucket on AWS itself: ask it where it lives, as FileSystem.from_uri does
+            region = pafs.resolve_s3_region(bucket)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"cannot reach bucket {bucket}: {_first_line(e)}") from None
+    options: dict[str, object] = {
+        "region": region or "us-east-1",
+        "connect_timeout": storage.connect_timeout,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=storage.max_attempts),
+    }
+    if endpoint is not None:
+        scheme, _, host = endpoint.partition("://")
+        options["endpoint_override"] = host.rstrip("/")
+        options["scheme"] = scheme
+    return pafs.S3FileSystem(**options)
 
 
 def join(base: str, *parts: str) -> str:
@@ -44,29 +98,75 @@ def join(base: str, *parts: str) -> str:
     return os.path.join(base, *parts)
 
 
-def exists(path: str) -> bool:
-    fs, inner = resolve(path)
+def exists(path: str, storage: StorageConfig | None = None) -> bool:
+    fs, inner = resolve(path, storage)
     return fs.get_file_info(inner).type != pafs.FileType.NotFound
 
 
-def read_bytes(path: str) -> bytes:
-    fs, inner = resolve(path)
+def read_bytes(path: str, storage: StorageConfig | None = None) -> bytes:
+    fs, inner = resolve(path, storage)
     with fs.open_input_stream(inner) as f:
         return f.read()
 
 
-def open_output(path: str) -> pa.NativeFile:
+def open_output(path: str, storage: StorageConfig | None = None) -> pa.NativeFile:
     """A stream writing `path` (a context manager), its parent directories created first."""
-    fs, inner = resolve(path)
+    fs, inner = resolve(path, storage)
     parent = posixpath.dirname(inner)
     if parent:
         fs.create_dir(parent, recursive=True)
     return fs.open_output_stream(inner)
 
 
-def write_bytes(path: str, data: bytes | pa.Buffer) -> None:
-    with open_output(path) as f:
+def write_bytes(path: str, data: bytes | pa.Buffer, storage: StorageConfig | None = None) -> None:
+    with open_output(path, storage) as f:
         f.write(data)
+
+
+TMP_PREFIX = ".tmp-"
+
+
+@contextmanager
+def atomic_output(path: str, storage: StorageConfig | None = None) -> Iterator[pa.NativeFile]:
+    """Like open_output, but `path` appears only once the block ends without an error: the bytes go to
+    a `.tmp-*` sibling that is then moved over `path` (a rename locally; a server-side copy on S3, whose
+    streams cannot be aborted: closing one commits whatever was written). On an error the sibling is
+    deleted; one left by a killed process is swept by the next run (TMP_PREFIX)."""
+    fs, inner = resolve(path, storage)
+    parent, name = posixpath.split(inner)
+    tmp = posixpath.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    try:
+        with fs.open_output_stream(tmp) as stream:
+            yield stream
+        fs.move(tmp, inner)
+    except BaseException:
+        with suppress(OSError):
+            fs.delete_file(tmp)
+        raise
+
+
+def write_bytes_atomic(path: str, data: bytes | pa.Buffer, storage: StorageConfig | None = None) -> None:
+    """Readers see the old content or the new, never a part."""
+    with atomic_output(path, storage) as f:
+        f.write(data)
+
+
+def remove(path: str, storage: StorageConfig | None = None) -> None:
+    """Delete a file or a directory tree; nothing when it is not there."""
+    fs, inner = resolve(path, storage)
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.Directory:
+        fs.delete_dir(inner)
+    elif info.type == pafs.FileType.File:
+        fs.delete_file(inner)
+
+
+def list_dir(path: str, storage: StorageConfig | None = None) -> list[pafs.FileInfo]:
+    """Direct children of a directory (empty when it does not exist)."""
+    fs, inner = resolve(path, storage)
+    return fs.get_file_info(pafs.FileSelector(inner, recursive=False, allow_not_found=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +180,14 @@ class Shard:
     mtime_ns: int
 
 
-def expand_inputs(patterns: tuple[str, ...], root: str | None = None) -> list[Shard]:
+def expand_inputs(
+    patterns: tuple[str, ...], root: str | None = None, storage: StorageConfig | None = None
+) -> list[Shard]:
     """Sorted, de-duplicated files matching the patterns; ConfigError when storage is unreachable or
     nothing matches (a typo in a glob must not produce an empty dataset)."""
     found: dict[str, tuple[int, int]] = {}
     for pattern in patterns:
-        fs, inner = resolve(pattern)
+        fs, inner = resolve(pattern, storage)
         try:
             # Local and remote paths are listed the same way, through pyarrow's selector.
             if any(c in inner for c in _WILDCARDS):
@@ -109,11 +211,11 @@ def expand_inputs(patterns: tuple[str, ...], root: str | None = None) -> list[Sh
             found[full] = (int(info.size or 0), int(info.mtime_ns or 0))
     if not found:
         raise ConfigError(f"input.paths matched no files: {', '.join(patterns)}")
-    base_dir = root if root is not None else _root_of(patterns[0])
-    _, base_inner = resolve(base_dir) if base_dir else (None, "")
+    base_dir = root if root is not None else _root_of(patterns[0], storage)
+    _, base_inner = resolve(base_dir, storage) if base_dir else (None, "")
     shards = []
     for i, path in enumerate(sorted(found)):
-        _, inner = resolve(path)
+        _, inner = resolve(path, storage)
         rel = posixpath.relpath(inner, base_inner) if base_inner else posixpath.basename(inner)
         size, mtime = found[path]
         shards.append(Shard(index=i, path=path, relpath=rel, size=size, mtime_ns=mtime))
@@ -125,8 +227,8 @@ def _match(path: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, pattern.replace("**/", ""))
 
 
-def _root_of(pattern: str) -> str:
-    fs, inner = resolve(pattern)
+def _root_of(pattern: str, storage: StorageConfig | None) -> str:
+    fs, inner = resolve(pattern, storage)
     if any(c in inner for c in _WILDCARDS):
         cut = min(pattern.find(c) for c in _WILDCARDS if c in pattern)
         return pattern[:cut].rsplit("/", 1)[0] or "/"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from raypack.pipeline.job import JobResult
+from raypack.pipeline.rebuild import RebuildResult
 
-__all__ = ["format_summary"]
+__all__ = ["format_rebuild", "format_summary"]
 
 
 def format_summary(result: JobResult) -> str:
@@ -32,8 +33,34 @@ def format_summary(result: JobResult) -> str:
             f"{len(result.files)} Parquet files, {sum(f['bytes'] for f in result.files) / 2**20:.1f} MiB",
         ),
     ]
+    shards = result.shards_reused + result.shards_tokenized
+    if result.shards_reused:
+        rows.append(
+            (
+                "shards",
+                f"{shards:,}: {result.shards_reused:,} from the token cache, "
+                f"{result.shards_tokenized:,} tokenized",
+            )
+        )
     total = sum(result.stage_seconds.values())
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items())
     rows.append(("time", f"{total:.1f}s ({stages})"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def format_rebuild(result: RebuildResult) -> str:
+    job = result.job
+    lines = [
+        format_summary(job),
+        f"version  {result.version} is now LATEST; shards: {job.shards_reused:,} reused from the cache, "
+        f"{job.shards_tokenized:,} tokenized (new or changed)",
+    ]
+    if result.removed_versions or result.swept_versions or result.cache_entries_removed:
+        old = ", ".join(f"v={n:06d}" for n in result.removed_versions) or "none"
+        swept = ", ".join(f"v={n:06d}" for n in result.swept_versions) or "none"
+        lines.append(
+            f"cleanup  old versions removed: {old}; incomplete versions removed: {swept}; "
+            f"{result.cache_entries_removed} unused cache files removed"
+        )
+    return "\n".join(lines)

@@ -25,8 +25,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypack import schema
-from raypack.config import JobConfig
+from raypack.config import JobConfig, StorageConfig
 from raypack.storage import Shard, exists, join, read_bytes, resolve
+from raypack.versions import resolve_dataset
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -35,6 +36,8 @@ MAX_PROBLEMS = 20
 
 @dataclass
 class VerifyReport:
+    dataset: str = ""
+    """The directory verified: the path given, or the version a rebuild root's LATEST names."""
     problems: list[str] = field(default_factory=list)
     documents: int = 0
     items: int = 0
@@ -53,24 +56,34 @@ class VerifyReport:
             self.problems.append("... (more problems not shown)")
 
 
-def verify(output: str, config: JobConfig | None = None, sample: int = 64, seed: int = 0) -> VerifyReport:
-    report = VerifyReport()
-    if not exists(join(output, "manifest.json")):
-        report.add(f"{output}: no manifest.json: the dataset is incomplete (or not a raypack output)")
+def verify(
+    output: str,
+    config: JobConfig | None = None,
+    sample: int = 64,
+    seed: int = 0,
+    storage: StorageConfig | None = None,
+) -> VerifyReport:
+    """Check the dataset at `output` (or the version its LATEST names). Storage settings come from
+    `storage`, else the config's, else the environment."""
+    storage = storage or (config.storage if config is not None else None)
+    output = resolve_dataset(output, storage)
+    report = VerifyReport(dataset=output)
+    if not exists(join(output, "manifest.json"), storage):
+        report.add("no manifest.json: the dataset is incomplete (or not a raypack output)")
         return report
-    manifest = json.loads(read_bytes(join(output, "manifest.json")))
+    manifest = json.loads(read_bytes(join(output, "manifest.json"), storage))
     if manifest.get("schema_version") != schema.OUTPUT_SCHEMA_VERSION:
         report.add(f"schema_version {manifest.get('schema_version')} is not {schema.OUTPUT_SCHEMA_VERSION}")
         return report
     pad_id = int(manifest["config"]["output"]["pad_id"])
-    docs = _read_index(output, manifest)
+    docs = _read_index(output, manifest, storage)
     report.documents = docs.num_rows
     picks = _pick_sample(docs, sample, seed) if config is not None else []
     # The sampled documents' tokens are collected during the one pass over the data files.
     pieces: dict[str, list[tuple[int, list[int]]]] = {
         str(docs.column("doc_id")[i].as_py()): [] for i in picks
     }
-    items = _check_files(output, manifest, pad_id, report, pieces)
+    items = _check_files(output, manifest, pad_id, report, pieces, storage)
     if items is not None:
         _check_documents(docs, items, report)
     counts = manifest["counts"]
@@ -94,6 +107,7 @@ def _check_files(
     pad_id: int,
     report: VerifyReport,
     pieces: dict[str, list[tuple[int, list[int]]]],
+    storage: StorageConfig | None,
 ) -> pa.Table | None:
     """Check every data file; returns the items (doc_id, chunk, length) they hold, or None if unreadable.
     Appends (chunk, tokens) to `pieces` for every item of a document that `pieces` has a key for."""
@@ -103,7 +117,7 @@ def _check_files(
     for f in manifest["files"]:
         path = join(output, f["path"])
         try:
-            data = read_bytes(path)
+            data = read_bytes(path, storage)
         except FileNotFoundError:
             report.add(f"{f['path']}: listed in the manifest but missing")
             continue
@@ -164,8 +178,8 @@ def _check_rows(name: str, table: pa.Table, capacity: int, pad_id: int, report: 
     )
 
 
-def _read_index(output: str, manifest: dict[str, Any]) -> pa.Table:
-    fs, inner = resolve(join(output, "index"))
+def _read_index(output: str, manifest: dict[str, Any], storage: StorageConfig | None) -> pa.Table:
+    fs, inner = resolve(join(output, "index"), storage)
     parts = []
     for shard in range(int(manifest["counts"]["shards"])):
         path = f"{inner}/shard-{shard:06d}.parquet"
@@ -244,18 +258,18 @@ def _check_sample(
     from raypack.pipeline.tokenize import encode_documents, load_tokenizer
     from raypack.storage import expand_inputs
 
-    shards = {s.index: s for s in expand_inputs(config.input.paths, config.input.root)}
+    shards = {s.index: s for s in expand_inputs(config.input.paths, config.input.root, config.storage)}
     wanted: dict[int, dict[int, str]] = {}
     for i in picks:
         wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(
             docs.column("doc_id")[i].as_py()
         )
-    tok = load_tokenizer(config.tokenizer)
+    tok = load_tokenizer(config.tokenizer, config.storage)
     expected: dict[str, list[int]] = {}
     for shard_index, rows in wanted.items():
         shard: Shard = shards[shard_index]
         for batch in read_shard(
-            shard, config.input.format, config.input.text_field, config.input.id_field, 256
+            shard, config.input.format, config.input.text_field, config.input.id_field, 256, config.storage
         ):
             keep = [k for k, row in enumerate(batch.rows) if row in rows]
             if not keep:

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.packing import Items, PackPermutation, Plan, expand, item_histogram, make_items
-from raypack.pipeline.tokenize import tokens_path
+from raypack.pipeline.tokenize import token_file
 from raypack.storage import resolve
 
 __all__ = ["Buckets", "assign_shards", "file_key", "items_table"]
@@ -66,15 +66,15 @@ class Buckets:
 
 
 def assign_shards(
-    batch: dict[str, np.ndarray], cfg: JobConfig, staging: str, plan: Plan, rank_bases: dict[int, np.ndarray]
+    batch: dict[str, np.ndarray], cfg: JobConfig, plan: Plan, rank_bases: dict[int, np.ndarray]
 ) -> Iterator[pa.Table]:
-    """map_batches generator over shard rows: yields item tables (schema.ITEMS)."""
+    """map_batches generator over shard rows (index, token_dir, key): yields item tables (schema.ITEMS)."""
     buckets = Buckets.of(plan)
     perms = [PackPermutation(n, cfg.pack.seed) if cfg.pack.shuffle else None for n in buckets.sizes]
     seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
-    for shard in batch["index"].tolist():
+    for shard, token_dir, key in zip(batch["index"].tolist(), batch["token_dir"], batch["key"], strict=True):
         base = rank_bases[shard].copy()
-        fs, inner = resolve(tokens_path(staging, shard))
+        fs, inner = resolve(token_file(str(token_dir), str(key)), cfg.storage)
         with fs.open_input_file(inner) as f:
             for record_batch in pq.ParquetFile(f).iter_batches(batch_size=cfg.tokenizer.batch_size):
                 docs = pa.Table.from_batches([record_batch])

@@ -33,7 +33,7 @@ def summarize_shard(
     hist = item_histogram(items.length, cfg.pack.seq_len)
     nonzero = np.flatnonzero(hist)
     table = pa.table({"doc_id": doc_ids, "row": rows, "length": pa.array(doc_length, pa.int64())})
-    _write_index(cfg.output.path, shard, table, items)
+    _write_index(cfg, shard, table, items)
     return {
         "lengths": nonzero.astype(np.int64),
         "counts": hist[nonzero],
@@ -41,7 +41,7 @@ def summarize_shard(
     }
 
 
-def _write_index(output: str, shard: int, table: pa.Table, items: Items) -> None:
+def _write_index(cfg: JobConfig, shard: int, table: pa.Table, items: Items) -> None:
     index = pa.table(
         {
             "doc_id": table.column("doc_id"),
@@ -53,7 +53,7 @@ def _write_index(output: str, shard: int, table: pa.Table, items: Items) -> None
         },
         schema=schema.DOCUMENTS,
     )
-    with open_output(index_path(output, shard)) as sink:
+    with open_output(index_path(cfg.output.path, shard), cfg.storage) as sink:
         pq.write_table(index, sink, compression="zstd")
 
 

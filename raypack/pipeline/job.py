@@ -1,10 +1,13 @@
 """The job: the only module that wires Ray Data verbs together.
 
-    shards ─map_batches(TokenizeShards actors)─▶ staged token files + per-shard histograms (tokenize, once)
+    shards ─map_batches(TokenizeShards actors)─▶ token files + per-shard histograms (tokenize, once)
     per-shard histograms ─sum (driver)─▶ global histogram, rank bases ─▶ plan (driver)
     shards ─map_batches(assign_shards)─────────▶ items ─groupby(file_key).map_groups(write_pack_file)─▶ data/
 
 then metrics.json, and manifest.json last: a dataset is complete only when its manifest exists.
+Token files live in `<output>/_staging/tokens/` (removed at the end), or in a cache directory that a
+rebuild keeps (raypack.pipeline.rebuild), one per input shard under a key of its fingerprint and the
+tokenization settings, so an unchanged shard is never tokenized twice.
 The driver holds the shard list, per-shard histograms and rank bases (O(shards × seq_len)) and the plan
 (O(seq_len²)); documents and tokens never pass through it.
 """
@@ -25,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from raypack import __version__, schema
-from raypack.config import JobConfig
+from raypack.config import JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError
 from raypack.metrics import PackingMetrics, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
@@ -33,12 +36,12 @@ from raypack.pipeline.assign import Buckets, assign_shards
 from raypack.pipeline.histogram import sum_histograms
 from raypack.pipeline.materialize import write_pack_file
 from raypack.pipeline.sharded import pack_groups
-from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer
-from raypack.storage import Shard, exists, expand_inputs, join, resolve, write_bytes
+from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
+from raypack.storage import Shard, exists, expand_inputs, join, remove, write_bytes, write_bytes_atomic
+from raypack.versions import LATEST, MANIFEST
 
 __all__ = ["JobError", "JobResult", "run_job"]
 
-MANIFEST = "manifest.json"
 METRICS = "metrics.json"
 _OUTPUT_PARTS = (MANIFEST, METRICS, "data", "index", "rejects", "_staging")
 
@@ -54,6 +57,11 @@ class JobResult:
     global_efficiency: float
     """Efficiency of one global bfd plan over the same documents (the reference for sharded mode)."""
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    shards_reused: int = 0
+    """Shards whose token files came from the cache (not tokenized by this run)."""
+    shards_tokenized: int = 0
+    token_keys: tuple[str, ...] = ()
+    """Cache keys of this run's token files, in shard order (a rebuild prunes the others)."""
 
 
 @contextmanager
@@ -72,31 +80,45 @@ def ensure_ray() -> None:
         ray.init(address=os.environ.get("RAY_ADDRESS") or None, logging_level=logging.WARNING)
 
 
-def run_job(cfg: JobConfig, *, overwrite: bool = False, log: Callable[[str], None] = print) -> JobResult:
+def run_job(
+    cfg: JobConfig,
+    *,
+    overwrite: bool = False,
+    cache: str | None = None,
+    log: Callable[[str], None] = print,
+) -> JobResult:
+    """Pack the corpus into cfg.output.path. `cache`: a directory of token files to reuse and keep
+    (a rebuild's); None: tokenize everything into a staging area that is removed at the end."""
     import ray
     import ray.data
 
     timings: dict[str, float] = {}
-    out = cfg.output.path
+    out, storage = cfg.output.path, cfg.storage
     # Everything that can be wrong with the config or the environment fails here, before any work.
-    tok = load_tokenizer(cfg.tokenizer)
-    shards = expand_inputs(cfg.input.paths, cfg.input.root)
-    if exists(join(out, MANIFEST)) and not overwrite:
-        raise ConfigError(f"{out} already holds a dataset (manifest.json); pass --overwrite to replace it")
-    _clear_output(out)
+    tok = load_tokenizer(cfg.tokenizer, storage)
+    shards = expand_inputs(cfg.input.paths, cfg.input.root, storage)
+    _check_output(out, storage, overwrite)
+    _clear_output(out, storage)
     staging = join(out, "_staging")
+    token_dir = cache if cache is not None else join(staging, "tokens")
+    settings = token_settings(cfg, tok)
+    keys = tuple(token_key(s, settings) for s in shards)
     ensure_ray()
     concurrency = cfg.tokenizer.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    shard_ds = ray.data.from_items([dataclasses.asdict(s) for s in shards], override_num_blocks=len(shards))
+    rows = [
+        {**dataclasses.asdict(s), "token_dir": token_dir, "key": k} for s, k in zip(shards, keys, strict=True)
+    ]
+    shard_ds = ray.data.from_items(rows, override_num_blocks=len(shards))
 
     with _stage(timings, "tokenize", log):
         summaries = shard_ds.map_batches(
             TokenizeShards,
-            fn_constructor_kwargs={"cfg": cfg, "staging": staging},
+            fn_constructor_kwargs={"cfg": cfg},
             batch_size=1,
             concurrency=min(concurrency, len(shards)),
             num_cpus=1,
         ).take_all()
+    reused = sum(bool(s["cached"]) for s in summaries)
     documents = sum(int(s["documents"]) for s in summaries)
     rejects = sum(int(s["rejects"]) for s in summaries)
     if documents == 0:
@@ -117,9 +139,9 @@ def run_job(cfg: JobConfig, *, overwrite: bool = False, log: Callable[[str], Non
 
     with _stage(timings, "assign+write", log):
         if cfg.pack.mode == "sharded":
-            files = _write_sharded(cfg, staging, len(shards))
+            files = _write_sharded(cfg, [token_file(token_dir, k) for k in keys])
         else:
-            files = _write_global(cfg, staging, shard_ds, plan, rank_bases)
+            files = _write_global(cfg, shard_ds, plan, rank_bases)
     files = sorted(files, key=lambda f: f["path"])
     packs = plan.num_packs if cfg.pack.mode == "global" else sum(int(f["rows"]) for f in files)
     _check_conservation(files, packs, stats.items, stats.tokens)
@@ -128,7 +150,7 @@ def run_job(cfg: JobConfig, *, overwrite: bool = False, log: Callable[[str], Non
     metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, packs, slots)
     global_efficiency = stats.tokens / plan_slots if plan.num_packs else 1.0
     with _stage(timings, "finalize", log):
-        _remove(staging)
+        remove(staging, storage)
         write_bytes(
             join(out, METRICS),
             json.dumps(
@@ -137,31 +159,48 @@ def run_job(cfg: JobConfig, *, overwrite: bool = False, log: Callable[[str], Non
                     "mode": cfg.pack.mode,
                     "global_bfd_efficiency": global_efficiency,
                     "stage_seconds": timings,
+                    "shards": {"reused": reused, "tokenized": len(shards) - reused},
                 },
                 indent=2,
             ).encode(),
+            storage,
         )
         manifest = _manifest(cfg, shards, tok, packs, files, documents, rejects, stats.items, stats.tokens)
-        write_bytes(join(out, MANIFEST), json.dumps(manifest, indent=2).encode())
-    return JobResult(out, metrics, documents, rejects, files, cfg.pack.mode, global_efficiency, timings)
+        write_bytes_atomic(join(out, MANIFEST), json.dumps(manifest, indent=2).encode(), storage)
+    return JobResult(
+        out,
+        metrics,
+        documents,
+        rejects,
+        files,
+        cfg.pack.mode,
+        global_efficiency,
+        timings,
+        shards_reused=reused,
+        shards_tokenized=len(shards) - reused,
+        token_keys=keys,
+    )
 
 
-def _clear_output(out: str) -> None:
+def _check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
+    """Refuse to write over a complete dataset without --overwrite, or into a rebuild's root; an
+    unreachable or unauthorized output fails here, before any work."""
+    try:
+        holds_dataset = exists(join(out, MANIFEST), storage)
+        holds_versions = exists(join(out, LATEST), storage)
+    except OSError as e:
+        raise ConfigError(f"cannot reach output {out}: {str(e).strip().splitlines()[0]}") from None
+    if holds_versions:
+        raise ConfigError(f"{out} holds versioned datasets (LATEST): use `raypack rebuild`, or another path")
+    if holds_dataset and not overwrite:
+        raise ConfigError(f"{out} already holds a dataset (manifest.json); pass --overwrite to replace it")
+
+
+def _clear_output(out: str, storage: StorageConfig) -> None:
     """Remove a previous dataset, manifest first, so a crash mid-way never leaves one that looks
     complete."""
     for part in _OUTPUT_PARTS:
-        _remove(join(out, part))
-
-
-def _remove(path: str) -> None:
-    from pyarrow import fs as pafs
-
-    fs, inner = resolve(path)
-    info = fs.get_file_info(inner)
-    if info.type == pafs.FileType.Directory:
-        fs.delete_dir(inner)
-    elif info.type == pafs.FileType.File:
-        fs.delete_file(inner)
+        remove(join(out, part), storage)
 
 
 def _expected_files(plan: Plan, shard_rows: int) -> int:
@@ -174,14 +213,15 @@ def _slots(plan: Plan) -> int:
 
 
 def _write_global(
-    cfg: JobConfig, staging: str, shard_ds: Any, plan: Plan, rank_bases: dict[int, np.ndarray]
+    cfg: JobConfig, shard_ds: Any, plan: Plan, rank_bases: dict[int, np.ndarray]
 ) -> list[dict[str, Any]]:
-    assign = partial(assign_shards, cfg=cfg, staging=staging, plan=plan, rank_bases=rank_bases)
+    assign = partial(assign_shards, cfg=cfg, plan=plan, rank_bases=rank_bases)
     write = partial(
         write_pack_file,
         output=cfg.output.path,
         pad_id=cfg.output.pad_id,
         bucketed=cfg.pack.algorithm == "bucket",
+        storage=cfg.storage,
     )
     items = shard_ds.map_batches(assign, batch_size=1)
     # One shuffle partition per output file (capped): Ray's default of 200 costs more in task
@@ -201,16 +241,16 @@ def _write_global(
         ctx.shuffle_strategy = previous
 
 
-def _write_sharded(cfg: JobConfig, staging: str, n_shards: int) -> list[dict[str, Any]]:
+def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any]]:
     import ray.data
 
     per = cfg.pack.shards_per_group
     groups = [
-        {"group": g, "first": first, "count": min(per, n_shards - first)}
-        for g, first in enumerate(range(0, n_shards, per))
+        {"group": g, "token_files": token_files[first : first + per]}
+        for g, first in enumerate(range(0, len(token_files), per))
     ]
     ds = ray.data.from_items(groups, override_num_blocks=len(groups))
-    return list(ds.map_batches(partial(pack_groups, cfg=cfg, staging=staging), batch_size=1).take_all())
+    return list(ds.map_batches(partial(pack_groups, cfg=cfg), batch_size=1).take_all())
 
 
 def _check_conservation(files: list[dict[str, Any]], packs: int, items: int, tokens: int) -> None:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack import schema
+from raypack.config import StorageConfig
 from raypack.pipeline.assign import split_file_key
 from raypack.storage import join, write_bytes
 
@@ -28,7 +29,12 @@ def data_file(bucket_length: int | None, part: int, group: int | None = None) ->
 
 
 def write_pack_file(
-    items: pa.Table, output: str, pad_id: int, bucketed: bool, group: int | None = None
+    items: pa.Table,
+    output: str,
+    pad_id: int,
+    bucketed: bool,
+    group: int | None = None,
+    storage: StorageConfig | None = None,
 ) -> pa.Table:
     """map_groups function: one group = the items of one output file; returns its FILES row.
     `group`: the shard group in sharded mode, whose packs are numbered on their own."""
@@ -78,7 +84,7 @@ def write_pack_file(
     pq.write_table(table, sink, **_PARQUET)
     data = sink.getvalue()
     rel = data_file(capacity if bucketed else None, part, group)
-    write_bytes(join(output, rel), data)
+    write_bytes(join(output, rel), data, storage)
     return pa.table(
         {
             "path": [rel],

@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from raypack.config import StorageConfig
 from raypack.storage import Shard, resolve
 
 __all__ = ["Batch", "Reject", "read_shard"]
@@ -57,16 +59,22 @@ class Batch:
 
 
 def read_shard(
-    shard: Shard, fmt: str, text_field: str, id_field: str | None, batch_size: int
+    shard: Shard,
+    fmt: str,
+    text_field: str,
+    id_field: str | None,
+    batch_size: int,
+    storage: StorageConfig | None = None,
 ) -> Iterator[Batch]:
     """Documents of one shard in batches of up to `batch_size`; rejects ride along with the batch in
     which they were met (a batch may hold only rejects)."""
+    fs, inner = resolve(shard.path, storage)
     if fmt == "jsonl":
-        yield from _read_jsonl(shard, text_field, id_field, batch_size)
+        yield from _read_jsonl(fs, inner, shard, text_field, id_field, batch_size)
     elif fmt == "parquet":
-        yield from _read_parquet(shard, text_field, id_field, batch_size)
+        yield from _read_parquet(fs, inner, shard, text_field, id_field, batch_size)
     elif fmt == "text":
-        yield _read_text(shard)
+        yield _read_text(fs, inner, shard)
     else:
         raise ValueError(f"unknown input format {fmt!r}")
 
@@ -77,8 +85,7 @@ def _raw(data: bytes | str) -> str:
     return data[:RAW_PREFIX]
 
 
-def _lines(shard: Shard) -> Iterator[tuple[int, bytes]]:
-    fs, inner = resolve(shard.path)
+def _lines(fs: pafs.FileSystem, inner: str) -> Iterator[tuple[int, bytes]]:
     with fs.open_input_stream(inner, compression="detect") as stream:
         tail = b""
         lineno = 0
@@ -95,11 +102,13 @@ def _lines(shard: Shard) -> Iterator[tuple[int, bytes]]:
             yield lineno + 1, tail
 
 
-def _read_jsonl(shard: Shard, text_field: str, id_field: str | None, batch_size: int) -> Iterator[Batch]:
+def _read_jsonl(
+    fs: pafs.FileSystem, inner: str, shard: Shard, text_field: str, id_field: str | None, batch_size: int
+) -> Iterator[Batch]:
     batch = Batch()
     last = 0
     try:
-        for lineno, line in _lines(shard):
+        for lineno, line in _lines(fs, inner):
             last = lineno
             if not line.strip():
                 continue  # a blank line is not a record
@@ -165,8 +174,9 @@ def _document(
     return str(doc_id), text
 
 
-def _read_parquet(shard: Shard, text_field: str, id_field: str | None, batch_size: int) -> Iterator[Batch]:
-    fs, inner = resolve(shard.path)
+def _read_parquet(
+    fs: pafs.FileSystem, inner: str, shard: Shard, text_field: str, id_field: str | None, batch_size: int
+) -> Iterator[Batch]:
     try:
         pf = pq.ParquetFile(fs.open_input_file(inner))
     except (OSError, pa.ArrowInvalid) as e:
@@ -204,8 +214,7 @@ def _read_parquet(shard: Shard, text_field: str, id_field: str | None, batch_siz
         yield Batch(rejects=[Reject(row, f"unreadable Parquet data after row {row - 1}: {_one_line(e)}", "")])
 
 
-def _read_text(shard: Shard) -> Batch:
-    fs, inner = resolve(shard.path)
+def _read_text(fs: pafs.FileSystem, inner: str, shard: Shard) -> Batch:
     batch = Batch()
     try:
         with fs.open_input_stream(inner, compression="detect") as f:

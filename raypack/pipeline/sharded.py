@@ -16,20 +16,19 @@ from raypack.config import JobConfig
 from raypack.packing import pack
 from raypack.pipeline.assign import items_table
 from raypack.pipeline.materialize import write_pack_file
-from raypack.pipeline.tokenize import tokens_path
 from raypack.storage import resolve
 
 __all__ = ["pack_groups"]
 
 
-def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig, staging: str) -> pa.Table:
-    """map_batches function over group rows (group, first shard, shard count) → FILES rows."""
+def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig) -> pa.Table:
+    """map_batches function over group rows (group, token files of its shards) → FILES rows."""
     out = []
     p = cfg.pack
-    for group, first, count in zip(batch["group"], batch["first"], batch["count"], strict=True):
+    for group, files in zip(batch["group"], batch["token_files"], strict=True):
         tables = []
-        for shard in range(int(first), int(first) + int(count)):
-            fs, inner = resolve(tokens_path(staging, shard))
+        for path in files:
+            fs, inner = resolve(str(path), cfg.storage)
             with fs.open_input_file(inner) as f:
                 tables.append(pq.read_table(f))
         docs = pa.concat_tables(tables).combine_chunks()
@@ -48,6 +47,13 @@ def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig, staging: str) -> p
         for key in np.unique(keys).tolist():
             part = items.filter(pc.equal(items.column("file_key"), key))
             out.append(
-                write_pack_file(part, cfg.output.path, cfg.output.pad_id, bucketed=False, group=int(group))
+                write_pack_file(
+                    part,
+                    cfg.output.path,
+                    cfg.output.pad_id,
+                    bucketed=False,
+                    group=int(group),
+                    storage=cfg.storage,
+                )
             )
     return pa.concat_tables(out) if out else schema.FILES.empty_table()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +20,11 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer
 
 from raypack import schema
-from raypack.config import JobConfig, TokenizerConfig
+from raypack.config import JobConfig, StorageConfig, TokenizerConfig
 from raypack.errors import ConfigError
 from raypack.pipeline.histogram import summarize_shard
 from raypack.pipeline.read import Batch, read_shard
-from raypack.storage import Shard, join, open_output, read_bytes
+from raypack.storage import Shard, atomic_output, exists, join, open_output, read_bytes, resolve, write_bytes
 
 __all__ = [
     "LoadedTokenizer",
@@ -32,7 +33,9 @@ __all__ = [
     "encode_flat",
     "load_tokenizer",
     "rejects_path",
-    "tokens_path",
+    "token_file",
+    "token_key",
+    "token_settings",
 ]
 
 BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
@@ -48,11 +51,11 @@ class LoadedTokenizer:
     vocab_size: int
 
 
-def load_tokenizer(cfg: TokenizerConfig) -> LoadedTokenizer:
+def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> LoadedTokenizer:
     """Load and check the tokenizer; ConfigError naming the problem (missing file, not a tokenizer
     JSON, no EOS token when add_eos is on...)."""
     try:
-        raw = read_bytes(cfg.path)
+        raw = read_bytes(cfg.path, storage)
     except FileNotFoundError:
         raise ConfigError(f"tokenizer file not found: {cfg.path}") from None
     except OSError as e:
@@ -118,8 +121,37 @@ def _find(tok: Tokenizer, names: tuple[str, ...]) -> int | None:
     return None
 
 
-def tokens_path(staging: str, shard: int) -> str:
-    return join(staging, "tokens", f"shard-{shard:06d}.parquet")
+# Bump when the token file layout or what goes into a key changes: old cache entries then miss.
+TOKEN_FORMAT = 1
+
+
+def token_settings(cfg: JobConfig, tok: LoadedTokenizer) -> dict[str, Any]:
+    """Everything besides the shard's bytes that decides its token file: a change in any of these must
+    re-tokenize (a rebuild reuses a cached file only when all of them and the shard are unchanged)."""
+    return {
+        "token_format": TOKEN_FORMAT,
+        "format": cfg.input.format,
+        "text_field": cfg.input.text_field,
+        "id_field": cfg.input.id_field,
+        "tokenizer_sha256": tok.sha256,
+        "bos_id": tok.bos_id if cfg.tokenizer.add_bos else None,
+        "eos_id": tok.eos_id if cfg.tokenizer.add_eos else None,
+    }
+
+
+def token_key(shard: Shard, settings: dict[str, Any]) -> str:
+    """Cache key of a shard's token file: its relative path (document ids contain it), its fingerprint
+    (size + modification time; an object store sets the time on every PUT) and the settings."""
+    fingerprint = {"relpath": shard.relpath, "size": shard.size, "mtime_ns": shard.mtime_ns, **settings}
+    return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def token_file(token_dir: str, key: str) -> str:
+    return join(token_dir, f"{key}.parquet")
+
+
+def cached_rejects_file(token_dir: str, key: str) -> str:
+    return join(token_dir, f"{key}.rejects.parquet")
 
 
 def rejects_path(output: str, shard: int) -> str:
@@ -127,16 +159,18 @@ def rejects_path(output: str, shard: int) -> str:
 
 
 class TokenizeShards:
-    """map_batches callable: each input row names a shard; each output row summarizes it."""
+    """map_batches callable: each input row names a shard and its token file; each output row
+    summarizes the shard. A token file that exists already (a rebuild's cache) is reused, not redone."""
 
-    def __init__(self, cfg: JobConfig, staging: str) -> None:
+    def __init__(self, cfg: JobConfig) -> None:
         self.cfg = cfg
-        self.staging = staging
-        self.tok = load_tokenizer(cfg.tokenizer)
+        self.storage = cfg.storage
+        self.tok = load_tokenizer(cfg.tokenizer, cfg.storage)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         out: dict[str, list[Any]] = {
             "shard": [],
+            "cached": [],
             "documents": [],
             "tokens": [],
             "rejects": [],
@@ -152,12 +186,13 @@ class TokenizeShards:
                 size=int(batch["size"][i]),
                 mtime_ns=int(batch["mtime_ns"][i]),
             )
-            summary = self.tokenize_shard(shard)
+            summary = self.tokenize_shard(shard, str(batch["token_dir"][i]), str(batch["key"][i]))
             for key, value in summary.items():
                 out[key].append(value)
             out["shard"].append(shard.index)
         return {
             "shard": np.asarray(out["shard"], dtype=np.int64),
+            "cached": np.asarray(out["cached"], dtype=bool),
             "documents": np.asarray(out["documents"], dtype=np.int64),
             "tokens": np.asarray(out["tokens"], dtype=np.int64),
             "rejects": np.asarray(out["rejects"], dtype=np.int64),
@@ -166,19 +201,60 @@ class TokenizeShards:
             "stats": np.asarray(out["stats"], dtype=object),
         }
 
-    def tokenize_shard(self, shard: Shard) -> dict[str, Any]:
-        """Write the shard's token file (and rejects file); returns its counts and histogram."""
+    def tokenize_shard(self, shard: Shard, token_dir: str, key: str) -> dict[str, Any]:
+        """Make sure the shard's token file exists (tokenizing only when it does not), write its index
+        and rejects into the output; returns its counts and histogram."""
+        path = token_file(token_dir, key)
+        cached = exists(path, self.storage)
+        if cached:
+            docs, n_rejects = self._read_cached(path)
+            if n_rejects:
+                data = read_bytes(cached_rejects_file(token_dir, key), self.storage)
+                write_bytes(rejects_path(self.cfg.output.path, shard.index), data, self.storage)
+        else:
+            docs, n_rejects = self._tokenize(shard, path, cached_rejects_file(token_dir, key))
+        doc_length = docs.column("length").to_numpy()
+        summary = summarize_shard(
+            self.cfg,
+            shard.index,
+            docs.column("doc_id").combine_chunks(),
+            docs.column("row").combine_chunks(),
+            doc_length,
+        )
+        return {
+            "cached": cached,
+            "documents": len(doc_length),
+            "tokens": int(doc_length.sum()),
+            "rejects": n_rejects,
+            **summary,
+        }
+
+    def _read_cached(self, path: str) -> tuple[pa.Table, int]:
+        fs, inner = resolve(path, self.storage)
+        with fs.open_input_file(inner) as f:
+            pf = pq.ParquetFile(f)
+            meta = pf.metadata.metadata or {}
+            docs = pf.read(columns=["row", "doc_id", "length"])
+        return docs, int(meta.get(b"raypack.rejects", b"0"))
+
+    def _tokenize(self, shard: Shard, path: str, cached_rejects: str) -> tuple[pa.Table, int]:
+        """Tokenize the shard into `path` (appearing only when complete: a killed actor leaves no file
+        that a rebuild would take for a finished one); rejects go beside it and into the output."""
         cfg = self.cfg
         rejects: list[dict[str, Any]] = []
-        ids: list[pa.Array] = []
-        rows: list[pa.Array] = []
-        lengths: list[np.ndarray] = []
+        docs: list[pa.Table] = []
+        # The rejects count is known only at the end: it goes into the footer's key-value metadata.
         with (
-            open_output(tokens_path(self.staging, shard.index)) as sink,
+            atomic_output(path, self.storage) as sink,
             pq.ParquetWriter(sink, schema.TOKENIZED) as writer,
         ):
             for batch in read_shard(
-                shard, cfg.input.format, cfg.input.text_field, cfg.input.id_field, cfg.tokenizer.batch_size
+                shard,
+                cfg.input.format,
+                cfg.input.text_field,
+                cfg.input.id_field,
+                cfg.tokenizer.batch_size,
+                self.storage,
             ):
                 rejects.extend(
                     {"source": shard.relpath, "row": r.row, "reason": r.reason, "raw": r.raw}
@@ -187,21 +263,17 @@ class TokenizeShards:
                 if len(batch):
                     table = self._encode(batch, shard.relpath, rejects)
                     writer.write_table(table)
-                    ids.append(table.column("doc_id").combine_chunks())
-                    rows.append(table.column("row").combine_chunks())
-                    lengths.append(table.column("length").to_numpy())
-        if rejects:
-            self._write_rejects(shard.index, rejects)
-        doc_length = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-        tokens = int(doc_length.sum())
-        summary = summarize_shard(
-            self.cfg,
-            shard.index,
-            pa.concat_arrays(ids) if ids else pa.array([], pa.string()),
-            pa.concat_arrays(rows) if rows else pa.array([], pa.int64()),
-            doc_length,
-        )
-        return {"documents": len(doc_length), "tokens": tokens, "rejects": len(rejects), **summary}
+                    docs.append(table.select(["row", "doc_id", "length"]))
+            if rejects:
+                table = pa.Table.from_pylist(rejects, schema=schema.REJECTS)
+                # Beside the token file first, so a token file never exists without its rejects.
+                with atomic_output(cached_rejects, self.storage) as f:
+                    pq.write_table(table, f)
+                with open_output(rejects_path(cfg.output.path, shard.index), self.storage) as f:
+                    pq.write_table(table, f)
+            writer.add_key_value_metadata({"raypack.rejects": str(len(rejects))})
+        empty = schema.TOKENIZED.empty_table().select(["row", "doc_id", "length"])
+        return pa.concat_tables(docs) if docs else empty, len(rejects)
 
     def _encode(self, batch: Batch, relpath: str, rejects: list[dict[str, Any]]) -> pa.Table:
         flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts)
@@ -226,7 +298,3 @@ class TokenizeShards:
             },
             schema=schema.TOKENIZED,
         )
-
-    def _write_rejects(self, shard: int, rejects: list[dict[str, Any]]) -> None:
-        with open_output(rejects_path(self.cfg.output.path, shard)) as sink:
-            pq.write_table(pa.Table.from_pylist(rejects, schema=schema.REJECTS), sink)
