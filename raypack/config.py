@@ -214,6 +214,19 @@ class StorageConfig:
         if self.connect_timeout <= 0:
             raise ConfigError(f"storage.connect_timeout must be > 0, got {self.connect_timeout}")
 
+    def from_environment(self) -> StorageConfig:
+        """These settings with the endpoint and region the driver's environment names filled in, so
+        that workers (whose environment is the cluster's, not the submitter's) use the same ones.
+        Neither is a secret; credentials stay in the environment."""
+        import os
+
+        env = os.environ
+        return dataclasses.replace(
+            self,
+            endpoint=self.endpoint or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
+            region=self.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),
+        )
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobConfig:

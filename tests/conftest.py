@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from tests import s3server
 
 WORDS = (
     *[
@@ -56,12 +59,23 @@ WORDS = (
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """Local Ray, started once: each start costs seconds on two cores."""
+    """Local Ray, started once: each start costs seconds on two cores. Its workers inherit the test S3
+    server's credentials from this environment, as a cluster's would from its nodes'."""
     import ray
 
+    os.environ.update(s3server.CREDENTIALS)
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=400 * 2**20, logging_level="ERROR")
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3server.S3Server]:
+    """A real S3 server (SeaweedFS) for the session, with bucket s3server.BUCKET."""
+    os.environ.update(s3server.CREDENTIALS)
+    server = s3server.start(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +134,7 @@ def write_parquet(path: Path, columns: dict[str, list[Any]]) -> None:
     pq.write_table(pa.table(columns), path)
 
 
-def job_config(tmp: Path, corpus_glob: str, tokenizer: Path, **sections: dict[str, Any]) -> Path:
+def job_config(tmp: Path, corpus_glob: str, tokenizer: Path | str, **sections: dict[str, Any]) -> Path:
     config: dict[str, Any] = {
         "input": {"paths": [corpus_glob]},
         "tokenizer": {"path": str(tokenizer)},

@@ -93,6 +93,7 @@ def run_job(
     import ray.data
 
     timings: dict[str, float] = {}
+    cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
     out, storage = cfg.output.path, cfg.storage
     # Everything that can be wrong with the config or the environment fails here, before any work.
     tok = load_tokenizer(cfg.tokenizer, storage)
@@ -229,16 +230,12 @@ def _write_global(
     partitions = max(1, min(_expected_files(plan, cfg.output.shard_rows), 256))
     # The pull-based sort shuffle uses plain tasks; the default hash shuffle starts aggregator actors,
     # which on a 2-core machine cost 15.1 s against 9.5 s for 14M tokens (benchmarks/bench_job.py).
-    from ray.data.context import DataContext, ShuffleStrategy
+    # A dataset carries the copy of the DataContext taken when its source was made: set it there.
+    from ray.data.context import ShuffleStrategy
 
-    ctx = DataContext.get_current()
-    previous = ctx.shuffle_strategy
-    ctx.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
-    try:
-        grouped = items.groupby("file_key", num_partitions=partitions)
-        return list(grouped.map_groups(write, batch_format="pyarrow").take_all())
-    finally:
-        ctx.shuffle_strategy = previous
+    items.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    grouped = items.groupby("file_key", num_partitions=partitions)
+    return list(grouped.map_groups(write, batch_format="pyarrow").take_all())
 
 
 def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any]]:

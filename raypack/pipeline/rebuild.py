@@ -52,10 +52,10 @@ def run_rebuild(cfg: JobConfig, *, log: Callable[[str], None] = print) -> Rebuil
             raise ConfigError(
                 f"{root} holds a dataset written by `raypack pack`; a rebuild needs its own output root"
             )
+        number = _next_version(root, storage)  # before the sweep: a crashed run's number is never reused
         swept = remove_incomplete(root, storage)
     except OSError as e:
         raise ConfigError(f"cannot reach output {root}: {str(e).strip().splitlines()[0]}") from None
-    number = _next_version(root, storage)
     name = version_name(number)
     version_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, path=join(root, name)))
     job = run_job(version_cfg, cache=cache_dir(root), log=log)

@@ -1,0 +1,168 @@
+"""`raypack rebuild`: versions, LATEST, the token cache, and crashes at the worst moments."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+import raypack.pipeline.job as job_module
+import raypack.pipeline.rebuild as rebuild_module
+from raypack.cli import main
+from raypack.config import JobConfig, load_config
+from raypack.pipeline.job import run_job
+from raypack.pipeline.rebuild import run_rebuild
+from raypack.verify import verify
+from raypack.versions import latest_version, list_versions
+from tests.conftest import make_corpus, random_text, write_jsonl
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+quiet = {"log": lambda _: None}
+
+
+def config(tmp: Path, tokenizer: Path, corpus: Path, **output: object) -> JobConfig:
+    data = {
+        "input": {"paths": [f"{corpus}/*"]},
+        "tokenizer": {"path": str(tokenizer)},
+        "pack": {"seq_len": 512},
+        "output": {"path": str(tmp / "root"), "shard_rows": 40, **output},
+    }
+    path = tmp / "rebuild.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(str(path))
+
+
+def files_under(path: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def scratch(tmp: Path, cfg: JobConfig, name: str) -> Path:
+    """The same config packed from scratch by `raypack pack` into its own directory."""
+    out = tmp / name
+    run_job(dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, path=str(out))), **quiet)
+    return out
+
+
+def test_incremental_rebuild_equals_a_fresh_run(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=5)
+    cfg = config(tmp_path, tokenizer_path, corpus)
+    root = tmp_path / "root"
+
+    first = run_rebuild(cfg, **quiet)
+    assert (first.version, first.job.shards_tokenized, first.job.shards_reused) == ("v=000001", 4, 0)
+    assert (root / "LATEST").read_text() == "v=000001\n"
+    report = verify(str(root), cfg, sample=10)
+    assert report.ok and report.dataset.endswith("v=000001") and report.documents == 120
+
+    # The corpus changes: one shard rewritten, one removed, one added.
+    rng = random.Random(9)
+    write_jsonl(corpus / "part-001.jsonl.gz", [{"text": random_text(rng, 300)} for _ in range(25)], "gzip")
+    os.utime(corpus / "part-001.jsonl.gz", ns=(1, 1))  # a different mtime whatever the clock's resolution
+    (corpus / "part-002.jsonl.zst").unlink()
+    write_jsonl(corpus / "part-009.jsonl", [{"text": random_text(rng, 40)} for _ in range(12)])
+
+    second = run_rebuild(cfg, **quiet)
+    assert second.version == "v=000002" and (root / "LATEST").read_text() == "v=000002\n"
+    assert (second.job.shards_reused, second.job.shards_tokenized) == (2, 2)  # part-000, part-003 reused
+    assert second.job.documents == 30 + 25 + 30 + 12
+    # Exactly the current corpus's token files stay in the cache (and no temporary ones).
+    cached = sorted(p.name for p in (root / "_cache" / "tokens").iterdir())
+    assert cached == sorted(f"{k}.parquet" for k in second.job.token_keys)
+    assert second.cache_entries_removed == 2
+
+    fresh = scratch(tmp_path, cfg, "fresh")
+    rebuilt = root / "v=000002"
+    for part in ("data", "index"):
+        assert files_under(rebuilt / part) == files_under(fresh / part), part
+    assert (
+        json.loads((rebuilt / "manifest.json").read_text())["files"]
+        == json.loads((fresh / "manifest.json").read_text())["files"]
+    )
+    assert verify(str(root), cfg, sample=10).ok
+    # The previous version is still there and still whole.
+    assert verify(str(root / "v=000001"), sample=0).ok
+
+
+def test_versions_are_pruned_and_a_tokenizer_change_retokenizes(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=7)
+    cfg = config(tmp_path, tokenizer_path, corpus, keep_versions=2)
+    root = tmp_path / "root"
+    first = run_rebuild(cfg, **quiet)
+    assert main(["rebuild", str(tmp_path / "rebuild.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "v=000002 is now LATEST" in out and "2 reused from the cache, 0 tokenized" in out
+    assert files_under(root / "v=000001" / "data") == files_under(root / "v=000002" / "data")
+
+    # Framing documents with BOS changes every token file: nothing may come from the cache.
+    assert main(["rebuild", str(tmp_path / "rebuild.yaml"), "--set", "tokenizer.add_bos=true"]) == 0
+    out = capsys.readouterr().out
+    assert "0 reused from the cache, 2 tokenized" in out and "old versions removed: v=000001" in out
+    assert list_versions(str(root)) == [2, 3] and latest_version(str(root)) == 3
+    manifest = json.loads((root / "v=000003" / "manifest.json").read_text())
+    assert manifest["counts"]["tokens"] == first.job.metrics.tokens + 20  # one BOS per document
+    assert len(list((root / "_cache" / "tokens").iterdir())) == 2
+
+
+def test_crashes_leave_the_previous_version_readable(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=15, seed=8)
+    cfg = config(tmp_path, tokenizer_path, corpus)
+    root = tmp_path / "root"
+    run_rebuild(cfg, **quiet)
+    (corpus / "part-000.jsonl").write_text(json.dumps({"text": "changed " * 50}) + "\n")
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # the driver dies: here, right after the tokenize stage
+
+    with monkeypatch.context() as m:
+        m.setattr(job_module, "sum_histograms", crash)
+        with pytest.raises(KeyboardInterrupt):
+            run_rebuild(cfg, **quiet)
+    assert (root / "v=000002").is_dir() and not (root / "v=000002" / "manifest.json").exists()
+    assert latest_version(str(root)) == 1
+    report = verify(str(root), sample=0)
+    assert report.ok and report.dataset.endswith("v=000001")
+
+    # Now the driver dies after the new version is complete, before LATEST moves.
+    with monkeypatch.context() as m:
+        m.setattr(rebuild_module, "set_latest", crash)
+        with pytest.raises(KeyboardInterrupt):
+            run_rebuild(cfg, **quiet)
+    assert (root / "v=000003" / "manifest.json").exists() and latest_version(str(root)) == 1
+    assert verify(str(root), sample=0).dataset.endswith("v=000001")
+    assert not (root / "v=000002").exists()  # swept by the second run, its number not reused
+
+    # The next run tokenizes nothing: the crashed runs' token files were complete.
+    after = run_rebuild(cfg, **quiet)
+    assert after.version == "v=000004"
+    assert (after.job.shards_reused, after.job.shards_tokenized) == (3, 0)
+    assert list_versions(str(root)) == [1, 3, 4] and latest_version(str(root)) == 4
+    assert verify(str(root), cfg, sample=10).ok
+    assert files_under(root / "v=000003" / "data") == files_under(root / "v=000004" / "data")
+
+
+def test_pack_and_rebuild_refuse_each_others_outputs(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=5, seed=12)
+    config(tmp_path, tokenizer_path, corpus)
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "LATEST").write_text("v=000001\n")
+    assert main(["pack", str(tmp_path / "rebuild.yaml")]) == 2
+    assert "holds versioned datasets" in capsys.readouterr().err
+    (tmp_path / "root" / "LATEST").unlink()
+    (tmp_path / "root" / "manifest.json").write_text("{}")
+    assert main(["rebuild", str(tmp_path / "rebuild.yaml")]) == 2
+    assert "a rebuild needs its own output root" in capsys.readouterr().err
+    (tmp_path / "root" / "manifest.json").unlink()
+    (tmp_path / "root" / "LATEST").write_text("garbage")
+    assert main(["rebuild", str(tmp_path / "rebuild.yaml")]) == 2
+    assert "not a version name" in capsys.readouterr().err

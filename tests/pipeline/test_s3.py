@@ -1,0 +1,164 @@
+"""The job against a real S3 server (SeaweedFS): inputs, tokenizer and output in object storage."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+import yaml
+
+from raypack.cli import main
+from raypack.config import load_config
+from raypack.errors import ConfigError
+from raypack.pipeline.job import run_job
+from raypack.storage import expand_inputs
+from raypack.verify import verify
+from tests import s3server
+from tests.conftest import job_config, make_corpus
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def upload(server: s3server.S3Server, local: Path, prefix: str) -> str:
+    """Copy a local directory tree to s3://BUCKET/prefix; returns the URI."""
+    pafs.copy_files(str(local), f"{s3server.BUCKET}/{prefix}", destination_filesystem=server.filesystem())
+    return f"s3://{s3server.BUCKET}/{prefix}"
+
+
+def s3_config(tmp: Path, server: s3server.S3Server, tokenizer: Path, prefix: str, **sections: dict) -> Path:
+    corpus = make_corpus(tmp, shards=5, docs_per_shard=30, seed=4)
+    inputs = upload(server, corpus, f"{prefix}/corpus")
+    tok = upload(server, tokenizer.parent, f"{prefix}/tok")
+    cfg = job_config(
+        tmp,
+        f"{inputs}/*",
+        f"{tok}/tokenizer.json",
+        output={"path": f"s3://{s3server.BUCKET}/{prefix}/out"},
+        storage={"endpoint": server.endpoint},
+        **sections,
+    )
+    return cfg
+
+
+def read_tree(fs: pafs.FileSystem, root: str, under: str) -> dict[str, bytes]:
+    infos = fs.get_file_info(pafs.FileSelector(f"{root}/{under}", recursive=True))
+    out = {}
+    for info in infos:
+        if info.type == pafs.FileType.File:
+            with fs.open_input_stream(info.path) as f:
+                out[info.path[len(root) + 1 :]] = f.read()
+    return out
+
+
+def test_pack_on_s3_equals_pack_on_local_disk(tmp_path: Path, tokenizer_path: Path, s3) -> None:
+    cfg_path = s3_config(tmp_path, s3, tokenizer_path, "equal")
+    cfg = load_config(str(cfg_path))
+    result = run_job(cfg, log=lambda _: None)
+    report = verify(cfg.output.path, cfg, sample=20)
+    assert report.ok, report.problems
+    assert report.documents == result.documents == 150
+
+    # The same corpus and tokenizer from local disk: every data and index file byte for byte equal.
+    local = load_config(
+        str(cfg_path),
+        [
+            f"input.paths=['{tmp_path}/corpus/*']",
+            f"tokenizer.path={tokenizer_path}",
+            f"output.path={tmp_path}/o",
+        ],
+    )
+    run_job(local, log=lambda _: None)
+    remote = read_tree(s3.filesystem(), f"{s3server.BUCKET}/equal/out", "data")
+    on_disk = read_tree(pafs.LocalFileSystem(), str(tmp_path / "o"), "data")
+    assert remote and remote == on_disk
+    manifest = json.loads(
+        s3.filesystem().open_input_stream(f"{s3server.BUCKET}/equal/out/manifest.json").read()
+    )
+    assert [i["path"] for i in manifest["inputs"]] == [
+        f"part-{i:03d}.{k}" for i, k in enumerate(["jsonl", "jsonl.gz", "jsonl.zst", "jsonl", "jsonl.gz"])
+    ]
+
+
+def test_cli_on_s3_never_shows_the_secret(tmp_path: Path, tokenizer_path: Path, s3) -> None:
+    """The whole CLI run, as a user would start it, with credentials in the environment: the secret
+    must appear in no output stream and no file written (endpoint from AWS_ENDPOINT_URL this time)."""
+    import ray
+
+    cfg_path = s3_config(tmp_path, s3, tokenizer_path, "secret")
+    data = yaml.safe_load(cfg_path.read_text())
+    del data["storage"]
+    cfg_path.write_text(yaml.safe_dump(data))
+    env = dict(os.environ, AWS_ENDPOINT_URL=s3.endpoint, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    runs = [
+        subprocess.run(
+            [sys.executable, "-m", "raypack.cli", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+            cwd=ROOT,
+        )
+        for args in (
+            ["pack", str(cfg_path)],
+            ["verify", f"s3://{s3server.BUCKET}/secret/out", "--config", str(cfg_path)],
+        )
+    ]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert s3server.SECRET_KEY not in proc.stdout + proc.stderr
+    assert runs[1].stdout.startswith("OK: ")
+    written = read_tree(s3.filesystem(), f"{s3server.BUCKET}/secret", "out")
+    assert "manifest.json" in {Path(p).name for p in written}
+    for path, content in written.items():
+        assert s3server.SECRET_KEY.encode() not in content, path
+
+
+def test_wrong_secret_is_a_one_line_config_error(tmp_path: Path, tokenizer_path: Path, s3, capsys) -> None:
+    cfg_path = s3_config(tmp_path, s3, tokenizer_path, "wrongkey")
+    wrong = "not-the-" + s3server.SECRET_KEY
+    old = os.environ["AWS_SECRET_ACCESS_KEY"]
+    os.environ["AWS_SECRET_ACCESS_KEY"] = wrong
+    try:
+        from raypack.storage import _s3
+
+        _s3.cache_clear()  # filesystems are cached per process with the credentials they were made with
+        code = main(["pack", str(cfg_path)])
+    finally:
+        os.environ["AWS_SECRET_ACCESS_KEY"] = old
+        _s3.cache_clear()
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1 and "raypack: error:" in err
+    assert "SIGNATURE" in err.upper() or "denied" in err.lower() or "forbidden" in err.lower()
+    assert wrong not in err and s3server.SECRET_KEY not in err
+
+
+def test_unreachable_endpoint_fails_fast(tmp_path: Path, tokenizer_path: Path, capsys) -> None:
+    (port,) = s3server.free_ports(1)
+    cfg_path = job_config(
+        tmp_path,
+        "s3://nowhere/corpus/*.jsonl",
+        tokenizer_path,
+        output={"path": str(tmp_path / "out")},
+        storage={"endpoint": f"http://127.0.0.1:{port}", "max_attempts": 2, "connect_timeout": 1},
+    )
+    t0 = time.monotonic()
+    code = main(["pack", str(cfg_path)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "cannot list input s3://nowhere/corpus/*.jsonl" in err
+    assert time.monotonic() - t0 < 30
+
+
+def test_credentials_in_a_uri_are_refused_without_echoing_them() -> None:
+    with pytest.raises(ConfigError) as e:
+        expand_inputs(("s3://AKIAXXXX:hunter2secret@bucket/corpus/*.jsonl",))
+    assert "hunter2secret" not in str(e.value) and "AWS_SECRET_ACCESS_KEY" in str(e.value)
