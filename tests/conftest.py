@@ -134,10 +134,10 @@ def write_parquet(path: Path, columns: dict[str, list[Any]]) -> None:
     pq.write_table(pa.table(columns), path)
 
 
-def job_config(tmp: Path, corpus_glob: str, tokenizer: Path | str, **sections: dict[str, Any]) -> Path:
+def job_config(tmp: Path, corpus_glob: str, tokenizer_file: Path | str, **sections: dict[str, Any]) -> Path:
     config: dict[str, Any] = {
         "input": {"paths": [corpus_glob]},
-        "tokenizer": {"path": str(tokenizer)},
+        "tokenizer": {"path": str(tokenizer_file)},
         "pack": {"seq_len": 512},
         "output": {"path": str(tmp / "out"), "shard_rows": 50},
     }

@@ -1,26 +1,34 @@
 """Several Ray nodes on one machine (ray.cluster_utils.Cluster), the job submitted through its
-entrypoint as `ray job submit` would run it, then verified."""
+entrypoint as `ray job submit` would run it, then verified; then with inputs and output on the S3
+server, a worker node killed mid-run."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow.fs as pafs
 import pytest
 
 from raypack.verify import verify
+from tests import s3server
 from tests.conftest import job_config, make_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def three_nodes() -> Iterator[str]:
+def three_nodes() -> Iterator[Any]:
+    """The nodes inherit this process's environment, so the S3 credentials too (once the s3 fixture
+    has set them), as a real cluster's nodes hold theirs."""
     from ray.cluster_utils import Cluster
 
+    os.environ.update(s3server.CREDENTIALS)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "object_store_memory": 150 * 2**20, "include_dashboard": False},
@@ -28,14 +36,14 @@ def three_nodes() -> Iterator[str]:
     for _ in range(2):
         cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20)
     cluster.wait_for_nodes()
-    yield cluster.address
+    yield cluster
     cluster.shutdown()
 
 
-def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, three_nodes: str) -> None:
+def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, three_nodes: Any) -> None:
     corpus = make_corpus(tmp_path, shards=6, docs_per_shard=30, seed=11)
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
-    env = dict(os.environ, RAY_ADDRESS=three_nodes)
+    env = dict(os.environ, RAY_ADDRESS=three_nodes.address)
     proc = subprocess.run(
         [sys.executable, str(ROOT / "jobs" / "pack_corpus.py"), str(cfg)],
         capture_output=True,
@@ -51,3 +59,46 @@ def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, thr
     report = verify(str(tmp_path / "out"), load_config(str(cfg)), sample=10)
     assert report.ok, report.problems
     assert report.documents == 180
+
+
+def test_a_node_dies_mid_run_on_s3(tmp_path: Path, tokenizer_path: Path, three_nodes: Any, s3: Any) -> None:
+    """Runs last in this module: it takes a worker node away. Ray retries the lost work, or the job
+    fails cleanly (no manifest, one-line error) and a rerun succeeds; either way verify passes."""
+    fs = s3.filesystem()
+    prefix = f"{s3server.BUCKET}/multinode"
+    corpus = make_corpus(tmp_path, shards=12, docs_per_shard=150, seed=21)
+    pafs.copy_files(str(corpus), f"{prefix}/corpus", destination_filesystem=fs)
+    pafs.copy_files(str(tokenizer_path.parent), f"{prefix}/tok", destination_filesystem=fs)
+    cfg = job_config(
+        tmp_path,
+        f"s3://{prefix}/corpus/*",
+        f"s3://{prefix}/tok/tokenizer.json",
+        output={"path": f"s3://{prefix}/out"},
+        storage={"endpoint": s3.endpoint},
+        tokenizer={"concurrency": 3},
+    )
+    env = dict(os.environ, RAY_ADDRESS=three_nodes.address)
+    command = [sys.executable, str(ROOT / "jobs" / "pack_corpus.py"), str(cfg), "--overwrite"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # Wait until tokenization is under way (token files appear in the staging area), then kill a node.
+    deadline = time.monotonic() + 120
+    staged = pafs.FileSelector(f"{prefix}/out/_staging/tokens", allow_not_found=True)
+    while not [i for i in fs.get_file_info(staged) if i.base_name.endswith(".parquet")]:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "tokenization never started"
+        time.sleep(0.2)
+    victim = three_nodes.list_all_nodes()[-1]
+    three_nodes.remove_node(victim, allow_graceful=False)
+    _, err = proc.communicate(timeout=300)
+    if proc.returncode != 0:
+        # A clean failure: an error a user can read, and nothing that looks like a finished dataset.
+        assert proc.returncode == 1, err[-3000:]
+        assert "Traceback" not in err.splitlines()[-1]
+        assert fs.get_file_info(f"{prefix}/out/manifest.json").type == pafs.FileType.NotFound
+        rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, check=False)
+        assert rerun.returncode == 0, rerun.stderr[-3000:]
+    from raypack.config import load_config
+
+    report = verify(f"s3://{prefix}/out", load_config(str(cfg)), sample=20)
+    assert report.ok, report.problems
+    assert report.documents == 12 * 150

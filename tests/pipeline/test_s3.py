@@ -162,3 +162,24 @@ def test_credentials_in_a_uri_are_refused_without_echoing_them() -> None:
     with pytest.raises(ConfigError) as e:
         expand_inputs(("s3://AKIAXXXX:hunter2secret@bucket/corpus/*.jsonl",))
     assert "hunter2secret" not in str(e.value) and "AWS_SECRET_ACCESS_KEY" in str(e.value)
+
+
+def test_rebuild_on_s3_moves_latest_and_reuses_the_cache(tmp_path: Path, tokenizer_path: Path, s3) -> None:
+    from raypack.pipeline.rebuild import run_rebuild
+    from raypack.versions import latest_version, list_versions
+
+    cfg = load_config(str(s3_config(tmp_path, s3, tokenizer_path, "rebuild")))
+    first = run_rebuild(cfg, log=lambda _: None)
+    # One shard changes in the bucket; the others must come from the cache.
+    fs = s3.filesystem()
+    with fs.open_output_stream(f"{s3server.BUCKET}/rebuild/corpus/part-003.jsonl") as f:
+        f.write(json.dumps({"text": "a changed shard " * 40}).encode() + b"\n")
+    second = run_rebuild(cfg, log=lambda _: None)
+    assert (first.job.shards_tokenized, second.job.shards_reused, second.job.shards_tokenized) == (5, 4, 1)
+    root = cfg.output.path
+    assert list_versions(root, cfg.storage) == [1, 2] and latest_version(root, cfg.storage) == 2
+    report = verify(root, cfg, sample=10)
+    assert report.ok, report.problems
+    assert report.dataset == f"{root}/v=000002" and report.documents == 4 * 30 + 1
+    cache = fs.get_file_info(pafs.FileSelector(f"{s3server.BUCKET}/rebuild/out/_cache/tokens"))
+    assert sorted(i.base_name for i in cache) == sorted(f"{k}.parquet" for k in second.job.token_keys)
