@@ -72,8 +72,8 @@ def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileS
 
 @functools.lru_cache(maxsize=64)
 def _s3(bucket: str, storage: StorageConfig) -> pafs.FileSystem:
-    endpoint = storage.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = storage.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    storage = storage.from_environment()
+    endpoint, region = storage.endpoint, storage.region
     if region is None and endpoint is None:
         try:  # a bucket on AWS itself: ask it where it lives, as FileSystem.from_uri does
             region = pafs.resolve_s3_region(bucket)

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.storage import Shard, exists, join, read_bytes, resolve
-from raypack.versions import resolve_dataset
+from raypack.versions import MANIFEST, resolve_dataset
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -68,10 +68,10 @@ def verify(
     storage = storage or (config.storage if config is not None else None)
     output = resolve_dataset(output, storage)
     report = VerifyReport(dataset=output)
-    if not exists(join(output, "manifest.json"), storage):
+    if not exists(join(output, MANIFEST), storage):
         report.add("no manifest.json: the dataset is incomplete (or not a raypack output)")
         return report
-    manifest = json.loads(read_bytes(join(output, "manifest.json"), storage))
+    manifest = json.loads(read_bytes(join(output, MANIFEST), storage))
     if manifest.get("schema_version") != schema.OUTPUT_SCHEMA_VERSION:
         report.add(f"schema_version {manifest.get('schema_version')} is not {schema.OUTPUT_SCHEMA_VERSION}")
         return report

@@ -134,6 +134,30 @@ def write_parquet(path: Path, columns: dict[str, list[Any]]) -> None:
     pq.write_table(pa.table(columns), path)
 
 
+def s3_job_config(
+    tmp: Path,
+    server: s3server.S3Server,
+    corpus: Path,
+    tokenizer_file: Path,
+    prefix: str,
+    **sections: dict[str, Any],
+) -> Path:
+    """job_config with the corpus and tokenizer uploaded to the test S3 server under `prefix`, the
+    output there too, and storage.endpoint pointing at it."""
+    import pyarrow.fs as pafs
+
+    fs, root = server.filesystem(), f"{s3server.BUCKET}/{prefix}"
+    pafs.copy_files(str(corpus), f"{root}/corpus", destination_filesystem=fs)
+    pafs.copy_files(str(tokenizer_file.parent), f"{root}/tok", destination_filesystem=fs)
+    merged: dict[str, dict[str, Any]] = {
+        "output": {"path": f"s3://{root}/out"},
+        "storage": {"endpoint": server.endpoint},
+    }
+    for name, values in sections.items():
+        merged[name] = {**merged.get(name, {}), **values}
+    return job_config(tmp, f"s3://{root}/corpus/*", f"s3://{root}/tok/{tokenizer_file.name}", **merged)
+
+
 def job_config(tmp: Path, corpus_glob: str, tokenizer_file: Path | str, **sections: dict[str, Any]) -> Path:
     config: dict[str, Any] = {
         "input": {"paths": [corpus_glob]},

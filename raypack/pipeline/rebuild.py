@@ -23,8 +23,15 @@ from raypack.config import JobConfig
 from raypack.errors import ConfigError
 from raypack.pipeline.job import JobResult, run_job
 from raypack.storage import TMP_PREFIX, exists, join, list_dir, remove
-from raypack.versions import CACHE, MANIFEST, prune_versions, remove_incomplete, set_latest, version_name
-from raypack.versions import next_version as _next_version
+from raypack.versions import (
+    CACHE,
+    MANIFEST,
+    next_version,
+    prune_versions,
+    remove_incomplete,
+    set_latest,
+    version_name,
+)
 
 __all__ = ["RebuildResult", "cache_dir", "run_rebuild"]
 
@@ -52,7 +59,7 @@ def run_rebuild(cfg: JobConfig, *, log: Callable[[str], None] = print) -> Rebuil
             raise ConfigError(
                 f"{root} holds a dataset written by `raypack pack`; a rebuild needs its own output root"
             )
-        number = _next_version(root, storage)  # before the sweep: a crashed run's number is never reused
+        number = next_version(root, storage)  # before the sweep: a crashed run's number is never reused
         swept = remove_incomplete(root, storage)
     except OSError as e:
         raise ConfigError(f"cannot reach output {root}: {str(e).strip().splitlines()[0]}") from None

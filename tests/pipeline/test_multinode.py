@@ -17,7 +17,7 @@ import pytest
 
 from raypack.verify import verify
 from tests import s3server
-from tests.conftest import job_config, make_corpus
+from tests.conftest import job_config, make_corpus, s3_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,16 +67,7 @@ def test_a_node_dies_mid_run_on_s3(tmp_path: Path, tokenizer_path: Path, three_n
     fs = s3.filesystem()
     prefix = f"{s3server.BUCKET}/multinode"
     corpus = make_corpus(tmp_path, shards=12, docs_per_shard=150, seed=21)
-    pafs.copy_files(str(corpus), f"{prefix}/corpus", destination_filesystem=fs)
-    pafs.copy_files(str(tokenizer_path.parent), f"{prefix}/tok", destination_filesystem=fs)
-    cfg = job_config(
-        tmp_path,
-        f"s3://{prefix}/corpus/*",
-        f"s3://{prefix}/tok/tokenizer.json",
-        output={"path": f"s3://{prefix}/out"},
-        storage={"endpoint": s3.endpoint},
-        tokenizer={"concurrency": 3},
-    )
+    cfg = s3_job_config(tmp_path, s3, corpus, tokenizer_path, "multinode", tokenizer={"concurrency": 3})
     env = dict(os.environ, RAY_ADDRESS=three_nodes.address)
     command = [sys.executable, str(ROOT / "jobs" / "pack_corpus.py"), str(cfg), "--overwrite"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

@@ -20,31 +20,15 @@ from raypack.pipeline.job import run_job
 from raypack.storage import expand_inputs
 from raypack.verify import verify
 from tests import s3server
-from tests.conftest import job_config, make_corpus
+from tests.conftest import job_config, make_corpus, s3_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
-def upload(server: s3server.S3Server, local: Path, prefix: str) -> str:
-    """Copy a local directory tree to s3://BUCKET/prefix; returns the URI."""
-    pafs.copy_files(str(local), f"{s3server.BUCKET}/{prefix}", destination_filesystem=server.filesystem())
-    return f"s3://{s3server.BUCKET}/{prefix}"
-
-
-def s3_config(tmp: Path, server: s3server.S3Server, tokenizer: Path, prefix: str, **sections: dict) -> Path:
+def s3_config(tmp: Path, server: s3server.S3Server, tokenizer: Path, prefix: str) -> Path:
     corpus = make_corpus(tmp, shards=5, docs_per_shard=30, seed=4)
-    inputs = upload(server, corpus, f"{prefix}/corpus")
-    tok = upload(server, tokenizer.parent, f"{prefix}/tok")
-    cfg = job_config(
-        tmp,
-        f"{inputs}/*",
-        f"{tok}/tokenizer.json",
-        output={"path": f"s3://{s3server.BUCKET}/{prefix}/out"},
-        storage={"endpoint": server.endpoint},
-        **sections,
-    )
-    return cfg
+    return s3_job_config(tmp, server, corpus, tokenizer, prefix)
 
 
 def read_tree(fs: pafs.FileSystem, root: str, under: str) -> dict[str, bytes]:
