@@ -3,13 +3,19 @@
     python benchmarks/bench_job.py                  # 200 MB corpus (and 50 MB for the memory check)
     python benchmarks/bench_job.py --mb 400 --small-mb 100
 
-Corpus: this Python's standard library sources, repeated with new ids until the size is reached, in
-16 gzipped JSONL shards. Tokenizer: the demo's byte-level BPE (8192 tokens), trained once and cached.
+Corpus: this Python's standard library sources, repeated until the size is reached, in gzipped JSONL
+shards of a fixed size (12.5 MB of text by default: a 4x larger corpus has 4x more shards, as corpora
+grow). Tokenizer: the demo's byte-level BPE (8192 tokens), trained once and cached.
 Baseline: `encode_batch` (512 documents a call) over the same texts in this process, on all cores
 (tokenizers parallelizes a batch itself), measured in the same run as the job. Job: `raypack pack`'s
-run_job on local Ray with all cores, wall time from start to manifest. Memory: the peak resident set
-of every Ray worker process, sampled every 0.2 s; the largest is reported for the small and the large
-corpus (a job whose per-worker memory grows with the corpus would not scale to one larger than RAM).
+run_job on local Ray with all cores, wall time from start to manifest. Memory: every Ray worker
+process sampled every 0.2 s for its private memory (resident minus shared pages, from /proc/PID/statm:
+the heap and arrays the process itself holds) and its resident set (RSS, which also counts pages of
+the shared object store the process has mapped, so it grows with the blocks a task reads even when
+they are not copied). statm is read in O(1); psutil's USS (smaps) walks every mapping, and sampling it
+this often cost the job 24 s of 162 on two cores. The largest peak of each is reported
+for the small and the large corpus (a job whose per-worker memory grows with the corpus would not
+scale to one larger than RAM).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import argparse
 import contextlib
 import gzip
 import json
+import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -32,26 +40,26 @@ from raypack.config import load_config
 from raypack.demo import demo_config
 from raypack.pipeline.job import run_job
 
-SHARDS = 16
 
-
-def make_corpus(out: Path, mb: int, sources: list[Path]) -> tuple[Path, list[str]]:
+def make_corpus(out: Path, mb: int, shard_mb: float, sources: list[Path]) -> tuple[Path, list[str]]:
     texts = []
     for path in sources:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             texts += [json.loads(line)["text"] for line in f]
     corpus = out / f"corpus-{mb}mb"
-    corpus.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(corpus, ignore_errors=True)  # an earlier run's shards may be cut differently
+    corpus.mkdir(parents=True)
     target = mb * 10**6
+    shards = max(1, round(mb / shard_mb))
     written, all_texts, copy = 0, [], 0
     with contextlib.ExitStack() as stack:
         handles = [
             stack.enter_context(gzip.open(corpus / f"part-{i:02d}.jsonl.gz", "wt", compresslevel=1))
-            for i in range(SHARDS)
+            for i in range(shards)
         ]
         while written < target:
             for i, text in enumerate(texts):
-                handles[(copy * len(texts) + i) % SHARDS].write(json.dumps({"text": text}) + "\n")
+                handles[(copy * len(texts) + i) % shards].write(json.dumps({"text": text}) + "\n")
                 all_texts.append(text)
                 written += len(text.encode())
                 if written >= target:
@@ -72,11 +80,12 @@ def raw_tokens_per_second(tokenizer_path: Path, texts: list[str]) -> tuple[float
 
 
 class WorkerMemory:
-    """Peak RSS per Ray worker process, sampled in a thread, with the process title (the task or actor
-    it ran) at the moment of its peak."""
+    """Peak private memory and RSS per Ray worker process, sampled in a thread, with the process title
+    (the task or actor it ran) at the moment of its private-memory peak."""
 
     def __init__(self) -> None:
-        self.peaks: dict[int, int] = {}
+        self.uss: dict[int, int] = {}
+        self.rss: dict[int, int] = {}
         self.titles: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -87,13 +96,22 @@ class WorkerMemory:
                 try:
                     cmd = " ".join(p.info["cmdline"] or [])
                     if "ray::" in (p.info["name"] or "") or "default_worker.py" in cmd:
-                        rss = p.memory_info().rss
-                        if rss > self.peaks.get(p.info["pid"], 0):
-                            self.peaks[p.info["pid"]] = rss
-                            self.titles[p.info["pid"]] = p.info["name"] or cmd[:60]
+                        mem, pid = p.memory_info(), p.info["pid"]
+                        self.rss[pid] = max(self.rss.get(pid, 0), mem.rss)
+                        private = mem.rss - mem.shared
+                        if private > self.uss.get(pid, 0):
+                            self.uss[pid] = private
+                            self.titles[pid] = p.info["name"] or cmd[:60]
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     pass
             self._stop.wait(0.2)
+
+    def peak(self) -> tuple[int, int, str]:
+        """(largest private memory, largest RSS, title of the process with the largest private memory)."""
+        if not self.uss:
+            return 0, 0, "-"
+        top = max(self.uss, key=lambda pid: self.uss[pid])
+        return self.uss[top], max(self.rss.values()), self.titles[top]
 
     def __enter__(self) -> WorkerMemory:
         self._thread.start()
@@ -104,8 +122,11 @@ class WorkerMemory:
         self._thread.join()
 
 
-def run(work: Path, demo_yaml: Path, corpus: Path, name: str) -> tuple[float, int, int, str]:
-    """The demo's config (tokenizer, seq_len 2048, bfd) on another corpus: (seconds, tokens, peak)."""
+def run(
+    work: Path, demo_yaml: Path, corpus: Path, name: str
+) -> tuple[float, int, WorkerMemory, dict[str, float]]:
+    """The demo's config (tokenizer, seq_len 2048, bfd) on another corpus: (seconds, tokens, memory,
+    seconds per stage)."""
     config = yaml.safe_load(demo_yaml.read_text())
     config["input"] = {"paths": [str(corpus / "*.jsonl.gz")], "format": "jsonl"}
     config["output"]["path"] = str(work / f"out-{name}")
@@ -119,9 +140,7 @@ def run(work: Path, demo_yaml: Path, corpus: Path, name: str) -> tuple[float, in
         t0 = time.perf_counter()
         result = run_job(cfg, overwrite=True, log=lambda m: None)
         seconds = time.perf_counter() - t0
-    top = max(mem.peaks, key=lambda pid: mem.peaks[pid], default=None)
-    title = mem.titles.get(top, "-") if top is not None else "-"
-    return seconds, result.metrics.tokens, mem.peaks.get(top, 0) if top is not None else 0, title
+    return seconds, result.metrics.tokens, mem, result.stage_seconds
 
 
 def main() -> int:
@@ -130,6 +149,7 @@ def main() -> int:
     )
     parser.add_argument("--mb", type=int, default=200, help="corpus size for the throughput ratio")
     parser.add_argument("--small-mb", type=int, default=50, help="the 4x smaller corpus for the memory check")
+    parser.add_argument("--shard-mb", type=float, default=12.5, help="text per input shard")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-job")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -139,26 +159,31 @@ def main() -> int:
 
     import ray
 
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR")
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.ERROR)
     rows = []
     for mb in (args.small_mb, args.mb):
-        corpus, texts = make_corpus(args.work, mb, sources)
+        corpus, texts = make_corpus(args.work, mb, args.shard_mb, sources)
         raw, raw_tokens = raw_tokens_per_second(tokenizer, texts)
         del texts
-        seconds, tokens, worker_peak, title = run(args.work, demo_yaml, corpus, f"{mb}mb")
+        seconds, tokens, mem, stage_seconds = run(args.work, demo_yaml, corpus, f"{mb}mb")
         assert tokens >= raw_tokens, "the job packed fewer tokens than the text holds"
         job = tokens / seconds
-        rows.append((mb, raw, job, seconds, worker_peak))
+        uss, rss, title = mem.peak()
+        rows.append((mb, uss, rss))
+        stages = ", ".join(f"{k} {v:.1f} s" for k, v in stage_seconds.items())
+        shards = len(list(corpus.glob("*.jsonl.gz")))
         print(
-            f"{mb:>5} MB: encode_batch alone {raw / 1e6:.3f} Mtok/s; whole job {job / 1e6:.3f} Mtok/s "
-            f"({seconds:.1f} s) = {100 * job / raw:.1f}% of the tokenizer; "
-            f"largest worker peak RSS {worker_peak / 2**20:.0f} MiB ({title})",
+            f"{mb:>5} MB ({shards} shards): encode_batch alone {raw / 1e6:.3f} Mtok/s; whole job "
+            f"{job / 1e6:.3f} Mtok/s ({seconds:.1f} s) = {100 * job / raw:.1f}% of the tokenizer; "
+            f"largest worker peak private {uss / 2**20:.0f} MiB ({title}), RSS {rss / 2**20:.0f} MiB; "
+            f"stages: {stages}",
             flush=True,
         )
-    small, large = rows
+    (small_mb, small_uss, small_rss), (large_mb, large_uss, large_rss) = rows
     print(
-        f"worker peak memory, {large[0]} MB vs {small[0]} MB corpus: {large[4] / 2**20:.0f} vs "
-        f"{small[4] / 2**20:.0f} MiB (x{large[4] / max(small[4], 1):.2f})"
+        f"worker peak memory, {large_mb} MB vs {small_mb} MB corpus: private {large_uss / 2**20:.0f} vs "
+        f"{small_uss / 2**20:.0f} MiB (x{large_uss / max(small_uss, 1):.2f}); RSS "
+        f"{large_rss / 2**20:.0f} vs {small_rss / 2**20:.0f} MiB (x{large_rss / max(small_rss, 1):.2f})"
     )
     print("targets (issue 3): job >= 85% of encode_batch tokens/s; worker peak flat when the corpus grows 4x")
     return 0

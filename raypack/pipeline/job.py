@@ -2,7 +2,8 @@
 
     shards ─map_batches(TokenizeShards actors)─▶ token files + per-shard histograms (tokenize, once)
     per-shard histograms ─sum (driver)─▶ global histogram, rank bases ─▶ plan (driver)
-    shards ─map_batches(assign_shards)─────────▶ items ─groupby(file_key).map_groups(write_pack_file)─▶ data/
+    shards ─map_batches(assign_shards)─────────▶ items ─sort(file_key, a range per file)
+        ─map_batches(write_pack_files, one block = one file)─▶ data/
 
 then metrics.json, and manifest.json last: a dataset is complete only when its manifest exists.
 Token files live in `<output>/_staging/tokens/` (removed at the end), or in a cache directory that a
@@ -32,15 +33,15 @@ from raypack.config import JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError
 from raypack.metrics import PackingMetrics, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
-from raypack.pipeline.assign import Buckets, assign_shards
+from raypack.pipeline.assign import Buckets, assign_shards, file_key
 from raypack.pipeline.histogram import sum_histograms
-from raypack.pipeline.materialize import write_pack_file
+from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
 from raypack.storage import Shard, exists, expand_inputs, join, remove, write_bytes, write_bytes_atomic
 from raypack.versions import LATEST, MANIFEST
 
-__all__ = ["JobError", "JobResult", "run_job"]
+__all__ = ["JobError", "JobResult", "by_file", "run_job"]
 
 METRICS = "metrics.json"
 _OUTPUT_PARTS = (MANIFEST, METRICS, "data", "index", "rejects", "_staging")
@@ -204,8 +205,13 @@ def _clear_output(out: str, storage: StorageConfig) -> None:
         remove(join(out, part), storage)
 
 
-def _expected_files(plan: Plan, shard_rows: int) -> int:
-    return sum(-(-n // shard_rows) for n in Buckets.of(plan).sizes)
+def _file_keys(plan: Plan, shard_rows: int) -> list[int]:
+    """Every output file's key, ascending: files 0..ceil(packs / shard_rows) - 1 of each bucket."""
+    keys = [
+        file_key(np.full(-(-n // shard_rows), b), np.arange(-(-n // shard_rows)))
+        for b, n in enumerate(Buckets.of(plan).sizes)
+    ]
+    return sorted(int(k) for k in np.concatenate(keys))
 
 
 def _slots(plan: Plan) -> int:
@@ -218,24 +224,32 @@ def _write_global(
 ) -> list[dict[str, Any]]:
     assign = partial(assign_shards, cfg=cfg, plan=plan, rank_bases=rank_bases)
     write = partial(
-        write_pack_file,
+        write_pack_files,
         output=cfg.output.path,
         pad_id=cfg.output.pad_id,
         bucketed=cfg.pack.algorithm == "bucket",
         storage=cfg.storage,
     )
     items = shard_ds.map_batches(assign, batch_size=1)
-    # One shuffle partition per output file (capped): Ray's default of 200 costs more in task
-    # overhead than it saves when there are a handful of files.
-    partitions = max(1, min(_expected_files(plan, cfg.output.shard_rows), 256))
     # The pull-based sort shuffle uses plain tasks; the default hash shuffle starts aggregator actors,
     # which on a 2-core machine cost 15.1 s against 9.5 s for 14M tokens (benchmarks/bench_job.py).
     # A dataset carries the copy of the DataContext taken when its source was made: set it there.
     from ray.data.context import ShuffleStrategy
 
     items.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
-    grouped = items.groupby("file_key", num_partitions=partitions)
-    return list(grouped.map_groups(write, batch_format="pyarrow").take_all())
+    # Range boundaries at every file key but the first: the sort's reducer i gets exactly the items of
+    # file i, so a write task holds one file whatever the corpus size (sampled boundaries, groupby's
+    # way, can put several files in one block, and the block grows with the corpus). The last range,
+    # past the last key, stays empty: it keeps the boundary list non-empty when there is one file.
+    files = by_file(items, _file_keys(plan, cfg.output.shard_rows))
+    return list(
+        files.map_batches(write, batch_size=None, batch_format="pyarrow", zero_copy_batch=True).take_all()
+    )
+
+
+def by_file(items: Any, keys: list[int]) -> Any:
+    """Items sorted by file_key with one block per key in `keys` (ascending), plus one empty block."""
+    return items.sort("file_key", boundaries=[*keys[1:], keys[-1] + 1])
 
 
 def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any]]:

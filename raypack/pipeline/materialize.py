@@ -1,7 +1,12 @@
-"""Stages 6-7, materialize and write: all items of one output file arrive together (a Ray Data groupby
-on file_key: the shuffle of the job), become pack rows (schema.PACKED) in pack-id order, and are
-written as one Parquet file whose name, rows and bytes depend only on the plan, the seed and the
-corpus: never on how many workers ran or how blocks were cut.
+"""Stages 6-7, materialize and write: all items of one output file arrive together (a Ray Data sort on
+file_key whose range boundaries are the plan's file keys, so one sorted block is exactly one file),
+become pack rows (schema.PACKED) in pack-id order, and are written as one Parquet file whose name,
+rows and bytes depend only on the plan, the seed and the corpus: never on how many workers ran or how
+blocks were cut.
+
+Memory of a write task: its file's items (≈ 4 bytes a token) plus the packed rows (4 bytes a slot) and
+one int64 scatter index per token; the token column is never reordered (a copy of the largest column
+saved: items are placed by index instead).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from raypack.config import StorageConfig
 from raypack.pipeline.assign import split_file_key
 from raypack.storage import join, write_bytes
 
-__all__ = ["data_file", "write_pack_file"]
+__all__ = ["data_file", "write_pack_file", "write_pack_files"]
 
 # Fixed writer settings: the same rows give the same bytes.
 _PARQUET = {"compression": "zstd", "compression_level": 3, "row_group_size": 1024, "write_statistics": True}
@@ -28,6 +33,24 @@ def data_file(bucket_length: int | None, part: int, group: int | None = None) ->
     return f"data/{name}" if bucket_length is None else f"data/bucket={bucket_length}/{name}"
 
 
+def write_pack_files(
+    block: pa.Table, output: str, pad_id: int, bucketed: bool, storage: StorageConfig | None = None
+) -> pa.Table:
+    """map_batches function over whole sorted blocks: one FILES row per file_key in the block (one,
+    when the sort's boundaries are the plan's file keys)."""
+    if block.num_rows == 0:
+        return schema.FILES.empty_table()
+    keys = block.column("file_key").to_numpy()
+    cuts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    if np.any(np.diff(keys) < 0):
+        raise RuntimeError("items reached the writer unsorted by file: the shuffle is inconsistent")
+    starts, ends = np.r_[0, cuts], np.r_[cuts, len(keys)]
+    return pa.concat_tables(
+        write_pack_file(block.slice(s, e - s), output, pad_id, bucketed, storage=storage)
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+    )
+
+
 def write_pack_file(
     items: pa.Table,
     output: str,
@@ -36,17 +59,21 @@ def write_pack_file(
     group: int | None = None,
     storage: StorageConfig | None = None,
 ) -> pa.Table:
-    """map_groups function: one group = the items of one output file; returns its FILES row.
+    """The items of one output file, in any order → the file written; returns its FILES row.
     `group`: the shard group in sharded mode, whose packs are numbered on their own."""
     _, part = split_file_key(int(items.column("file_key")[0].as_py()))
     capacity = int(items.column("capacity")[0].as_py())
-    items = items.sort_by([("pack", "ascending"), ("slot", "ascending")])
     pack = items.column("pack").to_numpy()
+    order = np.lexsort((items.column("slot").to_numpy(), pack))  # items in (pack, slot) order
     tokens = items.column("tokens").combine_chunks()
-    length = np.diff(tokens.offsets.to_numpy()).astype(np.int64)
+    src = tokens.offsets.to_numpy().astype(np.int64)
+    values = tokens.values.to_numpy()[src[0] : src[-1]]
+    length = np.diff(src)
+    pack, length = pack[order], length[order]
     first = np.flatnonzero(np.r_[True, pack[1:] != pack[:-1]])
     n_packs = len(first)
-    row_of_item = np.repeat(np.arange(n_packs), np.diff(np.r_[first, len(pack)]))
+    counts = np.diff(np.r_[first, len(pack)])
+    row_of_item = np.repeat(np.arange(n_packs), counts)
     # Items lie back to back in slot order: offset = tokens of the pack's earlier items.
     cum = np.cumsum(length) - length
     offset = cum - cum[first][row_of_item]
@@ -55,26 +82,32 @@ def write_pack_file(
         raise RuntimeError(
             f"a pack of file {part} holds more than {capacity} tokens: the plan is inconsistent"
         )
+    # Token t of the value buffer (items in their arrival order) goes to slot t + shift of its item.
+    shift = np.empty(len(order), dtype=np.int64)
+    shift[order] = row_of_item * capacity + offset
+    shift -= src[:-1] - src[0]
+    index = np.repeat(shift, np.diff(src))
+    index += np.arange(len(values))
     input_ids = np.full(n_packs * capacity, pad_id, dtype=np.int32)
-    owner = np.repeat(np.arange(len(length)), length)
-    within = np.arange(int(length.sum())) - np.repeat(cum, length)
-    input_ids[row_of_item[owner] * capacity + offset[owner] + within] = tokens.flatten().to_numpy()
+    input_ids[index] = values
+    del index
     # doc_offsets per pack: 0, then the end of each item (cu_seqlens).
-    counts = np.diff(np.r_[first, len(pack)])
     ends = (offset + length).astype(np.int32)
-    starts_zero = np.zeros(n_packs, dtype=np.int32)
-    offsets_values = np.insert(ends, first, starts_zero)
+    offsets_values = np.insert(ends, first, np.zeros(n_packs, dtype=np.int32))
     offsets_list = np.r_[0, np.cumsum(counts + 1)].astype(np.int32)
     item_list = np.r_[0, np.cumsum(counts)].astype(np.int32)
+    take = pa.array(order)
     table = pa.table(
         {
             "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids), capacity).cast(
                 pa.list_(pa.int32())
             ),
             "doc_offsets": pa.ListArray.from_arrays(pa.array(offsets_list), pa.array(offsets_values)),
-            "doc_ids": pa.ListArray.from_arrays(pa.array(item_list), items.column("doc_id").combine_chunks()),
+            "doc_ids": pa.ListArray.from_arrays(
+                pa.array(item_list), items.column("doc_id").take(take).combine_chunks()
+            ),
             "chunk_index": pa.ListArray.from_arrays(
-                pa.array(item_list), items.column("chunk").combine_chunks()
+                pa.array(item_list), items.column("chunk").take(take).combine_chunks()
             ),
             "num_tokens": pa.array(fill.astype(np.int32)),
         },
