@@ -185,6 +185,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             f"OK: {report.dataset}: {report.documents:,} documents, {report.items:,} items, "
             f"{report.packs:,} packs, {report.tokens:,} tokens{sampled}"
         )
+        if report.duplicate_ids:
+            print(f"note: {report.duplicate_ids:,} document ids are carried by more than one input document")
         return 0
     for problem in report.problems:
         print(f"FAIL: {report.dataset}: {problem}")
@@ -233,8 +235,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raypack: job failed: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("raypack: interrupted", file=sys.stderr)
+        print(
+            "raypack: interrupted; rerun to finish (an output without manifest.json is incomplete)",
+            file=sys.stderr,
+        )
         return 130
+    except OSError as e:
+        # Storage that failed after its retries and Ray's (a Ray task error wraps the OSError as .cause).
+        cause = getattr(e, "cause", None) or e
+        text = str(cause).strip().splitlines()
+        print(f"raypack: storage error: {text[0] if text else type(cause).__name__}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

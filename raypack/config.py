@@ -127,8 +127,23 @@ class InputConfig:
     `<path>:<row>` (parquet, 0-based)."""
     root: str | None = None
     """Directory the ids' paths are relative to; None: the fixed part of the first pattern."""
+    empty: str = "reject"
+    """Empty and whitespace-only documents: reject (recorded in rejects/) or keep (packed as the
+    tokens they give, e.g. just EOS)."""
+    max_document_bytes: int = 256 << 20
+    """A record (jsonl line, text file, Parquet cell) larger than this is rejected unread. Below it,
+    a long document is tokenized piece by piece and split into packs: 256 MiB is ~60M tokens."""
+    max_reject_ratio: float = 0.01
+    """The job fails, with nothing written but rejects/, when rejects / (documents + rejects) is over
+    this: a corpus that is mostly bad usually means a wrong input.format or text_field."""
 
     def __post_init__(self) -> None:
+        if self.empty not in ("reject", "keep"):
+            raise ConfigError(f"input.empty must be reject or keep, got {self.empty!r}")
+        if self.max_document_bytes < 1:
+            raise ConfigError(f"input.max_document_bytes must be >= 1, got {self.max_document_bytes}")
+        if not 0.0 <= self.max_reject_ratio <= 1.0:
+            raise ConfigError(f"input.max_reject_ratio must be within [0, 1], got {self.max_reject_ratio}")
         if not self.paths:
             raise ConfigError("input.paths is empty: give at least one file or glob pattern")
         if self.format not in INPUT_FORMATS:

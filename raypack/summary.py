@@ -13,6 +13,22 @@ def format_summary(result: JobResult) -> str:
     rows = [
         ("output", result.output),
         ("documents", f"{result.documents:,} ({result.rejects:,} records rejected, see rejects/)"),
+        *(
+            [("rejects", ", ".join(f"{kind}: {n:,}" for kind, n in result.reject_reasons.items()))]
+            if result.reject_reasons
+            else []
+        ),
+        *(
+            [
+                (
+                    "duplicate ids",
+                    f"{result.duplicates.ids:,} ids on {result.duplicates.documents:,} documents "
+                    f"(all packed), e.g. {', '.join(result.duplicates.examples[:3])}",
+                )
+            ]
+            if result.duplicates and result.duplicates.ids
+            else []
+        ),
         ("tokens", f"{m.tokens:,} packed, {m.tokens_dropped:,} dropped"),
         ("items", f"{m.items:,} from {m.documents - m.documents_dropped:,} documents"),
         (

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,6 +28,8 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from raypack import __version__, schema
 from raypack.config import JobConfig, StorageConfig
@@ -34,17 +37,39 @@ from raypack.errors import ConfigError, JobError
 from raypack.metrics import PackingMetrics, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.assign import Buckets, assign_shards, file_key
-from raypack.pipeline.histogram import sum_histograms
+from raypack.pipeline.histogram import index_path, sum_histograms
 from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
-from raypack.storage import Shard, exists, expand_inputs, join, remove, write_bytes, write_bytes_atomic
+from raypack.storage import (
+    Shard,
+    exists,
+    expand_inputs,
+    join,
+    remove,
+    resolve,
+    write_bytes,
+    write_bytes_atomic,
+)
 from raypack.versions import LATEST, MANIFEST
 
 __all__ = ["JobError", "JobResult", "by_file", "run_job"]
 
 METRICS = "metrics.json"
+# Tasks that read or write storage run again after an OSError (see the tokenize stage's note).
+_RETRY: dict[str, Any] = {"max_retries": 3, "retry_exceptions": [OSError]}
 _OUTPUT_PARTS = (MANIFEST, METRICS, "data", "index", "rejects", "_staging")
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """Document ids (input.id_field) that more than one document carries: reported, all packed."""
+
+    ids: int = 0
+    documents: int = 0
+    """Documents carrying one of those ids."""
+    examples: tuple[str, ...] = ()
+    """The first _EXAMPLES of them, in id order (every occurrence is in index/)."""
 
 
 @dataclass
@@ -63,6 +88,9 @@ class JobResult:
     shards_tokenized: int = 0
     token_keys: tuple[str, ...] = ()
     """Cache keys of this run's token files, in shard order (a rebuild prunes the others)."""
+    reject_reasons: dict[str, int] = field(default_factory=dict)
+    """Rejected records by kind of reason."""
+    duplicates: Duplicates | None = None
 
 
 @contextmanager
@@ -111,6 +139,10 @@ def run_job(
         {**dataclasses.asdict(s), "token_dir": token_dir, "key": k} for s, k in zip(shards, keys, strict=True)
     ]
     shard_ds = ray.data.from_items(rows, override_num_blocks=len(shards))
+    # A storage error that outlived the S3 client's own retries (storage.max_attempts) fails the task;
+    # Ray then runs it again (every stage's output is a whole file at a name fixed by the plan, so a
+    # rerun writes the same bytes). Bad data never raises: it is a recorded reject.
+    shard_ds.context.actor_task_retry_on_errors = [OSError]  # type: ignore[list-item]  # Ray hints instances
 
     with _stage(timings, "tokenize", log):
         summaries = shard_ds.map_batches(
@@ -123,11 +155,20 @@ def run_job(
     reused = sum(bool(s["cached"]) for s in summaries)
     documents = sum(int(s["documents"]) for s in summaries)
     rejects = sum(int(s["rejects"]) for s in summaries)
-    if documents == 0:
-        raise JobError(f"no documents to pack: {rejects} records rejected (see {join(out, 'rejects')})")
+    reasons: Counter[str] = Counter()
+    for s in summaries:
+        reasons.update(json.loads(s["reasons"]))
+    _check_rejects(cfg, documents, rejects, reasons, staging)
 
     with _stage(timings, "histogram", log):
         hist, rank_bases, stats = sum_histograms(summaries, cfg.pack.seq_len)
+
+    duplicates = Duplicates()
+    if cfg.input.id_field:
+        with _stage(timings, "duplicate ids", log):
+            duplicates = _duplicate_ids(cfg, len(shards))
+    if duplicates.ids:
+        log(f"[raypack] note: {duplicates.ids:,} ids are carried by {duplicates.documents:,} documents")
 
     with _stage(timings, "plan", log):
         # Sharded mode plans per group, inside its task; the global bfd plan is made anyway, to report
@@ -162,12 +203,17 @@ def run_job(
                     "global_bfd_efficiency": global_efficiency,
                     "stage_seconds": timings,
                     "shards": {"reused": reused, "tokenized": len(shards) - reused},
+                    "rejects_by_reason": dict(sorted(reasons.items())),
+                    "duplicate_ids": dataclasses.asdict(duplicates),
                 },
                 indent=2,
             ).encode(),
             storage,
         )
         manifest = _manifest(cfg, shards, tok, packs, files, documents, rejects, stats.items, stats.tokens)
+        manifest["counts"]["rejects_by_reason"] = dict(sorted(reasons.items()))
+        manifest["counts"]["duplicate_ids"] = duplicates.ids
+        manifest["counts"]["documents_with_duplicate_ids"] = duplicates.documents
         write_bytes_atomic(join(out, MANIFEST), json.dumps(manifest, indent=2).encode(), storage)
     return JobResult(
         out,
@@ -181,7 +227,58 @@ def run_job(
         shards_reused=reused,
         shards_tokenized=len(shards) - reused,
         token_keys=keys,
+        reject_reasons=dict(sorted(reasons.items())),
+        duplicates=duplicates,
     )
+
+
+_EXAMPLES = 20
+
+
+def _index_ids(batch: pa.Table, cfg: JobConfig) -> pa.Table:
+    """The doc_id column of the shards' index files (pyarrow, through raypack.storage: Ray Data's
+    own Parquet reader resolves paths with fsspec, which needs extras this job does not)."""
+    parts = []
+    for shard in batch.column("shard").to_pylist():
+        fs, inner = resolve(index_path(cfg.output.path, int(shard)), cfg.storage)
+        with fs.open_input_file(inner) as f:
+            parts.append(pq.read_table(f, columns=["doc_id"]))
+    return pa.concat_tables(parts)
+
+
+def _duplicate_ids(cfg: JobConfig, shards: int) -> Duplicates:
+    """Count ids that occur more than once, over every shard's index file: a groupby of the ids alone
+    (a few bytes a document, against the ~4 bytes a token the pack shuffle moves), never gathered in
+    the driver beyond the counts and a few examples."""
+    import ray.data
+
+    shard_rows = ray.data.from_items([{"shard": i} for i in range(shards)], override_num_blocks=shards)
+    ids = shard_rows.map_batches(partial(_index_ids, cfg=cfg), batch_size=1, batch_format="pyarrow", **_RETRY)
+    counts = ids.groupby("doc_id").count().filter(lambda row: row["count()"] > 1).materialize()
+    n = counts.count()
+    if n == 0:
+        return Duplicates()
+    documents = int(counts.sum("count()"))
+    examples = tuple(str(r["doc_id"]) for r in counts.sort("doc_id").take(_EXAMPLES))
+    return Duplicates(n, documents, examples)
+
+
+def _check_rejects(cfg: JobConfig, documents: int, rejects: int, reasons: Counter[str], staging: str) -> None:
+    """Fail when nothing is left to pack or more than input.max_reject_ratio of the records is bad
+    (rejects/ stays, for the user to look at; staged tokens go)."""
+    records = documents + rejects
+    ratio = rejects / records if records else 0.0
+    where = join(cfg.output.path, "rejects")
+    top = ", ".join(f"{kind} ({n:,})" for kind, n in reasons.most_common(3))
+    if documents == 0:
+        remove(staging, cfg.storage)
+        raise JobError(f"no documents to pack: {rejects:,} records rejected: {top} (see {where})")
+    if ratio > cfg.input.max_reject_ratio:
+        remove(staging, cfg.storage)
+        raise JobError(
+            f"{rejects:,} of {records:,} records rejected ({ratio:.2%}), over input.max_reject_ratio "
+            f"({cfg.input.max_reject_ratio:.2%}): {top}; see {where}, or raise the limit"
+        )
 
 
 def _check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
@@ -230,7 +327,7 @@ def _write_global(
         bucketed=cfg.pack.algorithm == "bucket",
         storage=cfg.storage,
     )
-    items = shard_ds.map_batches(assign, batch_size=1)
+    items = shard_ds.map_batches(assign, batch_size=1, **_RETRY)
     # The pull-based sort shuffle uses plain tasks; the default hash shuffle starts aggregator actors,
     # which on a 2-core machine cost 15.1 s against 9.5 s for 14M tokens (benchmarks/bench_job.py).
     # A dataset carries the copy of the DataContext taken when its source was made: set it there.
@@ -261,7 +358,7 @@ def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any
         for g, first in enumerate(range(0, len(token_files), per))
     ]
     ds = ray.data.from_items(groups, override_num_blocks=len(groups))
-    return list(ds.map_batches(partial(pack_groups, cfg=cfg), batch_size=1).take_all())
+    return list(ds.map_batches(partial(pack_groups, cfg=cfg), batch_size=1, **_RETRY).take_all())
 
 
 def _check_conservation(files: list[dict[str, Any]], packs: int, items: int, tokens: int) -> None:

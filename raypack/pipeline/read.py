@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raypack.config import StorageConfig
+from raypack.config import InputConfig, StorageConfig
 from raypack.storage import Shard, resolve
 
 __all__ = ["Batch", "Reject", "read_shard"]
@@ -59,24 +59,34 @@ class Batch:
 
 
 def read_shard(
-    shard: Shard,
-    fmt: str,
-    text_field: str,
-    id_field: str | None,
-    batch_size: int,
-    storage: StorageConfig | None = None,
+    shard: Shard, cfg: InputConfig, batch_size: int, storage: StorageConfig | None = None
 ) -> Iterator[Batch]:
     """Documents of one shard in batches of up to `batch_size`; rejects ride along with the batch in
-    which they were met (a batch may hold only rejects)."""
+    which they were met (a batch may hold only rejects).
+
+    Bad data (a bad record, a truncated or corrupt compressed stream, a file that is not Parquet)
+    becomes a Reject. A storage failure (network, permissions) is raised as the OSError it is: it
+    says nothing about the data, and the task that met it is retried by Ray (tokenize.py)."""
     fs, inner = resolve(shard.path, storage)
-    if fmt == "jsonl":
-        yield from _read_jsonl(fs, inner, shard, text_field, id_field, batch_size)
-    elif fmt == "parquet":
-        yield from _read_parquet(fs, inner, shard, text_field, id_field, batch_size)
-    elif fmt == "text":
-        yield _read_text(fs, inner, shard)
+    if cfg.format == "jsonl":
+        yield from _read_jsonl(fs, inner, shard, cfg, batch_size)
+    elif cfg.format == "parquet":
+        yield from _read_parquet(fs, inner, shard, cfg, batch_size)
+    elif cfg.format == "text":
+        yield _read_text(fs, inner, shard, cfg)
     else:
-        raise ValueError(f"unknown input format {fmt!r}")
+        raise ValueError(f"unknown input format {cfg.format!r}")
+
+
+# How pyarrow words a broken compressed stream (it raises OSError, as for a lost connection).
+_CORRUPT_STREAM = ("Truncated compressed stream", "inflate failed", "decompress", "Corrupt", "corrupt")
+
+
+def _is_bad_data(e: BaseException) -> bool:
+    """True for errors that describe the bytes (record them as rejects), False for storage failures."""
+    if isinstance(e, (pa.ArrowInvalid, EOFError, UnicodeDecodeError)):
+        return True
+    return isinstance(e, OSError) and any(m in str(e) for m in _CORRUPT_STREAM)
 
 
 def _raw(data: bytes | str) -> str:
@@ -85,40 +95,74 @@ def _raw(data: bytes | str) -> str:
     return data[:RAW_PREFIX]
 
 
-def _lines(fs: pafs.FileSystem, inner: str) -> Iterator[tuple[int, bytes]]:
+@dataclass(frozen=True, slots=True)
+class Oversize:
+    """A line longer than the limit: skipped as it streamed by, never held whole."""
+
+    prefix: bytes
+    size: int
+
+
+def _lines(fs: pafs.FileSystem, inner: str, max_bytes: int) -> Iterator[tuple[int, bytes | Oversize]]:
+    """(line number, line) for every line; a line of more than `max_bytes` comes as an Oversize.
+    A line spread over many chunks is joined once at its end (joining chunk by chunk would copy a
+    100 MB line ~400 times)."""
     with fs.open_input_stream(inner, compression="detect") as stream:
-        tail = b""
         lineno = 0
-        while True:
-            chunk = stream.read(_CHUNK)
-            if not chunk:
-                break
-            parts = (tail + chunk).split(b"\n")
-            tail = parts.pop()
-            for part in parts:
+        pending: list[bytes] = []
+        pending_size = 0
+        oversize: Oversize | None = None  # the line being skipped
+        while chunk := stream.read(_CHUNK):
+            parts = chunk.split(b"\n")
+            for i, part in enumerate(parts):
+                if oversize is not None:
+                    oversize = Oversize(oversize.prefix, oversize.size + len(part))
+                elif pending_size + len(part) > max_bytes:
+                    head = b"".join([*pending, part[: RAW_PREFIX * 4]])[: RAW_PREFIX * 4]
+                    oversize = Oversize(head, pending_size + len(part))
+                    pending, pending_size = [], 0
+                else:
+                    pending.append(part)
+                    pending_size += len(part)
+                if i == len(parts) - 1:
+                    break  # the chunk's last part goes on in the next chunk
                 lineno += 1
-                yield lineno, part
-        if tail:
-            yield lineno + 1, tail
+                if oversize is not None:
+                    yield lineno, oversize
+                    oversize = None
+                else:
+                    yield lineno, pending[0] if len(pending) == 1 else b"".join(pending)
+                pending, pending_size = [], 0
+        if oversize is not None:
+            yield lineno + 1, oversize
+        elif pending_size:
+            yield lineno + 1, b"".join(pending)
 
 
 def _read_jsonl(
-    fs: pafs.FileSystem, inner: str, shard: Shard, text_field: str, id_field: str | None, batch_size: int
+    fs: pafs.FileSystem, inner: str, shard: Shard, cfg: InputConfig, batch_size: int
 ) -> Iterator[Batch]:
     batch = Batch()
     last = 0
+    limit = cfg.max_document_bytes
     try:
-        for lineno, line in _lines(fs, inner):
+        for lineno, line in _lines(fs, inner, limit):
             last = lineno
+            if isinstance(line, Oversize):
+                reason = f"record of {line.size} bytes, over input.max_document_bytes ({limit})"
+                batch.rejects.append(Reject(lineno, reason, _raw(line.prefix)))
+                continue
             if not line.strip():
                 continue  # a blank line is not a record
-            doc = _parse_json_line(line, lineno, text_field, id_field, shard.relpath, batch)
+            doc = _parse_json_line(line, lineno, cfg, shard.relpath, batch)
             if doc is not None:
                 batch.add(lineno, doc[0], doc[1])
             if batch.full(batch_size):
                 yield batch
                 batch = Batch()
     except (OSError, pa.ArrowInvalid, EOFError) as e:
+        if not _is_bad_data(e):
+            raise
         # A truncated or corrupt compressed stream: keep what was read, record where it broke.
         batch.rejects.append(Reject(last + 1, f"unreadable shard after line {last}: {_one_line(e)}", ""))
     if len(batch) or batch.rejects:
@@ -126,7 +170,7 @@ def _read_jsonl(
 
 
 def _parse_json_line(
-    line: bytes, lineno: int, text_field: str, id_field: str | None, relpath: str, batch: Batch
+    line: bytes, lineno: int, cfg: InputConfig, relpath: str, batch: Batch
 ) -> tuple[str, str] | None:
     try:
         decoded = line.decode("utf-8")
@@ -141,18 +185,13 @@ def _parse_json_line(
     if not isinstance(record, dict):
         batch.rejects.append(Reject(lineno, f"not a JSON object but {type(record).__name__}", _raw(decoded)))
         return None
-    return _document(record, lineno, text_field, id_field, f"{relpath}:{lineno}", batch, decoded)
+    return _document(record, lineno, cfg, f"{relpath}:{lineno}", batch, decoded)
 
 
 def _document(
-    record: dict[str, object],
-    row: int,
-    text_field: str,
-    id_field: str | None,
-    default_id: str,
-    batch: Batch,
-    raw: str,
+    record: dict[str, object], row: int, cfg: InputConfig, default_id: str, batch: Batch, raw: str
 ) -> tuple[str, str] | None:
+    text_field, id_field = cfg.text_field, cfg.id_field
     if text_field not in record or record[text_field] is None:
         batch.rejects.append(Reject(row, f"missing text field {text_field!r}", _raw(raw)))
         return None
@@ -162,8 +201,13 @@ def _document(
             Reject(row, f"text field {text_field!r} is {type(text).__name__}, not a string", _raw(raw))
         )
         return None
-    if not text.strip():
-        batch.rejects.append(Reject(row, "empty document", _raw(raw)))
+    if not text.strip() and cfg.empty == "reject":
+        reason = "empty document" if not text else "whitespace-only document"
+        batch.rejects.append(Reject(row, reason, _raw(raw)))
+        return None
+    if len(text) > cfg.max_document_bytes:  # parquet: a cell over the limit (jsonl lines never get here)
+        reason = f"text of {len(text)} characters, over input.max_document_bytes ({cfg.max_document_bytes})"
+        batch.rejects.append(Reject(row, reason, _raw(raw)))
         return None
     if id_field is None:
         return default_id, text
@@ -175,11 +219,14 @@ def _document(
 
 
 def _read_parquet(
-    fs: pafs.FileSystem, inner: str, shard: Shard, text_field: str, id_field: str | None, batch_size: int
+    fs: pafs.FileSystem, inner: str, shard: Shard, cfg: InputConfig, batch_size: int
 ) -> Iterator[Batch]:
+    text_field, id_field = cfg.text_field, cfg.id_field
     try:
         pf = pq.ParquetFile(fs.open_input_file(inner))
     except (OSError, pa.ArrowInvalid) as e:
+        if not _is_bad_data(e):
+            raise
         yield Batch(rejects=[Reject(-1, f"unreadable Parquet file: {_one_line(e)}", "")])
         return
     names = pf.schema_arrow.names
@@ -203,32 +250,48 @@ def _read_parquet(
                 record: dict[str, object] = {text_field: text}
                 if ids is not None and id_field is not None:
                     record[id_field] = ids[i]
-                doc = _document(
-                    record, row, text_field, id_field, f"{shard.relpath}:{row}", batch, text or ""
-                )
+                doc = _document(record, row, cfg, f"{shard.relpath}:{row}", batch, text or "")
                 if doc is not None:
                     batch.add(row, doc[0], doc[1])
                 row += 1
             yield batch
     except (OSError, pa.ArrowInvalid) as e:
+        if not _is_bad_data(e):
+            raise
         yield Batch(rejects=[Reject(row, f"unreadable Parquet data after row {row - 1}: {_one_line(e)}", "")])
 
 
-def _read_text(fs: pafs.FileSystem, inner: str, shard: Shard) -> Batch:
+def _read_text(fs: pafs.FileSystem, inner: str, shard: Shard, cfg: InputConfig) -> Batch:
     batch = Batch()
+    limit = cfg.max_document_bytes
     try:
         with fs.open_input_stream(inner, compression="detect") as f:
-            data = f.read()
+            data = f.read(limit + 1)
+            size = 0  # the whole size, counted without holding it, when over the limit
+            if len(data) > limit:
+                size = len(data)
+                while chunk := f.read(_CHUNK):
+                    size += len(chunk)
+                data = data[: RAW_PREFIX * 4]
     except (OSError, pa.ArrowInvalid) as e:
+        if not _is_bad_data(e):
+            raise
         batch.rejects.append(Reject(-1, f"unreadable file: {_one_line(e)}", ""))
+        return batch
+    if size:
+        batch.rejects.append(
+            Reject(0, f"file of {size} bytes, over input.max_document_bytes ({limit})", _raw(data))
+        )
         return batch
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         batch.rejects.append(Reject(0, f"invalid UTF-8 at byte {e.start}", _raw(data)))
         return batch
-    if not text.strip():
-        batch.rejects.append(Reject(0, "empty document", _raw(text)))
+    if not text.strip() and cfg.empty == "reject":
+        batch.rejects.append(
+            Reject(0, "empty document" if not text else "whitespace-only document", _raw(text))
+        )
         return batch
     batch.add(0, shard.relpath, text)
     return batch

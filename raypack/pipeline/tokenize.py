@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,7 @@ __all__ = [
     "encode_documents",
     "encode_flat",
     "load_tokenizer",
+    "reason_counts",
     "rejects_path",
     "token_file",
     "token_key",
@@ -81,34 +84,82 @@ def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -
     return LoadedTokenizer(tok, hashlib.sha256(raw).hexdigest(), bos, eos, vocab)
 
 
+# A text longer than this is encoded piece by piece: an Encoding keeps ~100 bytes per token (ids,
+# offsets, token strings, masks) and `.ids` is a Python list (~36 bytes per token), so one 50M-token
+# document encoded whole would need ~7 GB in the actor. 1M characters ≈ 250k tokens ≈ 35 MB.
+PIECE_CHARS = 1 << 20
+# Pieces are encoded in groups of at most this much text, so that few Encodings are alive at once.
+_GROUP_CHARS = 4 << 20
+
+
+def split_text(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """Cut `text` into pieces of at most `size` characters, each cut just before a space that stands
+    between two non-space characters (searched in the second half of the piece). A pre-tokenizer that
+    splits at spaces (byte-level BPE, GPT-2 style: the space opens the next word's token) then gives
+    the same tokens as for the whole text. A piece with no such space is cut at `size` exactly: its
+    tokens may differ from the whole text's at that cut, none are lost."""
+    cuts = [0]
+    while len(text) - cuts[-1] > size:
+        lo, hi = cuts[-1] + size // 2, cuts[-1] + size
+        cut = text.rfind(" ", lo, hi)
+        while cut > lo and (text[cut - 1].isspace() or text[cut + 1].isspace()):
+            cut = text.rfind(" ", lo, cut)
+        cuts.append(cut if cut > lo else hi)
+    cuts.append(len(text))
+    return [text[a:b] for a, b in itertools.pairwise(cuts)]
+
+
 def encode_documents(tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, framed by BOS/EOS as configured (the tokenizer's own template off)."""
-    prefix = [tok.bos_id] if cfg.add_bos and tok.bos_id is not None else []
-    suffix = [tok.eos_id] if cfg.add_eos and tok.eos_id is not None else []
-    return [prefix + e.ids + suffix for e in tok.tokenizer.encode_batch(texts, add_special_tokens=False)]
+    flat, lengths = encode_flat(tok, cfg, texts)
+    ends = np.cumsum(lengths)
+    return [flat[e - n : e].tolist() for e, n in zip(ends.tolist(), lengths.tolist(), strict=True)]
 
 
 def encode_flat(
     tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str]
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The same tokens as encode_documents, as one int32 array and per-document lengths: no list per
-    document is built or copied (at 55M tokens per job a per-token Python loop costs seconds)."""
-    ids = [e.ids for e in tok.tokenizer.encode_batch(texts, add_special_tokens=False)]
-    raw_len = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    raw = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(raw_len.sum()))
+    """Every text's tokens, framed by BOS/EOS as configured, as one int32 array and per-document
+    lengths: no list per document is kept (at 55M tokens per job a per-token Python loop costs
+    seconds), and texts over PIECE_CHARS are encoded in pieces."""
+    pieces: list[str] = []
+    piece_doc: list[int] = []
+    for i, text in enumerate(texts):
+        parts = split_text(text) if len(text) > PIECE_CHARS else [text]
+        pieces += parts
+        piece_doc += [i] * len(parts)
+    raws: list[np.ndarray] = []
+    piece_len: list[np.ndarray] = []
+    start = 0
+    while start < len(pieces):
+        end, chars = start, 0
+        while end < len(pieces) and (end == start or chars + len(pieces[end]) <= _GROUP_CHARS):
+            chars += len(pieces[end])
+            end += 1
+        ids = [e.ids for e in tok.tokenizer.encode_batch(pieces[start:end], add_special_tokens=False)]
+        n = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        raws.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(n.sum())))
+        piece_len.append(n)
+        del ids
+        start = end
+    raw = np.concatenate(raws) if raws else np.zeros(0, dtype=np.int32)
+    lengths_of_pieces = np.concatenate(piece_len) if piece_len else np.zeros(0, dtype=np.int64)
+    raw_len = np.bincount(
+        np.asarray(piece_doc, dtype=np.int64), weights=lengths_of_pieces, minlength=len(texts)
+    ).astype(np.int64)
     bos_id = tok.bos_id if cfg.add_bos else None
     eos_id = tok.eos_id if cfg.add_eos else None
     bos, eos = bos_id is not None, eos_id is not None
     if not (bos or eos):
         return raw, raw_len
     length = raw_len + int(bos) + int(eos)
-    start = np.cumsum(length) - length
+    start_of = np.cumsum(length) - length
     out = np.empty(int(length.sum()), dtype=np.int32)
     if bos_id is not None:
-        out[start] = bos_id
+        out[start_of] = bos_id
     if eos_id is not None:
-        out[start + length - 1] = eos_id
-    body = np.repeat(start + int(bos) - (np.cumsum(raw_len) - raw_len), raw_len) + np.arange(len(raw))
+        out[start_of + length - 1] = eos_id
+    body = np.repeat(start_of + int(bos) - (np.cumsum(raw_len) - raw_len), raw_len) + np.arange(len(raw))
     out[body] = raw
     return out, length
 
@@ -154,6 +205,13 @@ def cached_rejects_file(token_dir: str, key: str) -> str:
     return join(token_dir, f"{key}.rejects.parquet")
 
 
+def reason_counts(reasons: list[str]) -> dict[str, int]:
+    """Rejects by kind: the reason up to its first colon, numbers replaced by N ("malformed JSON",
+    "invalid UTF-8 at byte N", "record of N bytes, over input.max_document_bytes (N)")."""
+    kinds = Counter(re.sub(r"\d+", "N", r.split(":", 1)[0]) for r in reasons)
+    return dict(sorted(kinds.items()))
+
+
 def rejects_path(output: str, shard: int) -> str:
     return join(output, "rejects", f"shard-{shard:06d}.parquet")
 
@@ -174,6 +232,7 @@ class TokenizeShards:
             "documents": [],
             "tokens": [],
             "rejects": [],
+            "reasons": [],
             "lengths": [],
             "counts": [],
             "stats": [],
@@ -196,6 +255,7 @@ class TokenizeShards:
             "documents": np.asarray(out["documents"], dtype=np.int64),
             "tokens": np.asarray(out["tokens"], dtype=np.int64),
             "rejects": np.asarray(out["rejects"], dtype=np.int64),
+            "reasons": np.asarray(out["reasons"], dtype=object),
             "lengths": out["lengths"],
             "counts": out["counts"],
             "stats": np.asarray(out["stats"], dtype=object),
@@ -208,11 +268,16 @@ class TokenizeShards:
         cached = exists(path, self.storage)
         if cached:
             docs, n_rejects = self._read_cached(path)
+            reasons: list[str] = []
             if n_rejects:
                 data = read_bytes(cached_rejects_file(token_dir, key), self.storage)
                 write_bytes(rejects_path(self.cfg.output.path, shard.index), data, self.storage)
+                reasons = (
+                    pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
+                )
         else:
-            docs, n_rejects = self._tokenize(shard, path, cached_rejects_file(token_dir, key))
+            docs, reasons = self._tokenize(shard, path, cached_rejects_file(token_dir, key))
+            n_rejects = len(reasons)
         doc_length = docs.column("length").to_numpy()
         summary = summarize_shard(
             self.cfg,
@@ -226,6 +291,7 @@ class TokenizeShards:
             "documents": len(doc_length),
             "tokens": int(doc_length.sum()),
             "rejects": n_rejects,
+            "reasons": json.dumps(reason_counts(reasons)),
             **summary,
         }
 
@@ -237,7 +303,7 @@ class TokenizeShards:
             docs = pf.read(columns=["row", "doc_id", "length"])
         return docs, int(meta.get(b"raypack.rejects", b"0"))
 
-    def _tokenize(self, shard: Shard, path: str, cached_rejects: str) -> tuple[pa.Table, int]:
+    def _tokenize(self, shard: Shard, path: str, cached_rejects: str) -> tuple[pa.Table, list[str]]:
         """Tokenize the shard into `path` (appearing only when complete: a killed actor leaves no file
         that a rebuild would take for a finished one); rejects go beside it and into the output."""
         cfg = self.cfg
@@ -248,14 +314,7 @@ class TokenizeShards:
             atomic_output(path, self.storage) as sink,
             pq.ParquetWriter(sink, schema.TOKENIZED) as writer,
         ):
-            for batch in read_shard(
-                shard,
-                cfg.input.format,
-                cfg.input.text_field,
-                cfg.input.id_field,
-                cfg.tokenizer.batch_size,
-                self.storage,
-            ):
+            for batch in read_shard(shard, cfg.input, cfg.tokenizer.batch_size, self.storage):
                 rejects.extend(
                     {"source": shard.relpath, "row": r.row, "reason": r.reason, "raw": r.raw}
                     for r in batch.rejects
@@ -273,7 +332,7 @@ class TokenizeShards:
                     pq.write_table(table, f)
             writer.add_key_value_metadata({"raypack.rejects": str(len(rejects))})
         empty = schema.TOKENIZED.empty_table().select(["row", "doc_id", "length"])
-        return pa.concat_tables(docs) if docs else empty, len(rejects)
+        return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects]
 
     def _encode(self, batch: Batch, relpath: str, rejects: list[dict[str, Any]]) -> pa.Table:
         flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts)

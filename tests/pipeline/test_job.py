@@ -12,7 +12,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from raypack.cli import main
-from raypack.config import load_config
+from raypack.config import InputConfig, load_config
 from raypack.errors import ConfigError
 from raypack.pipeline.job import run_job
 from raypack.pipeline.read import read_shard
@@ -43,7 +43,7 @@ def test_every_token_of_every_document_arrives_once(tmp_path: Path, tokenizer_pa
     expected = {}
     for shard in sorted(corpus.iterdir()):
         s = Shard(index=0, path=str(shard), relpath=shard.name, size=0, mtime_ns=0)
-        for batch in read_shard(s, "jsonl", "text", None, 1000):
+        for batch in read_shard(s, InputConfig(paths=("unused",)), 1000):
             for doc_id, text in zip(batch.ids, batch.texts, strict=True):
                 expected[doc_id] = [*tok.encode(text, add_special_tokens=False).ids, eos]
     pieces: dict[str, list[tuple[int, list[int]]]] = {}
@@ -117,7 +117,9 @@ def test_rejects_are_recorded_and_an_existing_dataset_needs_overwrite(
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     write_jsonl(corpus / "a.jsonl", [{"text": "fit best"}, b"{oops", {"text": ""}, {"text": "plan bucket"}])
-    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path)))
+    cfg = load_config(
+        str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"max_reject_ratio": 0.5}))
+    )
     result = run_job(cfg, log=quiet)
     assert (result.documents, result.rejects) == (2, 2)
     rejects = pq.read_table(tmp_path / "out" / "rejects" / "shard-000000.parquet").to_pylist()
@@ -164,6 +166,11 @@ def test_verify_names_what_is_wrong(tmp_path: Path, tokenizer_path: Path) -> Non
         (["pack", "{cfg}", "--set", "tokenizer.path=/no/tok.json"], "tokenizer file not found"),
         (["pack", "{cfg}", "--set", "input.paths=[/no/where/*.jsonl]"], "matched no files"),
         (["pack", "{cfg}", "--set", "input.colour=red"], "unknown key input.colour"),
+        (["pack", "{cfg}", "--set", "pack.algorithm=best"], "algorithm 'best' is unknown"),
+        (["pack", "{cfg}", "--set", "output.shard_rows=many"], "shard_rows must be an integer"),
+        (["pack", "{cfg}", "--set", "input.empty=drop"], "input.empty must be reject or keep"),
+        (["pack", "{cfg}", "--set", "input.max_reject_ratio=2"], "max_reject_ratio must be within [0, 1]"),
+        (["pack", "{cfg}", "--set", "tokenizer.path={cfg}"], "is not a tokenizers JSON file"),
     ],
 )
 def test_pack_mistakes_are_one_line_and_exit_2(

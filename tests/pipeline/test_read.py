@@ -5,9 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from raypack.config import InputConfig
 from raypack.errors import ConfigError
 from raypack.pipeline.read import read_shard
 from raypack.storage import Shard, expand_inputs
@@ -18,9 +20,15 @@ def shard_of(path: Path, rel: str | None = None) -> Shard:
     return Shard(index=0, path=str(path), relpath=rel or path.name, size=path.stat().st_size, mtime_ns=0)
 
 
-def read_all(path: Path, fmt: str = "jsonl", id_field: str | None = None, batch: int = 3):  # type: ignore[no-untyped-def]
+def input_config(fmt: str = "jsonl", **options: Any) -> InputConfig:
+    return InputConfig(paths=("unused",), format=fmt, **options)
+
+
+def read_all(
+    path: Path, fmt: str = "jsonl", id_field: str | None = None, batch: int = 3, **options: Any
+) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
     docs, rejects = [], []
-    for b in read_shard(shard_of(path), fmt, "text", id_field, batch):
+    for b in read_shard(shard_of(path), input_config(fmt, id_field=id_field, **options), batch):
         assert len(b) <= batch
         docs += list(zip(b.rows, b.ids, b.texts, strict=True))
         rejects += [(r.row, r.reason) for r in b.rejects]
@@ -62,7 +70,7 @@ def test_every_bad_line_is_a_recorded_reject(tmp_path: Path) -> None:
     assert reasons[3] == "invalid UTF-8 at byte 13"
     assert reasons[4] == "missing text field 'text'"
     assert reasons[5] == "text field 'text' is int, not a string"
-    assert reasons[6] == "empty document"
+    assert reasons[6] == "whitespace-only document"
     assert reasons[7] == "not a JSON object but list"
 
 
@@ -143,5 +151,107 @@ def test_batches_are_bounded_by_text_bytes_too(tmp_path: Path) -> None:
 
     path = tmp_path / "big.jsonl"
     write_jsonl(path, [{"text": "x" * (read.MAX_BATCH_BYTES // 3 + 1)} for _ in range(10)])
-    sizes = [len(b) for b in read_shard(shard_of(path), "jsonl", "text", None, 1000)]
+    sizes = [len(b) for b in read_shard(shard_of(path), input_config(), 1000)]
     assert sizes == [3, 3, 3, 1]  # never 1000 documents of megabytes in one encode_batch call
+
+
+def test_empty_documents_are_rejected_or_kept_as_configured(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    write_jsonl(path, [{"text": ""}, {"text": " \n\t "}, {"text": "x"}])
+    docs, rejects = read_all(path)
+    assert [d[2] for d in docs] == ["x"]
+    assert rejects == [(1, "empty document"), (2, "whitespace-only document")]
+    docs, rejects = read_all(path, empty="keep")
+    assert [d[2] for d in docs] == ["", " \n\t ", "x"] and rejects == []
+
+
+@pytest.mark.parametrize("damage", ["truncated zstd", "corrupt gzip"])
+def test_a_damaged_compressed_shard_is_a_reject_not_a_crash(tmp_path: Path, damage: str) -> None:
+    import pyarrow as pa
+
+    data = b"".join(json.dumps({"text": f"doc {i} " * 50}).encode() + b"\n" for i in range(5000))
+    if damage == "truncated zstd":
+        path = tmp_path / "cut.jsonl.zst"
+        packed = pa.Codec("zstd").compress(data, asbytes=True)
+        path.write_bytes(packed[: len(packed) // 2])
+    else:
+        path = tmp_path / "bad.jsonl.gz"
+        packed = bytearray(gzip.compress(data))
+        packed[len(packed) // 2 : len(packed) // 2 + 64] = b"\x00" * 64
+        path.write_bytes(bytes(packed))
+    docs, rejects = read_all(path, batch=100)
+    assert len(docs) < 5000
+    ((row, reason),) = rejects
+    assert reason.startswith(f"unreadable shard after line {row - 1}: ")
+    assert [d[0] for d in docs] == list(range(1, len(docs) + 1))  # what came before the damage is kept
+
+
+def test_records_over_the_size_limit_are_rejected_without_being_held(tmp_path: Path) -> None:
+    from raypack.pipeline import read
+
+    path = tmp_path / "long.jsonl"
+    near = "y" * (3 * read._CHUNK)  # spans several read chunks, under the limit: kept whole
+    over = "z" * (8 * read._CHUNK)
+    write_jsonl(path, [{"text": "a"}, {"text": over}, {"text": near}, {"text": over}])
+    limit = 4 * read._CHUNK
+    docs, rejects = read_all(path, max_document_bytes=limit)
+    assert [(d[0], d[2]) for d in docs] == [(1, "a"), (3, near)]
+    size = len(json.dumps({"text": over}))
+    reason = f"record of {size} bytes, over input.max_document_bytes ({limit})"
+    assert rejects == [(2, reason), (4, reason)]
+    text = tmp_path / "big.txt"
+    text.write_text(over)
+    docs, rejects = read_all(text, fmt="text", max_document_bytes=limit)
+    assert docs == [] and rejects == [
+        (0, f"file of {len(over)} bytes, over input.max_document_bytes ({limit})")
+    ]
+
+
+def test_parquet_that_is_not_parquet_or_has_a_wrong_type_is_a_reject(tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"this is not a parquet file at all")
+    docs, rejects = read_all(garbage, fmt="parquet")
+    assert docs == [] and len(rejects) == 1 and rejects[0][1].startswith("unreadable Parquet file: ")
+    typed = tmp_path / "typed.parquet"
+    write_parquet(typed, {"text": [1, 2, 3]})
+    docs, rejects = read_all(typed, fmt="parquet")
+    assert docs == [] and rejects == [(-1, "column 'text' is int64, not a string")]
+
+
+def test_a_storage_failure_is_raised_not_recorded_as_a_reject(tmp_path: Path) -> None:
+    """A missing shard (here: deleted after the listing) says nothing about the data: the task must
+    fail (and be retried by Ray), not turn the shard into one reject."""
+    path = tmp_path / "gone.jsonl"
+    write_jsonl(path, [{"text": "a"}])
+    shard = shard_of(path)
+    path.unlink()
+    for fmt in ("jsonl", "parquet", "text"):
+        with pytest.raises(OSError):
+            list(read_shard(shard, input_config(fmt), 10))
+
+
+def test_long_texts_are_cut_before_a_space_and_tokenize_the_same(tokenizer_path: Path) -> None:
+    from raypack.config import TokenizerConfig
+    from raypack.pipeline import tokenize
+
+    words = ["alpha", "beta,", "gamma.", "delta\n", "  eps", "(zeta)", "eta"]
+    text = " ".join(words[i % len(words)] + str(i % 13) for i in range(20000))
+    pieces = tokenize.split_text(text, 1000)
+    assert "".join(pieces) == text and len(pieces) > 100
+    assert all(len(p) <= 1000 for p in pieces)
+    assert all(p.startswith(" ") and not p[1].isspace() for p in pieces[1:])
+    unbroken = "x" * 2500
+    assert tokenize.split_text(unbroken, 1000) == ["x" * 1000, "x" * 1000, "x" * 500]
+    cfg = TokenizerConfig(path=str(tokenizer_path))
+    tok = tokenize.load_tokenizer(cfg)
+    whole = [*tok.tokenizer.encode(text, add_special_tokens=False).ids, tok.eos_id]
+    (long_doc,) = tokenize.encode_documents(tok, cfg, [text])  # PIECE_CHARS: one piece
+    original = tokenize.PIECE_CHARS
+    try:
+        tokenize.PIECE_CHARS = 1000
+        flat, lengths = tokenize.encode_flat(tok, cfg, ["short one", text, "two"])
+    finally:
+        tokenize.PIECE_CHARS = original
+    assert long_doc == whole
+    assert lengths.tolist()[1] == len(whole)
+    assert flat[lengths[0] : lengths[0] + lengths[1]].tolist() == whole

@@ -1,0 +1,224 @@
+"""Bad input through the whole job: every bad record a recorded reject, every good one packed, the
+reject ratio enforced, duplicate ids reported, long documents split. Tokens are counted, not rows."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer
+
+from raypack.cli import main
+from raypack.config import load_config
+from raypack.errors import JobError
+from raypack.pipeline.job import run_job
+from raypack.verify import verify
+from tests.conftest import job_config, random_text, write_jsonl, write_parquet
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def _rejects(out: Path) -> list[dict[str, object]]:
+    return pq.read_table(out / "rejects").to_pylist() if (out / "rejects").exists() else []
+
+
+def _good_records(rng: random.Random, n: int) -> list[dict[str, str]]:
+    return [{"text": random_text(rng, rng.randint(1, 400))} for _ in range(n)]
+
+
+def test_every_kind_of_bad_jsonl_record_is_a_reject_and_every_good_token_is_packed(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    rng = random.Random(3)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    good = _good_records(rng, 120)
+    bad: list[object] = [
+        b'{"text": "unterminated',
+        {"body": "no text field"},
+        {"text": 42},
+        {"text": None},
+        b'{"text": "caf\xe9 latin-1"}',
+        {"text": ""},
+        {"text": "  \n\t "},
+        b"[1, 2, 3]",
+        {"text": "x" * 20_000},  # over max_document_bytes below
+    ]
+    write_jsonl(corpus / "a.jsonl", good[:60] + bad)
+    full = b"".join(json.dumps(r).encode() + b"\n" for r in good[60:])
+    packed = gzip.compress(full)
+    (corpus / "b.jsonl.gz").write_bytes(packed[: len(packed) * 2 // 3])  # a truncated shard
+    zstd = pa.Codec("zstd").compress(full, asbytes=True)
+    (corpus / "c.jsonl.zst").write_bytes(zstd[: len(zstd) // 2])
+    cfg = load_config(
+        str(
+            job_config(
+                tmp_path,
+                f"{corpus}/*",
+                tokenizer_path,
+                input={"max_reject_ratio": 0.2, "max_document_bytes": 10_000},
+            )
+        )
+    )
+    result = run_job(cfg, log=quiet)
+    out = tmp_path / "out"
+    rejects = _rejects(out)
+    reasons = {(r["source"], r["row"]): r["reason"] for r in rejects}
+    assert [reasons[("a.jsonl", 61 + i)].split(":")[0] for i in range(len(bad))] == [
+        "malformed JSON",
+        "missing text field 'text'",
+        "text field 'text' is int, not a string",
+        "missing text field 'text'",
+        "invalid UTF-8 at byte 13",
+        "empty document",
+        "whitespace-only document",
+        "not a JSON object but list",
+        "record of 20012 bytes, over input.max_document_bytes (10000)",
+    ]
+    broken = sorted(r["reason"].split(":")[0] for r in rejects if r["source"] != "a.jsonl")
+    assert len(broken) == 2 and all(r.startswith("unreadable shard after line") for r in broken)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["counts"]["rejects"] == len(rejects) == result.rejects == len(bad) + 2
+    assert sum(manifest["counts"]["rejects_by_reason"].values()) == len(rejects)
+    # Token conservation against an independent count: every good document that could be read
+    # (all of a.jsonl's, and the readable head of each damaged shard) is packed with all its tokens.
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    eos = tok.token_to_id("<|endoftext|>")
+    readable = good[:60]
+    for name in ("b.jsonl.gz", "c.jsonl.zst"):
+        last_line = next(int(r["row"]) for r in rejects if r["source"] == name) - 1
+        readable += good[60 : 60 + last_line]
+    want = sum(len(tok.encode(r["text"], add_special_tokens=False).ids) + 1 for r in readable)
+    assert eos is not None and result.documents == len(readable)
+    assert result.metrics.tokens == want
+    report = verify(str(out), cfg, sample=1000)
+    assert report.ok, report.problems
+    assert report.sampled == len(readable)
+
+
+def test_too_many_rejects_fail_the_job_with_one_line(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(4)
+    write_jsonl(corpus / "a.jsonl", [*_good_records(rng, 95), *[b"{broken"] * 5])
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    assert main(["pack", str(cfg)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "raypack: job failed: 5 of 100 records rejected (5.00%), over input.max_reject_ratio (1.00%): "
+        f"malformed JSON (5); see {tmp_path / 'out' / 'rejects'}, or raise the limit"
+    )
+    out = tmp_path / "out"
+    assert not (out / "manifest.json").exists() and not (out / "_staging").exists()
+    assert len(_rejects(out)) == 5  # what was bad stays there to look at
+    assert main(["pack", str(cfg), "--set", "input.max_reject_ratio=0.05"]) == 0
+    assert verify(str(out)).ok
+
+
+def test_a_parquet_corpus_with_a_wrong_schema_file_and_a_non_parquet_file(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(5)
+    write_parquet(corpus / "a.parquet", {"text": [random_text(rng, 50) for _ in range(80)]})
+    write_parquet(corpus / "b.parquet", {"content": ["a wrong column"] * 3})
+    write_parquet(corpus / "c.parquet", {"text": [1, 2]})
+    (corpus / "d.parquet").write_bytes(b"PAR1 not really")
+    cfg = job_config(
+        tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "parquet", "max_reject_ratio": 0.1}
+    )
+    result = run_job(load_config(str(cfg)), log=quiet)
+    assert (result.documents, result.rejects) == (80, 3)
+    reasons = sorted(str(r["reason"]).split(":")[0] for r in _rejects(tmp_path / "out"))
+    assert reasons == [
+        "Parquet file has no column 'text' (columns",
+        "column 'text' is int64, not a string",
+        "unreadable Parquet file",
+    ]
+    assert verify(str(tmp_path / "out")).ok
+
+
+def test_duplicate_ids_are_reported_and_every_occurrence_packed(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(6)
+    ids = [f"doc-{i}" for i in range(40)] + ["doc-3", "doc-7", "doc-7"]
+    records = [{"id": i, "text": random_text(rng, rng.randint(1, 900))} for i in ids]
+    write_jsonl(corpus / "a.jsonl", records[:25])
+    write_jsonl(corpus / "b.jsonl", records[25:])  # duplicates across shards, and within one
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"id_field": "id"})
+    assert main(["pack", str(cfg)]) == 0
+    summary = capsys.readouterr().out
+    assert "2 ids on 5 documents (all packed), e.g. doc-3, doc-7" in summary
+    out = tmp_path / "out"
+    counts = json.loads((out / "manifest.json").read_text())["counts"]
+    assert (counts["documents"], counts["duplicate_ids"], counts["documents_with_duplicate_ids"]) == (
+        43,
+        2,
+        5,
+    )
+    report = verify(str(out), load_config(str(cfg)), sample=100)
+    assert report.ok, report.problems
+    assert report.duplicate_ids == 2 and report.sampled == 38  # occurrences of a shared id: not sampled
+
+
+def test_empty_documents_can_be_kept(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"text": "fit best"}, {"text": ""}, {"text": "   "}])
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"empty": "keep"})
+    result = run_job(load_config(str(cfg)), log=quiet)
+    assert (result.documents, result.rejects) == (3, 0)
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    want = sum(len(tok.encode(t, add_special_tokens=False).ids) + 1 for t in ("fit best", "", "   "))
+    assert result.metrics.tokens == want  # the empty one is its EOS alone
+    assert verify(str(tmp_path / "out")).ok
+
+
+def test_a_document_of_a_million_tokens_is_split_into_every_pack_it_needs(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Encoded in ~1 MiB pieces (tokenize.PIECE_CHARS) and cut into seq_len chunks; verify re-tokenizes
+    it and compares chunk after chunk. The slow tier does the same with tens of millions of tokens."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(7)
+    huge = random_text(rng, 1_100_000)
+    write_jsonl(corpus / "a.jsonl", [{"text": "before"}, {"text": huge}, {"text": "after"}])
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack={"seq_len": 2048})))
+    result = run_job(cfg, log=quiet)
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    n = len(tok.encode(huge, add_special_tokens=False).ids) + 1
+    assert n > 1_000_000 and len(huge) > 4 << 20
+    index = pq.read_table(tmp_path / "out" / "index").to_pylist()
+    (row,) = [r for r in index if r["doc_id"] == "a.jsonl:2"]
+    assert row["length"] == n and row["chunks"] == -(-n // 2048)
+    report = verify(str(tmp_path / "out"), cfg, sample=3)
+    assert report.ok and report.sampled == 3, report.problems
+    small = sum(len(tok.encode(t, add_special_tokens=False).ids) + 1 for t in ("before", "after"))
+    assert result.documents == 3 and result.metrics.tokens == n + small
+
+
+def test_a_job_where_every_record_is_bad_says_so(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"txt": "wrong field"}] * 3)
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path)))
+    with pytest.raises(
+        JobError, match=r"no documents to pack: 3 records rejected: missing text field 'text' \(3\)"
+    ):
+        run_job(cfg, log=quiet)
