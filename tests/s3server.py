@@ -38,6 +38,7 @@ class S3Server:
     endpoint: str
     process: subprocess.Popen[bytes]
     log: Path
+    cmd: list[str]
 
     def filesystem(self, secret: str = SECRET_KEY) -> pafs.S3FileSystem:
         return pafs.S3FileSystem(
@@ -48,6 +49,15 @@ class S3Server:
             region="us-east-1",
             allow_bucket_creation=True,
         )
+
+    def restart(self, down: float = 1.0, timeout: float = 60.0) -> None:
+        """Kill the server (no graceful shutdown, as a crash), stay down `down` seconds, start it again
+        on the same ports and data directory, and wait until it answers."""
+        self.process.kill()
+        self.process.wait()
+        time.sleep(down)
+        self.process = _launch(self.cmd, self.log)
+        _wait_ready(self, timeout)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -122,17 +132,27 @@ def start(workdir: Path, timeout: float = 60.0) -> S3Server:
         f"-s3.port.iceberg={iceberg}",
         f"-s3.config={identities}",
     ]
-    with log.open("wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    server = S3Server(f"http://127.0.0.1:{s3}", process, log)
+    server = S3Server(f"http://127.0.0.1:{s3}", _launch(cmd, log), log, cmd)
+    _wait_ready(server, timeout)
+    return server
+
+
+def _launch(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _wait_ready(server: S3Server, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            server.filesystem().create_dir(BUCKET)
-            return server
+            fs = server.filesystem()
+            if fs.get_file_info(BUCKET).type != pafs.FileType.Directory:
+                fs.create_dir(BUCKET)
+            return
         except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
+            if server.process.poll() is not None or time.monotonic() > deadline:
                 server.stop()
-                tail = log.read_text(errors="replace")[-2000:]
+                tail = server.log.read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"weed server did not come up on {server.endpoint}:\n{tail}") from None
             time.sleep(0.5)

@@ -1,0 +1,199 @@
+"""Faults injected into real runs: a tokenizer actor and a write worker killed (SIGKILL, as the OOM
+killer would), the S3 server crashing during the write stage, the driver interrupted. Each run must end
+in the same bytes as an undisturbed one, or fail cleanly and leave a rerun to finish the job."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pyarrow.fs as pafs
+import pytest
+
+from raypack.config import load_config
+from raypack.pipeline.job import run_job
+from raypack.verify import verify
+from tests import s3server
+from tests.conftest import job_config, make_corpus, s3_job_config
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def _digest(out: Path) -> dict[str, str]:
+    """sha256 of every file of a dataset but metrics.json (the run's timings) and manifest.json (it
+    names the output path; its counts and file checksums follow from the files compared here)."""
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name not in ("metrics.json", "manifest.json")
+    }
+
+
+def _ray_processes(marker: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        try:
+            title = p.info["name"] or ""
+            cmd = " ".join(p.info["cmdline"] or [])
+            if marker in title or marker in cmd:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+class Saboteur:
+    """Waits in a thread until `ready()` holds, then runs `act()` once; `.done` tells the test that the
+    fault really happened while the job ran (a test whose fault came too late would prove nothing)."""
+
+    def __init__(self, ready: Callable[[], bool], act: Callable[[], None], timeout: float = 120) -> None:
+        self.done = False
+        self._stop = threading.Event()
+
+        def run() -> None:
+            deadline = time.monotonic() + timeout
+            while not self._stop.is_set() and time.monotonic() < deadline:
+                if ready():
+                    act()
+                    self.done = True
+                    return
+                self._stop.wait(0.005)
+
+        self._thread = threading.Thread(target=run, daemon=True)
+
+    def __enter__(self) -> Saboteur:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _kill_first(marker: str) -> Callable[[], bool]:
+    """A ready() that SIGKILLs the first process whose title holds `marker` (and says it did)."""
+
+    def ready() -> bool:
+        for p in _ray_processes(marker):
+            try:
+                p.send_signal(signal.SIGKILL)
+                return True
+            except psutil.NoSuchProcess:
+                pass
+        return False
+
+    return ready
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> tuple[Path, dict[str, str]]:
+    """An undisturbed run: 6 shards of 200 documents (~2 s of tokenizing on two cores)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    corpus = make_corpus(tmp, shards=6, docs_per_shard=200, seed=21)
+    cfg = load_config(str(job_config(tmp, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})))
+    run_job(cfg, log=quiet)
+    return corpus, _digest(tmp / "out")
+
+
+@pytest.mark.parametrize(
+    "victim",
+    [
+        "MapBatches(TokenizeShards)",  # an actor holding a tokenizer, mid-shard
+        "write_pack_files",  # a task writing output files
+    ],
+)
+def test_a_killed_worker_is_retried_and_the_output_is_byte_identical(
+    tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]], victim: str
+) -> None:
+    corpus, want = reference
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})))
+    with Saboteur(_kill_first(victim), lambda: None) as saboteur:
+        run_job(cfg, log=quiet)
+    assert saboteur.done, f"no {victim} process was seen to kill"
+    assert _digest(tmp_path / "out") == want
+    assert verify(str(tmp_path / "out")).ok
+
+
+def test_the_s3_server_crashing_during_the_write_stage(
+    tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]]
+) -> None:
+    """A server of its own (the session's stays up for the other tests), killed as the first output
+    file is being written and back 2 s later: the S3 client's retries (storage.max_attempts) and Ray's
+    task retries ride it out, or the job fails with one line and the rerun completes it."""
+    corpus, want = reference
+    server = s3server.start(tmp_path / "seaweedfs")
+    try:
+        cfg = load_config(
+            str(s3_job_config(tmp_path, server, corpus, tokenizer_path, "crash", output={"shard_rows": 40}))
+        )
+        with Saboteur(
+            lambda: bool(_ray_processes("write_pack_files")), lambda: server.restart(down=2.0)
+        ) as sab:
+            try:
+                run_job(cfg, log=quiet)
+                first_run = "completed"
+            except OSError as e:  # a clean failure: storage errors outlived every retry
+                first_run = f"failed: {e}"
+                assert (
+                    not server.filesystem().get_file_info(f"{s3server.BUCKET}/crash/out/manifest.json").size
+                )
+                run_job(cfg, overwrite=True, log=quiet)
+        assert sab.done, "the server was not restarted during the write stage"
+        print(f"S3 crash: first run {first_run}")
+        local = tmp_path / "local"
+        pafs.copy_files(f"{s3server.BUCKET}/crash/out", str(local), source_filesystem=server.filesystem())
+        assert _digest(local) == want, first_run
+        assert verify(f"s3://{s3server.BUCKET}/crash/out", cfg).ok
+    finally:
+        server.stop()
+
+
+def _ray_address() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_an_interrupted_driver_leaves_no_dataset_and_the_rerun_finishes(
+    tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]], sig: signal.Signals
+) -> None:
+    """`raypack pack` in a process of its own, on the test session's Ray cluster (as `ray job submit`
+    runs it), stopped by Ctrl-C or killed while it tokenizes."""
+    corpus, want = reference
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})
+    out = tmp_path / "out"
+    env = {**os.environ, "RAY_ADDRESS": _ray_address()}
+    cmd = [sys.executable, "-m", "raypack.cli", "pack", str(cfg)]
+    driver = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while (
+        not any((out / "index").glob("*.parquet")) and driver.poll() is None and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    assert driver.poll() is None, "the job ended before it could be interrupted"
+    driver.send_signal(sig)
+    _, err = driver.communicate(timeout=120)
+    if sig == signal.SIGINT:
+        assert driver.returncode == 130
+        assert err.strip().splitlines()[-1].startswith("raypack: interrupted")
+        assert "Traceback" not in err
+    else:
+        assert driver.returncode == -signal.SIGKILL
+    assert not (out / "manifest.json").exists()
+    assert not verify(str(out)).ok  # an incomplete output is never taken for a dataset
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert _digest(out) == want
