@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo plan-demo test test-slow lint bench clean
+.PHONY: demo plan-demo test test-slow soak lint bench clean
 
 $(BIN)/raypack: pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "raypack needs Python >= 3.11")'
@@ -30,6 +30,9 @@ test: lint
 
 test-slow: $(BIN)/raypack
 	$(BIN)/pytest -m slow
+
+soak: $(BIN)/raypack
+	$(BIN)/pytest -m slow -s tests/test_soak.py
 
 bench: $(BIN)/raypack
 	$(BIN)/python benchmarks/bench_packing.py
