@@ -88,8 +88,9 @@ def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -
 # offsets, token strings, masks) and `.ids` is a Python list (~36 bytes per token), so one 50M-token
 # document encoded whole would need ~7 GB in the actor. 1M characters ≈ 250k tokens ≈ 35 MB.
 PIECE_CHARS = 1 << 20
-# Pieces are encoded in groups of at most this much text, so that few Encodings are alive at once.
-_GROUP_CHARS = 4 << 20
+# Pieces are encoded in groups of at most this much text, so that few Encodings are alive at once
+# (the reader's batches are bounded alike: read.MAX_BATCH_BYTES).
+_GROUP_CHARS = 1 << 20
 
 
 def split_text(text: str, size: int = PIECE_CHARS) -> list[str]:
