@@ -1,0 +1,272 @@
+"""Reading a packed dataset for training: `iter_batches` for a data-parallel rank, `read_packed` for Ray.
+
+    for batch in iter_batches("s3://bucket/packed/", batch_size=8, rank=r, world_size=w, seed=epoch):
+        loss = model(batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"])
+
+Order. Each bucket (one, unless the dataset was packed with `bucket`) is read as one sequence: its
+Parquet row groups (1,024 packs) in a seeded order, and the packs of each row group in a seeded order
+(PackPermutation: the same on every machine). Rank r of w takes the contiguous r-th w-th of that
+sequence, so ranks never overlap, together cover every pack, and each reads only its own row groups
+(±2 shared at the edges) instead of the whole dataset. Batches are consecutive `batch_size` packs of a
+rank's range; counts differ by at most one pack between ranks, so a rank's last batch of a bucket may
+be short (or empty: an empty batch is yielded, so that every rank takes the same number of steps).
+
+Buckets. Step s uses one bucket on every rank (Liu et al. train one bucket length per step): the
+schedule is every bucket repeated as many times as it has steps, in a seeded order that all ranks
+compute alike. A batch never mixes bucket lengths.
+
+Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without
+reading what comes before.
+
+Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o_k = num_tokens:
+- `input_ids` (B, L) int64; padding holds the dataset's pad_id;
+- `labels` (B, L) int64: next-token targets, labels[t] = input_ids[t+1] when t+1 is in the same
+  document, else -100 (the last token of every document, and all padding): no loss across a boundary;
+- `position_ids` (B, L) int64: t - o_i within document i, restarting at 0 on every document; the
+  padding tail counts 0, 1, ... as a segment of its own;
+- `cu_seqlens` (segments+1,) int32 over the batch flattened to B*L tokens: every document, then the
+  padding tail of its row (if any), as flash-attention's varlen functions take them; `max_seqlen`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raypack.config import StorageConfig
+from raypack.packing import PackPermutation
+from raypack.storage import exists, join, read_bytes, resolve
+from raypack.versions import MANIFEST, resolve_dataset
+
+__all__ = ["IGNORE_INDEX", "batch_fields", "iter_batches", "read_packed"]
+
+IGNORE_INDEX = -100  # the label of a position that carries no loss (PyTorch's cross_entropy default)
+
+
+@dataclass(frozen=True, slots=True)
+class _RowGroup:
+    path: str
+    index: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Bucket:
+    length: int
+    groups: tuple[_RowGroup, ...]
+    """Row groups in the seeded reading order."""
+    starts: np.ndarray
+    """Position of each row group's first pack in the bucket's sequence."""
+
+    @property
+    def packs(self) -> int:
+        return int(self.starts[-1])
+
+
+def _manifest(path: str, storage: StorageConfig | None) -> tuple[str, dict[str, Any]]:
+    dataset = resolve_dataset(path, storage)
+    if not exists(join(dataset, MANIFEST), storage):
+        raise FileNotFoundError(f"{path} holds no complete raypack dataset (no manifest.json)")
+    return dataset, json.loads(read_bytes(join(dataset, MANIFEST), storage))
+
+
+def _key(seed: int, *parts: object) -> int:
+    digest = hashlib.blake2b(":".join(map(str, (seed, *parts))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def _buckets(
+    dataset: str, manifest: dict[str, Any], seed: int, storage: StorageConfig | None
+) -> list[_Bucket]:
+    by_length: dict[int, list[_RowGroup]] = {}
+    for f in sorted(manifest["files"], key=lambda f: f["path"]):
+        fs, inner = resolve(join(dataset, f["path"]), storage)
+        with fs.open_input_file(inner) as handle:
+            meta = pq.ParquetFile(handle).metadata
+        groups = [_RowGroup(f["path"], i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+        by_length.setdefault(int(f["bucket_length"]), []).extend(groups)
+    buckets = []
+    for length, groups in sorted(by_length.items()):
+        order = PackPermutation(len(groups), _key(seed, "row groups", length))(np.arange(len(groups)))
+        ordered = tuple(groups[i] for i in np.argsort(order))
+        starts = np.r_[0, np.cumsum([g.rows for g in ordered])].astype(np.int64)
+        buckets.append(_Bucket(length, ordered, starts))
+    return buckets
+
+
+def _schedule(steps: list[int], seed: int) -> np.ndarray:
+    """Bucket index of every step: bucket b appears steps[b] times, in a seeded order."""
+    plan = np.repeat(np.arange(len(steps)), steps)
+    if len(plan) < 2:
+        return plan
+    return plan[np.argsort(PackPermutation(len(plan), _key(seed, "schedule"))(np.arange(len(plan))))]
+
+
+class _RankStream:
+    """One rank's packs of one bucket: positions [lo, hi) of the bucket's sequence, read a row group at
+    a time (the current one cached)."""
+
+    def __init__(
+        self, dataset: str, bucket: _Bucket, lo: int, hi: int, seed: int, storage: StorageConfig | None
+    ):
+        self.dataset, self.bucket, self.seed, self.storage = dataset, bucket, seed, storage
+        self.next, self.hi = lo, hi
+        self._cached: tuple[int, pa.Table] | None = None
+
+    def _group(self, g: int) -> pa.Table:
+        if self._cached is None or self._cached[0] != g:
+            group = self.bucket.groups[g]
+            fs, inner = resolve(join(self.dataset, group.path), self.storage)
+            with fs.open_input_file(inner) as handle:
+                table = pq.ParquetFile(handle).read_row_group(
+                    group.index, columns=["input_ids", "doc_offsets", "num_tokens"]
+                )
+            perm = PackPermutation(group.rows, _key(self.seed, "rows", group.path, group.index))
+            order = np.argsort(perm(np.arange(group.rows)))
+            self._cached = (g, table.take(pa.array(order)))
+        return self._cached[1]
+
+    def take(self, n: int) -> list[pa.Table]:
+        """The next n packs (fewer at the end of the range), as row slices."""
+        parts = []
+        end = min(self.next + n, self.hi)
+        while self.next < end:
+            g = int(np.searchsorted(self.bucket.starts, self.next, side="right") - 1)
+            first = self.next - int(self.bucket.starts[g])
+            count = min(end, int(self.bucket.starts[g + 1])) - self.next
+            parts.append(self._group(g).slice(first, count))
+            self.next += count
+        return parts
+
+
+def iter_batches(
+    path: str,
+    batch_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    seed: int = 0,
+    *,
+    start_step: int = 0,
+    torch: bool = False,
+    storage: StorageConfig | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Batches of packs for data-parallel rank `rank` of `world_size` (see the module's docstring);
+    numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch])."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
+    convert = _torch_converter() if torch else None
+    dataset, manifest = _manifest(path, storage)
+    pad_id = int(manifest["config"]["output"]["pad_id"])
+    buckets = _buckets(dataset, manifest, seed, storage)
+    streams, steps = [], []
+    for bucket in buckets:
+        lo, hi = bucket.packs * rank // world_size, bucket.packs * (rank + 1) // world_size
+        streams.append(_RankStream(dataset, bucket, lo, hi, seed, storage))
+        widest = -(-bucket.packs // world_size)  # the largest rank's share: every rank takes this many steps
+        steps.append(-(-widest // batch_size))
+    schedule = _schedule(steps, seed)
+    # Resume: skip each bucket's batches taken before start_step, without reading them.
+    for b, done in enumerate(np.bincount(schedule[:start_step], minlength=len(buckets)).tolist()):
+        streams[b].next = min(streams[b].next + done * batch_size, streams[b].hi)
+    for b in schedule[start_step:].tolist():
+        parts = streams[b].take(batch_size)
+        table = pa.concat_tables(parts) if parts else None
+        batch = batch_fields(table, buckets[b].length, pad_id)
+        yield convert(batch) if convert is not None else batch
+
+
+def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, Any]:
+    """input_ids, labels, position_ids, cu_seqlens, max_seqlen of packed rows (None: an empty batch)."""
+    if table is None or table.num_rows == 0:
+        empty = np.zeros((0, length), dtype=np.int64)
+        return {
+            "input_ids": empty,
+            "labels": empty.copy(),
+            "position_ids": empty.copy(),
+            "cu_seqlens": np.zeros(1, dtype=np.int32),
+            "max_seqlen": 0,
+        }
+    rows = table.num_rows
+    ids_list = table.column("input_ids").combine_chunks()
+    input_ids = ids_list.flatten().to_numpy().astype(np.int64).reshape(rows, length)
+    offsets_list = table.column("doc_offsets").combine_chunks()
+    bounds = offsets_list.flatten().to_numpy().astype(np.int64)
+    per_row = np.diff(offsets_list.offsets.to_numpy())
+    # Segment boundaries in the flattened batch: each row's doc_offsets, then L when it has padding.
+    row_of = np.repeat(np.arange(rows), per_row)
+    cuts = bounds + row_of * length
+    ends = np.arange(1, rows + 1) * length
+    segment_starts = np.unique(np.r_[cuts, ends[:-1], 0])  # every document start and padding start
+    cu_seqlens = np.r_[segment_starts, rows * length].astype(np.int32)
+    cu_seqlens = np.unique(cu_seqlens)
+    flat = np.arange(rows * length)
+    seg = np.searchsorted(cu_seqlens, flat, side="right") - 1
+    position_ids = (flat - cu_seqlens[seg]).reshape(rows, length).astype(np.int64)
+    num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
+    real = np.arange(length)[None, :] < num_tokens[:, None]
+    labels = np.full((rows, length), IGNORE_INDEX, dtype=np.int64)
+    # t has a target when t+1 is a real token of the same segment (same document).
+    same = np.zeros((rows, length), dtype=bool)
+    same[:, :-1] = (seg.reshape(rows, length)[:, 1:] == seg.reshape(rows, length)[:, :-1]) & real[:, 1:]
+    labels[same] = np.roll(input_ids, -1, axis=1)[same]
+    if not np.array_equal(input_ids[~real], np.full(int((~real).sum()), pad_id)):
+        raise ValueError("padding positions hold tokens other than pad_id: not a raypack dataset?")
+    lengths = np.diff(cu_seqlens)
+    return {
+        "input_ids": input_ids,
+        "labels": labels,
+        "position_ids": position_ids,
+        "cu_seqlens": cu_seqlens,
+        "max_seqlen": int(lengths.max()) if len(lengths) else 0,
+    }
+
+
+def _torch_converter() -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise ImportError("torch=True needs PyTorch: pip install 'raypack[torch]'") from None
+
+    def convert(batch: dict[str, Any]) -> dict[str, Any]:
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in batch.items()}
+
+    return convert
+
+
+def read_packed(path: str, storage: StorageConfig | None = None) -> Any:
+    """The dataset's packs as a Ray Dataset (one block per output file; columns of schema.PACKED plus
+    `bucket_length`), for Ray Train: `ray.train` splits it across workers itself."""
+    import ray.data
+
+    dataset, manifest = _manifest(path, storage)
+    files = [
+        {"path": join(dataset, f["path"]), "bucket_length": int(f["bucket_length"])}
+        for f in sorted(manifest["files"], key=lambda f: f["path"])
+    ]
+
+    def read(batch: pa.Table) -> pa.Table:
+        tables = []
+        for p, length in zip(
+            batch.column("path").to_pylist(), batch.column("bucket_length").to_pylist(), strict=True
+        ):
+            fs, inner = resolve(p, storage)
+            with fs.open_input_file(inner) as handle:
+                table = pq.read_table(handle)
+            tables.append(
+                table.append_column("bucket_length", pa.array(np.full(table.num_rows, length, np.int32)))
+            )
+        return pa.concat_tables(tables)
+
+    source = ray.data.from_items(files, override_num_blocks=max(1, len(files)))
+    return source.map_batches(read, batch_size=1, batch_format="pyarrow")
