@@ -3,9 +3,13 @@ line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import json
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -217,7 +221,48 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+_INTERRUPTED = "raypack: interrupted; rerun to finish (an output without manifest.json is incomplete)"
+# Ctrl-C raises KeyboardInterrupt in the main thread, but one that lands inside a finalizer or a
+# callback of Ray's is printed as "ignored" and lost (seen in CI: a driver interrupted mid-tokenize
+# ran to the end and exited 0). So a watchdog raises it again every second until main() has handled
+# it, and after 10 s leaves outright. Nothing is left half-committed either way: a dataset is
+# complete only once its manifest is written.
+_INTERRUPT_GRACE_S = 10
+
+
+class _Interrupts:
+    def __init__(self) -> None:
+        self.handled = threading.Event()
+        self.watchdog: threading.Thread | None = None
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        if self.watchdog is None:
+            self.watchdog = threading.Thread(target=self._watch, daemon=True)
+            self.watchdog.start()
+        raise KeyboardInterrupt
+
+    def _watch(self) -> None:
+        for _ in range(_INTERRUPT_GRACE_S):
+            if self.handled.wait(1.0):
+                return
+            _thread.interrupt_main()
+        print(_INTERRUPTED, file=sys.stderr, flush=True)
+        os._exit(130)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    interrupts = _Interrupts()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, interrupts.on_signal) if in_main_thread else None
+    try:
+        return _main(argv)
+    finally:
+        interrupts.handled.set()  # no re-raise or forced exit once main() is done
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     commands = {
         "plan": _cmd_plan,
         "pack": _cmd_pack,
@@ -235,10 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"raypack: job failed: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(
-            "raypack: interrupted; rerun to finish (an output without manifest.json is incomplete)",
-            file=sys.stderr,
-        )
+        print(_INTERRUPTED, file=sys.stderr)
         return 130
     except OSError as e:
         # Storage that failed after its retries and Ray's (a Ray task error wraps the OSError as .cause).
