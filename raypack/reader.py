@@ -204,12 +204,10 @@ def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, 
     bounds = offsets_list.flatten().to_numpy().astype(np.int64)
     per_row = np.diff(offsets_list.offsets.to_numpy())
     # Segment boundaries in the flattened batch: each row's doc_offsets, then L when it has padding.
+    # (Each row's offsets start at 0, so row starts are among them; a full row's end is the next
+    # row's start, hence unique.)
     row_of = np.repeat(np.arange(rows), per_row)
-    cuts = bounds + row_of * length
-    ends = np.arange(1, rows + 1) * length
-    segment_starts = np.unique(np.r_[cuts, ends[:-1], 0])  # every document start and padding start
-    cu_seqlens = np.r_[segment_starts, rows * length].astype(np.int32)
-    cu_seqlens = np.unique(cu_seqlens)
+    cu_seqlens = np.unique(np.r_[bounds + row_of * length, rows * length]).astype(np.int32)
     flat = np.arange(rows * length)
     seg = np.searchsorted(cu_seqlens, flat, side="right") - 1
     position_ids = (flat - cu_seqlens[seg]).reshape(rows, length).astype(np.int64)

@@ -80,14 +80,21 @@ def verify(
     pad_id = int(manifest["config"]["output"]["pad_id"])
     docs = _read_index(output, manifest, storage)
     report.documents = docs.num_rows
-    picks = _pick_sample(docs, sample, seed) if config is not None else []
+    # Per id: occurrences, chunks (sum and widest) and tokens placed, for the document check and for
+    # keeping ids that several documents share out of the re-tokenized sample.
+    per_id = docs.group_by("doc_id").aggregate(
+        [("doc_id", "count"), ("chunks", "sum"), ("chunks", "max"), ("placed", "sum")]
+    )
+    shared = per_id.filter(pc.greater(per_id.column("doc_id_count"), 1)).column("doc_id")
+    report.duplicate_ids = len(shared)
+    picks = _pick_sample(docs, shared, sample, seed) if config is not None else []
     # The sampled documents' tokens are collected during the one pass over the data files.
     pieces: dict[str, list[tuple[int, list[int]]]] = {
         str(docs.column("doc_id")[i].as_py()): [] for i in picks
     }
     items = _check_files(output, manifest, pad_id, report, pieces, storage)
     if items is not None:
-        _check_documents(docs, items, report)
+        _check_documents(per_id, items, report)
     counts = manifest["counts"]
     for key, got in (("documents", report.documents), ("items", report.items), ("packs", report.packs)):
         if counts[key] != got:
@@ -99,11 +106,9 @@ def verify(
     return report
 
 
-def _pick_sample(docs: pa.Table, sample: int, seed: int) -> list[int]:
+def _pick_sample(docs: pa.Table, shared: pa.ChunkedArray, sample: int, seed: int) -> list[int]:
     """Rows of documents to re-tokenize, among those whose id is unique (the packs tell occurrences
     of one id apart by nothing)."""
-    counts = docs.group_by("doc_id").aggregate([("doc_id", "count")])
-    shared = counts.filter(pc.greater(counts.column("doc_id_count"), 1)).column("doc_id")
     unique = np.flatnonzero(~pc.is_in(docs.column("doc_id"), value_set=shared).to_numpy(zero_copy_only=False))
     picks = random.Random(seed).sample(unique.tolist(), min(sample, len(unique)))
     return sorted(picks)
@@ -196,14 +201,10 @@ def _read_index(output: str, manifest: dict[str, Any], storage: StorageConfig | 
     return pa.concat_tables(parts) if parts else schema.DOCUMENTS.empty_table()
 
 
-def _check_documents(docs: pa.Table, items: pa.Table, report: VerifyReport) -> None:
-    # A document id may occur more than once (a user's id_field with duplicates: the job reports them
-    # and packs every occurrence). The items of such an id must then add up to all its occurrences:
-    # as many chunk 0s as occurrences, and so on.
-    docs = docs.group_by("doc_id").aggregate(
-        [("doc_id", "count"), ("chunks", "sum"), ("chunks", "max"), ("placed", "sum")]
-    )
-    report.duplicate_ids = int(pc.sum(pc.greater(docs.column("doc_id_count"), 1)).as_py() or 0)
+def _check_documents(per_id: pa.Table, items: pa.Table, report: VerifyReport) -> None:
+    """`per_id`: the index aggregated by doc_id. An id may occur more than once (a user's id_field with
+    duplicates: the job reports them and packs every occurrence); its items must then add up to all
+    its occurrences: as many chunk 0s as occurrences, and so on."""
     got = items.group_by("doc_id").aggregate(
         [
             ("chunk", "count"),
@@ -213,7 +214,7 @@ def _check_documents(docs: pa.Table, items: pa.Table, report: VerifyReport) -> N
             ("length", "sum"),
         ]
     )
-    joined = docs.join(got, "doc_id", join_type="full outer")
+    joined = per_id.join(got, "doc_id", join_type="full outer")
     expected_chunks = joined.column("chunks_sum").to_numpy(zero_copy_only=False)
     widest = joined.column("chunks_max").to_numpy(zero_copy_only=False)
     placed = joined.column("placed_sum").to_numpy(zero_copy_only=False)

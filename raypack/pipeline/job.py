@@ -254,12 +254,13 @@ def _duplicate_ids(cfg: JobConfig, shards: int) -> Duplicates:
 
     shard_rows = ray.data.from_items([{"shard": i} for i in range(shards)], override_num_blocks=shards)
     ids = shard_rows.map_batches(partial(_index_ids, cfg=cfg), batch_size=1, batch_format="pyarrow", **_RETRY)
-    counts = ids.groupby("doc_id").count().filter(lambda row: row["count()"] > 1).materialize()
+    # A sort-based groupby leaves its output in id order: the first rows are the first ids.
+    counts = _sort_shuffle(ids).groupby("doc_id").count().filter(lambda row: row["count()"] > 1).materialize()
     n = counts.count()
     if n == 0:
         return Duplicates()
     documents = int(counts.sum("count()"))
-    examples = tuple(str(r["doc_id"]) for r in counts.sort("doc_id").take(_EXAMPLES))
+    examples = tuple(str(r["doc_id"]) for r in counts.take(_EXAMPLES))
     return Duplicates(n, documents, examples)
 
 
@@ -327,13 +328,7 @@ def _write_global(
         bucketed=cfg.pack.algorithm == "bucket",
         storage=cfg.storage,
     )
-    items = shard_ds.map_batches(assign, batch_size=1, **_RETRY)
-    # The pull-based sort shuffle uses plain tasks; the default hash shuffle starts aggregator actors,
-    # which on a 2-core machine cost 15.1 s against 9.5 s for 14M tokens (benchmarks/bench_job.py).
-    # A dataset carries the copy of the DataContext taken when its source was made: set it there.
-    from ray.data.context import ShuffleStrategy
-
-    items.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    items = _sort_shuffle(shard_ds.map_batches(assign, batch_size=1, **_RETRY))
     # Range boundaries at every file key but the first: the sort's reducer i gets exactly the items of
     # file i, so a write task holds one file whatever the corpus size (sampled boundaries, groupby's
     # way, can put several files in one block, and the block grows with the corpus). The last range,
@@ -342,6 +337,17 @@ def _write_global(
     return list(
         files.map_batches(write, batch_size=None, batch_format="pyarrow", zero_copy_batch=True).take_all()
     )
+
+
+def _sort_shuffle(ds: Any) -> Any:
+    """`ds`, shuffling (sort, groupby) with the pull-based sort shuffle: plain tasks, where the default
+    hash shuffle starts aggregator actors, which on a 2-core machine cost 15.1 s against 9.5 s for 14M
+    tokens (benchmarks/bench_job.py). A dataset carries the copy of the DataContext taken when its
+    source was made: it is set there, not on the global context."""
+    from ray.data.context import ShuffleStrategy
+
+    ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    return ds
 
 
 def by_file(items: Any, keys: list[int]) -> Any:

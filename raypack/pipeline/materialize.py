@@ -34,10 +34,16 @@ def data_file(bucket_length: int | None, part: int, group: int | None = None) ->
 
 
 def write_pack_files(
-    block: pa.Table, output: str, pad_id: int, bucketed: bool, storage: StorageConfig | None = None
+    block: pa.Table,
+    output: str,
+    pad_id: int,
+    bucketed: bool,
+    group: int | None = None,
+    storage: StorageConfig | None = None,
 ) -> pa.Table:
-    """map_batches function over whole sorted blocks: one FILES row per file_key in the block (one,
-    when the sort's boundaries are the plan's file keys)."""
+    """Items sorted by file_key → one file written, and one FILES row, per key (one key a block in the
+    global job, whose sort's boundaries are the plan's file keys; every file of a group in sharded
+    mode)."""
     if block.num_rows == 0:
         return schema.FILES.empty_table()
     keys = block.column("file_key").to_numpy()
@@ -46,7 +52,7 @@ def write_pack_files(
         raise RuntimeError("items reached the writer unsorted by file: the shuffle is inconsistent")
     starts, ends = np.r_[0, cuts], np.r_[cuts, len(keys)]
     return pa.concat_tables(
-        write_pack_file(block.slice(s, e - s), output, pad_id, bucketed, storage=storage)
+        write_pack_file(block.slice(s, e - s), output, pad_id, bucketed, group, storage)
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
     )
 

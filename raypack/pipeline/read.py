@@ -204,8 +204,7 @@ def _document(
             Reject(row, f"text field {text_field!r} is {type(text).__name__}, not a string", _raw(raw))
         )
         return None
-    if not text.strip() and cfg.empty == "reject":
-        reason = "empty document" if not text else "whitespace-only document"
+    if (reason := _empty_reason(text, cfg)) is not None:
         batch.rejects.append(Reject(row, reason, _raw(raw)))
         return None
     if len(text) > cfg.max_document_bytes:  # parquet: a cell over the limit (jsonl lines never get here)
@@ -291,13 +290,18 @@ def _read_text(fs: pafs.FileSystem, inner: str, shard: Shard, cfg: InputConfig) 
     except UnicodeDecodeError as e:
         batch.rejects.append(Reject(0, f"invalid UTF-8 at byte {e.start}", _raw(data)))
         return batch
-    if not text.strip() and cfg.empty == "reject":
-        batch.rejects.append(
-            Reject(0, "empty document" if not text else "whitespace-only document", _raw(text))
-        )
+    if (reason := _empty_reason(text, cfg)) is not None:
+        batch.rejects.append(Reject(0, reason, _raw(text)))
         return batch
     batch.add(0, shard.relpath, text)
     return batch
+
+
+def _empty_reason(text: str, cfg: InputConfig) -> str | None:
+    """Why an empty or whitespace-only text is rejected, or None (not empty, or input.empty: keep)."""
+    if text.strip() or cfg.empty == "keep":
+        return None
+    return "empty document" if not text else "whitespace-only document"
 
 
 def _one_line(e: BaseException) -> str:

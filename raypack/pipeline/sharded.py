@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.packing import pack
 from raypack.pipeline.assign import items_table
-from raypack.pipeline.materialize import write_pack_file
+from raypack.pipeline.materialize import write_pack_files
 from raypack.storage import resolve
 
 __all__ = ["pack_groups"]
@@ -44,16 +43,14 @@ def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig) -> pa.Table:
         keys = local // cfg.output.shard_rows
         capacity = np.full(len(local), p.seq_len, dtype=np.int32)
         items = items_table(docs, a.items, keys, local, a.slot, capacity)
-        for key in np.unique(keys).tolist():
-            part = items.filter(pc.equal(items.column("file_key"), key))
-            out.append(
-                write_pack_file(
-                    part,
-                    cfg.output.path,
-                    cfg.output.pad_id,
-                    bucketed=False,
-                    group=int(group),
-                    storage=cfg.storage,
-                )
+        out.append(
+            write_pack_files(
+                items.sort_by("file_key"),
+                cfg.output.path,
+                cfg.output.pad_id,
+                bucketed=False,
+                group=int(group),
+                storage=cfg.storage,
             )
+        )
     return pa.concat_tables(out) if out else schema.FILES.empty_table()
