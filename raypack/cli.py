@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from raypack import __version__
 from raypack.config import parse_override
-from raypack.errors import ConfigError, JobError
+from raypack.errors import ConfigError, JobError, storage_cause
 from raypack.packing import ALGORITHMS
 
 __all__ = ["main"]
@@ -282,11 +282,13 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr)
         return 130
-    except OSError as e:
-        # Storage that failed after its retries and Ray's (a Ray task error wraps the OSError as .cause).
-        cause = getattr(e, "cause", None) or e
-        text = str(cause).strip().splitlines()
-        print(f"raypack: storage error: {text[0] if text else type(cause).__name__}", file=sys.stderr)
+    except Exception as e:
+        # Storage that failed after its retries and Ray's, in any command; anything else is a bug and
+        # keeps its traceback.
+        cause = storage_cause(e)
+        if cause is None:
+            raise
+        print(f"raypack: storage error: {cause}", file=sys.stderr)
         return 1
 
 

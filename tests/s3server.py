@@ -149,7 +149,14 @@ def _wait_ready(server: S3Server, timeout: float) -> None:
             fs = server.filesystem()
             if fs.get_file_info(BUCKET).type != pafs.FileType.Directory:
                 fs.create_dir(BUCKET)
-            return
+            # The filer answers before the volume server has registered (after a restart, for a few
+            # seconds): only a write and a read of object data show the server whole.
+            with fs.open_output_stream(f"{BUCKET}/.ready") as out:
+                out.write(b"ready")
+            with fs.open_input_stream(f"{BUCKET}/.ready") as src:
+                if src.read() == b"ready":
+                    return
+            raise OSError("probe object read back wrong")
         except OSError:
             if server.process.poll() is not None or time.monotonic() > deadline:
                 server.stop()

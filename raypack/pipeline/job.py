@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from raypack import __version__, schema
 from raypack.config import JobConfig, StorageConfig
-from raypack.errors import ConfigError, JobError
+from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.metrics import PackingMetrics, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.assign import Buckets, assign_shards, file_key
@@ -56,8 +56,11 @@ from raypack.versions import LATEST, MANIFEST
 __all__ = ["JobError", "JobResult", "by_file", "run_job"]
 
 METRICS = "metrics.json"
-# Tasks that read or write storage run again after an OSError (see the tokenize stage's note).
-_RETRY: dict[str, Any] = {"max_retries": 3, "retry_exceptions": [OSError]}
+# A map task (tokenizer actor or plain task) that meets a transient storage error after the S3
+# client's own retries (storage.max_attempts) runs again, up to this many times, with Ray Data's
+# exponential backoff (2, 4, 8, 16 s caps, jittered: ~15 s expected in all). Every stage's output is
+# a whole file at a name fixed by the plan, so a rerun writes the same bytes.
+_MAP_RETRIES = 4
 _OUTPUT_PARTS = (MANIFEST, METRICS, "data", "index", "rejects", "_staging")
 
 
@@ -117,7 +120,21 @@ def run_job(
     log: Callable[[str], None] = print,
 ) -> JobResult:
     """Pack the corpus into cfg.output.path. `cache`: a directory of token files to reuse and keep
-    (a rebuild's); None: tokenize everything into a staging area that is removed at the end."""
+    (a rebuild's); None: tokenize everything into a staging area that is removed at the end.
+    A storage failure that outlived every retry is raised as a StorageError (one line), whatever
+    wrapper Ray put around it."""
+    try:
+        return _run_job(cfg, overwrite, cache, log)
+    except (ConfigError, JobError):
+        raise
+    except Exception as e:
+        cause = storage_cause(e)
+        if cause is None or isinstance(e, StorageError):
+            raise
+        raise StorageError(cause) from e
+
+
+def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[str], None]) -> JobResult:
     import ray
     import ray.data
 
@@ -138,11 +155,7 @@ def run_job(
     rows = [
         {**dataclasses.asdict(s), "token_dir": token_dir, "key": k} for s, k in zip(shards, keys, strict=True)
     ]
-    shard_ds = ray.data.from_items(rows, override_num_blocks=len(shards))
-    # A storage error that outlived the S3 client's own retries (storage.max_attempts) fails the task;
-    # Ray then runs it again (every stage's output is a whole file at a name fixed by the plan, so a
-    # rerun writes the same bytes). Bad data never raises: it is a recorded reject.
-    shard_ds.context.actor_task_retry_on_errors = [OSError]  # type: ignore[list-item]  # Ray hints instances
+    shard_ds = _from_items(rows)
 
     with _stage(timings, "tokenize", log):
         summaries = shard_ds.map_batches(
@@ -250,12 +263,11 @@ def _duplicate_ids(cfg: JobConfig, shards: int) -> Duplicates:
     """Count ids that occur more than once, over every shard's index file: a groupby of the ids alone
     (a few bytes a document, against the ~4 bytes a token the pack shuffle moves), never gathered in
     the driver beyond the counts and a few examples."""
-    import ray.data
 
-    shard_rows = ray.data.from_items([{"shard": i} for i in range(shards)], override_num_blocks=shards)
-    ids = shard_rows.map_batches(partial(_index_ids, cfg=cfg), batch_size=1, batch_format="pyarrow", **_RETRY)
+    shard_rows = _from_items([{"shard": i} for i in range(shards)])
+    ids = shard_rows.map_batches(partial(_index_ids, cfg=cfg), batch_size=1, batch_format="pyarrow")
     # A sort-based groupby leaves its output in id order: the first rows are the first ids.
-    counts = _sort_shuffle(ids).groupby("doc_id").count().filter(lambda row: row["count()"] > 1).materialize()
+    counts = ids.groupby("doc_id").count().filter(lambda row: row["count()"] > 1).materialize()
     n = counts.count()
     if n == 0:
         return Duplicates()
@@ -328,7 +340,7 @@ def _write_global(
         bucketed=cfg.pack.algorithm == "bucket",
         storage=cfg.storage,
     )
-    items = _sort_shuffle(shard_ds.map_batches(assign, batch_size=1, **_RETRY))
+    items = shard_ds.map_batches(assign, batch_size=1)
     # Range boundaries at every file key but the first: the sort's reducer i gets exactly the items of
     # file i, so a write task holds one file whatever the corpus size (sampled boundaries, groupby's
     # way, can put several files in one block, and the block grows with the corpus). The last range,
@@ -339,14 +351,24 @@ def _write_global(
     )
 
 
-def _sort_shuffle(ds: Any) -> Any:
-    """`ds`, shuffling (sort, groupby) with the pull-based sort shuffle: plain tasks, where the default
-    hash shuffle starts aggregator actors, which on a 2-core machine cost 15.1 s against 9.5 s for 14M
-    tokens (benchmarks/bench_job.py). A dataset carries the copy of the DataContext taken when its
-    source was made: it is set there, not on the global context."""
+def _from_items(rows: list[dict[str, Any]]) -> Any:
+    """A Ray Dataset of `rows` (one block each), set up as every dataset of the job is. A dataset
+    carries the copy of the DataContext taken when its source is made (setting the global context
+    later has no effect), so the settings go on the source's own context:
+    - the pull-based sort shuffle (sort, groupby): plain tasks, where the default hash shuffle starts
+      aggregator actors, which on a 2-core machine cost 15.1 s against 9.5 s for 14M tokens
+      (benchmarks/bench_job.py);
+    - map tasks retried on transient storage errors (Ray Data's own retry: Ray Core's
+      retry_exceptions never sees the OSError, which Ray Data wraps in a UserCodeException). The
+      patterns are Ray's own list of transient I/O errors (AWS NETWORK_CONNECTION, SLOW_DOWN, 503...);
+      bad data never raises (a recorded reject), and other errors fail at once."""
+    import ray.data
     from ray.data.context import ShuffleStrategy
 
+    ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
     ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+    ds.context.retried_map_errors = list(ds.context.retried_io_errors)
+    ds.context.max_map_retries = _MAP_RETRIES
     return ds
 
 
@@ -356,15 +378,13 @@ def by_file(items: Any, keys: list[int]) -> Any:
 
 
 def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any]]:
-    import ray.data
 
     per = cfg.pack.shards_per_group
     groups = [
         {"group": g, "token_files": token_files[first : first + per]}
         for g, first in enumerate(range(0, len(token_files), per))
     ]
-    ds = ray.data.from_items(groups, override_num_blocks=len(groups))
-    return list(ds.map_batches(partial(pack_groups, cfg=cfg), batch_size=1, **_RETRY).take_all())
+    return list(_from_items(groups).map_batches(partial(pack_groups, cfg=cfg), batch_size=1).take_all())
 
 
 def _check_conservation(files: list[dict[str, Any]], packs: int, items: int, tokens: int) -> None:

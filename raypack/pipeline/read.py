@@ -69,7 +69,7 @@ def read_shard(
 
     Bad data (a bad record, a truncated or corrupt compressed stream, a file that is not Parquet)
     becomes a Reject. A storage failure (network, permissions) is raised as the OSError it is: it
-    says nothing about the data, and the task that met it is retried by Ray (tokenize.py)."""
+    says nothing about the data; the task that met it is retried (job._from_items), then the job fails."""
     fs, inner = resolve(shard.path, storage)
     if cfg.format == "jsonl":
         yield from _read_jsonl(fs, inner, shard, cfg, batch_size)

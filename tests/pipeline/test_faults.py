@@ -13,13 +13,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pyarrow.fs as pafs
 import pytest
 
-from raypack.config import load_config
+from raypack.cli import main
+from raypack.config import StorageConfig, load_config
+from raypack.errors import storage_cause
 from raypack.pipeline.job import run_job
+from raypack.storage import write_bytes
 from raypack.verify import verify
 from tests import s3server
 from tests.conftest import job_config, make_corpus, s3_job_config
@@ -156,6 +160,81 @@ def test_the_s3_server_crashing_during_the_write_stage(
         pafs.copy_files(f"{s3server.BUCKET}/crash/out", str(local), source_filesystem=server.filesystem())
         assert _digest(local) == want, first_run
         assert verify(f"s3://{s3server.BUCKET}/crash/out", cfg).ok
+    finally:
+        server.stop()
+
+
+def test_a_storage_error_in_a_ray_task_is_found_behind_rays_wrappers() -> None:
+    """A task's OSError reaches the driver only as text inside Ray's RayTaskError(UserCodeException):
+    storage_cause must still name it, and must not call a bug in a task a storage error."""
+    import ray.data
+
+    dead = StorageConfig(endpoint=f"http://127.0.0.1:{s3server.free_ports(1)[0]}", max_attempts=1)
+
+    def upload(batch: dict[str, Any]) -> dict[str, Any]:
+        write_bytes("s3://bucket/key", b"x", dead)
+        return batch
+
+    def bug(batch: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("a bug, not storage")
+
+    causes = []
+    for fn in (upload, bug):
+        with pytest.raises(Exception) as caught:
+            ray.data.from_items([{"a": 1}]).map_batches(fn).materialize()
+        assert not isinstance(caught.value, OSError)  # what made the text path necessary
+        causes.append(storage_cause(caught.value))
+    assert causes[0] is not None and "AWS Error NETWORK_CONNECTION" in causes[0] and "\n" not in causes[0]
+    assert causes[1] is None
+
+    try:
+        try:
+            raise ConnectionResetError("peer went away\nsecond line")
+        except OSError as e:
+            raise RuntimeError("while writing") from e
+    except RuntimeError as e:
+        assert storage_cause(e) == "peer went away"
+
+
+@pytest.mark.slow  # 90 s: the job's four map retries with their backoff, then a rerun
+def test_storage_gone_for_good_fails_with_one_line_and_the_rerun_finishes(
+    tmp_path: Path,
+    tokenizer_path: Path,
+    reference: tuple[Path, dict[str, str]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The server killed as the write stage starts and not back until the job has given up: every
+    retry fails, and the user gets one line (not Ray's wrapped traceback), exit 1, no manifest."""
+    corpus, want = reference
+    server = s3server.start(tmp_path / "seaweedfs")
+    try:
+        # One S3 attempt per request: the job's own retries (4, ~15 s of backoff) are what is tested.
+        cfg = s3_job_config(
+            tmp_path,
+            server,
+            corpus,
+            tokenizer_path,
+            "gone",
+            output={"shard_rows": 40},
+            storage={"max_attempts": 1},
+        )
+
+        def kill() -> None:
+            server.process.kill()
+            server.process.wait()
+
+        with Saboteur(lambda: bool(_ray_processes("write_pack_files")), kill) as sab:
+            code = main(["pack", str(cfg)])
+        assert sab.done, "the server was not killed during the write stage"
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and err[-1].startswith("raypack: storage error: ") and "Traceback" not in err[-1]
+        server.restart(down=0.0)
+        fs = server.filesystem()
+        assert fs.get_file_info(f"{s3server.BUCKET}/gone/out/manifest.json").type == pafs.FileType.NotFound
+        assert main(["pack", str(cfg)]) == 0
+        local = tmp_path / "local"
+        pafs.copy_files(f"{s3server.BUCKET}/gone/out", str(local), source_filesystem=fs)
+        assert _digest(local) == want
     finally:
         server.stop()
 
