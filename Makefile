@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo plan-demo test test-slow soak lint bench clean
+.PHONY: demo plan-demo test test-slow soak lint browser bench report-screenshot clean
 
 $(BIN)/raypack: pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "raypack needs Python >= 3.11")'
@@ -25,7 +25,16 @@ lint: $(BIN)/raypack
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The report's test renders the page in headless Chromium (Debian's package): installed here when
+# missing, as root with apt-get; elsewhere that one test is skipped (and fails when CI is set).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium (apt-get) for the report's browser test"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "note: no chromium: the report's browser test will be skipped"; fi
+
+test: lint browser
 	$(BIN)/pytest
 
 test-slow: $(BIN)/raypack
@@ -36,6 +45,15 @@ soak: $(BIN)/raypack
 
 bench: $(BIN)/raypack
 	$(BIN)/python benchmarks/bench_packing.py
+
+# docs/report.png (the README's picture): the demo's report, its top 1200 px, as headless Chromium draws it.
+report-screenshot: demo browser
+	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
+	  --disable-background-networking --disable-component-update --disable-sync \
+	  --user-data-dir=$$(mktemp -d) --force-device-scale-factor=1 --force-color-profile=srgb \
+	  --hide-scrollbars --window-size=980,1400 --screenshot=raypack-demo/shot.png \
+	  file://$(CURDIR)/raypack-demo/packed/report.html
+	$(BIN)/python -c 'from PIL import Image; Image.open("raypack-demo/shot.png").convert("RGB").crop((0, 0, 980, 1200)).save("docs/report.png", optimize=True)'
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis raypack-demo

@@ -70,6 +70,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )  # flat keys: plan has only pack settings
     plan.add_argument("--seed", type=int, default=0, help="seed of the built-in sample (default 0)")
     plan.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
+    plan.add_argument("--report", metavar="DIR", help="also write DIR/report.html: plots and the comparison")
 
     pack = sub.add_parser(
         "pack",
@@ -98,6 +99,16 @@ def _build_parser() -> argparse.ArgumentParser:
     verify.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
     verify.add_argument("--config", help="the job config: also re-tokenize a sample of documents and compare")
     verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize with --config (64)")
+
+    report = sub.add_parser(
+        "report",
+        help="write the HTML report of a packed dataset (raypack pack writes it too)",
+        description="Render OUTPUT's report.html from its manifest and metrics (no data files are read): "
+        "length histogram, pack fill, truncations, metrics, time per stage, rejects.",
+    )
+    report.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
+    report.add_argument("--out", metavar="DIR", help="write DIR/report.html (default: OUTPUT/report.html)")
+    report.add_argument("--config", help="the job config, for its storage settings (an S3 endpoint)")
 
     demo = sub.add_parser(
         "demo",
@@ -147,11 +158,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     )
     results = dryrun.run_sweep(lengths, args.seq_len, algorithms, settings)
     if args.json:
-        for metrics, seconds in results:
-            print(json.dumps(dryrun.json_record(metrics, seconds)))
+        for r in results:
+            print(json.dumps(dryrun.json_record(r)))
     else:
         print(f"{len(lengths)} documents, {int(lengths.sum())} tokens")
         print(dryrun.format_table(results))
+    if args.report:
+        from raypack.report import from_dry_run, write_report
+
+        source = (
+            args.lengths or f"built-in sample: {args.sample:,} lognormal(6.0, 1.2) lengths, seed {args.seed}"
+        )
+        written = write_report(from_dry_run(lengths, source, results, settings), args.report)
+        print(f"report: {written}", file=sys.stderr)
     return 0
 
 
@@ -195,6 +214,18 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     for problem in report.problems:
         print(f"FAIL: {report.dataset}: {problem}")
     return 1
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from raypack.config import load_config
+    from raypack.report import from_dataset, write_report
+    from raypack.versions import resolve_dataset
+
+    storage = load_config(args.config).storage if args.config else None
+    report = from_dataset(args.output, storage)
+    out = args.out or resolve_dataset(args.output, storage)
+    print(f"report: {write_report(report, out, storage)}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -268,6 +299,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "pack": _cmd_pack,
         "rebuild": _cmd_rebuild,
         "verify": _cmd_verify,
+        "report": _cmd_report,
         "demo": _cmd_demo,
     }
     try:

@@ -16,9 +16,9 @@ import numpy as np
 
 from raypack.config import ALGORITHM_OPTION_FIELDS, PackConfig
 from raypack.errors import ConfigError
-from raypack.metrics import PackingMetrics, compute_metrics
 from raypack.packing import ALGORITHMS, pack
 from raypack.packing.items import check_lengths
+from raypack.report.model import Run, run_of
 
 __all__ = ["JSON_KEYS", "format_table", "json_record", "load_lengths", "run_sweep", "sample_lengths"]
 
@@ -114,8 +114,8 @@ def run_sweep(
     seq_lens: Sequence[int],
     algorithms: Iterable[str],
     settings: dict[str, Any] | None = None,
-) -> list[tuple[PackingMetrics, float]]:
-    """Pack with every (algorithm, seq_len); returns metrics and seconds spent packing."""
+) -> list[Run]:
+    """Pack with every (algorithm, seq_len); returns metrics, pack fill and seconds spent packing."""
     results = []
     for seq_len in seq_lens:
         for name in algorithms:
@@ -126,7 +126,7 @@ def run_sweep(
             t0 = time.perf_counter()
             assignment = pack(lengths, seq_len, name, overflow=cfg.overflow, **options)
             seconds = time.perf_counter() - t0
-            results.append((compute_metrics(assignment), seconds))
+            results.append(run_of(assignment, seconds))
     return results
 
 
@@ -147,7 +147,7 @@ def _config_for(algorithm: str, seq_len: int, settings: dict[str, Any]) -> PackC
     return PackConfig(**values)
 
 
-def format_table(results: list[tuple[PackingMetrics, float]]) -> str:
+def format_table(results: Sequence[Run]) -> str:
     header = (
         "algorithm",
         "seq_len",
@@ -163,7 +163,8 @@ def format_table(results: list[tuple[PackingMetrics, float]]) -> str:
         "seconds",
     )
     rows = [header]
-    for m, seconds in results:
+    for r in results:
+        m = r.metrics
         rows.append(
             (
                 m.algorithm,
@@ -177,7 +178,7 @@ def format_table(results: list[tuple[PackingMetrics, float]]) -> str:
                 f"{m.concatenation_ratio:.2f}",
                 f"{m.packing_factor:.2f}",
                 str(m.tokens_dropped),
-                f"{seconds:.3f}",
+                f"{r.seconds or 0.0:.3f}",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -192,7 +193,7 @@ def format_table(results: list[tuple[PackingMetrics, float]]) -> str:
     return "\n".join(lines)
 
 
-def json_record(m: PackingMetrics, seconds: float) -> dict[str, Any]:
-    d = m.to_dict()
-    d["seconds"] = round(seconds, 6)
+def json_record(r: Run) -> dict[str, Any]:
+    d = r.metrics.to_dict()
+    d["seconds"] = round(r.seconds or 0.0, 6)
     return {k: d[k] for k in JSON_KEYS}

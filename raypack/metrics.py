@@ -10,21 +10,52 @@
 - truncations per document by length band (Ding et al., figure 1): a document cut into k pieces has had
   k - 1 truncations; one shortened or dropped counts one more.
 - lower_bound = ceil(tokens / seq_len): no packer can use fewer packs of seq_len tokens.
+
+Two distributions for the report (raypack.report), both counts that add up across shards and files:
+documents by length in bins of 1/8 octave (LENGTH_BINS_PER_OCTAVE; a 1..2^20 token range in 160
+bins, fine enough to show a mode, coarse enough to be a few hundred integers per shard), and packs by
+fill, in whole percent of their capacity (fill_percent_counts).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import numpy as np
 
 from raypack.packing.assignment import Assignment
 from raypack.packing.items import Items
 
-__all__ = ["DocStats", "LengthBand", "PackingMetrics", "compute_metrics", "finalize_metrics"]
+__all__ = [
+    "FILL_BINS",
+    "LENGTH_BINS_PER_OCTAVE",
+    "DocStats",
+    "LengthBand",
+    "PackingMetrics",
+    "compute_metrics",
+    "fill_percent_counts",
+    "finalize_metrics",
+    "length_bins",
+]
 
 N_BANDS = 64  # power-of-two length bands: 2^63 tokens is more than any document
+LENGTH_BINS_PER_OCTAVE = 8
+N_LENGTH_BINS = N_BANDS * LENGTH_BINS_PER_OCTAVE
+FILL_BINS = 101  # whole percent 0..99, and 100 for a full pack
+
+
+def length_bins(lengths: np.ndarray) -> np.ndarray:
+    """Bin of each length (>= 1): floor(8 * log2(length)); bin b holds [2^(b/8), 2^((b+1)/8))."""
+    return np.floor(LENGTH_BINS_PER_OCTAVE * np.log2(np.maximum(lengths, 1))).astype(np.int64)
+
+
+def fill_percent_counts(fill: np.ndarray, capacity: np.ndarray | int) -> np.ndarray:
+    """int64[FILL_BINS]: packs by floor(100 * fill / capacity); a pack 99.9% full is in bin 99, only a
+    full one in bin 100."""
+    percent = (np.asarray(fill, dtype=np.int64) * 100) // np.asarray(capacity, dtype=np.int64)
+    return np.bincount(percent, minlength=FILL_BINS).astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +98,13 @@ class PackingMetrics:
         d["truncation_bands"] = [asdict(b) for b in self.truncation_bands]
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PackingMetrics:
+        """The inverse of to_dict (metrics.json's "metrics")."""
+        values = {f.name: d[f.name] for f in fields(cls)}
+        values["truncation_bands"] = tuple(LengthBand(**b) for b in d["truncation_bands"])
+        return cls(**values)
+
 
 @dataclass(frozen=True, slots=True)
 class DocStats:
@@ -81,6 +119,8 @@ class DocStats:
     input_tokens: int = 0
     band_documents: tuple[int, ...] = (0,) * N_BANDS
     band_truncations: tuple[int, ...] = (0,) * N_BANDS
+    length_bins: tuple[int, ...] = (0,) * N_LENGTH_BINS
+    """Documents by length_bins() (input lengths, before any cut)."""
 
     @classmethod
     def from_items(cls, it: Items) -> DocStats:
@@ -99,6 +139,9 @@ class DocStats:
             band_truncations=tuple(
                 np.bincount(band, weights=truncations, minlength=N_BANDS)[:N_BANDS].astype(np.int64).tolist()
             ),
+            length_bins=tuple(
+                np.bincount(length_bins(it.doc_length), minlength=N_LENGTH_BINS)[:N_LENGTH_BINS].tolist()
+            ),
         )
 
     def to_json(self) -> str:
@@ -116,6 +159,7 @@ class DocStats:
             input_tokens=int(d["input_tokens"]),
             band_documents=tuple(int(x) for x in d["band_documents"]),
             band_truncations=tuple(int(x) for x in d["band_truncations"]),
+            length_bins=tuple(int(x) for x in d["length_bins"]),
         )
 
     def __add__(self, other: DocStats) -> DocStats:
@@ -132,6 +176,7 @@ class DocStats:
             band_truncations=tuple(
                 a + b for a, b in zip(self.band_truncations, other.band_truncations, strict=True)
             ),
+            length_bins=tuple(a + b for a, b in zip(self.length_bins, other.length_bins, strict=True)),
         )
 
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-__all__ = ["DOCUMENTS", "FILES", "ITEMS", "OUTPUT_SCHEMA_VERSION", "PACKED", "REJECTS", "TOKENIZED"]
+__all__ = [
+    "DOCUMENTS",
+    "FILES",
+    "ITEMS",
+    "OUTPUT_SCHEMA_VERSION",
+    "PACKED",
+    "REJECTS",
+    "TOKENIZED",
+    "WRITTEN",
+]
 
 # Tokenized documents of one input shard (staging area): written by tokenize, read by histogram/assign.
 TOKENIZED = pa.schema(
@@ -63,6 +72,10 @@ FILES = pa.schema(
         ("sha256", pa.string()),
     ]
 )
+
+# What a write task returns: the file's FILES row, and its packs by fill in whole percent of their
+# capacity (metrics.FILL_BINS counts), summed into metrics.json for the report; not in the manifest.
+WRITTEN = FILES.append(pa.field("fill_percent", pa.list_(pa.int64())))
 
 # One row per pack: the training-side format (docs/output-format.md).
 OUTPUT_SCHEMA_VERSION = 1

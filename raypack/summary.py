@@ -58,6 +58,7 @@ def format_summary(result: JobResult) -> str:
                 f"{result.shards_tokenized:,} tokenized",
             )
         )
+    rows.append(("report", result.report or "not written (see the warning above)"))
     total = sum(result.stage_seconds.values())
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items())
     rows.append(("time", f"{total:.1f}s ({stages})"))

@@ -34,13 +34,14 @@ import pyarrow.parquet as pq
 from raypack import __version__, schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
-from raypack.metrics import PackingMetrics, finalize_metrics
+from raypack.metrics import FILL_BINS, LENGTH_BINS_PER_OCTAVE, DocStats, PackingMetrics, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.assign import Buckets, assign_shards, file_key
 from raypack.pipeline.histogram import index_path, sum_histograms
 from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
+from raypack.report.model import REPORT
 from raypack.storage import (
     Shard,
     exists,
@@ -61,7 +62,7 @@ METRICS = "metrics.json"
 # exponential backoff (2, 4, 8, 16 s caps, jittered: ~15 s expected in all). Every stage's output is
 # a whole file at a name fixed by the plan, so a rerun writes the same bytes.
 _MAP_RETRIES = 4
-_OUTPUT_PARTS = (MANIFEST, METRICS, "data", "index", "rejects", "_staging")
+_OUTPUT_PARTS = (MANIFEST, METRICS, REPORT, "data", "index", "rejects", "_staging")
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class JobResult:
     reject_reasons: dict[str, int] = field(default_factory=dict)
     """Rejected records by kind of reason."""
     duplicates: Duplicates | None = None
+    report: str | None = None
+    """The report.html written next to the data; None if it could not be (the job's log says why)."""
 
 
 @contextmanager
@@ -201,6 +204,9 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     files = sorted(files, key=lambda f: f["path"])
     packs = plan.num_packs if cfg.pack.mode == "global" else sum(int(f["rows"]) for f in files)
     _check_conservation(files, packs, stats.items, stats.tokens)
+    fill = np.zeros(FILL_BINS, dtype=np.int64)
+    for f in files:
+        fill += np.asarray(f["fill_percent"], dtype=np.int64)
     plan_slots = _slots(plan)
     slots = plan_slots if cfg.pack.mode == "global" else packs * cfg.pack.seq_len
     metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, packs, slots)
@@ -218,6 +224,8 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
                     "shards": {"reused": reused, "tokenized": len(shards) - reused},
                     "rejects_by_reason": dict(sorted(reasons.items())),
                     "duplicate_ids": dataclasses.asdict(duplicates),
+                    "document_lengths": _length_distribution(stats),
+                    "pack_fill_percent": fill.tolist(),
                 },
                 indent=2,
             ).encode(),
@@ -228,6 +236,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         manifest["counts"]["duplicate_ids"] = duplicates.ids
         manifest["counts"]["documents_with_duplicate_ids"] = duplicates.documents
         write_bytes_atomic(join(out, MANIFEST), json.dumps(manifest, indent=2).encode(), storage)
+    report = _write_report(out, storage, log)
     return JobResult(
         out,
         metrics,
@@ -242,7 +251,30 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         token_keys=keys,
         reject_reasons=dict(sorted(reasons.items())),
         duplicates=duplicates,
+        report=report,
     )
+
+
+def _length_distribution(stats: DocStats) -> dict[str, Any]:
+    bins = [b for b, n in enumerate(stats.length_bins) if n]
+    return {
+        "bins_per_octave": LENGTH_BINS_PER_OCTAVE,
+        "bins": bins,
+        "documents": [stats.length_bins[b] for b in bins],
+    }
+
+
+def _write_report(out: str, storage: StorageConfig, log: Callable[[str], None]) -> str | None:
+    """report.html, from the committed dataset as `raypack report` makes it. After the manifest: the
+    dataset is complete without it, and a failure here must not cost the packed data (the page can be
+    made again from manifest.json and metrics.json alone)."""
+    from raypack.report import from_dataset, write_report
+
+    try:
+        return write_report(from_dataset(out, storage), out, storage)
+    except Exception as e:  # any failure: the data is committed; say so and carry on
+        log(f"[raypack] warning: report.html not written ({type(e).__name__}: {e}); `raypack report {out}`")
+        return None
 
 
 _EXAMPLES = 20
@@ -388,9 +420,15 @@ def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any
 
 
 def _check_conservation(files: list[dict[str, Any]], packs: int, items: int, tokens: int) -> None:
-    """The written files must hold exactly the planned packs, every item and every token."""
+    """The written files must hold exactly the planned packs, every item and every token (and their
+    fill counts one entry per pack)."""
     got = (sum(f["rows"] for f in files), sum(f["items"] for f in files), sum(f["tokens"] for f in files))
     want = (packs, items, tokens)
+    filled = sum(int(np.sum(f["fill_percent"])) for f in files)
+    if filled != packs:
+        raise RuntimeError(
+            f"the files' fill counts cover {filled} packs, planned {packs}: refusing to commit"
+        )
     if got != want:
         raise RuntimeError(f"written (packs, items, tokens) = {got}, planned {want}: refusing to commit")
 

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import StorageConfig
+from raypack.metrics import fill_percent_counts
 from raypack.pipeline.assign import split_file_key
 from raypack.storage import join, write_bytes
 
@@ -41,11 +42,11 @@ def write_pack_files(
     group: int | None = None,
     storage: StorageConfig | None = None,
 ) -> pa.Table:
-    """Items sorted by file_key → one file written, and one FILES row, per key (one key a block in the
+    """Items sorted by file_key → one file written, and one WRITTEN row, per key (one key a block in the
     global job, whose sort's boundaries are the plan's file keys; every file of a group in sharded
     mode)."""
     if block.num_rows == 0:
-        return schema.FILES.empty_table()
+        return schema.WRITTEN.empty_table()
     keys = block.column("file_key").to_numpy()
     cuts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
     if np.any(np.diff(keys) < 0):
@@ -65,7 +66,7 @@ def write_pack_file(
     group: int | None = None,
     storage: StorageConfig | None = None,
 ) -> pa.Table:
-    """The items of one output file, in any order → the file written; returns its FILES row.
+    """The items of one output file, in any order → the file written; returns its WRITTEN row.
     `group`: the shard group in sharded mode, whose packs are numbered on their own."""
     _, part = split_file_key(int(items.column("file_key")[0].as_py()))
     capacity = int(items.column("capacity")[0].as_py())
@@ -133,6 +134,7 @@ def write_pack_file(
             "items": [len(pack)],
             "bytes": [data.size],
             "sha256": [hashlib.sha256(data).hexdigest()],
+            "fill_percent": [fill_percent_counts(fill, capacity)],
         },
-        schema=schema.FILES,
+        schema=schema.WRITTEN,
     )

@@ -21,7 +21,7 @@ __all__ = ["pack_groups"]
 
 
 def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig) -> pa.Table:
-    """map_batches function over group rows (group, token files of its shards) → FILES rows."""
+    """map_batches function over group rows (group, token files of its shards) → WRITTEN rows."""
     out = []
     p = cfg.pack
     for group, files in zip(batch["group"], batch["token_files"], strict=True):
@@ -53,4 +53,4 @@ def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig) -> pa.Table:
                 storage=cfg.storage,
             )
         )
-    return pa.concat_tables(out) if out else schema.FILES.empty_table()
+    return pa.concat_tables(out) if out else schema.WRITTEN.empty_table()

@@ -36,12 +36,13 @@ def quiet(_: str) -> None:
 
 
 def _digest(out: Path) -> dict[str, str]:
-    """sha256 of every file of a dataset but metrics.json (the run's timings) and manifest.json (it
-    names the output path; its counts and file checksums follow from the files compared here)."""
+    """sha256 of every file of a dataset but metrics.json and report.html (the run's timings) and
+    manifest.json (it names the output path; its counts and file checksums follow from the files
+    compared here)."""
     return {
         str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(out.rglob("*"))
-        if p.is_file() and p.name not in ("metrics.json", "manifest.json")
+        if p.is_file() and p.name not in ("metrics.json", "report.html", "manifest.json")
     }
 
 

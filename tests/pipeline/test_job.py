@@ -6,6 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -14,8 +15,10 @@ from tokenizers import Tokenizer
 from raypack.cli import main
 from raypack.config import InputConfig, load_config
 from raypack.errors import ConfigError
+from raypack.metrics import fill_percent_counts
 from raypack.pipeline.job import run_job
 from raypack.pipeline.read import read_shard
+from raypack.report.model import length_distribution
 from raypack.storage import Shard
 from raypack.verify import verify
 from tests.conftest import job_config, make_corpus, write_jsonl
@@ -72,6 +75,21 @@ def test_every_token_of_every_document_arrives_once(tmp_path: Path, tokenizer_pa
     assert report.ok, report.problems
     assert report.sampled == 20
 
+    # The report's distributions, against the packs and the independent tokenization above.
+    out = tmp_path / "out"
+    doc = json.loads((out / "metrics.json").read_text())
+    fill = fill_percent_counts(packs.column("num_tokens").to_numpy(), 512)
+    assert doc["pack_fill_percent"] == fill.tolist()
+    lengths = doc["document_lengths"]
+    got = dict(zip(lengths["bins"], lengths["documents"], strict=True))
+    assert got == length_distribution(np.array([len(v) for v in expected.values()]))
+    # report.html: written by the job after the manifest; `raypack report` makes the same page.
+    assert result.report == str(out / "report.html")
+    page = (out / "report.html").read_text()
+    assert f"{result.metrics.packs:,}" in page and "No rejects: all 160 input records" in page
+    assert main(["report", str(out), "--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "report.html").read_text() == page
+
 
 def test_output_is_byte_identical_whatever_the_workers_and_batches(
     tmp_path: Path, tokenizer_path: Path
@@ -109,6 +127,14 @@ def test_bucket_writes_one_directory_per_bucket_length(tmp_path: Path, tokenizer
         assert {len(x) for x in table.column("input_ids").to_pylist()} == {length}
     assert verify(str(tmp_path / "out")).ok
     assert result.metrics.slots < result.metrics.packs * 512  # smaller buckets were used
+    # Fill is a share of each pack's own bucket length.
+    fill = sum(
+        fill_percent_counts(
+            pq.read_table(p).column("num_tokens").to_numpy(), int(p.parent.name[len("bucket=") :])
+        )
+        for p in (tmp_path / "out" / "data").rglob("*.parquet")
+    )
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["pack_fill_percent"] == fill.tolist()
 
 
 def test_rejects_are_recorded_and_an_existing_dataset_needs_overwrite(
@@ -125,6 +151,12 @@ def test_rejects_are_recorded_and_an_existing_dataset_needs_overwrite(
     rejects = pq.read_table(tmp_path / "out" / "rejects" / "shard-000000.parquet").to_pylist()
     assert [(r["source"], r["row"]) for r in rejects] == [("a.jsonl", 2), ("a.jsonl", 3)]
     assert rejects[0]["raw"] == "{oops"
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "2 of 4 input records (50.000%) were rejected" in page
+    for kind in ("malformed JSON", "empty document"):  # counts by kind, then each reject in full
+        assert f'<tr><td>{kind}</td><td class="num">1</td></tr>' in page
+    for r in rejects:
+        assert f"<td>a.jsonl</td><td class='num'>{r['row']}</td><td>{r['reason']}</td>" in page
     with pytest.raises(ConfigError, match="already holds a dataset"):
         run_job(cfg, log=quiet)
     assert run_job(cfg, overwrite=True, log=quiet).documents == 2

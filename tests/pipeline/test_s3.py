@@ -152,7 +152,8 @@ def test_rebuild_on_s3_moves_latest_and_reuses_the_cache(tmp_path: Path, tokeniz
     from raypack.pipeline.rebuild import run_rebuild
     from raypack.versions import latest_version, list_versions
 
-    cfg = load_config(str(s3_config(tmp_path, s3, tokenizer_path, "rebuild")))
+    cfg_path = s3_config(tmp_path, s3, tokenizer_path, "rebuild")
+    cfg = load_config(str(cfg_path))
     first = run_rebuild(cfg, log=lambda _: None)
     # One shard changes in the bucket; the others must come from the cache.
     fs = s3.filesystem()
@@ -165,5 +166,11 @@ def test_rebuild_on_s3_moves_latest_and_reuses_the_cache(tmp_path: Path, tokeniz
     report = verify(root, cfg, sample=10)
     assert report.ok, report.problems
     assert report.dataset == f"{root}/v=000002" and report.documents == 4 * 30 + 1
+    # Each version has its report; `raypack report ROOT` follows LATEST and makes the same page.
+    page = f"{s3server.BUCKET}/rebuild/out/v=000002/report.html"
+    assert second.job.report == f"{root}/v=000002/report.html"
+    written = fs.open_input_stream(page).read()
+    assert main(["report", root, "--config", str(cfg_path), "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "report.html").read_bytes() == written and b"121 documents" in written
     cache = fs.get_file_info(pafs.FileSelector(f"{s3server.BUCKET}/rebuild/out/_cache/tokens"))
     assert sorted(i.base_name for i in cache) == sorted(f"{k}.parquet" for k in second.job.token_keys)

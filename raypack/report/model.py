@@ -1,0 +1,198 @@
+"""What a report shows, as plain numbers: gathered from a finished dataset (manifest.json, metrics.json
+and a few rows of rejects/, never its data files, so `raypack report` takes a second on any corpus) or
+from a dry run's assignments. No plotting here (raypack.report.plots), no HTML (raypack.report.page).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from raypack.config import StorageConfig
+from raypack.errors import ConfigError
+from raypack.metrics import (
+    FILL_BINS,
+    LENGTH_BINS_PER_OCTAVE,
+    PackingMetrics,
+    compute_metrics,
+    fill_percent_counts,
+    length_bins,
+)
+from raypack.packing.assignment import Assignment
+from raypack.storage import exists, join, list_dir, read_bytes, resolve
+from raypack.versions import MANIFEST, resolve_dataset
+
+__all__ = ["REPORT", "Report", "Run", "from_dataset", "from_dry_run", "length_distribution", "run_of"]
+
+REPORT = "report.html"
+METRICS = "metrics.json"
+_EXAMPLES = 10  # reject examples shown; the rejects/ files hold them all
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One packing result: its metrics and how full its packs are."""
+
+    metrics: PackingMetrics
+    fill_percent: tuple[int, ...]
+    """Packs by whole percent of their capacity filled (FILL_BINS entries; the last: full packs)."""
+    seconds: float | None = None
+    """Packing time, for a dry run (a job's times are per stage)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.metrics.algorithm} @ {self.metrics.seq_len}"
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    title: str
+    facts: tuple[tuple[str, str], ...]
+    """What was packed, how and where: (name, value) rows at the top of the page."""
+    length_bins: dict[int, int]
+    """Documents by metrics.length_bins (input lengths, before any cut)."""
+    runs: tuple[Run, ...]
+    """One for a job; one per (algorithm, seq_len) for a dry run's sweep."""
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    documents: int = 0
+    rejects: int = 0
+    rejects_by_reason: dict[str, int] = field(default_factory=dict)
+    reject_examples: tuple[dict[str, Any], ...] = ()
+    """source, row, reason and the first characters of the record, for the first few rejects."""
+    notes: tuple[str, ...] = ()
+    dry_run: bool = False
+
+
+def length_distribution(lengths: np.ndarray) -> dict[int, int]:
+    bins, counts = np.unique(length_bins(lengths), return_counts=True)
+    return dict(zip(bins.tolist(), counts.tolist(), strict=True))
+
+
+def run_of(a: Assignment, seconds: float | None = None) -> Run:
+    """A packing result reduced to what a report shows (the assignment itself can then go)."""
+    return Run(
+        compute_metrics(a), tuple(fill_percent_counts(a.pack_fill(), a.capacities()).tolist()), seconds
+    )
+
+
+def from_dry_run(lengths: np.ndarray, source: str, runs: Sequence[Run], settings: dict[str, Any]) -> Report:
+    """The page for `raypack plan`: the lengths it packed and every (algorithm, seq_len) it tried."""
+    facts = [
+        ("lengths", source),
+        ("documents", f"{len(lengths):,}"),
+        ("tokens", f"{int(lengths.sum()):,}"),
+        ("algorithms", ", ".join(dict.fromkeys(r.metrics.algorithm for r in runs))),
+        ("seq_len", ", ".join(str(s) for s in dict.fromkeys(r.metrics.seq_len for r in runs))),
+    ]
+    if settings:
+        facts.append(("settings", ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))))
+    return Report(
+        title="raypack plan (dry run)",
+        facts=tuple(facts),
+        length_bins=length_distribution(lengths),
+        runs=tuple(runs),
+        documents=len(lengths),
+        dry_run=True,
+    )
+
+
+def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
+    """The page for a finished dataset (or a rebuild root: its LATEST version). ConfigError, one line,
+    for a path that holds no complete dataset or one written before reports existed."""
+    dataset = resolve_dataset(path, storage)
+    if not exists(join(dataset, MANIFEST), storage):
+        raise ConfigError(f"{path}: no manifest.json, so no complete raypack dataset to report on")
+    manifest = json.loads(read_bytes(join(dataset, MANIFEST), storage))
+    doc = json.loads(read_bytes(join(dataset, manifest.get("metrics", METRICS)), storage))
+    if "pack_fill_percent" not in doc or "document_lengths" not in doc:
+        raise ConfigError(
+            f"{dataset}: metrics.json has no length or fill distribution (written by raypack "
+            f"{manifest.get('raypack_version', '?')}, before reports): rerun the job to get a report"
+        )
+    lengths = doc["document_lengths"]
+    if int(lengths["bins_per_octave"]) != LENGTH_BINS_PER_OCTAVE:
+        raise ConfigError(f"{dataset}: metrics.json bins lengths differently ({lengths['bins_per_octave']})")
+    fill = [int(x) for x in doc["pack_fill_percent"]]
+    if len(fill) != FILL_BINS:
+        raise ConfigError(f"{dataset}: metrics.json has {len(fill)} fill bins, not {FILL_BINS}")
+    metrics = PackingMetrics.from_dict(doc["metrics"])
+    counts = manifest["counts"]
+    reasons = {str(k): int(v) for k, v in doc.get("rejects_by_reason", {}).items()}
+    return Report(
+        title=f"raypack: {dataset}",
+        facts=_facts(dataset, manifest, doc),
+        length_bins=dict(zip(lengths["bins"], lengths["documents"], strict=True)),
+        runs=(Run(metrics, tuple(fill)),),
+        stage_seconds={str(k): float(v) for k, v in doc.get("stage_seconds", {}).items()},
+        documents=int(counts["documents"]),
+        rejects=int(counts["rejects"]),
+        rejects_by_reason=reasons,
+        reject_examples=_reject_examples(dataset, storage) if counts["rejects"] else (),
+        notes=_notes(doc, metrics),
+    )
+
+
+def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    cfg, counts, tok = manifest["config"], manifest["counts"], manifest["tokenizer"]
+    pack = cfg["pack"]
+    files = manifest["files"]
+    algorithm = pack["algorithm"]
+    if algorithm == "bucket":
+        algorithm += f" (buckets {', '.join(str(b['length']) for b in manifest.get('buckets', []))})"
+    return (
+        ("output", dataset),
+        (
+            "input",
+            ", ".join(cfg["input"]["paths"]) + f" ({cfg['input']['format']}, {counts['shards']:,} shards)",
+        ),
+        ("tokenizer", f"{tok['path']} (vocab {tok['vocab_size']:,}, sha256 {tok['sha256'][:12]})"),
+        (
+            "packing",
+            f"{algorithm}, seq_len {pack['seq_len']}, overflow {pack['overflow']}, {doc['mode']} mode",
+        ),
+        (
+            "counts",
+            f"{counts['documents']:,} documents, {counts['items']:,} items, {counts['packs']:,} packs, "
+            f"{counts['tokens']:,} tokens",
+        ),
+        ("files", f"{len(files):,} Parquet files, {sum(f['bytes'] for f in files) / 2**20:,.1f} MiB"),
+        ("raypack", str(manifest.get("raypack_version", "?"))),
+    )
+
+
+def _notes(doc: dict[str, Any], metrics: PackingMetrics) -> tuple[str, ...]:
+    notes = []
+    if doc.get("mode") == "sharded":
+        notes.append(
+            f"Sharded mode: {100 * metrics.efficiency:.4f}% efficiency, against "
+            f"{100 * float(doc['global_bfd_efficiency']):.4f}% for one bfd plan over all shards."
+        )
+    dup = doc.get("duplicate_ids") or {}
+    if dup.get("ids"):
+        examples = ", ".join(str(x) for x in dup.get("examples", [])[:5])
+        notes.append(
+            f"{dup['ids']:,} document ids are carried by {dup['documents']:,} documents (all packed), "
+            f"e.g. {examples}."
+        )
+    return tuple(notes)
+
+
+def _reject_examples(dataset: str, storage: StorageConfig | None) -> tuple[dict[str, Any], ...]:
+    """The first rejects in shard order, reading only as many files as it takes."""
+    examples: list[dict[str, Any]] = []
+    infos = sorted(list_dir(join(dataset, "rejects"), storage), key=lambda i: i.base_name)
+    for info in infos:
+        if not info.base_name.endswith(".parquet"):
+            continue
+        fs, inner = resolve(join(dataset, "rejects", info.base_name), storage)
+        with fs.open_input_file(inner) as f:
+            rows = pq.read_table(f).slice(0, _EXAMPLES - len(examples)).to_pylist()
+        examples.extend(rows)
+        if len(examples) >= _EXAMPLES:
+            break
+    return tuple(examples)

@@ -1,0 +1,180 @@
+"""The report as one self-contained HTML file: inline CSS, figures as PNG data URIs, no script and
+nothing fetched, so it opens from object storage, a laptop or a CI artifact alike. Every string that
+comes from the data (paths, document ids, rejected records) is escaped.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import struct
+from collections.abc import Sequence
+
+from raypack import __version__
+from raypack.report import plots
+from raypack.report.model import Report, Run
+
+__all__ = ["render"]
+
+_CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #222;
+       margin: 0; background: #fafafa; }
+main { width: 940px; margin: 0 auto; padding: 16px 0 40px; }
+h1 { font-size: 22px; margin: 8px 0 12px; word-break: break-all; }
+h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+table { border-collapse: collapse; background: #fff; margin: 6px 0; }
+th, td { border: 1px solid #ddd; padding: 4px 8px; text-align: left; vertical-align: top; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+table.facts th { width: 110px; background: #f3f3f3; }
+table.metrics { font-size: 12.5px; }
+table.metrics th, table.metrics td { padding: 3px 6px; }
+figure { margin: 10px 0; background: #fff; border: 1px solid #e4e4e4; width: 900px; }
+figure img { display: block; max-width: none; }
+figcaption { padding: 4px 8px 6px; color: #555; font-size: 13px; }
+.note { background: #fff8e1; border: 1px solid #f0e0a0; padding: 6px 10px; margin: 8px 0; }
+code, td.raw { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
+td.raw { max-width: 420px; overflow-wrap: anywhere; white-space: pre-wrap; }
+footer { color: #777; font-size: 12px; margin-top: 30px; }
+"""
+
+
+def render(report: Report) -> str:
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{_e(report.title)}</title>",
+        f"<style>{_CSS}</style></head><body><main>",
+        f"<h1>{_e(report.title)}</h1>",
+        _facts(report.facts),
+        *(f'<p class="note">{_e(n)}</p>' for n in report.notes),
+        "<h2>Packing</h2>",
+        _metrics_table(report.runs, report.dry_run),
+        _figure(
+            plots.length_figure(report),
+            "Document length",
+            "Documents by length, before any cut (log-log). Dashed: seq_len; a document longer than it is "
+            "cut into seq_len-sized chunks and a remainder (or truncated/dropped, as pack.overflow says).",
+        ),
+        *(
+            _figure(
+                png,
+                f"Pack fill at seq_len {seq_len}",
+                "Packs by real tokens over capacity, in whole percent (log count axis); the rest of a pack "
+                "is padding.",
+            )
+            for seq_len, png in plots.fill_figures(report)
+        ),
+        _figure(
+            plots.truncation_figure(report),
+            "Truncations per document",
+            "A document cut into k pieces counts k - 1 truncations (one more if shortened or dropped). "
+            "Best-fit packing cuts only documents longer than seq_len (Ding et al., 2024).",
+        ),
+    ]
+    if report.stage_seconds:
+        parts += [
+            "<h2>Time</h2>",
+            _figure(plots.stage_figure(report.stage_seconds), "Time per stage", "Wall-clock seconds."),
+        ]
+    if not report.dry_run:
+        parts += ["<h2>Rejects</h2>", _rejects(report)]
+    parts += [
+        f"<footer>raypack {_e(__version__)}. Definitions: docs/algorithms.md and raypack/metrics.py; "
+        "padding ratio = 1 - efficiency (Liu et al.), packing factor = items per pack (Krell et al.)."
+        "</footer>",
+        "</main></body></html>",
+    ]
+    return "\n".join(p for p in parts if p) + "\n"
+
+
+def _facts(facts: Sequence[tuple[str, str]]) -> str:
+    rows = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in facts)
+    return f'<table class="facts">{rows}</table>'
+
+
+_COLUMNS = (
+    ("algorithm", False),
+    ("seq_len", True),
+    ("packs", True),
+    ("lower bound", True),
+    ("packs / LB", True),
+    ("efficiency", True),
+    ("padding ratio", True),
+    ("truncation ratio", True),
+    ("concat. ratio", True),
+    ("packing factor", True),
+    ("tokens dropped", True),
+)
+
+
+def _metrics_table(runs: Sequence[Run], dry_run: bool) -> str:
+    columns = [*_COLUMNS, *([("seconds", True)] if dry_run else [])]
+    head = "".join(f'<th class="{"num" if num else ""}">{_e(name)}</th>' for name, num in columns)
+    rows = []
+    for r in runs:
+        m = r.metrics
+        cells = [
+            m.algorithm,
+            f"{m.seq_len:,}",
+            f"{m.packs:,}",
+            f"{m.lower_bound:,}",
+            f"{m.packs_over_lower_bound:.5f}",
+            f"{100 * m.efficiency:.4f}%",
+            f"{m.padding_ratio:.5f}",
+            f"{m.truncation_ratio:.4f}",
+            f"{m.concatenation_ratio:.2f}",
+            f"{m.packing_factor:.2f}",
+            f"{m.tokens_dropped:,}",
+            *([f"{r.seconds:.3f}" if r.seconds is not None else ""] if dry_run else []),
+        ]
+        tds = "".join(
+            f'<td class="{"num" if num else ""}">{_e(c)}</td>'
+            for c, (_, num) in zip(cells, columns, strict=True)
+        )
+        rows.append(f"<tr>{tds}</tr>")
+    return f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>'
+
+
+def _figure(png: bytes | None, alt: str, caption: str) -> str:
+    if png is None:
+        return ""
+    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk: the size the PNG was drawn at
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<figure><img alt="{_e(alt)}" width="{width}" height="{height}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
+
+
+def _rejects(report: Report) -> str:
+    total = report.documents + report.rejects
+    if not report.rejects:
+        return f"<p>No rejects: all {report.documents:,} input records became documents.</p>"
+    share = 100 * report.rejects / total if total else 0.0
+    parts = [
+        f"<p>{report.rejects:,} of {total:,} input records ({share:.3f}%) were rejected; each is in "
+        "<code>rejects/</code> with its source, row, reason and first characters.</p>",
+        '<table><tr><th>reason</th><th class="num">records</th></tr>',
+        *(
+            f'<tr><td>{_e(k)}</td><td class="num">{v:,}</td></tr>'
+            for k, v in sorted(report.rejects_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+        ),
+        "</table>",
+    ]
+    if report.reject_examples:
+        parts.append(
+            f"<p>The first {len(report.reject_examples)}:</p>"
+            '<table><tr><th>source</th><th class="num">row</th><th>reason</th><th>record</th></tr>'
+        )
+        for ex in report.reject_examples:
+            row = "whole file" if int(ex.get("row", -1)) < 0 else f"{int(ex['row']):,}"
+            parts.append(
+                f"<tr><td>{_e(ex.get('source', ''))}</td><td class='num'>{row}</td>"
+                f"<td>{_e(ex.get('reason', ''))}</td><td class='raw'>{_e(ex.get('raw', ''))}</td></tr>"
+            )
+        parts.append("</table>")
+    return "".join(parts)
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
