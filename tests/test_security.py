@@ -49,7 +49,15 @@ def test_the_package_never_unpickles_or_evaluates_anything() -> None:
 def test_ids_and_paths_from_the_input_never_name_output_files(tmp_path: Path, tokenizer_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    hostile = ["../../../escaped", "/etc/passwd", "data/part-00000.parquet", "a\nb", "..", "manifest.json"]
+    hostile = [
+        "../../../escaped",
+        "/etc/passwd",
+        "data/part-00000.parquet",
+        "a\nb",
+        "..",
+        "manifest.json",
+        "report.html",
+    ]
     write_jsonl(corpus / "a.jsonl", [{"id": i, "text": f"text number {n}"} for n, i in enumerate(hostile)])
     cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"id_field": "id"})))
     run_job(cfg, log=lambda _: None)
@@ -58,7 +66,9 @@ def test_ids_and_paths_from_the_input_never_name_output_files(tmp_path: Path, to
     outside = [w for w in written if not w.startswith(("out/", "corpus/")) and w != "job.yaml"]
     assert outside == []
     names = [str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()]
-    generated = re.compile(r"(data/part-\d{5}|index/shard-\d{6})\.parquet|manifest\.json|metrics\.json")
+    generated = re.compile(
+        r"(data/part-\d{5}|index/shard-\d{6})\.parquet|manifest\.json|metrics\.json|report\.html"
+    )
     assert all(generated.fullmatch(n) for n in names), names
     ids = {i for row in pq.read_table(out / "data").column("doc_ids").to_pylist() for i in row}
     assert ids == set(hostile)  # kept as data, verbatim
