@@ -43,7 +43,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     source = plan.add_mutually_exclusive_group(required=True)
     source.add_argument(
-        "--lengths", metavar="FILE", help=".npy, .txt (one length a line) or .parquet (length column)"
+        "--lengths",
+        metavar="PATH",
+        help=".npy, .txt (one length a line), .parquet (length column), or a packed dataset (its index/)",
     )
     source.add_argument(
         "--sample",
@@ -130,6 +132,19 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
         dest="overrides",
         help="override a config value, e.g. pack.seq_len=8192 or output.path=s3://bucket/out (repeatable)",
     )
+    p.add_argument(
+        "--compare",
+        metavar="ALGOS",
+        help="also plan these histogram packers (comma-separated, or 'all') on the corpus and put them "
+        "beside pack.algorithm in metrics.json and the report (same as --set pack.compare=[...])",
+    )
+
+
+def _job_overrides(args: argparse.Namespace) -> list[str]:
+    if args.compare is None:
+        return list(args.overrides)
+    names = [a.strip() for a in args.compare.split(",") if a.strip()]
+    return [*args.overrides, f"pack.compare={json.dumps(names)}"]
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -179,7 +194,7 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     from raypack.pipeline.job import run_job
     from raypack.summary import format_summary
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _job_overrides(args))
     result = run_job(cfg, overwrite=args.overwrite, log=lambda msg: print(msg, file=sys.stderr))
     print(format_summary(result))
     return 0
@@ -190,7 +205,7 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
     from raypack.pipeline.rebuild import run_rebuild
     from raypack.summary import format_rebuild
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _job_overrides(args))
     result = run_rebuild(cfg, log=lambda msg: print(msg, file=sys.stderr))
     print(format_rebuild(result))
     return 0

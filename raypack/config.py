@@ -71,6 +71,9 @@ class PackConfig:
     `shards_per_group` input shards is packed on its own by one task (bfd, ffd, greedy): no shuffle of
     tokens, a little less efficiency."""
     shards_per_group: int = 1
+    compare: tuple[str, ...] = ()
+    """Histogram packers to plan as well, on the same histogram, for the comparison table of metrics.json
+    and the report (plans only: the data holds `algorithm`'s packs); ["all"]: every histogram packer."""
 
     def __post_init__(self) -> None:
         if self.seq_len < 1:
@@ -103,6 +106,31 @@ class PackConfig:
             raise ConfigError(f"pack.shards_per_group must be >= 1, got {self.shards_per_group}")
         if self.nnls_bin_width is not None and not 1 <= self.nnls_bin_width <= self.seq_len:
             raise ConfigError(f"pack.nnls_bin_width must be in 1..seq_len, got {self.nnls_bin_width}")
+        self.compared()  # every listed packer known, planned from a histogram, and its settings valid
+
+    def compared(self) -> tuple[PackConfig, ...]:
+        """The config of each packer in `compare` other than `algorithm`, in ALGORITHMS order."""
+        histogram = [name for name, a in ALGORITHMS.items() if a.is_histogram]
+        if "all" in self.compare and len(self.compare) > 1:
+            raise ConfigError(f"pack.compare: 'all' stands alone, got {list(self.compare)}")
+        for name in self.compare:
+            if name != "all" and name not in histogram:
+                what = "needs every document in one process" if name in ALGORITHMS else "is unknown"
+                raise ConfigError(
+                    f"pack.compare: {name!r} {what}; a job compares histogram packers only "
+                    f"({', '.join(histogram)}); `raypack plan --lengths OUTPUT` compares all "
+                    f"{len(ALGORITHMS)} on a finished dataset's document lengths"
+                )
+        names = histogram if self.compare == ("all",) else [n for n in histogram if n in self.compare]
+        configs = []
+        for name in names:
+            if name == self.algorithm:
+                continue
+            try:
+                configs.append(dataclasses.replace(self, algorithm=name, compare=()))
+            except ConfigError as e:
+                raise ConfigError(f"pack.compare includes {name}: {e}") from None
+        return tuple(configs)
 
     def algorithm_options(self) -> dict[str, Any]:
         """Keyword options for the chosen packer, from the fields that apply to it."""

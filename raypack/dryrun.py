@@ -49,8 +49,12 @@ def sample_lengths(n: int, seed: int = 0) -> np.ndarray:
 
 
 def load_lengths(path: str | Path) -> np.ndarray:
-    """Lengths from .npy, .txt (one per line) or .parquet (a `length` column); ConfigError if bad."""
+    """Lengths from .npy, .txt (one per line), .parquet (a `length` column), a directory of such
+    Parquet files, or a raypack dataset (its index/: every document's tokens, BOS/EOS included; a
+    rebuild's root: its LATEST version). ConfigError if bad."""
     p = Path(path)
+    if p.is_dir():
+        return _load_directory(p)
     if not p.is_file():
         raise ConfigError(f"lengths file not found: {p}")
     suffix = p.suffix.lower()
@@ -70,6 +74,23 @@ def load_lengths(path: str | Path) -> np.ndarray:
         raise ConfigError(f"{p}: {e}") from None
     if not len(lengths):
         raise ConfigError(f"{p}: no lengths in file")
+    return lengths
+
+
+def _load_directory(p: Path) -> np.ndarray:
+    from raypack.versions import resolve_dataset
+
+    dataset = Path(resolve_dataset(str(p)))
+    where = dataset / "index" if (dataset / "index").is_dir() else dataset
+    files = sorted(where.glob("*.parquet"))
+    if not files:
+        raise ConfigError(f"{p}: no .parquet files with a 'length' column (nor a raypack dataset's index/)")
+    try:  # one file per input shard: a shard whose records were all rejected has an empty one
+        lengths = check_lengths(np.concatenate([_load_parquet(f) for f in files]))
+    except (ValueError, OSError) as e:
+        raise ConfigError(f"{p}: {e}") from None
+    if not len(lengths):
+        raise ConfigError(f"{p}: no lengths in its Parquet files")
     return lengths
 
 

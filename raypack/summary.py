@@ -41,6 +41,20 @@ def format_summary(result: JobResult) -> str:
             if result.mode == "sharded"
             else []
         ),
+        *(
+            [
+                (
+                    "compared",
+                    "; ".join(
+                        f"{c.algorithm} {c.packs:,} packs ({100 * c.efficiency:.4f}%)"
+                        for c in result.comparison
+                    )
+                    + " (plans only)",
+                )
+            ]
+            if result.comparison
+            else []
+        ),
         ("truncation ratio", f"{m.truncation_ratio:.4f}"),
         ("concatenation ratio", f"{m.concatenation_ratio:.2f} documents per pack"),
         ("packing factor", f"{m.packing_factor:.2f} items per pack"),

@@ -26,10 +26,15 @@ def lengths_files(tmp_path: Path) -> dict[str, Path]:
     txt.write_text("# lengths\n" + "\n".join(map(str, lengths)) + "\n")
     parquet = tmp_path / "l.parquet"
     pq.write_table(pa.table({"length": lengths, "other": ["x"] * len(lengths)}), parquet)
-    return {"npy": npy, "txt": txt, "parquet": parquet}
+    directory = tmp_path / "index"  # as a dataset's index/: a file per shard, one of them empty
+    directory.mkdir()
+    pq.write_table(pa.table({"length": lengths[:3]}), directory / "shard-000000.parquet")
+    pq.write_table(pa.table({"length": pa.array([], pa.int64())}), directory / "shard-000001.parquet")
+    pq.write_table(pa.table({"length": lengths[3:]}), directory / "shard-000002.parquet")
+    return {"npy": npy, "txt": txt, "parquet": parquet, "dir": directory}
 
 
-@pytest.mark.parametrize("kind", ["npy", "txt", "parquet"])
+@pytest.mark.parametrize("kind", ["npy", "txt", "parquet", "dir"])
 def test_json_output_for_each_file_type(
     kind: str, lengths_files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -76,6 +81,7 @@ def test_settings_reach_the_packer(capsys: pytest.CaptureFixture[str]) -> None:
         (["--sample", "10", "--seq-len", "8", "--set", "depth=3"], "unknown setting depth"),
         (["--sample", "10", "--seq-len", "x"], "invalid int value"),
         (["--seq-len", "8"], "one of the arguments --lengths --sample is required"),
+        (["--lengths", "{empty_dir}", "--seq-len", "8"], "no .parquet files with a 'length' column"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(
@@ -87,7 +93,9 @@ def test_bad_input_is_one_line_and_exit_2(
         "csv": tmp_path / "l.csv",
         "noparquet": tmp_path / "broken.parquet",
         "nocol": tmp_path / "nocol.parquet",
+        "empty_dir": tmp_path / "empty",
     }
+    files["empty_dir"].mkdir()
     files["bad_txt"].write_text("3\nabc\n")
     np.save(files["neg"], np.array([3, -4]))
     files["csv"].write_text("3\n")

@@ -21,6 +21,11 @@ from raypack.config import ConfigError, PackConfig, apply_overrides, from_dict
         ({"nnls_bin_width": 0}, "nnls_bin_width"),
         ({"shuffle": "yes"}, "shuffle must be true or false"),
         ({"seqlen": 2048}, "unknown key seqlen"),
+        ({"compare": ["ffd"]}, "'ffd' needs every document in one process"),
+        ({"compare": ["best"]}, "'best' is unknown"),
+        ({"compare": ["all", "bfd"]}, "'all' stands alone"),
+        ({"compare": "all"}, "compare must be a list"),
+        ({"compare": ["nnlshp"], "max_depth": 8}, "compare includes nnlshp: pack.max_depth must be <= 3"),
     ],
 )
 def test_bad_values_name_the_key(data: dict[str, object], message: str) -> None:
@@ -45,3 +50,13 @@ def test_overrides_are_read_as_yaml() -> None:
         apply_overrides({}, ["pack.seq_len"])
     with pytest.raises(ConfigError, match="not a section"):
         apply_overrides({"pack": 3}, ["pack.seq_len=1"])
+
+
+def test_compare_lists_the_other_histogram_packers_with_the_settings_that_apply() -> None:
+    cfg = from_dict(PackConfig, {"algorithm": "lpfhp", "max_depth": 3, "compare": ["all"]})
+    assert [c.algorithm for c in cfg.compared()] == ["bfd", "spfhp", "nnlshp", "bucket"]
+    assert all(c.compare == () and c.max_depth == 3 for c in cfg.compared())
+    assert [c.algorithm_options() for c in cfg.compared()][-1] == {"padding_threshold": 0.01}
+    cfg = from_dict(PackConfig, {"compare": ["bucket", "bfd", "spfhp"]})
+    assert [c.algorithm for c in cfg.compared()] == ["spfhp", "bucket"]  # table order, not bfd twice
+    assert from_dict(PackConfig, {}).compared() == ()

@@ -77,6 +77,27 @@ class Plan:
         ends = np.append(self.capacity_start[1:], self.num_packs)
         return np.repeat(self.capacity_value, ends - self.capacity_start)
 
+    def pack_load(self) -> np.ndarray:
+        """int64[num_packs]: tokens in every pack, from the runs alone (no items): O(runs + packs).
+
+        A run puts its items idx = phase .. phase + count - 1 at pack pack0 + idx // q, so its packs
+        from first to last get q items each, except the first and last, which get what is left.
+        """
+        r = self.runs
+        length, count, q, phase, pack0 = (r[:, c] for c in (R_LEN, R_COUNT, R_Q, R_PHASE, R_PACK0))
+        first = pack0 + phase // q
+        last = pack0 + (phase + count - 1) // q
+        load = np.zeros(self.num_packs + 1, dtype=np.int64)
+        np.add.at(load, first, length * q)  # q items in every pack first..last: a difference array
+        np.add.at(load, last + 1, -length * q)
+        load = np.cumsum(load)[:-1]
+        in_first = np.minimum(q * (phase // q + 1), phase + count) - phase
+        np.add.at(load, first, length * (in_first - q))
+        ends = last > first
+        in_last = phase + count - q * ((phase + count - 1) // q)
+        np.add.at(load, last[ends], (length * (in_last - q))[ends])
+        return load
+
     @property
     def offsets_known(self) -> bool:
         return bool(np.all(self.runs[:, R_OFF0] >= 0))

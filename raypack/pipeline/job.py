@@ -34,7 +34,14 @@ import pyarrow.parquet as pq
 from raypack import __version__, schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
-from raypack.metrics import FILL_BINS, LENGTH_BINS_PER_OCTAVE, DocStats, PackingMetrics, finalize_metrics
+from raypack.metrics import (
+    FILL_BINS,
+    LENGTH_BINS_PER_OCTAVE,
+    DocStats,
+    PackingMetrics,
+    fill_percent_counts,
+    finalize_metrics,
+)
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.assign import Buckets, assign_shards, file_key
 from raypack.pipeline.histogram import index_path, sum_histograms
@@ -97,6 +104,8 @@ class JobResult:
     duplicates: Duplicates | None = None
     report: str | None = None
     """The report.html written next to the data; None if it could not be (the job's log says why)."""
+    comparison: tuple[PackingMetrics, ...] = ()
+    """Metrics of the plans of pack.compare (on the same histogram; not written)."""
 
 
 @contextmanager
@@ -196,6 +205,11 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         options = cfg.pack.algorithm_options() if cfg.pack.mode == "global" else {}
         plan = planner(hist, cfg.pack.seq_len, **options)
 
+    comparison = []
+    if cfg.pack.compare:
+        with _stage(timings, "compare", log):
+            comparison = _compare(cfg, hist, stats)
+
     with _stage(timings, "assign+write", log):
         if cfg.pack.mode == "sharded":
             files = _write_sharded(cfg, [token_file(token_dir, k) for k in keys])
@@ -226,6 +240,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
                     "duplicate_ids": dataclasses.asdict(duplicates),
                     "document_lengths": _length_distribution(stats),
                     "pack_fill_percent": fill.tolist(),
+                    "comparison": comparison,
                 },
                 indent=2,
             ).encode(),
@@ -252,7 +267,26 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         reject_reasons=dict(sorted(reasons.items())),
         duplicates=duplicates,
         report=report,
+        comparison=tuple(PackingMetrics.from_dict(c["metrics"]) for c in comparison),
     )
+
+
+def _compare(cfg: JobConfig, hist: np.ndarray, stats: DocStats) -> list[dict[str, Any]]:
+    """Plan every packer of pack.compare on the job's item histogram (plans only: nothing is written),
+    for the comparison table. Each costs a plan, seconds at most, and O(packs) driver memory for the
+    fill of its packs (8 bytes a pack: ~100 MB for 12M packs), freed before the next."""
+    out = []
+    for c in cfg.pack.compared():
+        planner = ALGORITHMS[c.algorithm].plan
+        assert planner is not None  # PackConfig.compared admits histogram packers only
+        t0 = time.perf_counter()
+        plan = planner(hist, c.seq_len, **c.algorithm_options())
+        seconds = time.perf_counter() - t0
+        metrics = finalize_metrics(stats, c.algorithm, c.seq_len, plan.num_packs, _slots(plan))
+        fill = fill_percent_counts(plan.pack_load(), plan.pack_capacity())
+        row = {"metrics": metrics.to_dict(), "pack_fill_percent": fill.tolist(), "plan_seconds": seconds}
+        out.append(row)
+    return out
 
 
 def _length_distribution(stats: DocStats) -> dict[str, Any]:

@@ -43,10 +43,12 @@ class Run:
     """Packs by whole percent of their capacity filled (FILL_BINS entries; the last: full packs)."""
     seconds: float | None = None
     """Packing time, for a dry run (a job's times are per stage)."""
+    compared: bool = False
+    """Planned by a job for comparison only (pack.compare): not the packs in its data."""
 
     @property
     def label(self) -> str:
-        return f"{self.metrics.algorithm} @ {self.metrics.seq_len}"
+        return f"{self.metrics.algorithm} @ {self.metrics.seq_len}" + (" (compared)" if self.compared else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,24 +119,35 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
     lengths = doc["document_lengths"]
     if int(lengths["bins_per_octave"]) != LENGTH_BINS_PER_OCTAVE:
         raise ConfigError(f"{dataset}: metrics.json bins lengths differently ({lengths['bins_per_octave']})")
-    fill = [int(x) for x in doc["pack_fill_percent"]]
-    if len(fill) != FILL_BINS:
-        raise ConfigError(f"{dataset}: metrics.json has {len(fill)} fill bins, not {FILL_BINS}")
     metrics = PackingMetrics.from_dict(doc["metrics"])
+    stage_seconds = {str(k): float(v) for k, v in doc.get("stage_seconds", {}).items()}
+    # No time per compared plan in the table: in a job, each is one first call, mostly loading compiled
+    # code (0.5 s for a 1 ms plan); `raypack plan` times packers properly, after a warm-up.
+    compared = tuple(
+        Run(PackingMetrics.from_dict(c["metrics"]), _fill(dataset, c), compared=True)
+        for c in doc.get("comparison", [])
+    )
     counts = manifest["counts"]
     reasons = {str(k): int(v) for k, v in doc.get("rejects_by_reason", {}).items()}
     return Report(
         title=f"raypack: {dataset}",
         facts=_facts(dataset, manifest, doc),
         length_bins=dict(zip(lengths["bins"], lengths["documents"], strict=True)),
-        runs=(Run(metrics, tuple(fill)),),
-        stage_seconds={str(k): float(v) for k, v in doc.get("stage_seconds", {}).items()},
+        runs=(Run(metrics, _fill(dataset, doc)), *compared),
+        stage_seconds=stage_seconds,
         documents=int(counts["documents"]),
         rejects=int(counts["rejects"]),
         rejects_by_reason=reasons,
         reject_examples=_reject_examples(dataset, storage) if counts["rejects"] else (),
         notes=_notes(doc, metrics),
     )
+
+
+def _fill(dataset: str, doc: dict[str, Any]) -> tuple[int, ...]:
+    fill = tuple(int(x) for x in doc["pack_fill_percent"])
+    if len(fill) != FILL_BINS:
+        raise ConfigError(f"{dataset}: metrics.json has {len(fill)} fill bins, not {FILL_BINS}")
+    return fill
 
 
 def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -171,6 +184,12 @@ def _notes(doc: dict[str, Any], metrics: PackingMetrics) -> tuple[str, ...]:
         notes.append(
             f"Sharded mode: {100 * metrics.efficiency:.4f}% efficiency, against "
             f"{100 * float(doc['global_bfd_efficiency']):.4f}% for one bfd plan over all shards."
+        )
+    if doc.get("comparison"):
+        names = ", ".join(c["metrics"]["algorithm"] for c in doc["comparison"])
+        notes.append(
+            f"Compared (pack.compare): {names}, each planned on this corpus's item histogram at the same "
+            f"seq_len and settings; plans only, the data holds the {metrics.algorithm} packs."
         )
     dup = doc.get("duplicate_ids") or {}
     if dup.get("ids"):

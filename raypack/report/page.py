@@ -48,7 +48,7 @@ def render(report: Report) -> str:
         _facts(report.facts),
         *(f'<p class="note">{_e(n)}</p>' for n in report.notes),
         "<h2>Packing</h2>",
-        _metrics_table(report.runs, report.dry_run),
+        _metrics_table(report.runs),
         _figure(
             plots.length_figure(report),
             "Document length",
@@ -107,14 +107,15 @@ _COLUMNS = (
 )
 
 
-def _metrics_table(runs: Sequence[Run], dry_run: bool) -> str:
-    columns = [*_COLUMNS, *([("seconds", True)] if dry_run else [])]
+def _metrics_table(runs: Sequence[Run]) -> str:
+    timed = any(r.seconds is not None for r in runs)
+    columns = [*_COLUMNS, *([("seconds", True)] if timed else [])]
     head = "".join(f'<th class="{"num" if num else ""}">{_e(name)}</th>' for name, num in columns)
     rows = []
     for r in runs:
         m = r.metrics
         cells = [
-            m.algorithm,
+            m.algorithm + (" (compared)" if r.compared else ""),
             f"{m.seq_len:,}",
             f"{m.packs:,}",
             f"{m.lower_bound:,}",
@@ -125,7 +126,7 @@ def _metrics_table(runs: Sequence[Run], dry_run: bool) -> str:
             f"{m.concatenation_ratio:.2f}",
             f"{m.packing_factor:.2f}",
             f"{m.tokens_dropped:,}",
-            *([f"{r.seconds:.3f}" if r.seconds is not None else ""] if dry_run else []),
+            *([f"{r.seconds:.3f}" if r.seconds is not None else ""] if timed else []),
         ]
         tds = "".join(
             f'<td class="{"num" if num else ""}">{_e(c)}</td>'

@@ -94,7 +94,8 @@ def fill_figures(report: Report) -> list[tuple[int, bytes]]:
 
 def truncation_figure(report: Report) -> bytes | None:
     """Truncations per document by power-of-two length band (Ding et al.'s figure 1), per run."""
-    runs = [r for r in report.runs if r.metrics.truncation_bands]
+    # Packers compared on one histogram cut the same documents: the written run stands for them.
+    runs = [r for r in report.runs if r.metrics.truncation_bands and not r.compared]
     if not runs:
         return None
     fig, ax = _figure()

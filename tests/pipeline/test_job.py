@@ -14,12 +14,15 @@ from tokenizers import Tokenizer
 
 from raypack.cli import main
 from raypack.config import InputConfig, load_config
+from raypack.dryrun import load_lengths
 from raypack.errors import ConfigError
 from raypack.metrics import fill_percent_counts
+from raypack.packing import pack
 from raypack.pipeline.job import run_job
 from raypack.pipeline.read import read_shard
 from raypack.report.model import length_distribution
 from raypack.storage import Shard
+from raypack.summary import format_summary
 from raypack.verify import verify
 from tests.conftest import job_config, make_corpus, write_jsonl
 
@@ -36,7 +39,7 @@ def read_packs(out: Path) -> pa.Table:
 
 def test_every_token_of_every_document_arrives_once(tmp_path: Path, tokenizer_path: Path) -> None:
     corpus = make_corpus(tmp_path, shards=4, docs_per_shard=40)
-    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path)))
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack={"compare": ["all"]})))
     result = run_job(cfg, log=quiet)
     assert result.documents == 160 and result.rejects == 0
 
@@ -89,6 +92,21 @@ def test_every_token_of_every_document_arrives_once(tmp_path: Path, tokenizer_pa
     assert f"{result.metrics.packs:,}" in page and "No rejects: all 160 input records" in page
     assert main(["report", str(out), "--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "report.html").read_text() == page
+
+    # pack.compare: every other histogram packer planned on the job's histogram, as packing the
+    # independently tokenized lengths here gives; rows in the report beside the written bfd.
+    doc_lengths = np.array([len(v) for v in expected.values()])
+    compared = [c["metrics"]["algorithm"] for c in doc["comparison"]]
+    assert compared == ["lpfhp", "spfhp", "nnlshp", "bucket"]
+    assert [m.algorithm for m in result.comparison] == compared
+    assert f"lpfhp {result.comparison[0].packs:,} packs" in format_summary(result)
+    for c in doc["comparison"]:
+        a = pack(doc_lengths, 512, c["metrics"]["algorithm"])
+        assert c["metrics"]["packs"] == a.num_packs and c["metrics"]["tokens"] == result.metrics.tokens
+        assert c["pack_fill_percent"] == fill_percent_counts(a.pack_fill(), a.capacities()).tolist()
+        assert f"{c['metrics']['algorithm']} (compared)" in page
+    # The finished dataset's index feeds a dry run of all eight packers on the same lengths.
+    assert np.array_equal(np.sort(load_lengths(out)), np.sort(doc_lengths))
 
 
 def test_output_is_byte_identical_whatever_the_workers_and_batches(
