@@ -221,6 +221,8 @@ def test_verify_names_what_is_wrong(tmp_path: Path, tokenizer_path: Path) -> Non
         (["pack", "{cfg}", "--set", "input.empty=drop"], "input.empty must be reject or keep"),
         (["pack", "{cfg}", "--set", "input.max_reject_ratio=2"], "max_reject_ratio must be within [0, 1]"),
         (["pack", "{cfg}", "--set", "tokenizer.path={cfg}"], "is not a tokenizers JSON file"),
+        (["pack", "{cfg}", "--compare", "spfhp,ffd"], "pack.compare: 'ffd' needs every document in one"),
+        (["rebuild", "{cfg}", "--compare", "all,bfd"], "pack.compare: 'all' stands alone"),
     ],
 )
 def test_pack_mistakes_are_one_line_and_exit_2(
