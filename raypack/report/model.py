@@ -47,8 +47,18 @@ class Run:
     """Planned by a job for comparison only (pack.compare): not the packs in its data."""
 
     @property
+    def _mark(self) -> str:
+        return " (compared)" if self.compared else ""
+
+    @property
+    def name(self) -> str:
+        """The metrics table's algorithm cell."""
+        return self.metrics.algorithm + self._mark
+
+    @property
     def label(self) -> str:
-        return f"{self.metrics.algorithm} @ {self.metrics.seq_len}" + (" (compared)" if self.compared else "")
+        """A plot legend's entry."""
+        return f"{self.metrics.algorithm} @ {self.metrics.seq_len}{self._mark}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +130,6 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
     if int(lengths["bins_per_octave"]) != LENGTH_BINS_PER_OCTAVE:
         raise ConfigError(f"{dataset}: metrics.json bins lengths differently ({lengths['bins_per_octave']})")
     metrics = PackingMetrics.from_dict(doc["metrics"])
-    stage_seconds = {str(k): float(v) for k, v in doc.get("stage_seconds", {}).items()}
     # No time per compared plan in the table: in a job, each is one first call, mostly loading compiled
     # code (0.5 s for a 1 ms plan); `raypack plan` times packers properly, after a warm-up.
     compared = tuple(
@@ -134,7 +143,7 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
         facts=_facts(dataset, manifest, doc),
         length_bins=dict(zip(lengths["bins"], lengths["documents"], strict=True)),
         runs=(Run(metrics, _fill(dataset, doc)), *compared),
-        stage_seconds=stage_seconds,
+        stage_seconds={str(k): float(v) for k, v in doc.get("stage_seconds", {}).items()},
         documents=int(counts["documents"]),
         rejects=int(counts["rejects"]),
         rejects_by_reason=reasons,

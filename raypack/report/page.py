@@ -115,7 +115,7 @@ def _metrics_table(runs: Sequence[Run]) -> str:
     for r in runs:
         m = r.metrics
         cells = [
-            m.algorithm + (" (compared)" if r.compared else ""),
+            r.name,
             f"{m.seq_len:,}",
             f"{m.packs:,}",
             f"{m.lower_bound:,}",
