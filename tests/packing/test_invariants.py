@@ -123,12 +123,7 @@ def test_plan_covers_exactly_the_histogram(algorithm: str) -> None:
 def test_pack_load_from_the_runs_equals_the_expanded_items(
     algorithm: str, corpus: tuple[np.ndarray, int]
 ) -> None:
-    lengths, seq_len = corpus
-    items = make_items(lengths, seq_len)
-    plan = ALGORITHMS[algorithm].plan(item_histogram(items.length, seq_len), seq_len)  # type: ignore[misc]
-    pack_id, _, _ = expand(plan, items.length)
-    expected = np.bincount(pack_id, weights=items.length, minlength=plan.num_packs).astype(np.int64)
-    assert np.array_equal(plan.pack_load(), expected)
+    assert_pack_load_matches_expand(algorithm, *corpus)
 
 
 @pytest.mark.parametrize("algorithm", HISTOGRAM)
@@ -136,8 +131,12 @@ def test_pack_load_with_runs_that_start_and_end_inside_a_pack(algorithm: str) ->
     # Small property corpora rarely give such runs; on 20k lognormal documents nnlshp has ~250 runs
     # that start mid-pack (phase > 0) and ~30 that end in a partly filled one.
     lengths = np.maximum(1, np.random.default_rng(0).lognormal(5.0, 1.2, 20_000)).astype(np.int64)
-    items = make_items(lengths, 512)
-    plan = ALGORITHMS[algorithm].plan(item_histogram(items.length, 512), 512)  # type: ignore[misc]
+    assert_pack_load_matches_expand(algorithm, lengths, 512)
+
+
+def assert_pack_load_matches_expand(algorithm: str, lengths: np.ndarray, seq_len: int) -> None:
+    items = make_items(lengths, seq_len)
+    plan = ALGORITHMS[algorithm].plan(item_histogram(items.length, seq_len), seq_len)  # type: ignore[misc]
     pack_id, _, _ = expand(plan, items.length)
     expected = np.bincount(pack_id, weights=items.length, minlength=plan.num_packs).astype(np.int64)
     assert np.array_equal(plan.pack_load(), expected)
