@@ -1,11 +1,13 @@
 """Longest-pack-first histogram packing (Krell et al., "Efficient sequence packing without
-cross-contamination", Graphcore 2021).
+cross-contamination", Graphcore 2021): an alias of `bfd`, under Krell's name.
 
-Walks the histogram from the longest length down; each length goes into the strategy (group of
-identical packs) with the least room that fits it, several copies per pack when they fit, and packs
-that reach `max_depth` sequences are closed. With no depth cap this is exactly best-fit-decreasing on
-the histogram, so it makes as many packs as `bfd`; with a cap it trades efficiency for fewer documents
-per pack (at depth 3 and seq_len 8192 most of each pack stays empty on web-like length distributions).
+Krell's procedure walks the histogram from the longest length down; each length goes into the open
+strategy with the least room that fits it, as many copies per pack as fit ("distribute"), and a length
+that fits nowhere opens packs of as many copies as fit; packs that are full or reach `max_depth`
+sequences close. That is best-fit-decreasing on the histogram, step for step: this module makes the
+same call as bfd.py, and tests/packing/test_references.py checks the packs (each a multiset of
+lengths, not just the fills) against a plain transcription of Krell's published procedure, with and
+without depth caps. Kept as its own name so a config can say which paper it follows.
 """
 
 from __future__ import annotations
