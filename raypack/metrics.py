@@ -4,9 +4,12 @@
   padding tokens over all tokens of the training samples).
 - truncation_ratio: share of documents that do not reach training whole: cut into chunks, shortened by
   `truncate`, or dropped (Liu et al.'s r_tru counts truncated documents over all documents).
-- concatenation_ratio: documents per pack (Liu et al.'s r_cat = M / C, M counting the documents that
-  reach the output).
-- packing_factor: sequences (items) per pack, Krell et al.'s speed-up over one-sequence-per-row padding.
+- concatenation_ratio: Liu et al.'s r_cat = M / C, M the original documents (all of them, dropped ones
+  included, as Liu defines it) and C the training samples (packs). It is not documents per pack: one
+  document cut into 10 chunks gives r_cat 0.1 with one document in every pack.
+- packing_factor: sequences (items) per pack, Krell et al.'s speed-up over one-sequence-per-row
+  padding. It is also the mean number of documents per pack (the chunks of one document never share
+  a pack: every chunk but the remainder fills one), which the summary shows beside r_cat.
 - truncations per document by length band (Ding et al., figure 1): a document cut into k pieces has had
   k - 1 truncations; one shortened or dropped counts one more.
 - lower_bound = ceil(tokens / seq_len): no packer can use fewer packs of seq_len tokens.
@@ -88,6 +91,11 @@ class PackingMetrics:
     tokens_dropped: int
     documents_dropped: int
     truncation_bands: tuple[LengthBand, ...]
+
+    @property
+    def documents_per_pack(self) -> float:
+        """Mean documents (or chunks of one) per pack: the packing factor, under its plain name."""
+        return self.packing_factor
 
     @property
     def packs_over_lower_bound(self) -> float:
@@ -200,7 +208,7 @@ def finalize_metrics(stats: DocStats, algorithm: str, seq_len: int, packs: int, 
         efficiency=tokens / slots if slots else 1.0,
         padding_ratio=(slots - tokens) / slots if slots else 0.0,
         truncation_ratio=stats.truncated / docs if docs else 0.0,
-        concatenation_ratio=stats.documents_present / packs if packs else 0.0,
+        concatenation_ratio=docs / packs if packs else 0.0,
         packing_factor=stats.items / packs if packs else 0.0,
         tokens_dropped=stats.input_tokens - tokens,
         documents_dropped=docs - stats.documents_present,

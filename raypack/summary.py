@@ -56,8 +56,11 @@ def format_summary(result: JobResult) -> str:
             else []
         ),
         ("truncation ratio", f"{m.truncation_ratio:.4f}"),
-        ("concatenation ratio", f"{m.concatenation_ratio:.2f} documents per pack"),
-        ("packing factor", f"{m.packing_factor:.2f} items per pack"),
+        (
+            "concatenation ratio",
+            f"{m.concatenation_ratio:.2f} (Liu et al.'s r_cat: {m.documents:,} documents / {m.packs:,} packs)",
+        ),
+        ("documents per pack", f"{m.documents_per_pack:.2f} on average (Krell et al.'s packing factor)"),
         (
             "files",
             f"{len(result.files)} Parquet files, {sum(f['bytes'] for f in result.files) / 2**20:.1f} MiB",

@@ -6,6 +6,8 @@ import pytest
 
 from raypack.metrics import compute_metrics
 from raypack.packing import pack
+from raypack.pipeline.job import JobResult
+from raypack.summary import format_summary
 
 
 def test_bfd_hand_case() -> None:
@@ -34,7 +36,9 @@ def test_truncate_and_drop_count_lost_tokens() -> None:
     d = compute_metrics(pack([20, 5, 3], 8, "bfd", overflow="drop"))
     assert d.tokens_dropped == 20 and d.documents_dropped == 1
     assert d.truncation_ratio == pytest.approx(1 / 3)
-    assert d.concatenation_ratio == pytest.approx(2 / 1)  # two documents reach the one pack
+    # Liu's M counts every document, the dropped one too; two documents share the one pack.
+    assert d.concatenation_ratio == pytest.approx(3 / 1)
+    assert d.documents_per_pack == pytest.approx(2 / 1)
     assert d.packs == 1
 
 
@@ -57,3 +61,15 @@ def test_empty_corpus() -> None:
     m = compute_metrics(pack([], 8, "bfd"))
     assert (m.packs, m.tokens, m.lower_bound) == (0, 0, 0)
     assert m.efficiency == 1.0 and m.truncation_bands == ()
+
+
+def test_concatenation_ratio_is_liu_r_cat_not_documents_per_pack() -> None:
+    """One 80-token document cut into 10 packs of 8: r_cat = 1 / 10, and every pack holds one document."""
+    m = compute_metrics(pack([80], 8, "bfd"))
+    assert m.packs == 10
+    assert m.concatenation_ratio == pytest.approx(0.1)
+    assert m.documents_per_pack == pytest.approx(1.0)
+    result = JobResult("out/", m, documents=1, rejects=0, files=[], mode="global", global_efficiency=1.0)
+    text = format_summary(result)
+    assert "concatenation ratio  0.10 (Liu et al.'s r_cat: 1 documents / 10 packs)" in text
+    assert "documents per pack   1.00 on average" in text

@@ -80,7 +80,8 @@ def render(report: Report) -> str:
         parts += ["<h2>Rejects</h2>", _rejects(report)]
     parts += [
         f"<footer>raypack {_e(__version__)}. Definitions: docs/algorithms.md and raypack/metrics.py; "
-        "padding ratio = 1 - efficiency (Liu et al.), packing factor = items per pack (Krell et al.)."
+        "padding ratio = 1 - efficiency (Liu et al.); r_cat = input documents / packs (Liu et al.'s "
+        "concatenation ratio); docs per pack = items / packs (Krell et al.'s packing factor)."
         "</footer>",
         "</main></body></html>",
     ]
@@ -101,8 +102,8 @@ _COLUMNS = (
     ("efficiency", True),
     ("padding ratio", True),
     ("truncation ratio", True),
-    ("concat. ratio", True),
-    ("packing factor", True),
+    ("r_cat (Liu)", True),
+    ("docs per pack", True),
     ("tokens dropped", True),
 )
 
