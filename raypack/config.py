@@ -41,6 +41,12 @@ ALGORITHM_OPTION_FIELDS = {
     "nnls_bin_width": "bin_width",
 }
 SHARDED_ALGORITHMS = ("bfd", "ffd", "greedy")
+# Token positions in one output file (shard_rows × seq_len): input_ids is an Arrow list<int32> whose
+# offsets are int32, so a file cannot hold 2^31 of them. Checked here, not found after tokenization.
+# A write task holds ~20 bytes a position (the file's items, the packed rows, a scatter index):
+# ~1.6 GB at the default 10,000 × 8192.
+MAX_FILE_POSITIONS = 2**31 - 1
+BYTES_PER_FILE_POSITION = 20
 
 T = TypeVar("T")
 
@@ -294,6 +300,15 @@ class JobConfig:
             )
         if self.pack.seq_len < 2:
             raise ConfigError(f"pack.seq_len must be >= 2 for a training sequence, got {self.pack.seq_len}")
+        positions = self.output.shard_rows * self.pack.seq_len
+        if positions > MAX_FILE_POSITIONS:
+            most = MAX_FILE_POSITIONS // self.pack.seq_len
+            raise ConfigError(
+                f"output.shard_rows × pack.seq_len = {positions:,} token positions a file, over the "
+                f"{MAX_FILE_POSITIONS:,} one Parquet list column holds (and ~"
+                f"{BYTES_PER_FILE_POSITION * positions / 2**30:.0f} GiB for its write task): "
+                f"set output.shard_rows <= {most:,}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

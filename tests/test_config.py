@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from raypack.config import ConfigError, PackConfig, apply_overrides, from_dict
+from raypack.config import ConfigError, JobConfig, PackConfig, apply_overrides, from_dict
 
 
 @pytest.mark.parametrize(
@@ -60,3 +60,18 @@ def test_compare_lists_the_other_histogram_packers_with_the_settings_that_apply(
     cfg = from_dict(PackConfig, {"compare": ["bucket", "bfd", "spfhp"]})
     assert [c.algorithm for c in cfg.compared()] == ["spfhp", "bucket"]  # table order, not bfd twice
     assert from_dict(PackConfig, {}).compared() == ()
+
+
+def test_a_file_too_large_for_int32_offsets_fails_in_config() -> None:
+    """shard_rows × seq_len token positions must fit the int32 offsets of input_ids: found in the config,
+    not by an overflowing cast in a write task after the corpus was tokenized."""
+    base = {
+        "input": {"paths": ["x/*.jsonl"]},
+        "tokenizer": {"path": "t.json"},
+        "output": {"path": "out/", "shard_rows": 262_144},  # × 8192 = 2^31
+        "pack": {"seq_len": 8192},
+    }
+    with pytest.raises(ConfigError, match=r"2,147,483,648 token positions a file.*shard_rows <= 262,143"):
+        from_dict(JobConfig, base)
+    ok = from_dict(JobConfig, apply_overrides(base, ["output.shard_rows=262143"]))
+    assert ok.output.shard_rows * ok.pack.seq_len < 2**31
