@@ -131,7 +131,8 @@ def atomic_output(path: str, storage: StorageConfig | None = None) -> Iterator[p
     """Like open_output, but `path` appears only once the block ends without an error: the bytes go to
     a `.tmp-*` sibling that is then moved over `path` (a rename locally; a server-side copy on S3, whose
     streams cannot be aborted: closing one commits whatever was written). On an error the sibling is
-    deleted; one left by a killed process is swept by the next run (TMP_PREFIX)."""
+    deleted; one left by a killed process is swept by the next run (TMP_PREFIX). For small files
+    only: S3's CopyObject refuses sources over 5 GB (token files are written in place instead)."""
     fs, inner = resolve(path, storage)
     parent, name = posixpath.split(inner)
     tmp = posixpath.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")

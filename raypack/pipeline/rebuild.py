@@ -8,7 +8,8 @@ those of a from-scratch run on the same inputs. Only then does LATEST move to th
 versions beyond output.keep_versions and cache entries no version uses are deleted last.
 
 A crash at any point leaves LATEST on the previous complete version. The next run deletes the crashed
-version's directory and reuses every token file that was finished (they appear only when complete).
+version's directory and reuses every token file that was finished (the key its footer gets last says so;
+an unfinished one is tokenized again).
 """
 
 from __future__ import annotations

@@ -174,17 +174,25 @@ def _find(tok: Tokenizer, names: tuple[str, ...]) -> int | None:
 
 
 # Bump when the token file layout or what goes into a key changes: old cache entries then miss.
-TOKEN_FORMAT = 1
+# 2: keyed on input.empty, input.max_document_bytes and the piece size too; written in place.
+TOKEN_FORMAT = 2
+# Footer key, written last: a token file without it is unfinished (see TokenizeShards._tokenize).
+_DONE = b"raypack.rejects"
 
 
 def token_settings(cfg: JobConfig, tok: LoadedTokenizer) -> dict[str, Any]:
     """Everything besides the shard's bytes that decides its token file: a change in any of these must
-    re-tokenize (a rebuild reuses a cached file only when all of them and the shard are unchanged)."""
+    re-tokenize (a rebuild reuses a cached file only when all of them and the shard are unchanged).
+    input.empty and input.max_document_bytes decide document or reject; PIECE_CHARS where a long
+    text is cut for encoding (its tokens may differ at a cut with no space)."""
     return {
         "token_format": TOKEN_FORMAT,
         "format": cfg.input.format,
         "text_field": cfg.input.text_field,
         "id_field": cfg.input.id_field,
+        "empty": cfg.input.empty,
+        "max_document_bytes": cfg.input.max_document_bytes,
+        "piece_chars": PIECE_CHARS,
         "tokenizer_sha256": tok.sha256,
         "bos_id": tok.bos_id if cfg.tokenizer.add_bos else None,
         "eos_id": tok.eos_id if cfg.tokenizer.add_eos else None,
@@ -266,9 +274,10 @@ class TokenizeShards:
         """Make sure the shard's token file exists (tokenizing only when it does not), write its index
         and rejects into the output; returns its counts and histogram."""
         path = token_file(token_dir, key)
-        cached = exists(path, self.storage)
-        if cached:
-            docs, n_rejects = self._read_cached(path)
+        finished = self._read_cached(path)
+        cached = finished is not None
+        if finished is not None:
+            docs, n_rejects = finished
             reasons: list[str] = []
             if n_rejects:
                 data = read_bytes(cached_rejects_file(token_dir, key), self.storage)
@@ -296,25 +305,36 @@ class TokenizeShards:
             **summary,
         }
 
-    def _read_cached(self, path: str) -> tuple[pa.Table, int]:
+    def _read_cached(self, path: str) -> tuple[pa.Table, int] | None:
+        """A finished token file's documents and rejects count; None when there is none (absent, cut
+        short by a killed writer, or closed without its completion key by an error)."""
+        if not exists(path, self.storage):
+            return None
         fs, inner = resolve(path, self.storage)
-        with fs.open_input_file(inner) as f:
-            pf = pq.ParquetFile(f)
-            meta = pf.metadata.metadata or {}
-            docs = pf.read(columns=["row", "doc_id", "length"])
-        return docs, int(meta.get(b"raypack.rejects", b"0"))
+        try:
+            with fs.open_input_file(inner) as f:
+                pf = pq.ParquetFile(f)
+                meta = pf.metadata.metadata or {}
+                if _DONE not in meta:
+                    return None
+                docs = pf.read(columns=["row", "doc_id", "length"])
+        except pa.ArrowInvalid:  # no footer: a local file whose writer was killed
+            return None
+        return docs, int(meta[_DONE])
 
     def _tokenize(self, shard: Shard, path: str, cached_rejects: str) -> tuple[pa.Table, list[str]]:
-        """Tokenize the shard into `path` (appearing only when complete: a killed actor leaves no file
-        that a rebuild would take for a finished one); rejects go beside it and into the output."""
+        """Tokenize the shard into `path`; rejects go beside it and into the output.
+
+        The file is written in place, not to a temporary name then moved: on S3 a move is a
+        CopyObject, limited to 5 GB, and a shard of 10 GB of text makes a ~10 GB token file. It counts
+        as finished only by the footer key written last (_DONE, with the rejects count): an error
+        mid-way closes the writer without it, a killed writer leaves no footer locally and no
+        object at all on S3 (a multipart upload completes only on close), and either is redone."""
         cfg = self.cfg
         rejects: list[dict[str, Any]] = []
         docs: list[pa.Table] = []
         # The rejects count is known only at the end: it goes into the footer's key-value metadata.
-        with (
-            atomic_output(path, self.storage) as sink,
-            pq.ParquetWriter(sink, schema.TOKENIZED) as writer,
-        ):
+        with open_output(path, self.storage) as sink, pq.ParquetWriter(sink, schema.TOKENIZED) as writer:
             for batch in read_shard(shard, cfg.input, cfg.tokenizer.batch_size, self.storage):
                 rejects.extend(
                     {"source": shard.relpath, "row": r.row, "reason": r.reason, "raw": r.raw}
@@ -326,12 +346,13 @@ class TokenizeShards:
                     docs.append(table.select(["row", "doc_id", "length"]))
             if rejects:
                 table = pa.Table.from_pylist(rejects, schema=schema.REJECTS)
-                # Beside the token file first, so a token file never exists without its rejects.
+                # Beside the token file before its completion key, so a finished token file always
+                # has its rejects.
                 with atomic_output(cached_rejects, self.storage) as f:
                     pq.write_table(table, f)
                 with open_output(rejects_path(cfg.output.path, shard.index), self.storage) as f:
                     pq.write_table(table, f)
-            writer.add_key_value_metadata({"raypack.rejects": str(len(rejects))})
+            writer.add_key_value_metadata({_DONE.decode(): str(len(rejects))})
         empty = schema.TOKENIZED.empty_table().select(["row", "doc_id", "length"])
         return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects]
 

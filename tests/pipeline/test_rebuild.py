@@ -8,6 +8,7 @@ import os
 import random
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -166,3 +167,51 @@ def test_pack_and_rebuild_refuse_each_others_outputs(
     (tmp_path / "root" / "LATEST").write_text("garbage")
     assert main(["rebuild", str(tmp_path / "rebuild.yaml")]) == 2
     assert "not a version name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("setting", "documents"),
+    [("input.empty=keep", 6 + 2), ("input.max_document_bytes=100", 6 - 1)],
+)
+def test_settings_that_decide_document_or_reject_retokenize(
+    tmp_path: Path, tokenizer_path: Path, setting: str, documents: int
+) -> None:
+    """input.empty and input.max_document_bytes decide what a token file holds: a rebuild after a
+    change must tokenize again and equal a fresh `raypack pack` with the new setting."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(4)
+    texts = [random_text(rng, 5) for _ in range(5)] + [random_text(rng, 40), "", "   "]
+    write_jsonl(corpus / "a.jsonl", [{"text": t} for t in texts])
+    path = tmp_path / "rebuild.yaml"
+    config(tmp_path, tokenizer_path, corpus)
+    first = run_rebuild(load_config(str(path), ["input.max_reject_ratio=0.5"]), **quiet)
+    assert (first.job.documents, first.job.rejects) == (6, 2)
+    cfg = load_config(str(path), ["input.max_reject_ratio=0.5", setting])
+    second = run_rebuild(cfg, **quiet)
+    assert (second.job.shards_reused, second.job.shards_tokenized) == (0, 1)
+    assert second.job.documents == documents and second.job.documents + second.job.rejects == 8
+    fresh = scratch(tmp_path, cfg, "fresh")
+    for part in ("data", "index", "rejects"):
+        assert files_under(tmp_path / "root" / "v=000002" / part) == files_under(fresh / part), part
+
+
+def test_an_unfinished_token_file_is_tokenized_again(tmp_path: Path, tokenizer_path: Path) -> None:
+    """Token files are written in place (S3 cannot move one over 5 GB): one that an error cut short
+    (closed with a valid footer but without the completion key) or a killed writer truncated is never
+    taken for a finished one."""
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=21)
+    cfg = config(tmp_path, tokenizer_path, corpus)
+    first = run_rebuild(cfg, **quiet)
+    cache = tmp_path / "root" / "_cache" / "tokens"
+    assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
+    cut, truncated = (cache / f"{k}.parquet" for k in first.job.token_keys[:2])
+    assert b"raypack.rejects" in (pq.ParquetFile(cut).metadata.metadata or {})
+    pq.write_table(pq.read_table(cut).slice(0, 5), cut)  # what an error mid-way leaves: no such key
+    truncated.write_bytes(truncated.read_bytes()[:-100])  # what a killed local writer leaves
+    second = run_rebuild(cfg, **quiet)
+    assert (second.job.shards_reused, second.job.shards_tokenized) == (1, 2)
+    assert files_under(tmp_path / "root" / "v=000002" / "data") == files_under(
+        tmp_path / "root" / "v=000001" / "data"
+    )
+    assert verify(str(tmp_path / "root"), cfg, sample=10).ok
