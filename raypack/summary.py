@@ -58,7 +58,8 @@ def format_summary(result: JobResult) -> str:
         ("truncation ratio", f"{m.truncation_ratio:.4f}"),
         (
             "concatenation ratio",
-            f"{m.concatenation_ratio:.2f} (Liu et al.'s r_cat: {m.documents:,} documents / {m.packs:,} packs)",
+            f"{m.concatenation_ratio:.2f} (Liu et al.'s r_cat: "
+            f"{m.documents:,} documents / {m.packs:,} packs)",
         ),
         ("documents per pack", f"{m.documents_per_pack:.2f} on average (Krell et al.'s packing factor)"),
         (
