@@ -17,7 +17,12 @@ import numpy as np
 __all__ = ["PackPermutation"]
 
 _ROUNDS = 6
-_MUL = np.uint64(0x9E3779B97F4A7C15)
+# The round function is splitmix64's finalizer on (half-block + round key): every output bit depends on
+# every input bit. The earlier (x ^ key) * odd, h ^= h >> 29 kept, in the few low bits a small domain
+# uses, an XOR of x with a constant: the network was affine, and for 32 packs the identity after
+# cycle walking (corr(plan order, output order) was 1.0 at 30-32 packs, 0.14 at 100).
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
 
 
 class PackPermutation:
@@ -38,9 +43,11 @@ class PackPermutation:
 
     def _round(self, x: np.ndarray, key: np.uint64) -> np.ndarray:
         with np.errstate(over="ignore"):
-            h = (x ^ key) * _MUL
-        h ^= h >> np.uint64(29)
-        return h & self._mask
+            z = x + key
+            z = (z ^ (z >> np.uint64(30))) * _M1
+            z = (z ^ (z >> np.uint64(27))) * _M2
+        z ^= z >> np.uint64(31)
+        return z & self._mask
 
     def _encrypt(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self._half, x & self._mask
