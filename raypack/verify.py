@@ -292,10 +292,22 @@ def _check_sample(
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
     for doc_id, tokens in expected.items():
-        got = (
-            [t for _, chunk in sorted(pieces.get(doc_id, [])) for t in chunk] if pieces.get(doc_id) else None
-        )
-        placed = len(got) if got is not None else 0
-        if got is None or got != tokens[:placed] or (config.pack.overflow == "split" and got != tokens):
-            report.add(f"document {doc_id!r}: tokens in the packs differ from re-tokenizing the input")
+        got = [t for _, chunk in sorted(pieces.get(doc_id, [])) for t in chunk]
+        want = _kept(tokens, config.pack.overflow, config.pack.seq_len)
+        if got != want:
+            what = "are missing" if not got else "differ"
+            report.add(
+                f"document {doc_id!r}: its tokens in the packs {what}: re-tokenizing the input gives "
+                f"{len(tokens):,} tokens, of which pack.overflow={config.pack.overflow} keeps {len(want):,}"
+            )
         report.sampled += 1
+
+
+def _kept(tokens: list[int], overflow: str, seq_len: int) -> list[int]:
+    """What of a document's tokens the packs must hold: all (split), the first seq_len (truncate), or
+    none when it is longer than seq_len (drop)."""
+    if overflow == "truncate":
+        return tokens[:seq_len]
+    if overflow == "drop" and len(tokens) > seq_len:
+        return []
+    return tokens

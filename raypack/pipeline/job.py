@@ -187,6 +187,13 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
 
     with _stage(timings, "histogram", log):
         hist, rank_bases, stats = sum_histograms(summaries, cfg.pack.seq_len)
+    if stats.items == 0:  # only overflow: drop can place nothing (every document gives an item otherwise)
+        remove(staging, storage)
+        raise JobError(
+            f"nothing to pack: all {documents:,} documents are longer than pack.seq_len "
+            f"({cfg.pack.seq_len:,}) and pack.overflow is drop; use overflow: split or truncate, or a "
+            "larger seq_len"
+        )
 
     duplicates = Duplicates()
     if cfg.input.id_field:
