@@ -45,7 +45,7 @@ from raypack.metrics import (
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.assign import Buckets, assign_shards, file_key
 from raypack.pipeline.histogram import index_path, sum_histograms
-from raypack.pipeline.materialize import write_pack_files
+from raypack.pipeline.materialize import data_file, write_pack_files
 from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
 from raypack.report.model import REPORT
@@ -223,8 +223,9 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         else:
             files = _write_global(cfg, shard_ds, plan, rank_bases)
     files = sorted(files, key=lambda f: f["path"])
-    packs = plan.num_packs if cfg.pack.mode == "global" else sum(int(f["rows"]) for f in files)
-    _check_conservation(files, packs, stats.items, stats.tokens)
+    planned = _planned_files(cfg, plan) if cfg.pack.mode == "global" else _sharded_files(cfg, files)
+    _check_commit(files, planned, stats.items, stats.tokens)
+    packs = sum(planned.values())
     fill = np.zeros(FILL_BINS, dtype=np.int64)
     for f in files:
         fill += np.asarray(f["fill_percent"], dtype=np.int64)
@@ -460,18 +461,58 @@ def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any
     return list(_from_items(groups).map_batches(partial(pack_groups, cfg=cfg), batch_size=1).take_all())
 
 
-def _check_conservation(files: list[dict[str, Any]], packs: int, items: int, tokens: int) -> None:
-    """The written files must hold exactly the planned packs, every item and every token (and their
-    fill counts one entry per pack)."""
-    got = (sum(f["rows"] for f in files), sum(f["items"] for f in files), sum(f["tokens"] for f in files))
-    want = (packs, items, tokens)
+def _planned_files(cfg: JobConfig, plan: Plan) -> dict[str, int]:
+    """Every file the global plan makes, with its packs: bucket b's packs in files of shard_rows, the
+    last one shorter."""
+    rows, buckets = cfg.output.shard_rows, Buckets.of(plan)
+    bucketed = cfg.pack.algorithm == "bucket"
+    return {
+        data_file(length if bucketed else None, part): min(rows, n - part * rows)
+        for length, n in zip(buckets.lengths, buckets.sizes, strict=True)
+        for part in range(-(-n // rows))
+    }
+
+
+def _sharded_files(cfg: JobConfig, files: list[dict[str, Any]]) -> dict[str, int]:
+    """The files sharded mode must have written, given the packs each group reports: parts
+    0..ceil(packs / shard_rows) - 1 of every group that has packs (its packs are numbered alone)."""
+    rows = cfg.output.shard_rows
+    packs: Counter[int] = Counter()
+    for f in files:
+        packs[int(str(f["path"]).rsplit("/", 1)[-1].split("-")[1])] += int(f["rows"])
+    return {
+        data_file(None, part, group): min(rows, n - part * rows)
+        for group, n in sorted(packs.items())
+        for part in range(-(-n // rows))
+    }
+
+
+def _check_commit(files: list[dict[str, Any]], planned: dict[str, int], items: int, tokens: int) -> None:
+    """The written files must be exactly the planned ones, each once and with its planned packs, and
+    hold every item and every token (their fill counts one entry per pack). Totals alone are not
+    enough: two blocks of one file would overwrite each other and still add up."""
+    paths = Counter(str(f["path"]) for f in files)
+    twice = sorted(p for p, n in paths.items() if n > 1)
+    if twice:
+        raise RuntimeError(f"{twice[0]} was written by {paths[twice[0]]} tasks: refusing to commit")
+    written = {str(f["path"]): int(f["rows"]) for f in files}
+    if written != planned:
+        missing = sorted(set(planned) - set(written))
+        extra = sorted(set(written) - set(planned))
+        wrong = sorted(p for p in set(planned) & set(written) if planned[p] != written[p])
+        raise RuntimeError(
+            f"the written files are not the planned ones (missing {missing[:3]}, unplanned {extra[:3]}, "
+            f"wrong row counts {wrong[:3]}): refusing to commit"
+        )
+    packs = sum(planned.values())
+    got = (sum(f["items"] for f in files), sum(f["tokens"] for f in files))
     filled = sum(int(np.sum(f["fill_percent"])) for f in files)
     if filled != packs:
         raise RuntimeError(
             f"the files' fill counts cover {filled} packs, planned {packs}: refusing to commit"
         )
-    if got != want:
-        raise RuntimeError(f"written (packs, items, tokens) = {got}, planned {want}: refusing to commit")
+    if got != (items, tokens):
+        raise RuntimeError(f"written (items, tokens) = {got}, planned {(items, tokens)}: refusing to commit")
 
 
 def _manifest(

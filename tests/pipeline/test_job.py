@@ -259,3 +259,41 @@ def test_sharded_mode_refuses_histogram_only_packers(tmp_path: Path, tokenizer_p
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack={"mode": "sharded", "algorithm": "nnlshp"})
     with pytest.raises(ConfigError, match=r"pack\.mode sharded packs each shard group alone"):
         load_config(str(cfg))
+
+
+def test_commit_check_refuses_files_that_add_up_but_are_not_the_plan() -> None:
+    """Totals are not enough: two blocks of one file (the second overwriting the first) or a file
+    under the wrong name still add up to the planned packs, items and tokens."""
+    from raypack.pipeline.job import _check_commit
+
+    def written(path: str, rows: int, items: int, tokens: int) -> dict[str, object]:
+        fill = np.zeros(101, dtype=np.int64)
+        fill[100] = rows
+        return {"path": path, "rows": rows, "items": items, "tokens": tokens, "fill_percent": fill}
+
+    planned = {"data/part-00000.parquet": 50, "data/part-00001.parquet": 20}
+    good = [
+        written("data/part-00000.parquet", 50, 90, 25_600),
+        written("data/part-00001.parquet", 20, 30, 10_240),
+    ]
+    _check_commit(good, planned, 120, 35_840)
+    split = [
+        good[0],
+        written("data/part-00001.parquet", 10, 15, 5_120),
+        written("data/part-00001.parquet", 10, 15, 5_120),
+    ]
+    with pytest.raises(RuntimeError, match=r"part-00001\.parquet was written by 2 tasks"):
+        _check_commit(split, planned, 120, 35_840)
+    renamed = [good[0], written("data/part-00002.parquet", 20, 30, 10_240)]
+    with pytest.raises(RuntimeError, match=r"not the planned ones \(missing \['data/part-00001\.parquet'\]"):
+        _check_commit(renamed, planned, 120, 35_840)
+    short = [
+        written("data/part-00000.parquet", 40, 80, 20_000),
+        written("data/part-00001.parquet", 30, 40, 15_840),
+    ]
+    with pytest.raises(RuntimeError, match=r"wrong row counts \['data/part-00000\.parquet'"):
+        _check_commit(short, planned, 120, 35_840)
+    with pytest.raises(
+        RuntimeError, match=r"written \(items, tokens\) = \(120, 35840\), planned \(121, 35840\)"
+    ):
+        _check_commit(good, planned, 121, 35_840)
