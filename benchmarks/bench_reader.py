@@ -40,7 +40,9 @@ def plain(files: list[Path]) -> int:
 def ours(path: str, batch_size: int, world_size: int) -> int:
     tokens = 0
     for rank in range(world_size):
-        for batch in iter_batches(path, batch_size, rank=rank, world_size=world_size, seed=1):
+        for batch in iter_batches(
+            path, batch_size, rank=rank, world_size=world_size, seed=1, last_batch="short"
+        ):
             tokens += batch["input_ids"].size
             assert batch["labels"].shape == batch["position_ids"].shape == batch["input_ids"].shape
     return tokens

@@ -6,10 +6,17 @@
 Order. Each bucket (one, unless the dataset was packed with `bucket`) is read as one sequence: its
 Parquet row groups (1,024 packs) in a seeded order, and the packs of each row group in a seeded order
 (PackPermutation: the same on every machine). Rank r of w takes the contiguous r-th w-th of that
-sequence, so ranks never overlap, together cover every pack, and each reads only its own row groups
-(±2 shared at the edges) instead of the whole dataset. Batches are consecutive `batch_size` packs of a
-rank's range; counts differ by at most one pack between ranks, so a rank's last batch of a bucket may
-be short (or empty: an empty batch is yielded, so that every rank takes the same number of steps).
+sequence, so each reads only its own row groups (±2 shared at the edges) instead of the whole
+dataset; the manifest lists every file's row groups, so no rank reads a footer to plan. Batches are
+consecutive `batch_size` packs of a rank's range, and every rank takes the same number of steps.
+What happens to a bucket's packs that do not fill w × batch_size is `last_batch`:
+- "wrap" (default): the sequence goes on from its start until every rank's last batch is full, as
+  torch's DistributedSampler pads: fewer than w × batch_size packs are seen twice an epoch. No batch
+  is ever short or empty (an empty batch gives a NaN loss on its rank under DDP).
+- "drop": the last, partial round of batches is left out: every batch full, no pack twice, fewer
+  than w × batch_size packs unread this epoch (another seed reads others).
+- "short": ranks partition the packs exactly (counts differ by at most one), so a rank's last batch
+  of a bucket may be short or empty (yielded empty, to keep the step count equal).
 
 Buckets. Step s uses one bucket on every rank (Liu et al. train one bucket length per step): the
 schedule is every bucket repeated as many times as it has steps, in a seeded order that all ranks
@@ -45,7 +52,7 @@ from raypack.packing import PackPermutation
 from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
 
-__all__ = ["IGNORE_INDEX", "batch_fields", "iter_batches", "read_packed"]
+__all__ = ["IGNORE_INDEX", "LAST_BATCH", "batch_fields", "iter_batches", "read_packed"]
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (PyTorch's cross_entropy default)
 
@@ -87,10 +94,13 @@ def _buckets(
 ) -> list[_Bucket]:
     by_length: dict[int, list[_RowGroup]] = {}
     for f in sorted(manifest["files"], key=lambda f: f["path"]):
-        fs, inner = resolve(join(dataset, f["path"]), storage)
-        with fs.open_input_file(inner) as handle:
-            meta = pq.ParquetFile(handle).metadata
-        groups = [_RowGroup(f["path"], i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+        rows = f.get("row_groups")
+        if rows is None:  # a dataset written before manifests listed row groups: read the footer
+            fs, inner = resolve(join(dataset, f["path"]), storage)
+            with fs.open_input_file(inner) as handle:
+                meta = pq.ParquetFile(handle).metadata
+            rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        groups = [_RowGroup(f["path"], i, int(n)) for i, n in enumerate(rows)]
         by_length.setdefault(int(f["bucket_length"]), []).extend(groups)
     buckets = []
     for length, groups in sorted(by_length.items()):
@@ -117,7 +127,7 @@ class _RankStream:
         self, dataset: str, bucket: _Bucket, lo: int, hi: int, seed: int, storage: StorageConfig | None
     ):
         self.dataset, self.bucket, self.seed, self.storage = dataset, bucket, seed, storage
-        self.next, self.hi = lo, hi
+        self.next, self.hi = lo, hi  # positions past the bucket's end wrap to its start (last_batch="wrap")
         self._cached: tuple[int, pa.Table] | None = None
 
     def _group(self, g: int) -> pa.Table:
@@ -138,12 +148,26 @@ class _RankStream:
         parts = []
         end = min(self.next + n, self.hi)
         while self.next < end:
-            g = int(np.searchsorted(self.bucket.starts, self.next, side="right") - 1)
-            first = self.next - int(self.bucket.starts[g])
-            count = min(end, int(self.bucket.starts[g + 1])) - self.next
+            pos = self.next % self.bucket.packs
+            g = int(np.searchsorted(self.bucket.starts, pos, side="right") - 1)
+            first = pos - int(self.bucket.starts[g])
+            count = min(end - self.next, int(self.bucket.starts[g + 1]) - pos)
             parts.append(self._group(g).slice(first, count))
             self.next += count
         return parts
+
+
+LAST_BATCH = ("wrap", "drop", "short")
+
+
+def _share(packs: int, rank: int, world: int, batch: int, last_batch: str) -> tuple[int, int, int]:
+    """Rank `rank`'s positions [lo, hi) in a bucket of `packs`, and the steps every rank takes."""
+    if last_batch == "short":
+        widest = -(-packs // world)  # the largest rank's share: every rank takes this many steps
+        return packs * rank // world, packs * (rank + 1) // world, -(-widest // batch)
+    rounds = -(-packs // (world * batch)) if last_batch == "wrap" else packs // (world * batch)
+    share = rounds * batch
+    return rank * share, (rank + 1) * share, rounds
 
 
 def iter_batches(
@@ -154,27 +178,30 @@ def iter_batches(
     seed: int = 0,
     *,
     start_step: int = 0,
+    last_batch: str = "wrap",
     torch: bool = False,
     storage: StorageConfig | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Batches of packs for data-parallel rank `rank` of `world_size` (see the module's docstring);
-    numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch])."""
+    numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch]).
+    `last_batch`: "wrap" (every batch full, a few packs twice), "drop" or "short"."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
+    if last_batch not in LAST_BATCH:
+        raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH)}, got {last_batch!r}")
     convert = _torch_converter() if torch else None
     dataset, manifest = _manifest(path, storage)
     pad_id = int(manifest["config"]["output"]["pad_id"])
     buckets = _buckets(dataset, manifest, seed, storage)
     streams, steps = [], []
     for bucket in buckets:
-        lo, hi = bucket.packs * rank // world_size, bucket.packs * (rank + 1) // world_size
+        lo, hi, n = _share(bucket.packs, rank, world_size, batch_size, last_batch)
         streams.append(_RankStream(dataset, bucket, lo, hi, seed, storage))
-        widest = -(-bucket.packs // world_size)  # the largest rank's share: every rank takes this many steps
-        steps.append(-(-widest // batch_size))
+        steps.append(n)
     schedule = _schedule(steps, seed)
     # Resume: skip each bucket's batches taken before start_step, without reading them.
     for b, done in enumerate(np.bincount(schedule[:start_step], minlength=len(buckets)).tolist()):

@@ -137,7 +137,14 @@ def _check_files(
         if len(data) != f["bytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
             report.add(f"{f['path']}: size or sha256 differs from the manifest (modified or truncated)")
             continue
-        table = pq.read_table(pa.BufferReader(data))
+        pf = pq.ParquetFile(pa.BufferReader(data))
+        groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        if "row_groups" in f and f["row_groups"] != groups:  # readers plan their shares from these
+            report.add(
+                f"{f['path']}: {len(groups)} row groups of {sum(groups)} packs; the manifest lists "
+                f"{len(f['row_groups'])} of {sum(f['row_groups'])} (or other sizes)"
+            )  # and the rows are still checked: they say what is missing
+        table = pf.read()
         if not table.schema.equals(schema.PACKED):
             report.add(f"{f['path']}: schema differs from the packed schema")
             continue

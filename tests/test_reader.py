@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 from raypack.config import load_config
 from raypack.pipeline.job import run_job
 from raypack.reader import IGNORE_INDEX, iter_batches, read_packed
+from raypack.verify import verify
 from tests.conftest import job_config, make_corpus
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -57,18 +59,76 @@ def _all_packs(out: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(("world", "batch"), [(1, 4), (3, 5), (4, 1), (7, 16)])
-def test_ranks_cover_every_pack_once_in_the_same_number_of_steps(
+def test_short_ranks_cover_every_pack_once_in_the_same_number_of_steps(
     packed: Path, world: int, batch: int
 ) -> None:
     seen: list[str] = []
     steps = []
     for rank in range(world):
-        batches = list(iter_batches(str(packed), batch, rank, world, seed=3))
+        batches = list(iter_batches(str(packed), batch, rank, world, seed=3, last_batch="short"))
         steps.append(len(batches))
         assert all(len(b["input_ids"]) <= batch for b in batches)
         seen += [d for b in batches for d in _digests(b)]
     assert len(set(steps)) == 1
     assert sorted(seen) == sorted(_all_packs(packed))
+
+
+@pytest.mark.parametrize(("world", "batch"), [(1, 4), (3, 5), (4, 1), (7, 16), (64, 8)])
+def test_wrap_and_drop_give_every_rank_full_batches(packed: Path, world: int, batch: int) -> None:
+    """No rank ever gets a short or empty batch (an empty one is a NaN loss under DDP). wrap (the
+    default) reads every pack, repeating fewer than world × batch of them; drop repeats none and
+    leaves fewer than world × batch unread."""
+    every = _all_packs(packed)
+    for last_batch in ("wrap", "drop"):
+        per_rank = [
+            [_digests(b) for b in iter_batches(str(packed), batch, r, world, seed=3, last_batch=last_batch)]
+            for r in range(world)
+        ]
+        assert len({len(batches) for batches in per_rank}) == 1
+        assert all(len(b) == batch for batches in per_rank for b in batches)
+        seen = [d for batches in per_rank for b in batches for d in b]
+        if last_batch == "wrap":
+            assert set(seen) == set(every) and len(seen) - len(every) < world * batch
+            assert len(seen) == -(-len(every) // (world * batch)) * world * batch
+        else:
+            assert len(set(seen)) == len(seen) and 0 <= len(every) - len(seen) < world * batch
+    default = [_digests(b) for b in iter_batches(str(packed), batch, world - 1, world, seed=3)]
+    wrapped = [
+        _digests(b) for b in iter_batches(str(packed), batch, world - 1, world, seed=3, last_batch="wrap")
+    ]
+    assert default == wrapped
+
+
+def test_readers_plan_from_the_manifest_without_reading_footers(
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every rank reading every file's footer at start is files × ranks GETs (10M for 10k files and 1k
+    ranks): the manifest lists each file's row groups, and the first batch opens one file."""
+    import raypack.reader as reader_module
+
+    manifest = json.loads((packed / "manifest.json").read_text())
+    assert len(manifest["files"]) > 3
+    for f in manifest["files"]:
+        meta = pq.ParquetFile(packed / f["path"]).metadata
+        assert f["row_groups"] == [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    opened = []
+    real = reader_module.pq.ParquetFile
+
+    def counting(*args: object, **kwargs: object) -> pq.ParquetFile:
+        opened.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reader_module.pq, "ParquetFile", counting)
+    next(iter_batches(str(packed), 1, rank=1, world_size=3))
+    assert len(opened) == 1  # the first pack's file, for its data
+    # verify holds the manifest's row groups to the files.
+    copy = tmp_path / "copy"
+    shutil.copytree(packed, copy)
+    manifest["files"][0]["row_groups"] = [1] * len(manifest["files"][0]["row_groups"])
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.undo()
+    problems = verify(str(copy)).problems
+    assert any("row groups" in p and manifest["files"][0]["path"] in p for p in problems), problems
 
 
 def test_order_is_seeded_and_a_resumed_run_continues_exactly(packed: Path) -> None:
@@ -77,7 +137,12 @@ def test_order_is_seeded_and_a_resumed_run_continues_exactly(packed: Path) -> No
     other = [_digests(b) for b in iter_batches(str(packed), 4, 1, 2, seed=6)]
     assert run == again and run != other
     # A new seed reorders the whole sequence, so a rank gets other packs; all ranks together, the same.
-    both = [d for r in (0, 1) for b in iter_batches(str(packed), 4, r, 2, seed=6) for d in _digests(b)]
+    both = [
+        d
+        for r in (0, 1)
+        for b in iter_batches(str(packed), 4, r, 2, seed=6, last_batch="short")
+        for d in _digests(b)
+    ]
     assert sorted(both) == sorted(_all_packs(packed)) and set(d for b in other for d in b) != set(
         d for b in run for d in b
     )
@@ -110,7 +175,7 @@ def test_labels_positions_and_cu_seqlens_match_doc_offsets_and_no_token_sees_ano
         for r in table.to_pylist()
     }
     checked = 0
-    for batch in iter_batches(str(packed), 3, seed=1):
+    for batch in iter_batches(str(packed), 3, seed=1, last_batch="short"):
         rows, length = batch["input_ids"].shape
         cu = batch["cu_seqlens"]
         assert cu[0] == 0 and cu[-1] == rows * length and np.all(np.diff(cu) > 0)
@@ -135,7 +200,9 @@ def test_labels_positions_and_cu_seqlens_match_doc_offsets_and_no_token_sees_ano
 
 def test_bucket_batches_never_mix_lengths_and_ranks_agree_on_the_bucket(bucketed: Path) -> None:
     world = 3
-    per_rank = [list(iter_batches(str(bucketed), 2, r, world, seed=9)) for r in range(world)]
+    per_rank = [
+        list(iter_batches(str(bucketed), 2, r, world, seed=9, last_batch="short")) for r in range(world)
+    ]
     assert len({len(b) for b in per_rank}) == 1
     lengths_seen = set()
     for step in zip(*per_rank, strict=True):
@@ -163,6 +230,8 @@ def test_mistakes_are_clear(packed: Path, tmp_path: Path) -> None:
         next(iter_batches(str(packed), 2, rank=2, world_size=2))
     with pytest.raises(ValueError, match="batch_size"):
         next(iter_batches(str(packed), 0))
+    with pytest.raises(ValueError, match="last_batch must be one of wrap, drop, short"):
+        next(iter_batches(str(packed), 2, last_batch="pad"))
     try:
         import torch
     except ImportError:

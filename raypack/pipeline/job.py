@@ -1,4 +1,5 @@
-"""The job: the only module that wires Ray Data verbs together.
+"""The job: the one module that wires the job's Ray Data stages together (raypack.reader's
+read_packed is the other user of Ray Data, for reading a finished dataset).
 
     shards ─map_batches(TokenizeShards actors)─▶ token files + per-shard histograms (tokenize, once)
     per-shard histograms ─sum (driver)─▶ global histogram, rank bases ─▶ plan (driver)
@@ -552,6 +553,7 @@ def _manifest(
         "buckets": [{"length": k, "packs": v} for k, v in sorted(buckets.items())],
         "files": [
             {k: f[k] for k in ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256")}
+            | {"row_groups": [int(n) for n in f["row_groups"]]}
             for f in files
         ],
         "metrics": METRICS,

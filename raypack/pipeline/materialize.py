@@ -123,6 +123,8 @@ def write_pack_file(
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, **_PARQUET)
     data = sink.getvalue()
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata  # the footer just written, in memory
+    row_groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     rel = data_file(capacity if bucketed else None, part, group)
     write_bytes(join(output, rel), data, storage)
     return pa.table(
@@ -134,6 +136,7 @@ def write_pack_file(
             "items": [len(pack)],
             "bytes": [data.size],
             "sha256": [hashlib.sha256(data).hexdigest()],
+            "row_groups": [row_groups],
             "fill_percent": [fill_percent_counts(fill, capacity)],
         },
         schema=schema.WRITTEN,
