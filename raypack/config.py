@@ -189,13 +189,15 @@ class InputConfig:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TokenizerConfig:
     path: str
-    """A Hugging Face `tokenizers` JSON file, local or s3://..."""
+    """A Hugging Face `tokenizers` JSON file, or a model directory holding tokenizer.json (and
+    tokenizer_config.json / special_tokens_map.json), local or s3://..."""
     add_bos: bool = False
     add_eos: bool = True
     bos_id: int | None = None
-    """BOS token id; None: the tokenizer's own BOS special token (<s>, <|begin_of_text|>, ...)."""
+    """BOS token id; None: the model directory's bos_token, else the post-processor template's, else a
+    token named <s>, <|begin_of_text|>, ... (raypack.pipeline.tokenizer)."""
     eos_id: int | None = None
-    """EOS token id; None: the tokenizer's own EOS special token (</s>, <|endoftext|>, ...)."""
+    """EOS token id; None: found as bos_id is (eos_token, the template, </s>, <|endoftext|>, ...)."""
     concurrency: int | None = None
     """Tokenizer actors; None: one per CPU of the cluster."""
     batch_size: int = 512

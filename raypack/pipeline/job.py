@@ -540,6 +540,8 @@ def _manifest(
             "sha256": tok.sha256,
             "bos_id": tok.bos_id,
             "eos_id": tok.eos_id,
+            "bos_source": tok.bos_source,
+            "eos_source": tok.eos_source,
             "vocab_size": tok.vocab_size,
         },
         "counts": {

@@ -13,19 +13,17 @@ import itertools
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tokenizers import Tokenizer
 
 from raypack import schema
-from raypack.config import JobConfig, StorageConfig, TokenizerConfig
-from raypack.errors import ConfigError
+from raypack.config import JobConfig, TokenizerConfig
 from raypack.pipeline.histogram import summarize_shard
 from raypack.pipeline.read import Batch, read_shard
+from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
 from raypack.storage import Shard, atomic_output, exists, join, open_output, read_bytes, resolve, write_bytes
 
 __all__ = [
@@ -40,49 +38,6 @@ __all__ = [
     "token_key",
     "token_settings",
 ]
-
-BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
-EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedTokenizer:
-    tokenizer: Tokenizer
-    sha256: str
-    bos_id: int | None
-    eos_id: int | None
-    vocab_size: int
-
-
-def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> LoadedTokenizer:
-    """Load and check the tokenizer; ConfigError naming the problem (missing file, not a tokenizer
-    JSON, no EOS token when add_eos is on...)."""
-    try:
-        raw = read_bytes(cfg.path, storage)
-    except FileNotFoundError:
-        raise ConfigError(f"tokenizer file not found: {cfg.path}") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read tokenizer {cfg.path}: {str(e).splitlines()[0]}") from None
-    try:
-        tok = Tokenizer.from_str(raw.decode("utf-8"))
-    except Exception as e:  # tokenizers raises its own Exception type on bad JSON
-        raise ConfigError(f"{cfg.path} is not a tokenizers JSON file: {str(e).splitlines()[0]}") from None
-    bos = cfg.bos_id if cfg.bos_id is not None else _find(tok, BOS_NAMES)
-    eos = cfg.eos_id if cfg.eos_id is not None else _find(tok, EOS_NAMES)
-    vocab = tok.get_vocab_size(with_added_tokens=True)
-    if cfg.add_bos and bos is None:
-        raise ConfigError(
-            f"tokenizer {cfg.path} has no BOS token ({', '.join(BOS_NAMES)}); set tokenizer.bos_id"
-        )
-    if cfg.add_eos and eos is None:
-        raise ConfigError(
-            f"tokenizer {cfg.path} has no EOS token ({', '.join(EOS_NAMES)}); set tokenizer.eos_id"
-        )
-    for name, value in (("bos_id", bos), ("eos_id", eos)):
-        if value is not None and value >= vocab:
-            raise ConfigError(f"tokenizer.{name}={value} is outside the vocabulary (size {vocab})")
-    return LoadedTokenizer(tok, hashlib.sha256(raw).hexdigest(), bos, eos, vocab)
-
 
 # A text longer than this is encoded piece by piece: an Encoding keeps ~100 bytes per token (ids,
 # offsets, token strings, masks) and `.ids` is a Python list (~36 bytes per token), so one 50M-token
@@ -163,14 +118,6 @@ def encode_flat(
     body = np.repeat(start_of + int(bos) - (np.cumsum(raw_len) - raw_len), raw_len) + np.arange(len(raw))
     out[body] = raw
     return out, length
-
-
-def _find(tok: Tokenizer, names: tuple[str, ...]) -> int | None:
-    for name in names:
-        token_id = tok.token_to_id(name)
-        if token_id is not None:
-            return int(token_id)
-    return None
 
 
 # Bump when the token file layout or what goes into a key changes: old cache entries then miss.

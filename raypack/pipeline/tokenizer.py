@@ -1,0 +1,181 @@
+"""The tokenizer: a `tokenizers` JSON file or a Hugging Face model directory, and its BOS/EOS ids.
+
+`tokenizer.path` names either a tokenizer.json (any file name) or a directory (local or s3://) that
+holds one, as a Hugging Face model repository does. Each special token comes from the first of:
+1. `tokenizer.bos_id` / `tokenizer.eos_id` in the job config;
+2. `bos_token` / `eos_token` of the directory's tokenizer_config.json, then special_tokens_map.json
+   (where every Hugging Face model states them: DeepSeek-V3's EOS is `<｜end▁of▁sentence｜>`);
+3. the tokenizer's post-processor template: the special token before the sequence is BOS, the one
+   after it EOS (TemplateProcessing, also inside a Sequence; Bert/Roberta processing's cls/sep);
+4. a token with a name known to mean it (BOS_NAMES, EOS_NAMES);
+else, when add_bos / add_eos needs it, a ConfigError that says where it looked.
+`sha256` covers every file read, so a changed tokenizer_config.json changes the token cache key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from raypack.config import StorageConfig, TokenizerConfig
+from raypack.errors import ConfigError
+from raypack.storage import join, read_bytes, resolve
+
+__all__ = ["BOS_NAMES", "EOS_NAMES", "LoadedTokenizer", "load_tokenizer"]
+
+BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
+EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTokenizer:
+    tokenizer: Tokenizer
+    sha256: str
+    """Of every file read (tokenizer.json and, in a model directory, its config files)."""
+    bos_id: int | None
+    eos_id: int | None
+    vocab_size: int
+    bos_source: str = ""
+    """Where bos_id came from (a file name, "post-processor template", "token name", "tokenizer.bos_id")."""
+    eos_source: str = ""
+
+
+def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> LoadedTokenizer:
+    """Load and check the tokenizer; ConfigError naming the problem (missing file, not a tokenizer
+    JSON, no EOS token when add_eos is on...)."""
+    files = _read_files(cfg.path, storage)
+    raw = files[TOKENIZER_FILE]
+    try:
+        tok = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # tokenizers raises its own Exception type on bad JSON
+        where = cfg.path if len(files) == 1 else join(cfg.path, TOKENIZER_FILE)
+        raise ConfigError(f"{where} is not a tokenizers JSON file: {str(e).splitlines()[0]}") from None
+    configs = {name: _json(cfg.path, name, data) for name, data in files.items() if name in CONFIG_FILES}
+    template = _template(json.loads(raw).get("post_processor"))
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    found = {}
+    for kind, explicit, names, add in (
+        ("bos", cfg.bos_id, BOS_NAMES, cfg.add_bos),
+        ("eos", cfg.eos_id, EOS_NAMES, cfg.add_eos),
+    ):
+        token_id, source = _special(kind, explicit, configs, template, names, tok, cfg.path)
+        if add and token_id is None:
+            looked = [f"no {kind}_token in {' or '.join(CONFIG_FILES)}"] if configs else []
+            looked += [f"none in its post-processor template, none of {', '.join(names)}"]
+            raise ConfigError(
+                f"tokenizer {cfg.path} has no {kind.upper()} token ({'; '.join(looked)}); "
+                f"set tokenizer.{kind}_id"
+            )
+        if token_id is not None and token_id >= vocab:
+            raise ConfigError(f"tokenizer.{kind}_id={token_id} is outside the vocabulary (size {vocab})")
+        found[kind] = (token_id, source)
+    digest = hashlib.sha256()
+    for name in sorted(files):  # one file: its own hash, as before model directories were read
+        digest.update(files[name] if len(files) == 1 else name.encode() + b"\0" + files[name])
+    return LoadedTokenizer(
+        tok,
+        digest.hexdigest(),
+        found["bos"][0],
+        found["eos"][0],
+        vocab,
+        bos_source=found["bos"][1],
+        eos_source=found["eos"][1],
+    )
+
+
+def _read_files(path: str, storage: StorageConfig | None) -> dict[str, bytes]:
+    """{TOKENIZER_FILE: bytes} for a file; for a directory also the CONFIG_FILES it has."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, inner = resolve(path, storage)
+        kind = fs.get_file_info(inner).type
+        if kind == pafs.FileType.NotFound:
+            raise ConfigError(f"tokenizer file not found: {path}")
+        if kind != pafs.FileType.Directory:
+            return {TOKENIZER_FILE: read_bytes(path, storage)}
+        try:
+            files = {TOKENIZER_FILE: read_bytes(join(path, TOKENIZER_FILE), storage)}
+        except FileNotFoundError:
+            raise ConfigError(f"tokenizer directory {path} has no {TOKENIZER_FILE}") from None
+        for name in CONFIG_FILES:
+            with suppress(FileNotFoundError):  # each is optional
+                files[name] = read_bytes(join(path, name), storage)
+        return files
+    except FileNotFoundError:
+        raise ConfigError(f"tokenizer file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read tokenizer {path}: {str(e).splitlines()[0]}") from None
+
+
+def _json(path: str, name: str, data: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except ValueError as e:
+        raise ConfigError(f"{join(path, name)} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{join(path, name)} is not a JSON object")
+    return value
+
+
+def _special(
+    kind: str,
+    explicit: int | None,
+    configs: dict[str, dict[str, Any]],
+    template: dict[str, str | None],
+    names: tuple[str, ...],
+    tok: Tokenizer,
+    path: str,
+) -> tuple[int | None, str]:
+    if explicit is not None:
+        return explicit, f"tokenizer.{kind}_id"
+    for name in CONFIG_FILES:
+        value = configs.get(name, {}).get(f"{kind}_token")
+        content = value.get("content") if isinstance(value, dict) else value
+        if isinstance(content, str) and content:
+            token_id = tok.token_to_id(content)
+            if token_id is None:
+                raise ConfigError(
+                    f"{join(path, name)} names {kind}_token {content!r}, which the tokenizer does not have"
+                )
+            return int(token_id), name
+    content = template.get(kind)
+    if content is not None and (token_id := tok.token_to_id(content)) is not None:
+        return int(token_id), "post-processor template"
+    for name in names:
+        token_id = tok.token_to_id(name)
+        if token_id is not None:
+            return int(token_id), f"token name {name}"
+    return None, ""
+
+
+def _template(processor: Any) -> dict[str, str | None]:
+    """{"bos": token before the sequence, "eos": token after it} of a post-processor (None: none)."""
+    if not isinstance(processor, dict):
+        return {}
+    kind = processor.get("type")
+    if kind == "Sequence":
+        for inner in processor.get("processors") or []:
+            found = _template(inner)
+            if found:
+                return found
+        return {}
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        cls, sep = processor.get("cls"), processor.get("sep")
+        return {"bos": cls[0] if cls else None, "eos": sep[0] if sep else None}
+    if kind != "TemplateProcessing":
+        return {}
+    single = processor.get("single") or []
+    at = next((i for i, piece in enumerate(single) if "Sequence" in piece), None)
+    if at is None:
+        return {}
+    before = [p["SpecialToken"]["id"] for p in single[:at] if "SpecialToken" in p]
+    after = [p["SpecialToken"]["id"] for p in single[at + 1 :] if "SpecialToken" in p]
+    return {"bos": before[-1] if before else None, "eos": after[0] if after else None}

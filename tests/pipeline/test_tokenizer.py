@@ -1,0 +1,168 @@
+"""Where BOS/EOS come from: a Hugging Face model directory's tokenizer_config.json or
+special_tokens_map.json, the post-processor template, an explicit id, a known name, or a clear error;
+a file path or a directory, local or on S3."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from raypack.config import TokenizerConfig, load_config
+from raypack.errors import ConfigError
+from raypack.pipeline.tokenize import load_tokenizer
+from tests import s3server
+from tests.conftest import WORDS, job_config, make_corpus
+
+# DeepSeek-V3's names: none of them is in BOS_NAMES / EOS_NAMES.
+BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+
+
+def train(special: list[str]) -> Tokenizer:
+    rng = random.Random(1)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=special,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([" ".join(rng.choice(WORDS) for _ in range(100)) for _ in range(50)], trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def deepseek_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model directory whose tokenizer.json names its specials as DeepSeek-V3 does, with the
+    tokenizer_config.json that states them, as Hugging Face model repositories ship it."""
+    model = tmp_path_factory.mktemp("model")
+    train(["<unk>", BOS, EOS]).save(str(model / "tokenizer.json"))
+    config = {"bos_token": {"__type": "AddedToken", "content": BOS, "special": True}, "eos_token": EOS}
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    return model
+
+
+def test_a_model_directory_states_its_specials_in_tokenizer_config(deepseek_like: Path) -> None:
+    tok = load_tokenizer(TokenizerConfig(path=str(deepseek_like), add_bos=True))
+    assert (tok.bos_id, tok.eos_id) == (1, 2)
+    assert (tok.bos_source, tok.eos_source) == ("tokenizer_config.json", "tokenizer_config.json")
+    # The file alone states nothing known: the error of today, saying where it looked.
+    with pytest.raises(ConfigError, match=r"has no EOS token \(none in its post-processor template, none of"):
+        load_tokenizer(TokenizerConfig(path=str(deepseek_like / "tokenizer.json")))
+
+
+def test_special_tokens_map_and_explicit_ids(tmp_path: Path, deepseek_like: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((deepseek_like / "tokenizer.json").read_bytes())
+    (model / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": EOS}}))
+    tok = load_tokenizer(TokenizerConfig(path=str(model)))
+    assert (tok.eos_id, tok.eos_source, tok.bos_id) == (2, "special_tokens_map.json", None)
+    # tokenizer_config.json comes first; an explicit id before both.
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": BOS}))
+    assert load_tokenizer(TokenizerConfig(path=str(model))).eos_id == 1
+    explicit = load_tokenizer(TokenizerConfig(path=str(model), eos_id=0))
+    assert (explicit.eos_id, explicit.eos_source) == (0, "tokenizer.eos_id")
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_the_post_processor_template_gives_bos_and_eos(tmp_path: Path, wrapped: bool) -> None:
+    tok = train(["<unk>", BOS, EOS])
+    template = processors.TemplateProcessing(
+        single=f"{BOS} $A {EOS}", special_tokens=[(BOS, tok.token_to_id(BOS)), (EOS, tok.token_to_id(EOS))]
+    )
+    # Llama 3 style: the template inside a Sequence, after a ByteLevel processor.
+    tok.post_processor = (
+        processors.Sequence([processors.ByteLevel(trim_offsets=False), template]) if wrapped else template
+    )
+    tok.save(str(tmp_path / "tok.json"))
+    loaded = load_tokenizer(TokenizerConfig(path=str(tmp_path / "tok.json"), add_bos=True))
+    assert (loaded.bos_id, loaded.eos_id) == (1, 2)
+    assert loaded.eos_source == "post-processor template"
+
+
+def test_mistakes_in_a_model_directory_are_clear(tmp_path: Path, deepseek_like: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"tokenizer directory .*empty has no tokenizer\.json"):
+        load_tokenizer(TokenizerConfig(path=str(empty)))
+    with pytest.raises(ConfigError, match=r"tokenizer file not found: .*nowhere"):
+        load_tokenizer(TokenizerConfig(path=str(tmp_path / "nowhere")))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((deepseek_like / "tokenizer.json").read_bytes())
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
+    with pytest.raises(
+        ConfigError, match=r"names eos_token '<\|im_end\|>', which the tokenizer does not have"
+    ):
+        load_tokenizer(TokenizerConfig(path=str(model)))
+    (model / "tokenizer_config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"tokenizer_config\.json is not valid JSON"):
+        load_tokenizer(TokenizerConfig(path=str(model)))
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
+    with pytest.raises(
+        ConfigError, match=r"no eos_token in tokenizer_config\.json or special_tokens_map\.json"
+    ):
+        load_tokenizer(TokenizerConfig(path=str(model)))
+
+
+def test_the_cache_key_covers_the_config_files(tmp_path: Path, deepseek_like: Path) -> None:
+    """A changed eos_token changes every token file: the hash covers every file read."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes((deepseek_like / "tokenizer.json").read_bytes())
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS}))
+    first = load_tokenizer(TokenizerConfig(path=str(model)))
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": BOS}))
+    second = load_tokenizer(TokenizerConfig(path=str(model)))
+    assert first.sha256 != second.sha256 and (first.eos_id, second.eos_id) == (2, 1)
+    alone = load_tokenizer(TokenizerConfig(path=str(model / "tokenizer.json"), eos_id=2))
+    assert alone.sha256 not in (first.sha256, second.sha256)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_job_on_an_s3_model_directory(
+    tmp_path: Path, deepseek_like: Path, s3: s3server.S3Server, tokenizer_path: Path
+) -> None:
+    """The model directory on S3, as a cluster reads it; every document ends with the EOS that
+    tokenizer_config.json names, and the manifest says where it came from."""
+    from raypack.pipeline.job import run_job
+    from raypack.verify import verify
+
+    fs = s3.filesystem()
+    pafs.copy_files(str(deepseek_like), f"{s3server.BUCKET}/models/ds", destination_filesystem=fs)
+    remote = f"s3://{s3server.BUCKET}/models/ds"
+    storage = {"endpoint": s3.endpoint}
+    tok = load_tokenizer(
+        TokenizerConfig(path=remote), load_config(str(_cfg(tmp_path, remote, storage))).storage
+    )
+    assert (tok.eos_id, tok.eos_source) == (2, "tokenizer_config.json")
+    assert tok.sha256 == load_tokenizer(TokenizerConfig(path=str(deepseek_like))).sha256
+
+    cfg = load_config(str(_cfg(tmp_path, remote, storage)))
+    run_job(cfg, log=lambda _: None)
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert (
+        manifest["tokenizer"]["eos_id"] == 2
+        and manifest["tokenizer"]["eos_source"] == "tokenizer_config.json"
+    )
+    report = verify(str(tmp_path / "out"), cfg, sample=10)
+    assert report.ok, report.problems
+    last: dict[str, tuple[int, int]] = {}  # doc_id -> (chunk, its last token), the last chunk kept
+    for row in pq.read_table(tmp_path / "out" / "data").to_pylist():
+        for k, doc in enumerate(row["doc_ids"]):
+            token = row["input_ids"][row["doc_offsets"][k + 1] - 1]
+            last[doc] = max(last.get(doc, (-1, 0)), (row["chunk_index"][k], token))
+    assert len(last) == 20 and {token for _, token in last.values()} == {2}
+
+
+def _cfg(tmp: Path, tokenizer: str, storage: dict[str, str]) -> Path:
+    corpus = make_corpus(tmp, shards=2, docs_per_shard=10, seed=31)
+    return job_config(tmp, f"{corpus}/*", tokenizer, storage=storage)
