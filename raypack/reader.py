@@ -1,7 +1,14 @@
 """Reading a packed dataset for training: `iter_batches` for a data-parallel rank, `read_packed` for Ray.
 
-    for batch in iter_batches("s3://bucket/packed/", batch_size=8, rank=r, world_size=w, seed=epoch):
-        loss = model(batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"])
+    for batch in iter_batches("s3://bucket/packed/", batch_size=8, rank=r, world_size=w, seed=epoch,
+                              torch=True):
+        mask = block_causal_mask(batch["document_ids"], model.dtype)   # Hugging Face, sdpa or eager
+        loss = model(batch["input_ids"], labels=batch["labels"], position_ids=batch["position_ids"],
+                     attention_mask=mask).loss
+        # a loop of one's own: cross_entropy(logits.flatten(0, 1), batch["shift_labels"].flatten())
+
+(raypack.torch_data.PackedDataset is the same for torch's DataLoader, resumable with torchdata's
+StatefulDataLoader.)
 
 Order. Each bucket (one, unless the dataset was packed with `bucket`) is read as one sequence: its
 Parquet row groups (1,024 packs) in a seeded order, and the packs of each row group in a seeded order
@@ -25,12 +32,20 @@ compute alike. A batch never mixes bucket lengths.
 Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without
 reading what comes before.
 
-Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o_k = num_tokens:
+Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o_k = num_tokens
+(each convention checked against the real client in tests/test_clients.py):
 - `input_ids` (B, L) int64; padding holds the dataset's pad_id;
-- `labels` (B, L) int64: next-token targets, labels[t] = input_ids[t+1] when t+1 is in the same
-  document, else -100 (the last token of every document, and all padding): no loss across a boundary;
+- `labels` (B, L) int64, aligned with input_ids as Hugging Face models take them (they shift by one
+  themselves): labels[t] = input_ids[t] when t-1 is in the same document, else -100 (every
+  document's first token, and all padding): no loss across a boundary;
+- `shift_labels` (B, L) int64, the same targets already shifted, for loops that compute the loss
+  themselves (torchtitan, Megatron style): shift_labels[t] = input_ids[t+1] when t+1 is in the same
+  document, else -100. Never pass it as an HF model's `labels`: that trains token t+2;
 - `position_ids` (B, L) int64: t - o_i within document i, restarting at 0 on every document; the
   padding tail counts 0, 1, ... as a segment of its own;
+- `document_ids` (B, L) int64: the document of each token within its row, 0, 1, ...; -1 on padding.
+  flex attention's mask_mod: `(doc[b, q] == doc[b, k]) & (k <= q)`; block_causal_mask() builds the
+  dense (B, 1, L, L) mask for sdpa and Hugging Face models;
 - `cu_seqlens` (segments+1,) int32 over the batch flattened to B*L tokens: every document, then the
   padding tail of its row (if any), as flash-attention's varlen functions take them; `max_seqlen`.
 """
@@ -52,7 +67,7 @@ from raypack.packing import PackPermutation
 from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
 
-__all__ = ["IGNORE_INDEX", "LAST_BATCH", "batch_fields", "iter_batches", "read_packed"]
+__all__ = ["IGNORE_INDEX", "LAST_BATCH", "batch_fields", "block_causal_mask", "iter_batches", "read_packed"]
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (PyTorch's cross_entropy default)
 
@@ -194,6 +209,23 @@ def iter_batches(
     if last_batch not in LAST_BATCH:
         raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH)}, got {last_batch!r}")
     convert = _torch_converter() if torch else None
+    for batch in _steps(path, batch_size, rank, world_size, seed, start_step, 1, last_batch, storage):
+        yield convert(batch) if convert is not None else batch
+
+
+def _steps(
+    path: str,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    start: int,
+    stride: int,
+    last_batch: str,
+    storage: StorageConfig | None,
+) -> Iterator[dict[str, Any]]:
+    """The batches of steps start, start + stride, ... (a DataLoader worker's share of a rank's
+    steps); the steps between are skipped without being read."""
     dataset, manifest = _manifest(path, storage)
     pad_id = int(manifest["config"]["output"]["pad_id"])
     buckets = _buckets(dataset, manifest, seed, storage)
@@ -203,24 +235,28 @@ def iter_batches(
         streams.append(_RankStream(dataset, bucket, lo, hi, seed, storage))
         steps.append(n)
     schedule = _schedule(steps, seed)
-    # Resume: skip each bucket's batches taken before start_step, without reading them.
-    for b, done in enumerate(np.bincount(schedule[:start_step], minlength=len(buckets)).tolist()):
+    # Resume: skip each bucket's batches taken before `start`, without reading them.
+    for b, done in enumerate(np.bincount(schedule[:start], minlength=len(buckets)).tolist()):
         streams[b].next = min(streams[b].next + done * batch_size, streams[b].hi)
-    for b in schedule[start_step:].tolist():
+    for i, b in enumerate(schedule[start:].tolist()):
+        if i % stride:
+            streams[b].next = min(streams[b].next + batch_size, streams[b].hi)
+            continue
         parts = streams[b].take(batch_size)
         table = pa.concat_tables(parts) if parts else None
-        batch = batch_fields(table, buckets[b].length, pad_id)
-        yield convert(batch) if convert is not None else batch
+        yield batch_fields(table, buckets[b].length, pad_id)
 
 
 def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, Any]:
-    """input_ids, labels, position_ids, cu_seqlens, max_seqlen of packed rows (None: an empty batch)."""
+    """The training fields of packed rows (module docstring); None or no rows: an empty batch."""
     if table is None or table.num_rows == 0:
         empty = np.zeros((0, length), dtype=np.int64)
         return {
             "input_ids": empty,
             "labels": empty.copy(),
+            "shift_labels": empty.copy(),
             "position_ids": empty.copy(),
+            "document_ids": empty.copy(),
             "cu_seqlens": np.zeros(1, dtype=np.int32),
             "max_seqlen": 0,
         }
@@ -240,21 +276,60 @@ def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, 
     position_ids = (flat - cu_seqlens[seg]).reshape(rows, length).astype(np.int64)
     num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
     real = np.arange(length)[None, :] < num_tokens[:, None]
-    labels = np.full((rows, length), IGNORE_INDEX, dtype=np.int64)
-    # t has a target when t+1 is a real token of the same segment (same document).
+    seg = seg.reshape(rows, length)
+    # Document of each token within its row (0, 1, ...), -1 on padding: the row's first segment is
+    # its first document, and padding is the row's last segment when the row is not full.
+    document_ids = np.where(real, seg - seg[:, :1], -1).astype(np.int64)
+    # shift_labels[t]: the target of position t, input_ids[t+1] when t+1 is a real token of the same
+    # document, else -100. labels: the same targets aligned with input_ids (labels[t+1] =
+    # shift_labels[t]), as Hugging Face models take them: they shift by one themselves, so a
+    # document's first token and the padding are -100.
     same = np.zeros((rows, length), dtype=bool)
-    same[:, :-1] = (seg.reshape(rows, length)[:, 1:] == seg.reshape(rows, length)[:, :-1]) & real[:, 1:]
-    labels[same] = np.roll(input_ids, -1, axis=1)[same]
+    same[:, :-1] = (seg[:, 1:] == seg[:, :-1]) & real[:, 1:]
+    shift_labels = np.full((rows, length), IGNORE_INDEX, dtype=np.int64)
+    shift_labels[same] = np.roll(input_ids, -1, axis=1)[same]
+    labels = np.full((rows, length), IGNORE_INDEX, dtype=np.int64)
+    labels[:, 1:] = shift_labels[:, :-1]
     if not np.array_equal(input_ids[~real], np.full(int((~real).sum()), pad_id)):
         raise ValueError("padding positions hold tokens other than pad_id: not a raypack dataset?")
     lengths = np.diff(cu_seqlens)
     return {
         "input_ids": input_ids,
         "labels": labels,
+        "shift_labels": shift_labels,
         "position_ids": position_ids,
+        "document_ids": document_ids,
         "cu_seqlens": cu_seqlens,
         "max_seqlen": int(lengths.max()) if len(lengths) else 0,
     }
+
+
+def block_causal_mask(document_ids: Any, dtype: Any = None) -> Any:
+    """(B, 1, L, L) mask from `document_ids`: query q may attend to key k when k <= q in the same
+    document (padding, document -1, attends to padding only, so no row is fully masked).
+
+    dtype None: boolean, True = attend, for torch's scaled_dot_product_attention(attn_mask=...).
+    A float dtype: additive, 0 = attend and the dtype's lowest value elsewhere, for Hugging Face
+    models, which take a 4D attention_mask as it is: their "eager" attention adds it to the scores,
+    so a boolean mask there is silently wrong (measured: logits off by 0.31 on a tiny Llama), while
+    "sdpa" takes either. A numpy array or a torch tensor in, the same kind out (on its device).
+    Memory: B × L² elements (64 MiB a row at 8192 in bfloat16)."""
+    q = document_ids[:, None, :, None]
+    k = document_ids[:, None, None, :]
+    length = document_ids.shape[-1]
+    if isinstance(document_ids, np.ndarray):
+        allowed = (q == k) & np.tril(np.ones((length, length), dtype=bool))
+        if dtype is None:
+            return allowed
+        return np.where(allowed, 0, np.finfo(dtype).min).astype(dtype)
+    import torch
+
+    allowed = (q == k) & torch.ones((length, length), dtype=torch.bool, device=document_ids.device).tril()
+    if dtype is None:
+        return allowed
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(dtype).min
+    )
 
 
 def _torch_converter() -> Any:

@@ -184,8 +184,10 @@ def test_labels_positions_and_cu_seqlens_match_doc_offsets_and_no_token_sees_ano
         for r, digest in enumerate(_digests(batch)):
             row = by_digest[digest]
             labels, positions, doc = _direct(row["input_ids"], row["doc_offsets"], length)
-            assert batch["labels"][r].tolist() == labels
+            assert batch["shift_labels"][r].tolist() == labels  # the target of each position
+            assert batch["labels"][r].tolist() == [IGNORE_INDEX, *labels[:-1]]  # aligned: HF shifts
             assert batch["position_ids"][r].tolist() == positions
+            assert batch["document_ids"][r].tolist() == doc
             # The block-diagonal causal mask flash-attention builds from cu_seqlens: i attends to j
             # when both are in one segment and j <= i. Every such pair lies in one document (or both
             # in the padding), and every causal pair inside a document is allowed.
