@@ -175,7 +175,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
             TokenizeShards,
             fn_constructor_kwargs={"cfg": cfg},
             batch_size=1,
-            concurrency=min(concurrency, len(shards)),
+            compute=ray.data.ActorPoolStrategy(size=min(concurrency, len(shards))),
             num_cpus=1,
         ).take_all()
     reused = sum(bool(s["cached"]) for s in summaries)

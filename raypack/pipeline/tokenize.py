@@ -1,7 +1,9 @@
 """Stage 2, tokenize: a Ray Data actor that loads the tokenizer once and turns whole shards into staged
 token files (one Parquet file per input shard, schema.TOKENIZED), plus a rejects file when needed.
 
-Documents are encoded with `encode_batch(..., add_special_tokens=False)`: the tokenizer's own template
+Documents are encoded with `encode_batch_fast(..., add_special_tokens=False)`: the same ids as
+`encode_batch` without computing character offsets, which raypack never uses (1.4-1.5× faster on real
+C sources with a 128k-vocabulary BPE; tests check the ids are equal). The tokenizer's own template
 (which may add BOS, CLS/SEP, ...) is off, so `add_bos` / `add_eos` alone decide what frames a document.
 Tokens are computed once here; later stages only read these files.
 """
@@ -92,7 +94,7 @@ def encode_flat(
         while end < len(pieces) and (end == start or chars + len(pieces[end]) <= _GROUP_CHARS):
             chars += len(pieces[end])
             end += 1
-        ids = [e.ids for e in tok.tokenizer.encode_batch(pieces[start:end], add_special_tokens=False)]
+        ids = [e.ids for e in tok.tokenizer.encode_batch_fast(pieces[start:end], add_special_tokens=False)]
         n = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         raws.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(n.sum())))
         piece_len.append(n)

@@ -255,3 +255,33 @@ def test_long_texts_are_cut_before_a_space_and_tokenize_the_same(tokenizer_path:
     assert long_doc == whole
     assert lengths.tolist()[1] == len(whole)
     assert flat[lengths[0] : lengths[0] + lengths[1]].tolist() == whole
+
+
+def test_the_fast_encoding_gives_encode_batch_ids(tokenizer_path: Path, tmp_path: Path) -> None:
+    """raypack encodes with encode_batch_fast (no offsets): the ids must be encode_batch's, with a
+    byte-level BPE and with a normalizing WordPiece, on text with accents, CJK, emoji, tabs, newlines."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    from raypack.config import TokenizerConfig
+    from raypack.pipeline.tokenize import encode_flat, load_tokenizer
+
+    texts = [
+        "Déjà vu: naïve café, Œuvre; straße",
+        "中文分词 テスト 한국어",
+        "emoji 🚀🔥 and\ttabs\n\nnew lines   and  spaces ",
+        "def pack(x):\n    return [y for y in x if y]  # code",
+        "best fit packing " * 40,
+    ]
+    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
+    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=["[UNK]", "</s>"], show_progress=False)
+    wordpiece.train_from_iterator(texts * 3, trainer)
+    wordpiece.save(str(tmp_path / "wordpiece.json"))
+    for path in (tokenizer_path, tmp_path / "wordpiece.json"):
+        cfg = TokenizerConfig(path=str(path), add_eos=False)
+        tok = load_tokenizer(cfg)
+        flat, lengths = encode_flat(tok, cfg, texts)
+        slow = [e.ids for e in tok.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        assert lengths.tolist() == [len(ids) for ids in slow]
+        assert flat.tolist() == [t for ids in slow for t in ids]
