@@ -1,89 +1,157 @@
-"""The whole job against the tokenizer alone, and worker memory as the corpus grows.
+"""The whole `raypack pack` command against the tokenizer's fastest path, on real text.
 
-    python benchmarks/bench_job.py                  # 200 MB corpus (and 50 MB for the memory check)
-    python benchmarks/bench_job.py --mb 400 --small-mb 100
+    python benchmarks/bench_job.py                          # 130 and 500 MB, demo and 128k tokenizers
+    python benchmarks/bench_job.py --mb 130 --tokenizers large
 
-Corpus: this Python's standard library sources, repeated until the size is reached, in gzipped JSONL
-shards of a fixed size (6.25 MB of text by default: a 4x larger corpus has 4x more shards, as corpora
-grow; and even the small corpus gives each tokenizer actor 4 shards: its memory settles from the 3rd
-shard on, so both runs compare actors in their steady state). Tokenizer: the demo's byte-level BPE
-(8192 tokens), trained once and cached.
-Baseline: `encode_batch` (512 documents a call) over the same texts in this process, on all cores
-(tokenizers parallelizes a batch itself), measured in the same run as the job. Job: `raypack pack`'s
-run_job on local Ray with all cores, wall time from start to manifest. Memory: every Ray worker
-process sampled every 0.2 s for its private memory (resident minus shared pages, from /proc/PID/statm:
-the heap and arrays the process itself holds) and its resident set (RSS, which also counts pages of
-the shared object store the process has mapped, so it grows with the blocks a task reads even when
-they are not copied). statm is read in O(1); psutil's USS (smaps) walks every mapping, and sampling it
-this often cost the job 24 s of 162 on two cores. The largest peak of each is reported
-for the small and the large corpus (a job whose per-worker memory grows with the corpus would not
-scale to one larger than RAM).
+Corpus: real source text found on this machine, not one source repeated: Python, C and C++ sources,
+headers, stubs and docs (.py .pyi .c .cc .cpp .h .hpp .md .rst .txt, 1 KB to 2 MB each) under this
+environment's site-packages, the interpreter's standard library, /usr/include, /usr/share/doc and
+/usr/lib/python3, in sorted path order, each distinct file once (by content hash), one document
+per file, in gzipped JSONL shards of 6.25 MB of text (a 4x larger corpus has 4x more shards).
+Tokenizers: the demo's byte-level BPE (8,192 tokens) and a byte-level BPE of 131,072 tokens trained
+here on the first 40 MB of the corpus (production vocabularies are 100k-200k: their merges and
+lookups are what encode_batch spends its time on). Both are cached in --work.
+
+Baselines, in this process, on all cores (tokenizers parallelizes a batch itself), measured in the
+same run as the job: `encode_batch_fast` (no offsets: the fastest path, the job's physical limit)
+over every text of the corpus, and `encode_batch` (what raypack called before) over the first 65 MB.
+Job: `raypack pack CONFIG --overwrite` as a subprocess, timed from its start to its exit, so Ray's
+start, imports and every stage count; its stage times come from metrics.json. Memory: every Ray
+worker's peak private memory (rss - shared, from /proc statm, every 0.2 s) and RSS.
+Ratios are encode_batch_fast's seconds over the job's (or its tokenize stage's) on the same texts:
+1.0 would be the job as fast as the tokenizer alone (the job also adds one EOS a document).
+Targets (issue 13): whole command >= 0.75 at ~130 MB and >= 0.85 at ~500 MB; tokenize stage >= 0.9.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gzip
+import hashlib
 import json
-import logging
 import os
-import shutil
+import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import yaml
 
-from raypack.config import load_config
 from raypack.demo import demo_config
-from raypack.pipeline.job import run_job
+
+SUFFIXES = {".py", ".pyi", ".c", ".cc", ".cpp", ".h", ".hpp", ".md", ".rst", ".txt"}
+ROOTS = [
+    Path(sysconfig.get_paths()["purelib"]),
+    Path(sysconfig.get_paths()["stdlib"]),
+    Path("/usr/include"),
+    Path("/usr/share/doc"),
+    Path("/usr/lib/python3"),
+]
+SHARD_BYTES = 6_250_000
+LARGE_VOCAB = 131_072
 
 
-def make_corpus(out: Path, mb: int, shard_mb: float, sources: list[Path]) -> tuple[Path, list[str]]:
-    texts = []
-    for path in sources:
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            texts += [json.loads(line)["text"] for line in f]
-    corpus = out / f"corpus-{mb}mb"
-    shutil.rmtree(corpus, ignore_errors=True)  # an earlier run's shards may be cut differently
-    corpus.mkdir(parents=True)
-    target = mb * 10**6
-    shards = max(1, round(mb / shard_mb))
-    written, all_texts, copy = 0, [], 0
-    with contextlib.ExitStack() as stack:
-        handles = [
-            stack.enter_context(gzip.open(corpus / f"part-{i:02d}.jsonl.gz", "wt", compresslevel=1))
-            for i in range(shards)
-        ]
-        while written < target:
-            for i, text in enumerate(texts):
-                handles[(copy * len(texts) + i) % shards].write(json.dumps({"text": text}) + "\n")
-                all_texts.append(text)
-                written += len(text.encode())
-                if written >= target:
-                    break
-            copy += 1
-    return corpus, all_texts
+def source_texts() -> Iterator[str]:
+    seen: set[bytes] = set()
+    for root in ROOTS:
+        if not root.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                path = Path(dirpath, name)
+                if path.suffix not in SUFFIXES or path.is_symlink():
+                    continue
+                try:
+                    size = path.stat().st_size
+                    if not 1_000 <= size <= 2_000_000:
+                        continue
+                    data = path.read_bytes()
+                    text = data.decode("utf-8")
+                except (OSError, UnicodeDecodeError):
+                    continue
+                digest = hashlib.sha1(data).digest()
+                if digest not in seen:
+                    seen.add(digest)
+                    yield text
 
 
-def raw_tokens_per_second(tokenizer_path: Path, texts: list[str]) -> tuple[float, int]:
+def make_corpus(work: Path, mb: int) -> tuple[Path, list[str]]:
+    corpus = work / f"corpus-{mb}mb"
+    texts: list[str] = []
+    total = 0
+    for text in source_texts():
+        texts.append(text)
+        total += len(text.encode())
+        if total >= mb * 10**6:
+            break
+    if total < mb * 10**6:
+        print(f"note: this machine has {total / 1e6:.0f} MB of distinct source text, not {mb} MB")
+    if not (corpus / "done").exists():
+        corpus.mkdir(parents=True, exist_ok=True)
+        shards: list[list[str]] = [[]]
+        size = 0
+        for text in texts:
+            if size >= SHARD_BYTES:
+                shards.append([])
+                size = 0
+            shards[-1].append(json.dumps({"text": text}) + "\n")
+            size += len(text.encode())
+        for i, lines in enumerate(shards):
+            with gzip.open(corpus / f"part-{i:05d}.jsonl.gz", "wt", compresslevel=1) as out:
+                out.writelines(lines)
+        (corpus / "done").write_text("")
+    return corpus, texts
+
+
+def large_tokenizer(work: Path) -> Path:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    path = work / f"bpe-{LARGE_VOCAB}.json"
+    if path.exists():
+        return path
+    sample, total = [], 0
+    for text in source_texts():
+        sample.append(text)
+        total += len(text)
+        if total >= 40 * 10**6:
+            break
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=LARGE_VOCAB,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    t0 = time.perf_counter()
+    tok.train_from_iterator(sample, trainer)
+    tok.save(str(path))
+    print(f"trained a {LARGE_VOCAB:,}-token BPE on {total / 1e6:.0f} MB in {time.perf_counter() - t0:.0f} s")
+    return path
+
+
+def encode_seconds(tokenizer: Path, texts: list[str], fast: bool) -> tuple[float, int]:
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(str(tokenizer_path))
+    tok = Tokenizer.from_file(str(tokenizer))
+    encode = tok.encode_batch_fast if fast else tok.encode_batch
     t0 = time.perf_counter()
     n = 0
     for i in range(0, len(texts), 512):
-        n += sum(len(e.ids) for e in tok.encode_batch(texts[i : i + 512], add_special_tokens=False))
-    return n / (time.perf_counter() - t0), n
+        n += sum(len(e.ids) for e in encode(texts[i : i + 512], add_special_tokens=False))
+    return time.perf_counter() - t0, n
 
 
 class WorkerMemory:
-    """Peak private memory and RSS per Ray worker process, sampled in a thread, with the process title
-    (the task or actor it ran) at the moment of its private-memory peak."""
+    """Peak private memory and RSS over Ray worker processes, sampled in a thread, with the process
+    title at the private peak. statm is O(1) to read (psutil's USS walks every mapping)."""
 
     def __init__(self) -> None:
         self.uss: dict[int, int] = {}
@@ -93,12 +161,10 @@ class WorkerMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        # The worker list is refreshed every 2 s (a scan of every process's cmdline); the workers'
-        # statm is read every 0.2 s. Sampling costs the job well under 1% of two cores.
         workers: list[psutil.Process] = []
         tick = 0
         while not self._stop.is_set():
-            if tick % 10 == 0:
+            if tick % 10 == 0:  # rescan the process list every 2 s
                 workers = [
                     p
                     for p in psutil.process_iter(["name", "cmdline"])
@@ -110,16 +176,14 @@ class WorkerMemory:
                 try:
                     mem = p.memory_info()
                     self.rss[p.pid] = max(self.rss.get(p.pid, 0), mem.rss)
-                    private = mem.rss - mem.shared
-                    if private > self.uss.get(p.pid, 0):
-                        self.uss[p.pid] = private
+                    if mem.rss - mem.shared > self.uss.get(p.pid, 0):
+                        self.uss[p.pid] = mem.rss - mem.shared
                         self.titles[p.pid] = p.name()
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     pass
             self._stop.wait(0.2)
 
     def peak(self) -> tuple[int, int, str]:
-        """(largest private memory, largest RSS, title of the process with the largest private memory)."""
         if not self.uss:
             return 0, 0, "-"
         top = max(self.uss, key=lambda pid: self.uss[pid])
@@ -134,72 +198,83 @@ class WorkerMemory:
         self._thread.join()
 
 
-def run(
-    work: Path, demo_yaml: Path, corpus: Path, name: str
-) -> tuple[float, int, WorkerMemory, dict[str, float]]:
-    """The demo's config (tokenizer, seq_len 2048, bfd) on another corpus: (seconds, tokens, memory,
-    seconds per stage)."""
-    config = yaml.safe_load(demo_yaml.read_text())
-    # The demo's input settings (its reject ratio: the stdlib's empty __init__.py files), other paths,
-    # and generated ids: the copies of a source repeat its id.
-    config["input"].update({"paths": [str(corpus / "*.jsonl.gz")], "id_field": None})
-    config["output"]["path"] = str(work / f"out-{name}")
-    # 2000 packs per file: full files at both corpus sizes, so a task writing one file holds the same
-    # amount of data in both runs (with 10000, the 50 MB run makes one partial file).
-    config["output"]["shard_rows"] = 2000
-    cfg_path = work / f"{name}.yaml"
-    cfg_path.write_text(yaml.safe_dump(config))
-    cfg = load_config(str(cfg_path))
+def run_command(work: Path, corpus: Path, tokenizer: Path, name: str) -> tuple[float, dict, WorkerMemory]:
+    """`raypack pack` on the corpus (seq_len 8192, bfd, generated ids): (seconds, metrics.json, memory)."""
+    config = {
+        "input": {"paths": [str(corpus / "*.jsonl.gz")], "max_reject_ratio": 0.05},
+        "tokenizer": {"path": str(tokenizer)},
+        "pack": {"seq_len": 8192},
+        "output": {"path": str(work / f"out-{name}")},
+    }
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    raypack = Path(sys.executable).parent / "raypack"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     with WorkerMemory() as mem:
         t0 = time.perf_counter()
-        result = run_job(cfg, overwrite=True, log=lambda m: None)
+        done = subprocess.run(
+            [str(raypack), "pack", str(path), "--overwrite"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         seconds = time.perf_counter() - t0
-    return seconds, result.metrics.tokens, mem, result.stage_seconds
+    if done.returncode != 0:
+        raise SystemExit(f"raypack pack failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    metrics = json.loads((work / f"out-{name}" / "metrics.json").read_text())
+    return seconds, metrics, mem
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--mb", type=int, default=200, help="corpus size for the throughput ratio")
-    parser.add_argument("--small-mb", type=int, default=50, help="the 4x smaller corpus for the memory check")
-    parser.add_argument("--shard-mb", type=float, default=6.25, help="text per input shard")
+    parser.add_argument("--mb", type=int, nargs="+", default=[130, 500], help="corpus sizes")
+    parser.add_argument("--tokenizers", default="demo,large", help="demo, large, or both (comma-separated)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-job")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    demo_yaml = demo_config(args.work / "demo")  # builds the stdlib corpus and the tokenizer once
-    sources = sorted((args.work / "demo" / "corpus").glob("*.jsonl.gz"))
-    tokenizer = args.work / "demo" / "tokenizer.json"
-
-    import ray
-
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.ERROR)
-    rows = []
-    for mb in (args.small_mb, args.mb):
-        corpus, texts = make_corpus(args.work, mb, args.shard_mb, sources)
-        raw, raw_tokens = raw_tokens_per_second(tokenizer, texts)
-        del texts
-        seconds, tokens, mem, stage_seconds = run(args.work, demo_yaml, corpus, f"{mb}mb")
-        assert tokens >= raw_tokens, "the job packed fewer tokens than the text holds"
-        job = tokens / seconds
-        uss, rss, title = mem.peak()
-        rows.append((mb, uss, rss))
-        stages = ", ".join(f"{k} {v:.1f} s" for k, v in stage_seconds.items())
+    tokenizers = {}
+    for name in args.tokenizers.split(","):
+        if name == "demo":
+            demo_config(args.work / "demo")  # trains the demo's BPE once
+            tokenizers["demo 8k"] = args.work / "demo" / "tokenizer.json"
+        elif name == "large":
+            tokenizers["bpe 128k"] = large_tokenizer(args.work)
+        else:
+            raise SystemExit(f"unknown tokenizer {name!r}: demo or large")
+    print(f"{os.cpu_count()} cores; ratios: encode_batch_fast seconds / job seconds, same texts, same run")
+    for mb in args.mb:
+        corpus, texts = make_corpus(args.work, mb)
         shards = len(list(corpus.glob("*.jsonl.gz")))
-        print(
-            f"{mb:>5} MB ({shards} shards): encode_batch alone {raw / 1e6:.3f} Mtok/s; whole job "
-            f"{job / 1e6:.3f} Mtok/s ({seconds:.1f} s) = {100 * job / raw:.1f}% of the tokenizer; "
-            f"largest worker peak private {uss / 2**20:.0f} MiB ({title}), RSS {rss / 2**20:.0f} MiB; "
-            f"stages: {stages}",
-            flush=True,
-        )
-    (small_mb, small_uss, small_rss), (large_mb, large_uss, large_rss) = rows
-    print(
-        f"worker peak memory, {large_mb} MB vs {small_mb} MB corpus: private {large_uss / 2**20:.0f} vs "
-        f"{small_uss / 2**20:.0f} MiB (x{large_uss / max(small_uss, 1):.2f}); RSS "
-        f"{large_rss / 2**20:.0f} vs {small_rss / 2**20:.0f} MiB (x{large_rss / max(small_rss, 1):.2f})"
-    )
-    print("targets (issue 3): job >= 85% of encode_batch tokens/s; worker peak flat when the corpus grows 4x")
+        head, total = [], 0
+        for text in texts:
+            if total >= 65 * 10**6:
+                break
+            head.append(text)
+            total += len(text.encode())
+        for label, tokenizer in tokenizers.items():
+            fast_s, fast_n = encode_seconds(tokenizer, texts, fast=True)
+            slow_s, slow_n = encode_seconds(tokenizer, head, fast=False)
+            head_fast_s, _ = encode_seconds(tokenizer, head, fast=True)
+            seconds, metrics, mem = run_command(args.work, corpus, tokenizer, f"{mb}-{label.split()[-1]}")
+            stages = metrics["stage_seconds"]
+            assert metrics["metrics"]["tokens"] >= fast_n, "the job packed fewer tokens than the text holds"
+            fast_rate = fast_n / fast_s
+            uss, rss, title = mem.peak()
+            print(
+                f"{mb} MB, {len(texts):,} documents, {shards} shards, {label}: "
+                f"encode_batch_fast {fast_rate / 1e6:.3f} Mtok/s ({fast_s:.1f} s); encode_batch "
+                f"{slow_n / slow_s / 1e6:.3f} Mtok/s on the first 65 MB "
+                f"(fast/slow x{slow_s / head_fast_s:.2f}); "
+                f"raypack pack {seconds:.1f} s = {fast_s / seconds:.3f} of encode_batch_fast, "
+                f"tokenize stage {stages['tokenize']:.1f} s = {fast_s / stages['tokenize']:.3f}; "
+                f"stages: {', '.join(f'{k} {v:.1f} s' for k, v in stages.items())}; "
+                f"startup and the rest {seconds - sum(stages.values()):.1f} s; largest worker private "
+                f"{uss / 2**20:.0f} MiB ({title}), RSS {rss / 2**20:.0f} MiB",
+                flush=True,
+            )
     return 0
 
 
