@@ -42,7 +42,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from raypack.demo import demo_config
+from raypack.demo import demo_config, train_byte_level_bpe
 
 SUFFIXES = {".py", ".pyi", ".c", ".cc", ".cpp", ".h", ".hpp", ".md", ".rst", ".txt"}
 ROOTS = [
@@ -110,8 +110,6 @@ def make_corpus(work: Path, mb: int) -> tuple[Path, list[str]]:
 
 
 def large_tokenizer(work: Path) -> Path:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     path = work / f"bpe-{LARGE_VOCAB}.json"
     if path.exists():
         return path
@@ -121,18 +119,8 @@ def large_tokenizer(work: Path) -> Path:
         total += len(text)
         if total >= 40 * 10**6:
             break
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=LARGE_VOCAB,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
     t0 = time.perf_counter()
-    tok.train_from_iterator(sample, trainer)
-    tok.save(str(path))
+    train_byte_level_bpe(sample, LARGE_VOCAB, ["<|endoftext|>"]).save(str(path))
     print(f"trained a {LARGE_VOCAB:,}-token BPE on {total / 1e6:.0f} MB in {time.perf_counter() - t0:.0f} s")
     return path
 

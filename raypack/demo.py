@@ -11,13 +11,13 @@ import contextlib
 import gzip
 import json
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import yaml
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-__all__ = ["build_corpus", "build_tokenizer", "demo_config"]
+__all__ = ["build_corpus", "build_tokenizer", "demo_config", "train_byte_level_bpe"]
 
 SHARDS = 8
 VOCAB = 8192
@@ -63,19 +63,25 @@ def build_tokenizer(path: Path, corpus: list[Path], train_bytes: int = 8 << 20) 
                     if seen >= train_bytes:
                         return
 
+    tok = train_byte_level_bpe(texts(), VOCAB, SPECIAL)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def train_byte_level_bpe(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str]) -> Tokenizer:
+    """A GPT-2-style byte-level BPE trained on `texts` (no network: nothing is downloaded)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=SPECIAL,
+        vocab_size=vocab_size,
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts(), trainer=trainer)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path))
-    return path
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
 
 
 def demo_config(out: Path, seq_len: int = 2048) -> Path:

@@ -200,17 +200,22 @@ def iter_batches(
     """Batches of packs for data-parallel rank `rank` of `world_size` (see the module's docstring);
     numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch]).
     `last_batch`: "wrap" (every batch full, a few packs twice), "drop" or "short"."""
+    check_args(batch_size, rank, world_size, last_batch)
+    if start_step < 0:
+        raise ValueError(f"start_step must be >= 0, got {start_step}")
+    convert = _torch_converter() if torch else None
+    for batch in _steps(path, batch_size, rank, world_size, seed, start_step, 1, last_batch, storage):
+        yield convert(batch) if convert is not None else batch
+
+
+def check_args(batch_size: int, rank: int, world_size: int, last_batch: str) -> None:
+    """ValueError for settings no reader can follow (iter_batches and torch_data.PackedDataset)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    if start_step < 0:
-        raise ValueError(f"start_step must be >= 0, got {start_step}")
     if last_batch not in LAST_BATCH:
         raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH)}, got {last_batch!r}")
-    convert = _torch_converter() if torch else None
-    for batch in _steps(path, batch_size, rank, world_size, seed, start_step, 1, last_batch, storage):
-        yield convert(batch) if convert is not None else batch
 
 
 def _steps(

@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from raypack.config import StorageConfig
-from raypack.reader import LAST_BATCH, _steps
+from raypack.reader import _steps, check_args
 
 __all__ = ["PackedDataset"]
 
@@ -42,12 +42,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         last_batch: str = "wrap",
         storage: StorageConfig | None = None,
     ) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-        if last_batch not in LAST_BATCH:
-            raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH)}, got {last_batch!r}")
+        check_args(batch_size, rank, world_size, last_batch)
         self.path, self.batch_size, self.rank, self.world_size = path, batch_size, rank, world_size
         self.seed, self.last_batch, self.storage = seed, last_batch, storage
         self._resume: int | None = None  # the step this worker resumes at (load_state_dict)

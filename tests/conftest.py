@@ -170,3 +170,21 @@ def job_config(tmp: Path, corpus_glob: str, tokenizer_file: Path | str, **sectio
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def independent_tokens(corpus: Path, tokenizer_file: Path) -> dict[str, list[int]]:
+    """Every document's tokens (then EOS), by doc id, tokenized here with tokenizers directly, not by
+    raypack's tokenize stage: what the packs are checked against."""
+    from raypack.config import InputConfig
+    from raypack.pipeline.read import read_shard
+    from raypack.storage import Shard
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    eos = tok.token_to_id("<|endoftext|>")
+    tokens = {}
+    for shard in sorted(corpus.iterdir()):
+        s = Shard(index=0, path=str(shard), relpath=shard.name, size=0, mtime_ns=0)
+        for batch in read_shard(s, InputConfig(paths=("unused",)), 1000):
+            for doc_id, text in zip(batch.ids, batch.texts, strict=True):
+                tokens[doc_id] = [*tok.encode(text, add_special_tokens=False).ids, eos]
+    return tokens

@@ -199,3 +199,13 @@ def test_stateful_dataloader_resumes_with_exactly_the_remaining_packs(packed: Pa
     resumed.load_state_dict(state)
     assert digests(first) + digests(resumed) == expected
     assert digests(resumed) == expected  # the next epoch starts again from the first step
+
+
+def test_packed_dataset_refuses_bad_settings_and_a_foreign_state(packed: Path) -> None:
+    with pytest.raises(ValueError, match="last_batch must be one of"):
+        PackedDataset(str(packed), 2, last_batch="pad")
+    with pytest.raises(ValueError, match="rank < world_size"):
+        PackedDataset(str(packed), 2, rank=3, world_size=2)
+    state = PackedDataset(str(packed), 2, seed=1).state_dict()
+    with pytest.raises(ValueError, match=r"saved with other settings .*'seed': \(1, 2\)"):
+        PackedDataset(str(packed), 2, seed=2).load_state_dict(state)

@@ -10,21 +10,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer
 
 from raypack.cli import main
-from raypack.config import InputConfig, load_config
+from raypack.config import load_config
 from raypack.dryrun import load_lengths
 from raypack.errors import ConfigError
 from raypack.metrics import fill_percent_counts
 from raypack.packing import pack
 from raypack.pipeline.job import run_job
-from raypack.pipeline.read import read_shard
 from raypack.report.model import length_distribution
-from raypack.storage import Shard
 from raypack.summary import format_summary
 from raypack.verify import verify
-from tests.conftest import job_config, make_corpus, write_jsonl
+from tests.conftest import independent_tokens, job_config, make_corpus, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -44,14 +41,7 @@ def test_every_token_of_every_document_arrives_once(tmp_path: Path, tokenizer_pa
     assert result.documents == 160 and result.rejects == 0
 
     # Independently of raypack: tokenize the corpus here and rebuild every document from the packs.
-    tok = Tokenizer.from_file(str(tokenizer_path))
-    eos = tok.token_to_id("<|endoftext|>")
-    expected = {}
-    for shard in sorted(corpus.iterdir()):
-        s = Shard(index=0, path=str(shard), relpath=shard.name, size=0, mtime_ns=0)
-        for batch in read_shard(s, InputConfig(paths=("unused",)), 1000):
-            for doc_id, text in zip(batch.ids, batch.texts, strict=True):
-                expected[doc_id] = [*tok.encode(text, add_special_tokens=False).ids, eos]
+    expected = independent_tokens(corpus, tokenizer_path)
     pieces: dict[str, list[tuple[int, list[int]]]] = {}
     packs = read_packs(tmp_path / "out")
     for row in packs.to_pylist():

@@ -14,17 +14,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tokenizers import Tokenizer
 
 from raypack.cli import main
-from raypack.config import InputConfig, JobConfig, load_config
+from raypack.config import JobConfig, load_config
 from raypack.errors import JobError
 from raypack.packing import pack
 from raypack.pipeline.job import run_job
-from raypack.pipeline.read import read_shard
-from raypack.storage import Shard
 from raypack.verify import verify
-from tests.conftest import job_config, make_corpus, random_text, write_jsonl
+from tests.conftest import independent_tokens, job_config, make_corpus, random_text, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 SEQ_LEN = 512
@@ -54,14 +51,7 @@ class Corpus:
 def corpus(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Corpus:
     root = tmp_path_factory.mktemp("modes")
     path = make_corpus(root, shards=4, docs_per_shard=40, seed=17)
-    tok = Tokenizer.from_file(str(tokenizer_path))
-    eos = tok.token_to_id("<|endoftext|>")
-    tokens = {}
-    for shard in sorted(path.iterdir()):
-        s = Shard(index=0, path=str(shard), relpath=shard.name, size=0, mtime_ns=0)
-        for batch in read_shard(s, InputConfig(paths=("unused",)), 1000):
-            for doc_id, text in zip(batch.ids, batch.texts, strict=True):
-                tokens[doc_id] = [*tok.encode(text, add_special_tokens=False).ids, eos]
+    tokens = independent_tokens(path, tokenizer_path)
     assert sum(len(t) > SEQ_LEN for t in tokens.values()) >= 5  # the overflow policies have work to do
     return Corpus(f"{path}/*", tokens, root / "cache")
 
