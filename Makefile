@@ -10,6 +10,7 @@ $(BIN)/raypack: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m raypack.packing.warmup
 	touch $@
 
 # Pack a built-in corpus (this Python's standard library sources) with a built-in tokenizer, offline.

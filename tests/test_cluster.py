@@ -122,6 +122,8 @@ def test_dockerfile_matches_the_manifests_and_the_package() -> None:
     copied = re.findall(r"^COPY .*? (\S+) (/opt/raypack/\S*)$", dockerfile, flags=re.M)
     assert ("jobs", f"{IMAGE_ROOT}/jobs") in copied and ("raypack", f"{IMAGE_ROOT}/raypack") in copied
     assert Path(raypack.__file__).parent == ROOT / "raypack"
+    # The packers' numba code is compiled into the image, after raypack is installed.
+    assert dockerfile.index("pip install") < dockerfile.index("RUN python -m raypack.packing.warmup")
 
 
 def test_ray_up_config() -> None:

@@ -34,8 +34,9 @@ def free_port() -> int:
 
 def ray_cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """Run the ray CLI; a submission that meets a head whose job agent is not up yet (seconds after
-    `ray start` returns) is tried again, for up to a minute."""
-    deadline = time.monotonic() + 60
+    `ray start` returns; over a minute once on a loaded 2-core machine) is tried again, for up to
+    three minutes."""
+    deadline = time.monotonic() + 180
     while True:
         done = subprocess.run(
             [str(BIN / "ray"), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from raypack.packing import bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp
+# _cache first: it installs the numba cache locator before the packers' functions are decorated.
+from raypack.packing import _cache, bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp  # noqa: F401
 from raypack.packing.assignment import Assignment, check_assignment
 from raypack.packing.items import OVERFLOW_POLICIES, Items, item_histogram, make_items
 from raypack.packing.permute import PackPermutation

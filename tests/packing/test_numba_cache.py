@@ -1,0 +1,54 @@
+"""The packers' numba code is cached by source content: a second copy of raypack at another path
+(what every `ray job submit --working-dir .` makes) loads it instead of compiling (~7 s)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import raypack
+
+PACKAGE = Path(raypack.__file__).resolve().parent
+
+
+def warm(where: Path, cache: Path) -> tuple[int, int]:
+    code = (
+        f"import sys; sys.path.insert(0, {str(where)!r}); import raypack; "
+        f"assert raypack.__file__.startswith({str(where)!r}), raypack.__file__; "
+        "import numpy as np; from raypack.packing import pack; "
+        "from raypack.packing.warmup import dispatchers; "
+        "pack(np.arange(1, 200), 64, 'bfd', seed=0); "  # bfd's path only: the test pays three compiles
+        "print(sum(sum(d.stats.cache_misses.values()) for d in dispatchers()), "
+        "sum(sum(d.stats.cache_hits.values()) for d in dispatchers()))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_")}
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "RAYPACK_NUMBA_CACHE": str(cache)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiled, loaded = map(int, done.stdout.split())
+    return compiled, loaded
+
+
+def test_a_copy_at_another_path_loads_the_compiled_code(tmp_path: Path) -> None:
+    for name in ("first", "second"):
+        shutil.copytree(PACKAGE, tmp_path / name / "raypack", ignore=shutil.ignore_patterns("__pycache__"))
+    cache = tmp_path / "cache"
+    compiled, loaded = warm(tmp_path / "first", cache)
+    assert compiled >= 5 and loaded == 0  # bfd's functions, compiled once
+    compiled_again, loaded_again = warm(tmp_path / "second", cache)
+    # Nothing compiled; what the packers call from Python loaded (their callees live inside them).
+    assert compiled_again == 0 and loaded_again >= 2
+    # A change to any packing source compiles everything again: numba links _segtree's functions into
+    # _groups' entries but would check only _groups.py, and stale machine code must never be loaded.
+    segtree = tmp_path / "second" / "raypack" / "packing" / "_segtree.py"
+    segtree.write_text(segtree.read_text() + "\n# changed\n")
+    assert warm(tmp_path / "second", cache) == (compiled, 0)
