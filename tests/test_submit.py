@@ -70,6 +70,20 @@ def head() -> Iterator[tuple[str, dict[str, str]]]:
         "--num-cpus=2",
         "--disable-usage-stats",
         f"--temp-dir={temp}",
+        # Ports of its own: the test session's Ray (ray_session) holds the defaults, e.g. its
+        # dashboard agent's 52365, and a head whose agent cannot bind never takes a job.
+        *(
+            f"--{name}={free_port()}"
+            for name in (
+                "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port",
+                "metrics-export-port",
+                "runtime-env-agent-port",
+                "ray-client-server-port",
+                "node-manager-port",
+                "object-manager-port",
+            )
+        ),
         env=env,
         timeout=180,
     )
