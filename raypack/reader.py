@@ -64,6 +64,7 @@ import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
 from raypack.packing import PackPermutation
+from raypack.schema import row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
 
@@ -113,8 +114,7 @@ def _buckets(
         if rows is None:  # a dataset written before manifests listed row groups: read the footer
             fs, inner = resolve(join(dataset, f["path"]), storage)
             with fs.open_input_file(inner) as handle:
-                meta = pq.ParquetFile(handle).metadata
-            rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+                rows = row_group_rows(pq.ParquetFile(handle).metadata)
         groups = [_RowGroup(f["path"], i, int(n)) for i, n in enumerate(rows)]
         by_length.setdefault(int(f["bucket_length"]), []).extend(groups)
     buckets = []
@@ -157,6 +157,10 @@ class _RankStream:
             order = np.argsort(perm(np.arange(group.rows)))
             self._cached = (g, table.take(pa.array(order)))
         return self._cached[1]
+
+    def skip(self, n: int) -> None:
+        """Move past the next n packs without reading them."""
+        self.next = min(self.next + n, self.hi)
 
     def take(self, n: int) -> list[pa.Table]:
         """The next n packs (fewer at the end of the range), as row slices."""
@@ -242,10 +246,10 @@ def _steps(
     schedule = _schedule(steps, seed)
     # Resume: skip each bucket's batches taken before `start`, without reading them.
     for b, done in enumerate(np.bincount(schedule[:start], minlength=len(buckets)).tolist()):
-        streams[b].next = min(streams[b].next + done * batch_size, streams[b].hi)
+        streams[b].skip(done * batch_size)
     for i, b in enumerate(schedule[start:].tolist()):
         if i % stride:
-            streams[b].next = min(streams[b].next + batch_size, streams[b].hi)
+            streams[b].skip(batch_size)
             continue
         parts = streams[b].take(batch_size)
         table = pa.concat_tables(parts) if parts else None

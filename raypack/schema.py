@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 __all__ = [
     "DOCUMENTS",
@@ -13,6 +14,7 @@ __all__ = [
     "REJECTS",
     "TOKENIZED",
     "WRITTEN",
+    "row_group_rows",
 ]
 
 # Tokenized documents of one input shard (staging area): written by tokenize, read by histogram/assign.
@@ -79,6 +81,12 @@ FILES = pa.schema(
 # What a write task returns: the file's FILES row, and its packs by fill in whole percent of their
 # capacity (metrics.FILL_BINS counts), summed into metrics.json for the report; not in the manifest.
 WRITTEN = FILES.append(pa.field("fill_percent", pa.list_(pa.int64())))
+
+
+def row_group_rows(metadata: pq.FileMetaData) -> list[int]:
+    """Rows in each row group of a Parquet file, in file order (the manifest's `row_groups`)."""
+    return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+
 
 # One row per pack: the training-side format (docs/output-format.md).
 OUTPUT_SCHEMA_VERSION = 1

@@ -21,11 +21,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from raypack.config import StorageConfig
-from raypack.reader import _steps, check_args
+from raypack.reader import _steps, _torch_converter, check_args
 
 __all__ = ["PackedDataset"]
 
@@ -65,6 +64,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         start = self._resume if self._resume is not None else worker
         self._resume = None
         self._next = start
+        convert = _torch_converter()
         for batch in _steps(
             self.path,
             self.batch_size,
@@ -77,7 +77,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             self.storage,
         ):
             self._next += workers  # before yielding: a state taken with this batch resumes after it
-            yield {k: torch.from_numpy(v) if hasattr(v, "dtype") else v for k, v in batch.items()}
+            yield convert(batch)
         self._next = None
 
     def state_dict(self) -> dict[str, Any]:

@@ -138,7 +138,7 @@ def _check_files(
             report.add(f"{f['path']}: size or sha256 differs from the manifest (modified or truncated)")
             continue
         pf = pq.ParquetFile(pa.BufferReader(data))
-        groups = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
+        groups = schema.row_group_rows(pf.metadata)
         if "row_groups" in f and f["row_groups"] != groups:  # readers plan their shares from these
             report.add(
                 f"{f['path']}: {len(groups)} row groups of {sum(groups)} packs; the manifest lists "

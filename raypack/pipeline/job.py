@@ -390,12 +390,17 @@ def _clear_output(out: str, storage: StorageConfig) -> None:
         remove(join(out, part), storage)
 
 
+def _file_rows(packs: int, shard_rows: int) -> list[int]:
+    """Packs in each file of a bucket (or shard group) of `packs`: shard_rows each, the last fewer."""
+    return [min(shard_rows, packs - first) for first in range(0, packs, shard_rows)]
+
+
 def _file_keys(plan: Plan, shard_rows: int) -> list[int]:
     """Every output file's key, ascending: files 0..ceil(packs / shard_rows) - 1 of each bucket."""
-    keys = [
-        file_key(np.full(-(-n // shard_rows), b), np.arange(-(-n // shard_rows)))
-        for b, n in enumerate(Buckets.of(plan).sizes)
-    ]
+    keys = []
+    for b, n in enumerate(Buckets.of(plan).sizes):
+        files = len(_file_rows(n, shard_rows))
+        keys.append(file_key(np.full(files, b), np.arange(files)))
     return sorted(int(k) for k in np.concatenate(keys))
 
 
@@ -468,9 +473,9 @@ def _planned_files(cfg: JobConfig, plan: Plan) -> dict[str, int]:
     rows, buckets = cfg.output.shard_rows, Buckets.of(plan)
     bucketed = cfg.pack.algorithm == "bucket"
     return {
-        data_file(length if bucketed else None, part): min(rows, n - part * rows)
+        data_file(length if bucketed else None, part): count
         for length, n in zip(buckets.lengths, buckets.sizes, strict=True)
-        for part in range(-(-n // rows))
+        for part, count in enumerate(_file_rows(n, rows))
     }
 
 
@@ -482,9 +487,9 @@ def _sharded_files(cfg: JobConfig, files: list[dict[str, Any]]) -> dict[str, int
     for f in files:
         packs[int(str(f["path"]).rsplit("/", 1)[-1].split("-")[1])] += int(f["rows"])
     return {
-        data_file(None, part, group): min(rows, n - part * rows)
+        data_file(None, part, group): count
         for group, n in sorted(packs.items())
-        for part in range(-(-n // rows))
+        for part, count in enumerate(_file_rows(n, rows))
     }
 
 

@@ -123,8 +123,7 @@ def write_pack_file(
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, **_PARQUET)
     data = sink.getvalue()
-    meta = pq.ParquetFile(pa.BufferReader(data)).metadata  # the footer just written, in memory
-    row_groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    row_groups = schema.row_group_rows(pq.ParquetFile(pa.BufferReader(data)).metadata)  # in memory
     rel = data_file(capacity if bucketed else None, part, group)
     write_bytes(join(output, rel), data, storage)
     return pa.table(
