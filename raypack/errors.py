@@ -42,6 +42,12 @@ def storage_cause(e: BaseException) -> str | None:
     current: BaseException | None = e
     while current is not None and id(current) not in seen:
         seen.add(id(current))
+        cause = getattr(current, "cause", None)
+        if _is_ray_task_error(current) and isinstance(cause, BaseException):
+            # A plain Ray task's error: RayTaskError(OSError) is an OSError too, but its text is the
+            # worker's traceback; the exception the task raised is its .cause.
+            current = cause
+            continue
         if isinstance(current, OSError):
             found = _first_line(str(current)) or type(current).__name__
         current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
@@ -49,6 +55,10 @@ def storage_cause(e: BaseException) -> str | None:
         match = _OS_ERROR_LINE.search(str(e))
         found = match.group(2).strip() if match else None
     return found
+
+
+def _is_ray_task_error(e: BaseException) -> bool:
+    return any(c.__name__ == "RayTaskError" for c in type(e).__mro__)
 
 
 def _first_line(text: str) -> str:

@@ -1,6 +1,7 @@
-"""Stage 5, assign: each worker places the items of its own shards from the plan, the shard's rank
-base (items of each length in earlier shards) and each item's rank within its length in the shard.
-No list of all documents exists anywhere; the driver sent only the plan (O(seq_len²)) and rank bases.
+"""Stage 5, assign: each worker places the items of its own run of shards from the plan, the run's rank
+base (items of each length in earlier shards) and each item's rank within its length in the run.
+No list of all documents exists anywhere; the driver sent only the plan (O(seq_len²)) and one rank
+base per run.
 
 Output rows are items with their tokens, keyed by the output file they belong to; pack ids are local
 to a bucket (one bucket unless the algorithm is `bucket`) and shuffled by a seeded permutation.
@@ -8,7 +9,7 @@ to a bucket (one bucket unless the algorithm is `bucket`) and shuffled by a seed
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from raypack.packing import Items, PackPermutation, Plan, expand, item_histogram
 from raypack.pipeline.tokenize import token_file
 from raypack.storage import resolve
 
-__all__ = ["Buckets", "assign_shards", "file_key", "items_table"]
+__all__ = ["Buckets", "assign_items", "file_key", "items_table"]
 
 _KEY_SHIFT = 32  # file_key = bucket << 32 | file number within the bucket
 
@@ -65,19 +66,28 @@ class Buckets:
         return self.run_bucket[run], self.run_base[run] + (pack - self.run_start[run])
 
 
-def assign_shards(
-    batch: dict[str, np.ndarray], cfg: JobConfig, plan: Plan, rank_bases: dict[int, np.ndarray]
+def assign_items(
+    shards: list[tuple[str, str]],
+    cfg: JobConfig,
+    plan: Plan,
+    rank_base: np.ndarray,
+    on_docs: Callable[[pa.Array], None] | None = None,
 ) -> Iterator[pa.Table]:
-    """map_batches generator over shard rows (index, token_dir, key): yields item tables (schema.ITEMS)."""
+    """Item tables (schema.ITEMS) of a run of shards, given as (token_dir, key) in shard order, one
+    table per record batch of their token files. `rank_base`: items of each length in the shards
+    before the run; each batch's items move it on, so no per-shard base is ever needed. `on_docs`
+    sees every document's id (dropped documents' too), batch by batch."""
     buckets = Buckets.of(plan)
     perms = [PackPermutation(n, cfg.pack.seed) if cfg.pack.shuffle else None for n in buckets.sizes]
     seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
-    for shard, token_dir, key in zip(batch["index"].tolist(), batch["token_dir"], batch["key"], strict=True):
-        base = rank_bases[shard].copy()
-        fs, inner = resolve(token_file(str(token_dir), str(key)), cfg.storage)
+    base = rank_base.astype(np.int64, copy=True)
+    for token_dir, key in shards:
+        fs, inner = resolve(token_file(token_dir, key), cfg.storage)
         with fs.open_input_file(inner) as f:
             for record_batch in pq.ParquetFile(f).iter_batches(batch_size=cfg.tokenizer.batch_size):
                 docs = pa.Table.from_batches([record_batch])
+                if on_docs is not None:
+                    on_docs(docs.column("doc_id").combine_chunks())
                 items = make_items(docs.column("length").to_numpy(), seq_len, overflow)
                 pack, slot, _ = expand(plan, items.length, base)
                 base += item_histogram(items.length, seq_len)

@@ -1,17 +1,19 @@
-"""The job: the one module that wires the job's Ray Data stages together (raypack.reader's
-read_packed is the other user of Ray Data, for reading a finished dataset).
+"""The job: the one module that wires the job's Ray stages together (raypack.reader's read_packed is
+the other user of Ray Data, for reading a finished dataset).
 
     shards ─map_batches(TokenizeShards actors)─▶ token files + per-shard histograms (tokenize, once)
-    per-shard histograms ─sum (driver)─▶ global histogram, rank bases ─▶ plan (driver)
-    shards ─map_batches(assign_shards)─────────▶ items ─sort(file_key, a range per file)
-        ─map_batches(write_pack_files, one block = one file)─▶ data/
+    per-shard histograms ─folded as they arrive (driver)─▶ one histogram per run of shards ─▶ plan
+    runs of shards ─assign tasks─▶ pieces ─(merge tasks)─▶ write tasks, a range of files each ─▶ data/
+        (raypack.pipeline.exchange: Ray tasks of bounded fan-out, the duplicate-id check folded in)
 
 then metrics.json, and manifest.json last: a dataset is complete only when its manifest exists.
 Token files live in `<output>/_staging/tokens/` (removed at the end), or in a cache directory that a
 rebuild keeps (raypack.pipeline.rebuild), one per input shard under a key of its fingerprint and the
 tokenization settings, so an unchanged shard is never tokenized twice.
-The driver holds the shard list, per-shard histograms and rank bases (O(shards × seq_len)) and the plan
-(O(seq_len²)); documents and tokens never pass through it.
+The driver holds the shard list (~200 bytes a shard), one histogram per run of shards (runs <= the
+cluster's CPUs: runs × (seq_len + 1) int64), the plan (O(seq_len²)), one WRITTEN row per output file
+(~1 KB) and the exchange's object references (~1 KB each, raypack.pipeline.exchange counts them);
+documents and tokens never pass through it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raypack import __version__, schema
 from raypack.config import JobConfig, StorageConfig
@@ -44,9 +44,10 @@ from raypack.metrics import (
     finalize_metrics,
 )
 from raypack.packing import ALGORITHMS, Plan
-from raypack.pipeline.assign import Buckets, assign_shards, file_key
-from raypack.pipeline.histogram import index_path, sum_histograms
-from raypack.pipeline.materialize import data_file, write_pack_files
+from raypack.pipeline.assign import Buckets, file_key
+from raypack.pipeline.exchange import ITEM_BYTES, check_index_ids, layout, run_exchange, shard_runs
+from raypack.pipeline.histogram import Totals
+from raypack.pipeline.materialize import data_file
 from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
 from raypack.report.model import REPORT
@@ -56,13 +57,12 @@ from raypack.storage import (
     expand_inputs,
     join,
     remove,
-    resolve,
     write_bytes,
     write_bytes_atomic,
 )
 from raypack.versions import LATEST, MANIFEST
 
-__all__ = ["JobError", "JobResult", "by_file", "run_job"]
+__all__ = ["JobError", "JobResult", "run_job"]
 
 METRICS = "metrics.json"
 # A map task (tokenizer actor or plain task) that meets a transient storage error after the S3
@@ -117,6 +117,13 @@ def _stage(timings: dict[str, float], name: str, log: Callable[[str], None]) -> 
     timings[name] = time.perf_counter() - t0
 
 
+def _cluster_cpus() -> int:
+    """The cluster's CPUs: the tokenizer actors' default count and the exchange's width."""
+    import ray
+
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
 def ensure_ray() -> None:
     """Connect to RAY_ADDRESS when set, else start local Ray (once per process)."""
     import ray
@@ -164,7 +171,10 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     settings = token_settings(cfg, tok)
     keys = tuple(token_key(s, settings) for s in shards)
     ensure_ray()
-    concurrency = cfg.tokenizer.concurrency or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    width = _cluster_cpus()
+    concurrency = cfg.tokenizer.concurrency or width
+    runs = max(1, min(len(shards), width))
+    totals = Totals(shard_runs([s.size for s in shards], runs), runs, cfg.pack.seq_len)
     rows = [
         {**dataclasses.asdict(s), "token_dir": token_dir, "key": k} for s, k in zip(shards, keys, strict=True)
     ]
@@ -177,17 +187,15 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
             batch_size=1,
             compute=ray.data.ActorPoolStrategy(size=min(concurrency, len(shards))),
             num_cpus=1,
-        ).take_all()
-    reused = sum(bool(s["cached"]) for s in summaries)
-    documents = sum(int(s["documents"]) for s in summaries)
-    rejects = sum(int(s["rejects"]) for s in summaries)
-    reasons: Counter[str] = Counter()
-    for s in summaries:
-        reasons.update(json.loads(s["reasons"]))
+        )
+        for row in summaries.iter_rows():  # folded as they arrive: no list of every shard's histogram
+            totals.add(row)
+    totals.check_complete()
+    reused, documents, rejects, reasons = totals.reused, totals.documents, totals.rejects, totals.reasons
     _check_rejects(cfg, documents, rejects, reasons, staging)
 
     with _stage(timings, "histogram", log):
-        hist, rank_bases, stats = sum_histograms(summaries, cfg.pack.seq_len)
+        hist, stats = totals.histogram(), totals.stats
     if stats.items == 0:  # only overflow: drop can place nothing (every document gives an item otherwise)
         remove(staging, storage)
         raise JobError(
@@ -195,13 +203,6 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
             f"({cfg.pack.seq_len:,}) and pack.overflow is drop; use overflow: split or truncate, or a "
             "larger seq_len"
         )
-
-    duplicates = Duplicates()
-    if cfg.input.id_field:
-        with _stage(timings, "duplicate ids", log):
-            duplicates = _duplicate_ids(cfg, len(shards))
-    if duplicates.ids:
-        log(f"[raypack] note: {duplicates.ids:,} ids are carried by {duplicates.documents:,} documents")
 
     with _stage(timings, "plan", log):
         # Sharded mode plans per group, inside its task; the global bfd plan is made anyway, to report
@@ -221,8 +222,11 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     with _stage(timings, "assign+write", log):
         if cfg.pack.mode == "sharded":
             files = _write_sharded(cfg, [token_file(token_dir, k) for k in keys])
+            duplicates = _sharded_ids(cfg, totals, width) if cfg.input.id_field else Duplicates()
         else:
-            files = _write_global(cfg, shard_ds, plan, rank_bases)
+            files, duplicates = _write_global(cfg, plan, totals, [(token_dir, k) for k in keys], width, log)
+    if duplicates.ids:
+        log(f"[raypack] note: {duplicates.ids:,} ids are carried by {duplicates.documents:,} documents")
     files = sorted(files, key=lambda f: f["path"])
     planned = _planned_files(cfg, plan) if cfg.pack.mode == "global" else _sharded_files(cfg, files)
     _check_commit(files, planned, stats.items, stats.tokens)
@@ -323,34 +327,6 @@ def _write_report(out: str, storage: StorageConfig, log: Callable[[str], None]) 
 _EXAMPLES = 20
 
 
-def _index_ids(batch: pa.Table, cfg: JobConfig) -> pa.Table:
-    """The doc_id column of the shards' index files (pyarrow, through raypack.storage: Ray Data's
-    own Parquet reader resolves paths with fsspec, which needs extras this job does not)."""
-    parts = []
-    for shard in batch.column("shard").to_pylist():
-        fs, inner = resolve(index_path(cfg.output.path, int(shard)), cfg.storage)
-        with fs.open_input_file(inner) as f:
-            parts.append(pq.read_table(f, columns=["doc_id"]))
-    return pa.concat_tables(parts)
-
-
-def _duplicate_ids(cfg: JobConfig, shards: int) -> Duplicates:
-    """Count ids that occur more than once, over every shard's index file: a groupby of the ids alone
-    (a few bytes a document, against the ~4 bytes a token the pack shuffle moves), never gathered in
-    the driver beyond the counts and a few examples."""
-
-    shard_rows = _from_items([{"shard": i} for i in range(shards)])
-    ids = shard_rows.map_batches(partial(_index_ids, cfg=cfg), batch_size=1, batch_format="pyarrow")
-    # A sort-based groupby leaves its output in id order: the first rows are the first ids.
-    counts = ids.groupby("doc_id").count().filter(lambda row: row["count()"] > 1).materialize()
-    n = counts.count()
-    if n == 0:
-        return Duplicates()
-    documents = int(counts.sum("count()"))
-    examples = tuple(str(r["doc_id"]) for r in counts.take(_EXAMPLES))
-    return Duplicates(n, documents, examples)
-
-
 def _check_rejects(cfg: JobConfig, documents: int, rejects: int, reasons: Counter[str], staging: str) -> None:
     """Fail when nothing is left to pack or more than input.max_reject_ratio of the records is bad
     (rejects/ stays, for the user to look at; staged tokens go)."""
@@ -395,13 +371,18 @@ def _file_rows(packs: int, shard_rows: int) -> list[int]:
     return [min(shard_rows, packs - first) for first in range(0, packs, shard_rows)]
 
 
-def _file_keys(plan: Plan, shard_rows: int) -> list[int]:
-    """Every output file's key, ascending: files 0..ceil(packs / shard_rows) - 1 of each bucket."""
-    keys = []
-    for b, n in enumerate(Buckets.of(plan).sizes):
-        files = len(_file_rows(n, shard_rows))
-        keys.append(file_key(np.full(files, b), np.arange(files)))
-    return sorted(int(k) for k in np.concatenate(keys))
+def _files(plan: Plan, shard_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every output file's key, ascending (files 0..ceil(packs / shard_rows) - 1 of each bucket), and
+    its token slots."""
+    keys, slots = [], []
+    buckets = Buckets.of(plan)
+    for b, (length, n) in enumerate(zip(buckets.lengths, buckets.sizes, strict=True)):
+        rows = np.asarray(_file_rows(n, shard_rows), dtype=np.int64)
+        keys.append(file_key(np.full(len(rows), b), np.arange(len(rows))))
+        slots.append(rows * length)
+    key, slot = np.concatenate(keys), np.concatenate(slots)
+    order = np.argsort(key, kind="stable")
+    return key[order], slot[order]
 
 
 def _slots(plan: Plan) -> int:
@@ -410,25 +391,37 @@ def _slots(plan: Plan) -> int:
 
 
 def _write_global(
-    cfg: JobConfig, shard_ds: Any, plan: Plan, rank_bases: dict[int, np.ndarray]
-) -> list[dict[str, Any]]:
-    assign = partial(assign_shards, cfg=cfg, plan=plan, rank_bases=rank_bases)
-    write = partial(
-        write_pack_files,
-        output=cfg.output.path,
-        pad_id=cfg.output.pad_id,
-        bucketed=cfg.pack.algorithm == "bucket",
-        storage=cfg.storage,
+    cfg: JobConfig,
+    plan: Plan,
+    totals: Totals,
+    shards: list[tuple[str, str]],
+    width: int,
+    log: Callable[[str], None],
+) -> tuple[list[dict[str, Any]], Duplicates]:
+    """Assign, exchange and write on Ray tasks of bounded fan-out (raypack.pipeline.exchange)."""
+    keys, slots = _files(plan, cfg.output.shard_rows)
+    shard_bytes = totals.tokens * 4 + totals.items * ITEM_BYTES
+    lay = layout(
+        totals.run_of_shard, totals.hists.shape[0], shard_bytes, slots * 4, width, bool(cfg.input.id_field)
     )
-    items = shard_ds.map_batches(assign, batch_size=1)
-    # Range boundaries at every file key but the first: the sort's reducer i gets exactly the items of
-    # file i, so a write task holds one file whatever the corpus size (sampled boundaries, groupby's
-    # way, can put several files in one block, and the block grows with the corpus). The last range,
-    # past the last key, stays empty: it keeps the boundary list non-empty when there is one file.
-    files = by_file(items, _file_keys(plan, cfg.output.shard_rows))
-    return list(
-        files.map_batches(write, batch_size=None, batch_format="pyarrow", zero_copy_batch=True).take_all()
+    n = lay.counts()
+    log(
+        f"[raypack] exchange: {n['assign_tasks']} assign, {n['merge_tasks']} merge, {n['write_tasks']} "
+        f"write tasks; {lay.hops} hop(s), {n['objects']:,} objects"
     )
+    done = run_exchange(cfg, plan, lay, totals, shards, keys, _EXAMPLES)
+    if (done.items, done.tokens) != (totals.stats.items, totals.stats.tokens):
+        raise RuntimeError(
+            f"assign placed (items, tokens) = {(done.items, done.tokens)}, the histogram holds "
+            f"{(totals.stats.items, totals.stats.tokens)}: refusing to commit"
+        )
+    return done.written, Duplicates(done.duplicate_ids, done.duplicate_documents, done.examples)
+
+
+def _sharded_ids(cfg: JobConfig, totals: Totals, width: int) -> Duplicates:
+    """Sharded mode's id check: each run's index files hashed into parts, counted part by part."""
+    found = check_index_ids(cfg, totals.run_of_shard, width, _EXAMPLES)
+    return Duplicates(found.duplicate_ids, found.duplicate_documents, found.examples)
 
 
 def _from_items(rows: list[dict[str, Any]]) -> Any:
@@ -450,11 +443,6 @@ def _from_items(rows: list[dict[str, Any]]) -> Any:
     ds.context.retried_map_errors = list(ds.context.retried_io_errors)
     ds.context.max_map_retries = _MAP_RETRIES
     return ds
-
-
-def by_file(items: Any, keys: list[int]) -> Any:
-    """Items sorted by file_key with one block per key in `keys` (ascending), plus one empty block."""
-    return items.sort("file_key", boundaries=[*keys[1:], keys[-1] + 1])
 
 
 def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any]]:

@@ -116,7 +116,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) ->
     "victim",
     [
         "MapBatches(TokenizeShards)",  # an actor holding a tokenizer, mid-shard
-        "write_pack_files",  # a task writing output files
+        "write_files",  # a task writing output files
     ],
 )
 def test_a_killed_worker_is_retried_and_the_output_is_byte_identical(
@@ -143,9 +143,7 @@ def test_the_s3_server_crashing_during_the_write_stage(
         cfg = load_config(
             str(s3_job_config(tmp_path, server, corpus, tokenizer_path, "crash", output={"shard_rows": 40}))
         )
-        with Saboteur(
-            lambda: bool(_ray_processes("write_pack_files")), lambda: server.restart(down=2.0)
-        ) as sab:
+        with Saboteur(lambda: bool(_ray_processes("write_files")), lambda: server.restart(down=2.0)) as sab:
             try:
                 run_job(cfg, log=quiet)
                 first_run = "completed"
@@ -224,7 +222,7 @@ def test_storage_gone_for_good_fails_with_one_line_and_the_rerun_finishes(
             server.process.kill()
             server.process.wait()
 
-        with Saboteur(lambda: bool(_ray_processes("write_pack_files")), kill) as sab:
+        with Saboteur(lambda: bool(_ray_processes("write_files")), kill) as sab:
             code = main(["pack", str(cfg)])
         assert sab.done, "the server was not killed during the write stage"
         err = capsys.readouterr().err.strip().splitlines()

@@ -1,4 +1,4 @@
-"""The write stage: one sorted block per output file, and a file's bytes independent of item order."""
+"""The write stage: a writer's files from pieces cut anywhere; a file's bytes independent of item order."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from raypack import schema
 from raypack.packing import pack
 from raypack.pipeline.assign import file_key, items_table
-from raypack.pipeline.job import by_file
+from raypack.pipeline.exchange import write_files
 from raypack.pipeline.materialize import write_pack_file, write_pack_files
 
 
@@ -66,25 +66,24 @@ def test_write_pack_files_writes_each_file_of_a_block_and_refuses_unsorted(tmp_p
         write_pack_files(block.take(pa.array(np.arange(block.num_rows)[::-1])), str(tmp_path), 0, False)
 
 
-@pytest.mark.usefixtures("ray_session")
-def test_the_write_sort_gives_one_block_per_file_whatever_the_input_blocks() -> None:
-    """Sampled range boundaries (groupby's) would put several files in a block once there are more files
-    than input blocks (30 against 4 here); the plan's file keys as boundaries never do."""
-    import ray
-    import ray.data
-
-    rng = np.random.default_rng(0)
-    keys = sorted(
-        int(k)
-        for k in np.r_[
-            file_key(np.zeros(20, np.int64), np.arange(20)), file_key(np.ones(10, np.int64), np.arange(10))
-        ]
-    )
-    rows = rng.choice(np.array(keys), size=3000)
-    ds = ray.data.from_arrow(
-        [pa.table({"file_key": part, "x": part * 2}) for part in np.array_split(rows, 4)]
-    )
-    blocks = [ray.get(ref) for ref in by_file(ds, keys).to_arrow_refs()]
-    distinct = [sorted(set(b.column("file_key").to_pylist())) for b in blocks if b.num_rows]
-    assert distinct == [[k] for k in keys]
-    assert sum(b.num_rows for b in blocks) == len(rows)
+def test_a_writer_writes_each_file_of_its_range_from_pieces_cut_anywhere(tmp_path: Path) -> None:
+    """write_files (the exchange's writer) gets its items as pieces, each sorted by file_key and cut
+    anywhere: every file of its range comes out as write_pack_file makes it from all of its items; an
+    item of a file outside the range, or a file with no items, stops it."""
+    items = _items(seed=4).sort_by("file_key")
+    keys = np.unique(items.column("file_key").to_numpy())
+    rng = np.random.default_rng(2)
+    owner = rng.integers(0, 3, size=items.num_rows)  # three pieces, each keeping the key order
+    pieces = [items.filter(pa.array(owner == i)) for i in range(3)]
+    got = write_files(keys, str(tmp_path / "a"), 0, False, None, (), *pieces).to_pylist()
+    want = [
+        write_pack_file(
+            items.filter(pa.compute.equal(items.column("file_key"), int(k))), str(tmp_path / "b"), 0, False
+        ).to_pylist()[0]
+        for k in keys
+    ]
+    assert got == want and len(got) == len(keys) > 3
+    with pytest.raises(RuntimeError, match="reached a writer of other files"):
+        write_files(keys[1:], str(tmp_path / "c"), 0, False, None, (), *pieces)
+    with pytest.raises(RuntimeError, match="no items reached file key"):
+        write_files(np.r_[keys, keys[-1] + 1], str(tmp_path / "d"), 0, False, None, (), *pieces)

@@ -124,7 +124,7 @@ def test_crashes_leave_the_previous_version_readable(
         raise KeyboardInterrupt  # the driver dies: here, right after the tokenize stage
 
     with monkeypatch.context() as m:
-        m.setattr(job_module, "sum_histograms", crash)
+        m.setattr(job_module.Totals, "check_complete", crash)
         with pytest.raises(KeyboardInterrupt):
             run_rebuild(cfg, **quiet)
     assert (root / "v=000002").is_dir() and not (root / "v=000002" / "manifest.json").exists()

@@ -1,0 +1,505 @@
+"""Stages 5-7 of the global job on Ray tasks: assign every item to its pack, move it to the task that
+writes its output file, write the files. The fan-out of every task is bounded, so the number of Ray
+objects grows with the bytes moved, never with shards × files.
+
+    runs of shards ──assign_run (M tasks)──▶ a round of K pieces per ~ROUND_BYTES of items
+      one hop:  K = R, piece k of a round goes to writer k
+      two hops: piece k goes to partition k (a run of writers) ──merge_pieces, J pieces at a time──▶
+                one piece per writer of the partition
+    ──write_files (R tasks, each a contiguous range of output files, one file at a time)──▶ data/
+    ids (input.id_field): each assign task also yields its documents' ids hashed into P pieces
+    ──count_ids (P tasks)──▶ ids carried by more than one document
+
+With S shards, F files, D bytes of items (~4 bytes a token) and W the cluster's CPUs:
+- M = min(S, W) assign tasks, each over a run of consecutive shards of about equal input bytes. The
+  driver holds one rank base per run (raypack.pipeline.histogram.Totals), M × (seq_len + 1) int64.
+- A task's memory is one round (ROUND_BYTES plus one record batch), whatever its run's size: a round's
+  pieces are yielded (stored in the object store) as soon as it is full. Rounds: D / ROUND_BYTES + M.
+- R = min(F, max(W, D / WRITER_BYTES)) writers, each holding its pieces in the object store (about
+  D / R bytes, spilled to disk by Ray when the store is full) and one file in its heap.
+- Objects: one hop, rounds × R; two hops (when that is over ONE_HOP_OBJECTS), rounds × K + (rounds / J)
+  × R with K = J = ceil(sqrt(R)): each token then moves twice. Tasks: M + R (+ K × rounds / J).
+The output does not depend on any of these numbers: a file is written from all of its items, placed by
+(pack, slot), so M, R, K, J and W change the tasks, never the bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raypack import schema
+from raypack.config import JobConfig
+from raypack.packing import Plan
+from raypack.pipeline.assign import assign_items
+from raypack.pipeline.histogram import Totals, index_path
+from raypack.pipeline.materialize import write_pack_file
+from raypack.storage import resolve
+
+__all__ = [
+    "Exchanged",
+    "Layout",
+    "TransientStorageError",
+    "check_index_ids",
+    "count_ids",
+    "layout",
+    "merge_pieces",
+    "run_exchange",
+    "shard_runs",
+    "write_files",
+]
+
+# An assign task yields a round once its items reach this size. 256 MiB: ~67M tokens; a smaller round
+# makes more objects (rounds × K), a larger one a larger task.
+ROUND_BYTES = 256 * 2**20
+# Items a writer should receive at most, when there are enough files to spread them: with fewer
+# writers than W the cluster idles, with more (tiny pieces) the object count grows for nothing.
+WRITER_BYTES = 1 << 30
+# Above this many pieces, the exchange takes two hops. At 20,000 objects of the one hop the driver's
+# reference table is ~20 MB (Ray keeps ~1 KB an owned object, benchmarks/bench_scale.py measures it).
+ONE_HOP_OBJECTS = 20_000
+# An item's bytes beside its tokens, for sizing (file_key, pack, slot, capacity, chunk, two list
+# offsets and a doc_id of ~30 characters).
+ITEM_BYTES = 64
+# Transient storage errors (Ray Data's own list: AWS NETWORK_CONNECTION, SLOW_DOWN, 503...) are
+# retried by Ray this many times, each after a jittered pause; a killed worker is retried as often.
+RETRIES = 4
+_PAUSE_S = (2.0, 6.0)
+
+
+class TransientStorageError(OSError):
+    """A storage error that a later attempt may not meet: the task is retried by Ray."""
+
+
+@contextmanager
+def _transient(patterns: tuple[str, ...]) -> Iterator[None]:
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, TransientStorageError) or not any(p in str(e) for p in patterns):
+            raise
+        time.sleep(random.uniform(*_PAUSE_S))  # backoff before Ray's retry (it has none of its own)
+        raise TransientStorageError(str(e).strip().splitlines()[0]) from e
+
+
+def _parts(weights: np.ndarray, parts: int) -> np.ndarray:
+    """The part of each entry: `parts` runs of consecutive entries of about equal weight, by where each
+    entry's middle falls (an entry heavier than a part's share takes one to itself; some parts may then
+    be empty). All weights zero: equal counts."""
+    n = len(weights)
+    total = float(np.sum(weights))
+    if n == 0 or total <= 0:
+        return np.arange(n, dtype=np.int64) * parts // max(n, 1)
+    middle = np.cumsum(weights, dtype=np.float64) - np.asarray(weights, dtype=np.float64) / 2
+    return np.minimum((middle * parts / total).astype(np.int64), parts - 1)
+
+
+def shard_runs(sizes: list[int], runs: int) -> np.ndarray:
+    """The run (assign task) of each shard, by input bytes: known before tokenizing, so the driver can
+    fold each shard's histogram into its run's as the summaries arrive."""
+    return _parts(np.asarray(sizes, dtype=np.float64), runs)
+
+
+def _cut(weights: np.ndarray, parts: int) -> np.ndarray:
+    """Start of each non-empty part of _parts(weights, parts), then len(weights)."""
+    part = _parts(weights, parts)
+    starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]]) if len(part) else np.zeros(0, np.int64)
+    return np.r_[starts, len(part)].astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The exchange's tasks and objects, from the runs, the files and the bytes (decided by the
+    driver before any task starts; nothing in it changes the output)."""
+
+    run_of_shard: np.ndarray
+    rounds: np.ndarray
+    """Rounds each assign task yields (0: a run without items)."""
+    round_ends: tuple[np.ndarray, ...]
+    """Per run, the item bytes after which each round but the last ends."""
+    writer_first: np.ndarray
+    """Index of each writer's first file (in ascending file key order), then the number of files."""
+    part_first: np.ndarray
+    """Index of each partition's first writer, then the number of writers (one hop: 0..R)."""
+    merge_width: int
+    """Pieces a merge task takes (J); 0 for one hop."""
+    id_parts: int
+    """Pieces each assign task hashes its documents' ids into (0: no id check)."""
+
+    @property
+    def runs(self) -> int:
+        return len(self.rounds)
+
+    @property
+    def writers(self) -> int:
+        return len(self.writer_first) - 1
+
+    @property
+    def partitions(self) -> int:
+        return len(self.part_first) - 1
+
+    @property
+    def hops(self) -> int:
+        return 2 if self.merge_width else 1
+
+    def counts(self) -> dict[str, int]:
+        """Tasks and objects the exchange makes (exact: every task's num_returns)."""
+        rounds = int(self.rounds.sum())
+        assigns = int(np.count_nonzero(self.rounds) if not self.id_parts else self.runs)
+        merges = 0
+        merge_objects = 0
+        if self.merge_width:
+            per_part = math.ceil(rounds / self.merge_width)
+            merges = per_part * self.partitions
+            merge_objects = per_part * self.writers
+        return {
+            "assign_tasks": assigns,
+            "merge_tasks": merges,
+            "write_tasks": self.writers,
+            "id_tasks": self.id_parts,
+            "rounds": rounds,
+            "objects": rounds * self.partitions
+            + merge_objects
+            + assigns * (self.id_parts + 1)
+            + self.writers
+            + self.id_parts,
+        }
+
+
+def layout(
+    run_of_shard: np.ndarray,
+    runs: int,
+    shard_bytes: np.ndarray,
+    file_bytes: np.ndarray,
+    width: int,
+    id_check: bool,
+) -> Layout:
+    """The exchange for these runs and files. `shard_bytes`: each shard's item bytes (tokens × 4 +
+    items × ITEM_BYTES); `file_bytes`: each output file's, in file key order; `width`: the cluster's
+    CPUs."""
+    run_bytes = np.bincount(run_of_shard, weights=shard_bytes, minlength=runs)
+    rounds = np.where(run_bytes > 0, np.ceil(run_bytes / ROUND_BYTES), 0).astype(np.int64)
+    round_ends = tuple(run_bytes[g] * np.arange(1, rounds[g]) / rounds[g] for g in range(runs))
+    files = len(file_bytes)
+    total = float(np.sum(file_bytes))
+    writers = min(files, max(width, math.ceil(total / WRITER_BYTES)))
+    writer_first = _cut(np.asarray(file_bytes, dtype=np.float64), writers)
+    writers = len(writer_first) - 1
+    id_parts = max(1, min(width, runs)) if id_check else 0
+    one = Layout(run_of_shard, rounds, round_ends, writer_first, np.arange(writers + 1), 0, id_parts)
+    if one.counts()["objects"] <= ONE_HOP_OBJECTS:
+        return one
+    k = math.ceil(math.sqrt(writers))
+    two = Layout(run_of_shard, rounds, round_ends, writer_first, _cut(np.ones(writers), k), k, id_parts)
+    return two if two.counts()["objects"] < one.counts()["objects"] else one
+
+
+def _split_sorted(table: pa.Table, first_keys: np.ndarray) -> list[pa.Table]:
+    """A table sorted by file_key, cut at each of `first_keys` (ascending; keys below the first fall in
+    piece 0): zero-copy slices."""
+    keys = table.column("file_key").to_numpy()
+    cuts = np.r_[0, np.searchsorted(keys, first_keys[1:], side="left"), len(keys)]
+    return [table.slice(int(a), int(b - a)) for a, b in itertools.pairwise(cuts)]
+
+
+def _sorted(tables: list[pa.Table]) -> pa.Table:
+    if not tables:
+        return schema.ITEMS.empty_table()
+    table = pa.concat_tables(tables)
+    return table.sort_by("file_key")  # Arrow's sort is stable
+
+
+def _ids_table(arrays: list[pa.Array]) -> pa.Table:
+    return pa.table({"doc_id": pa.concat_arrays(arrays) if arrays else pa.array([], pa.string())})
+
+
+def _refs(returned: Any, n: int) -> list[Any]:
+    """A task's n ObjectRefs as a list (Ray returns the ref itself when num_returns is 1)."""
+    return [returned] if n == 1 else list(returned)
+
+
+def _hash_parts(ids: pa.Array, parts: int) -> np.ndarray:
+    """A part for each id by a stable hash of its text (pandas' siphash with its fixed key: the same
+    on every worker and every run, unlike Python's hash())."""
+    from pandas.util import hash_array
+
+    values = np.asarray(ids.to_numpy(zero_copy_only=False), dtype=object)
+    return (hash_array(values, categorize=False) % np.uint64(parts)).astype(np.int64)
+
+
+def assign_run(
+    cfg: JobConfig,
+    plan: Plan,
+    rank_base: np.ndarray,
+    shards: list[tuple[str, str]],
+    rounds: int,
+    round_ends: np.ndarray,
+    part_first_key: np.ndarray,
+    id_parts: int,
+    patterns: tuple[str, ...],
+) -> Iterator[Any]:
+    """Ray task (a generator: each value is stored as it is yielded): `rounds` rounds of one piece per
+    partition (items sorted by file_key), then `id_parts` pieces of document ids, then its counts."""
+    with _transient(patterns):
+        parts = len(part_first_key)
+        pending: list[list[pa.Table]] = [[] for _ in range(parts)]
+        ids: list[list[pa.Array]] = [[] for _ in range(id_parts)]
+        done, yielded, items, tokens = 0.0, 0, 0, 0
+
+        def on_docs(doc_ids: pa.Array) -> None:
+            if id_parts:
+                part = _hash_parts(doc_ids, id_parts)
+                for p in range(id_parts):
+                    ids[p].append(doc_ids.filter(pa.array(part == p)))
+
+        for table in assign_items(shards, cfg, plan, rank_base, on_docs):
+            keys = table.column("file_key").to_numpy()
+            part = np.searchsorted(part_first_key, keys, side="right") - 1
+            order = np.argsort(part, kind="stable")
+            table = table.take(pa.array(order))
+            cuts = np.searchsorted(part[order], np.arange(parts + 1))
+            for p in range(parts):
+                if cuts[p + 1] > cuts[p]:
+                    pending[p].append(table.slice(int(cuts[p]), int(cuts[p + 1] - cuts[p])))
+            n_tokens = int(pc.list_value_length(table.column("tokens")).to_numpy().sum())
+            items, tokens = items + table.num_rows, tokens + n_tokens
+            done += n_tokens * 4 + table.num_rows * ITEM_BYTES
+            while yielded < rounds - 1 and done >= round_ends[yielded]:
+                yield from (_sorted(p) for p in pending)
+                pending = [[] for _ in range(parts)]
+                yielded += 1
+        while yielded < rounds:
+            yield from (_sorted(p) for p in pending)
+            pending = [[] for _ in range(parts)]
+            yielded += 1
+        for p in range(id_parts):
+            yield _ids_table(ids[p])
+        yield {"items": items, "tokens": tokens}
+
+
+def merge_pieces(
+    writer_first_key: np.ndarray, patterns: tuple[str, ...], *pieces: pa.Table
+) -> tuple[pa.Table, ...] | pa.Table:
+    """Ray task (second hop): pieces of one partition → one piece per writer of the partition."""
+    with _transient(patterns):
+        out = _split_sorted(_sorted([p for p in pieces if p.num_rows]), writer_first_key)
+        return tuple(out) if len(out) > 1 else out[0]
+
+
+def write_files(
+    keys: np.ndarray,
+    output: str,
+    pad_id: int,
+    bucketed: bool,
+    storage: Any,
+    patterns: tuple[str, ...],
+    *pieces: pa.Table,
+) -> pa.Table:
+    """Ray task: the files of `keys` (ascending), one at a time, from pieces sorted by file_key (read
+    in place from the object store: the heap holds one file). One WRITTEN row a file."""
+    with _transient(patterns):
+        pieces = tuple(p for p in pieces if p.num_rows)
+        starts = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="left") for p in pieces]
+        ends = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="right") for p in pieces]
+        rows = sum(p.num_rows for p in pieces)
+        taken = 0
+        written = []
+        for i, key in enumerate(keys.tolist()):
+            parts = [
+                p.slice(int(s[i]), int(e[i] - s[i]))
+                for p, s, e in zip(pieces, starts, ends, strict=True)
+                if e[i] > s[i]
+            ]
+            if not parts:
+                raise RuntimeError(f"no items reached file key {key}: the exchange is inconsistent")
+            items = pa.concat_tables(parts)
+            taken += items.num_rows
+            written.append(write_pack_file(items, output, pad_id, bucketed, storage=storage))
+        if taken != rows:
+            raise RuntimeError(
+                f"{rows - taken} items reached a writer of other files: the exchange is inconsistent"
+            )
+        return pa.concat_tables(written) if written else schema.WRITTEN.empty_table()
+
+
+def count_ids(examples: int, *pieces: pa.Table) -> dict[str, Any]:
+    """Ray task: ids of one hash part that more than one document carries, and the first `examples`
+    of them in id order."""
+    ids = pa.concat_tables([p for p in pieces if p.num_rows] or [_ids_table([])])
+    counts = ids.group_by("doc_id").aggregate([("doc_id", "count")])
+    shared = counts.filter(pc.greater(counts.column("doc_id_count"), 1))
+    first = shared.sort_by("doc_id").slice(0, examples)
+    return {
+        "ids": shared.num_rows,
+        "documents": int(pc.sum(shared.column("doc_id_count")).as_py() or 0),
+        "examples": first.column("doc_id").to_pylist(),
+    }
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    written: list[dict[str, Any]]
+    """WRITTEN rows of every file."""
+    items: int
+    tokens: int
+    """Items and tokens the assign tasks placed."""
+    duplicate_ids: int = 0
+    duplicate_documents: int = 0
+    examples: tuple[str, ...] = ()
+
+
+def _shared_ids(found: list[dict[str, Any]], examples: int) -> dict[str, Any]:
+    return {
+        "duplicate_ids": sum(int(f["ids"]) for f in found),
+        "duplicate_documents": sum(int(f["documents"]) for f in found),
+        "examples": tuple(sorted(e for f in found for e in f["examples"])[:examples]),
+    }
+
+
+def run_exchange(
+    cfg: JobConfig,
+    plan: Plan,
+    lay: Layout,
+    totals: Totals,
+    shards: list[tuple[str, str]],
+    file_keys: np.ndarray,
+    examples: int,
+) -> Exchanged:
+    """Submit every task of the exchange (Ray runs each once its inputs exist), then wait for the
+    writers. The driver drops its references to the pieces as soon as their consumers are submitted,
+    so Ray frees each piece once its consumer is done."""
+    import ray
+    import ray.data
+
+    patterns = tuple(ray.data.DataContext.get_current().retried_io_errors)
+    opts: dict[str, Any] = {
+        "num_cpus": 1,
+        "max_retries": RETRIES,
+        "retry_exceptions": [TransientStorageError],
+    }
+    plan_ref = ray.put(plan)
+    part_first_key = file_keys[lay.writer_first[lay.part_first[:-1]]]
+    writer_first_key = file_keys[lay.writer_first[:-1]]
+    to_part: list[list[Any]] = [[] for _ in range(lay.partitions)]
+    to_ids: list[list[Any]] = [[] for _ in range(lay.id_parts)]
+    counts = []
+    assign = ray.remote(assign_run)
+    for run, base in totals.rank_bases():
+        rounds = int(lay.rounds[run])
+        if rounds == 0 and not lay.id_parts:
+            continue
+        members = [shards[s] for s in np.flatnonzero(lay.run_of_shard == run).tolist()]
+        n = rounds * lay.partitions + lay.id_parts + 1
+        refs = _refs(
+            assign.options(num_returns=n, **opts).remote(
+                cfg,
+                plan_ref,
+                base,
+                members,
+                rounds,
+                lay.round_ends[run],
+                part_first_key,
+                lay.id_parts,
+                patterns,
+            ),
+            n,
+        )
+        for r in range(rounds):
+            for p in range(lay.partitions):
+                to_part[p].append(refs[r * lay.partitions + p])
+        for q in range(lay.id_parts):
+            to_ids[q].append(refs[rounds * lay.partitions + q])
+        counts.append(refs[-1])
+    del plan_ref
+
+    to_writer: list[list[Any]] = [[] for _ in range(lay.writers)]
+    if lay.merge_width:
+        merge = ray.remote(merge_pieces)
+        for p in range(lay.partitions):
+            first, last = int(lay.part_first[p]), int(lay.part_first[p + 1])
+            for j in range(0, len(to_part[p]), lay.merge_width):
+                batch = to_part[p][j : j + lay.merge_width]
+                out = merge.options(num_returns=last - first, **opts).remote(
+                    writer_first_key[first:last], patterns, *batch
+                )
+                out = _refs(out, last - first)
+                for w, ref in zip(range(first, last), out, strict=True):
+                    to_writer[w].append(ref)
+    else:
+        to_writer = to_part
+    del to_part
+
+    write = ray.remote(write_files)
+    bucketed = cfg.pack.algorithm == "bucket"
+    writes = []
+    for w in range(lay.writers):
+        keys = file_keys[lay.writer_first[w] : lay.writer_first[w + 1]]
+        writes.append(
+            write.options(**opts).remote(
+                keys, cfg.output.path, cfg.output.pad_id, bucketed, cfg.storage, patterns, *to_writer[w]
+            )
+        )
+    del to_writer
+    id_refs = [ray.remote(count_ids).options(num_cpus=1).remote(examples, *refs) for refs in to_ids]
+    del to_ids
+
+    written = [row for table in ray.get(writes) for row in table.to_pylist()]
+    moved = ray.get(counts)
+    return Exchanged(
+        written,
+        sum(int(c["items"]) for c in moved),
+        sum(int(c["tokens"]) for c in moved),
+        **_shared_ids(ray.get(id_refs), examples),
+    )
+
+
+def index_ids(
+    output: str, storage: Any, shards: list[int], parts: int, patterns: tuple[str, ...]
+) -> Iterator[pa.Table]:
+    """Ray task (sharded mode, whose groups write without an exchange): the doc_id column of a run of
+    shards' index files, hashed into `parts` pieces."""
+    with _transient(patterns):
+        ids: list[list[pa.Array]] = [[] for _ in range(parts)]
+        for shard in shards:
+            fs, inner = resolve(index_path(output, shard), storage)
+            with fs.open_input_file(inner) as f:
+                column = pq.read_table(f, columns=["doc_id"]).column("doc_id").combine_chunks()
+            part = _hash_parts(column, parts)
+            for p in range(parts):
+                ids[p].append(column.filter(pa.array(part == p)))
+        for p in range(parts):
+            yield _ids_table(ids[p])
+
+
+def check_index_ids(cfg: JobConfig, run_of_shard: np.ndarray, width: int, examples: int) -> Exchanged:
+    """Ids carried by more than one document, from the index files: runs × parts pieces, parts <= W."""
+    import ray
+    import ray.data
+
+    patterns = tuple(ray.data.DataContext.get_current().retried_io_errors)
+    runs = int(run_of_shard.max()) + 1 if len(run_of_shard) else 0
+    parts = max(1, min(width, runs))
+    task = ray.remote(index_ids)
+    to_part: list[list[Any]] = [[] for _ in range(parts)]
+    for run in range(runs):
+        members = np.flatnonzero(run_of_shard == run).tolist()
+        if not members:
+            continue
+        refs = task.options(num_cpus=1, num_returns=parts, max_retries=RETRIES).remote(
+            cfg.output.path, cfg.storage, members, parts, patterns
+        )
+        for p, ref in enumerate(_refs(refs, parts)):
+            to_part[p].append(ref)
+    found = ray.get([ray.remote(count_ids).options(num_cpus=1).remote(examples, *r) for r in to_part])
+    return Exchanged([], 0, 0, **_shared_ids(found, examples))

@@ -1,0 +1,184 @@
+"""The exchange between assign and write (raypack.pipeline.exchange): its layout, and real jobs whose
+bytes must not depend on its shape (one hop or two, rounds, runs, writers, tokenizer actors), with
+many tiny shards and files."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from raypack.config import load_config
+from raypack.pipeline import exchange
+from raypack.pipeline import job as job_module
+from raypack.pipeline.exchange import layout, shard_runs
+from raypack.pipeline.job import run_job
+from raypack.verify import verify
+from tests.conftest import job_config, random_text, write_jsonl
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 10**6), min_size=1, max_size=60),
+    files=st.lists(st.integers(1, 10**7), min_size=1, max_size=80),
+    width=st.integers(1, 40),
+    scale=st.sampled_from([1, 2**20, 2**28]),
+    one_hop=st.integers(0, 400),
+)
+def test_layout_covers_every_shard_and_file_in_contiguous_runs(
+    sizes: list[int], files: list[int], width: int, scale: int, one_hop: int
+) -> None:
+    """Runs and writer ranges are contiguous, cover everything once, and are never more than asked;
+    two hops only above the object bound, with partitions of consecutive writers."""
+    runs = min(len(sizes), width)
+    run_of_shard = shard_runs(sizes, runs)
+    assert np.all(np.diff(run_of_shard) >= 0) and run_of_shard.min() >= 0 and run_of_shard.max() < runs
+    shard_bytes = np.asarray(sizes, dtype=np.float64) * scale
+    file_bytes = np.asarray(files, dtype=np.float64) * scale
+    exchange_bound = exchange.ONE_HOP_OBJECTS
+    try:
+        exchange.ONE_HOP_OBJECTS = one_hop
+        lay = layout(run_of_shard, runs, shard_bytes, file_bytes, width, id_check=True)
+    finally:
+        exchange.ONE_HOP_OBJECTS = exchange_bound
+    run_bytes = np.bincount(run_of_shard, weights=shard_bytes, minlength=runs)
+    assert list(lay.rounds > 0) == list(run_bytes > 0)
+    assert np.all(lay.rounds <= np.ceil(run_bytes / exchange.ROUND_BYTES))
+    for g in range(runs):
+        assert len(lay.round_ends[g]) == max(int(lay.rounds[g]) - 1, 0)
+        assert np.all(np.diff(lay.round_ends[g]) > 0)
+    w = lay.writer_first
+    assert w[0] == 0 and w[-1] == len(files) and np.all(np.diff(w) > 0)
+    assert lay.writers <= max(width, int(np.ceil(file_bytes.sum() / exchange.WRITER_BYTES)))
+    p = lay.part_first
+    assert p[0] == 0 and p[-1] == lay.writers and np.all(np.diff(p) > 0)
+    exchange.ONE_HOP_OBJECTS = 2**62
+    try:
+        one = layout(run_of_shard, runs, shard_bytes, file_bytes, width, id_check=True)
+    finally:
+        exchange.ONE_HOP_OBJECTS = exchange_bound
+    assert one.hops == 1 and one.partitions == one.writers and one.writers == lay.writers
+    if lay.hops == 2:  # only above the bound, and only for fewer objects
+        assert one.counts()["objects"] > one_hop
+        assert lay.counts()["objects"] < one.counts()["objects"]
+        assert lay.partitions <= int(np.ceil(np.sqrt(lay.writers)))
+        assert lay.merge_width == int(np.ceil(np.sqrt(lay.writers)))
+    else:
+        assert lay.partitions == lay.writers
+    assert 1 <= lay.id_parts <= width
+
+
+def test_shard_runs_balance_bytes_and_keep_order() -> None:
+    run = shard_runs([10] * 100, 4)
+    assert np.bincount(run).tolist() == [25, 25, 25, 25]
+    # A shard bigger than a run's share takes a run to itself; the rest share the others.
+    run = shard_runs([1] * 10 + [1000] + [1] * 10, 3)
+    assert run[10] == 1 and set(run[:10]) == {0} and set(run[11:]) == {2}
+    assert shard_runs([0, 0, 0], 2).tolist() == [0, 0, 1]
+
+
+def _digest(out: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name not in ("metrics.json", "report.html", "manifest.json")
+    }
+
+
+def _tiny_corpus(root: Path, shards: int, seed: int) -> tuple[Path, list[tuple[str, str]]]:
+    """`shards` jsonl shards of 3-5 documents each, with ids: every 97th document's is "shared" (a
+    short one: one item each, across and within shards). Returns the corpus and its (id, text)s."""
+    rng = random.Random(seed)
+    corpus = root / "corpus"
+    corpus.mkdir()
+    docs = []
+    for s in range(shards):
+        records = []
+        for _ in range(rng.randint(3, 5)):
+            n = len(docs)
+            shared = n % 97 == 0
+            text = random_text(rng, 5 if shared else int(rng.lognormvariate(4.0, 1.0)) + 1)
+            records.append({"id": "shared" if shared else f"doc-{n}", "text": text})
+            docs.append((records[-1]["id"], text))
+        write_jsonl(corpus / f"part-{s:04d}.jsonl", records)
+    return corpus, docs
+
+
+def _documents(out: Path) -> list[tuple[str, tuple[int, ...]]]:
+    """Every document rebuilt from the packs, as (id, tokens), sorted; a shared id's items each count as
+    one document (the corpus makes them short: one item each)."""
+    table = pq.read_table(out / "data")
+    chunks: dict[str, list[tuple[int, list[int]]]] = {}
+    for row in table.to_pylist():
+        ends = row["doc_offsets"]
+        for k, doc_id in enumerate(row["doc_ids"]):
+            chunks.setdefault(doc_id, []).append(
+                (row["chunk_index"][k], row["input_ids"][ends[k] : ends[k + 1]])
+            )
+    docs = [("shared", tuple(t)) for _, t in chunks.pop("shared", [])]
+    docs += [(i, tuple(t for _, part in sorted(parts) for t in part)) for i, parts in chunks.items()]
+    return sorted(docs)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """240 shards, 200+ files (shard_rows 2, seq_len 128): packed, verified, token for token
+    against an independent tokenization; then the same bytes with two hops, small rounds (many
+    pieces, merge tasks) and width 7, and with width 1 and one tokenizer actor: the exchange's shape
+    never reaches the output. The duplicate-id check, folded into the exchange, counts the same in
+    every shape."""
+    corpus, docs = _tiny_corpus(tmp_path, shards=240, seed=3)  # ~960 documents
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    eos = tok.token_to_id("<|endoftext|>")
+    expected = sorted((i, (*tok.encode(t, add_special_tokens=False).ids, eos)) for i, t in docs)
+
+    def pack(name: str, hops: int = 1, **tokenizer: int) -> dict[str, str]:
+        cfg = load_config(
+            str(
+                job_config(
+                    tmp_path,
+                    f"{corpus}/*",
+                    tokenizer_path,
+                    input={"id_field": "id"},
+                    pack={"seq_len": 128},
+                    output={"shard_rows": 2, "path": str(tmp_path / name)},
+                    tokenizer=dict(tokenizer),
+                )
+            )
+        )
+        logs: list[str] = []
+        result = run_job(cfg, log=logs.append, cache=str(tmp_path / "tokens"))  # tokenized once
+        assert result.duplicates is not None
+        shared = sum(i == "shared" for i, _ in docs)
+        assert (result.duplicates.ids, result.duplicates.documents) == (1, shared), name
+        assert result.duplicates.examples == ("shared",)
+        assert any("exchange:" in line and f"; {hops} hop(s)" in line for line in logs), logs
+        return _digest(tmp_path / name)
+
+    want = pack("out")
+    out = tmp_path / "out"
+    assert len([p for p in want if p.startswith("data/")]) >= 200
+    report = verify(str(out), load_config(str(tmp_path / "job.yaml")), sample=50)
+    assert report.ok, report.problems
+    assert _documents(out) == expected  # every token of every document, once
+
+    monkeypatch.setattr(exchange, "ONE_HOP_OBJECTS", 0)
+    monkeypatch.setattr(exchange, "ROUND_BYTES", 4096)  # a round every few record batches
+    monkeypatch.setattr(job_module, "_cluster_cpus", lambda: 7)
+    assert pack("two_hops_width7", hops=2, concurrency=2) == want
+    monkeypatch.undo()
+    monkeypatch.setattr(job_module, "_cluster_cpus", lambda: 1)
+    assert pack("width1", concurrency=1) == want
