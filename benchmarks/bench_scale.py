@@ -120,7 +120,24 @@ class DriverMemory:
         return self.peak
 
 
-def run(work: Path, name: str, corpus: Path, pattern: str, tokenizer: Path, pack: dict, output: dict) -> dict:
+# `raypack pack` with the exchange forced to two hops (the bound on one hop's objects set to 0), to
+# measure what the second hop costs a byte on this machine.
+_TWO_HOPS = (
+    "import sys; from raypack.pipeline import exchange; exchange.ONE_HOP_OBJECTS = 0; "
+    "from raypack.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def run(
+    work: Path,
+    name: str,
+    corpus: Path,
+    pattern: str,
+    tokenizer: Path,
+    pack: dict,
+    output: dict,
+    two_hops: bool = False,
+) -> dict:
     config = {
         "input": {"paths": [str(corpus / pattern)], "max_reject_ratio": 0.05},
         "tokenizer": {"path": str(tokenizer)},
@@ -133,8 +150,9 @@ def run(work: Path, name: str, corpus: Path, pattern: str, tokenizer: Path, pack
     raypack = Path(sys.executable).parent / "raypack"
     with WorkerMemory() as workers:
         t0 = time.perf_counter()
+        command = [sys.executable, "-c", _TWO_HOPS] if two_hops else [str(raypack)]
         proc = subprocess.Popen(
-            [str(raypack), "pack", str(path), "--overwrite"],
+            [*command, "pack", str(path), "--overwrite"],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -148,7 +166,7 @@ def run(work: Path, name: str, corpus: Path, pattern: str, tokenizer: Path, pack
         raise SystemExit(f"raypack pack failed:\n{out[-2000:]}\n{err[-2000:]}")
     metrics = json.loads((work / f"out-{name}" / "metrics.json").read_text())
     manifest = json.loads((work / f"out-{name}" / "manifest.json").read_text())
-    line = re.search(r"\[raypack\] exchange: (.*)", out)
+    line = re.search(r"\[raypack\] exchange: (.*)", err)
     uss, _, title = workers.peak()
     return {
         "seconds": seconds,
@@ -156,6 +174,7 @@ def run(work: Path, name: str, corpus: Path, pattern: str, tokenizer: Path, pack
         "shards": manifest["counts"]["shards"],
         "files": len(manifest["files"]),
         "tokens": manifest["counts"]["tokens"],
+        "items": manifest["counts"]["items"],
         "exchange": line.group(1) if line else "-",
         "driver": driver_peak,
         "worker": uss,
@@ -204,11 +223,43 @@ def owned_object_bytes(n: int = 20_000) -> float:
     return (after - before) / n
 
 
+def model(rates: dict[str, float], object_bytes: float) -> None:
+    """The 2T-token job of issue 12 (2,000 shards, seq_len 8192, 10,000 packs a file, 64 nodes × 16
+    CPUs), laid out by raypack's own exchange.layout, timed with the per-CPU rates measured above."""
+    import numpy as np
+
+    from raypack.pipeline import exchange
+
+    tokens, shards, seq_len, rows, cpus, nodes = 2e12, 2_000, 8192, 10_000, 1024, 64
+    docs = tokens / 1_000  # ~1,000 tokens a document
+    packs = int(np.ceil(tokens / seq_len / 0.999))
+    files = -(-packs // rows)
+    runs = min(shards, cpus)
+    run_of_shard = exchange.shard_runs([1] * shards, runs)
+    item_bytes = tokens * 4 + docs * exchange.ITEM_BYTES
+    shard_bytes = np.full(shards, item_bytes / shards)
+    file_bytes = np.full(files, rows * seq_len * 4.0)
+    lay = exchange.layout(run_of_shard, runs, shard_bytes, file_bytes, cpus, int(docs), id_check=True)
+    n = lay.counts()
+    driver = n["objects"] * object_bytes + runs * (seq_len + 1) * 8 + files * 1024 + shards * 200
+    hop = rates["exchange_two_hops"] if lay.hops == 2 else rates["exchange"]
+    print(
+        f"model, 2T tokens: {shards:,} shards, {files:,} files, {cpus:,} CPUs; item bytes "
+        f"{item_bytes / 1e12:.1f} TB; {n['assign_tasks']:,} assign, {n['merge_tasks']:,} merge, "
+        f"{n['write_tasks']:,} write tasks, {lay.hops} hop(s), {n['rounds']:,} rounds, {n['objects']:,} "
+        f"objects; driver ~{driver / 2**30:.1f} GiB; "
+        f"tokenize {tokens / rates['tokenize'] / cpus / 60:.0f} min, "
+        f"exchange {item_bytes / hop / cpus / 60:.0f} min; bytes through object stores "
+        f"{lay.hops * item_bytes / 1e12:.1f} TB ({(nodes - 1) / nodes:.0%} of it across the network)",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--shards", type=int, nargs="+", default=[100, 400, 1600])
+    parser.add_argument("--shards", type=int, nargs="*", default=[100, 400, 1600])
     parser.add_argument("--realistic-mb", type=int, default=300, help="0: skip the realistic run")
     parser.add_argument("--realistic-shards", type=int, default=64)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-scale")
@@ -219,7 +270,7 @@ def main() -> int:
     demo_config(args.work / "demo")  # the demo's 8k BPE, trained once
     tokenizer = args.work / "demo" / "tokenizer.json"
     print(f"{os.cpu_count()} cores; tiny shards: {DOCS_PER_SHARD} documents of ~{DOC_BYTES} bytes")
-    docs = tiny_documents(max(args.shards) * DOCS_PER_SHARD)
+    docs = tiny_documents(max(args.shards) * DOCS_PER_SHARD) if args.shards else []
     results = {}
     for shards in sorted(args.shards):
         corpus = tiny_corpus(args.work, shards, docs)
@@ -244,11 +295,30 @@ def main() -> int:
             f"{', '.join(f'{p:.1f}' for p in per)}",
             flush=True,
         )
+    object_bytes = owned_object_bytes()
+    print(f"driver bytes per owned object (small, inlined): {object_bytes:.0f}", flush=True)
     if args.realistic_mb:
         corpus = realistic_corpus(args.work, args.realistic_mb, args.realistic_shards)
-        r = run(args.work, "realistic", corpus, "*.jsonl.gz", tokenizer, {"seq_len": 8192}, {})
-        report(f"realistic {args.realistic_mb} MB", r)
-    print(f"driver bytes per owned object (small, inlined): {owned_object_bytes():.0f}", flush=True)
+        rates: dict[str, float] = {}
+        cpus = os.cpu_count() or 1
+        for two_hops in (False, True):
+            r = run(args.work, "realistic", corpus, "*.jsonl.gz", tokenizer, {"seq_len": 8192}, {}, two_hops)
+            report(f"realistic {args.realistic_mb} MB{', two hops forced' if two_hops else ''}", r)
+            # Per-CPU rates: tokens tokenized, and item bytes (4 a token + 64 an item) assigned,
+            # exchanged and written, a second of one CPU.
+            moved = r["tokens"] * 4 + r["items"] * 64
+            rates["exchange_two_hops" if two_hops else "exchange"] = (
+                moved / r["stages"]["assign+write"] / cpus
+            )
+            rates.setdefault("tokenize", r["tokens"] / r["stages"]["tokenize"] / cpus)
+        print(
+            "per-CPU rates: "
+            + ", ".join(
+                f"{k} {v / 1e6:.2f} M{'tok' if k == 'tokenize' else 'B'}/s" for k, v in rates.items()
+            ),
+            flush=True,
+        )
+        model(rates, object_bytes)
     return 0
 
 

@@ -64,14 +64,21 @@ __all__ = [
 # makes more objects (rounds × K), a larger one a larger task.
 ROUND_BYTES = 256 * 2**20
 # Items a writer should receive at most, when there are enough files to spread them: with fewer
-# writers than W the cluster idles, with more (tiny pieces) the object count grows for nothing.
-WRITER_BYTES = 1 << 30
+# writers than W the cluster idles, with more (tiny pieces) the object count grows for nothing. A
+# writer's pieces wait in its node's object store (Ray spills them to disk when it is full); its heap
+# holds one file.
+WRITER_BYTES = 2 << 30
+# Bytes of the pieces one merge task takes (second hop): they stay in the object store and the merge
+# yields one writer's piece at a time, so this bounds the node's object store share, not the heap.
+MERGE_BYTES = 4 << 30
 # Above this many pieces, the exchange takes two hops. At 20,000 objects of the one hop the driver's
 # reference table is ~20 MB (Ray keeps ~1 KB an owned object, benchmarks/bench_scale.py measures it).
 ONE_HOP_OBJECTS = 20_000
 # An item's bytes beside its tokens, for sizing (file_key, pack, slot, capacity, chunk, two list
 # offsets and a doc_id of ~30 characters).
 ITEM_BYTES = 64
+# A document id's bytes in the id check (~30 characters and an offset).
+ID_BYTES = 40
 # Transient storage errors (Ray Data's own list: AWS NETWORK_CONNECTION, SLOW_DOWN, 503...) are
 # retried by Ray this many times, each after a jittered pause; a killed worker is retried as often.
 RETRIES = 4
@@ -183,11 +190,12 @@ def layout(
     shard_bytes: np.ndarray,
     file_bytes: np.ndarray,
     width: int,
-    id_check: bool,
+    documents: int = 0,
+    id_check: bool = False,
 ) -> Layout:
     """The exchange for these runs and files. `shard_bytes`: each shard's item bytes (tokens × 4 +
     items × ITEM_BYTES); `file_bytes`: each output file's, in file key order; `width`: the cluster's
-    CPUs."""
+    CPUs; `documents`, with `id_check`: the id check's parts, ~WRITER_BYTES of ids each."""
     run_bytes = np.bincount(run_of_shard, weights=shard_bytes, minlength=runs)
     rounds = np.where(run_bytes > 0, np.ceil(run_bytes / ROUND_BYTES), 0).astype(np.int64)
     round_ends = tuple(run_bytes[g] * np.arange(1, rounds[g]) / rounds[g] for g in range(runs))
@@ -196,12 +204,16 @@ def layout(
     writers = min(files, max(width, math.ceil(total / WRITER_BYTES)))
     writer_first = _cut(np.asarray(file_bytes, dtype=np.float64), writers)
     writers = len(writer_first) - 1
-    id_parts = max(1, min(width, runs)) if id_check else 0
+    id_parts = min(width, max(1, math.ceil(documents * ID_BYTES / WRITER_BYTES))) if id_check else 0
     one = Layout(run_of_shard, rounds, round_ends, writer_first, np.arange(writers + 1), 0, id_parts)
     if one.counts()["objects"] <= ONE_HOP_OBJECTS:
         return one
-    k = math.ceil(math.sqrt(writers))
-    two = Layout(run_of_shard, rounds, round_ends, writer_first, _cut(np.ones(writers), k), k, id_parts)
+    # K partitions, merges of J = c·K pieces (c = MERGE_BYTES / ROUND_BYTES: a merge's inputs are
+    # MERGE_BYTES): objects ≈ rounds·K + rounds·R / (c·K), least at K = sqrt(R / c).
+    c = max(1, MERGE_BYTES // ROUND_BYTES)
+    k = min(writers, max(2, math.ceil(math.sqrt(writers / c))))
+    part_first = _cut(np.ones(writers), k)
+    two = Layout(run_of_shard, rounds, round_ends, writer_first, part_first, c * k, id_parts)
     return two if two.counts()["objects"] < one.counts()["objects"] else one
 
 
@@ -290,11 +302,25 @@ def assign_run(
 
 def merge_pieces(
     writer_first_key: np.ndarray, patterns: tuple[str, ...], *pieces: pa.Table
-) -> tuple[pa.Table, ...] | pa.Table:
-    """Ray task (second hop): pieces of one partition → one piece per writer of the partition."""
+) -> Iterator[pa.Table]:
+    """Ray task (second hop; a generator): pieces of one partition, each sorted by file_key → one
+    piece per writer of the partition, made and yielded one at a time from slices of the inputs
+    (which stay in the object store): the heap holds one output piece, so a merge can take many."""
     with _transient(patterns):
-        out = _split_sorted(_sorted([p for p in pieces if p.num_rows]), writer_first_key)
-        return tuple(out) if len(out) > 1 else out[0]
+        pieces = tuple(p for p in pieces if p.num_rows)
+        bounds = np.append(np.asarray(writer_first_key[1:], dtype=np.int64), np.iinfo(np.int64).max)
+        cuts = [np.asarray(np.searchsorted(p.column("file_key").to_numpy(), bounds)) for p in pieces]
+        start = [0] * len(pieces)
+        for w in range(len(writer_first_key)):
+            parts = [p.slice(a, int(c[w]) - a) for p, a, c in zip(pieces, start, cuts, strict=True)]
+            start = [int(c[w]) for c in cuts]
+            yield _sorted([p for p in parts if p.num_rows])
+
+
+def merge_piece(writer_first_key: np.ndarray, patterns: tuple[str, ...], *pieces: pa.Table) -> pa.Table:
+    """merge_pieces for a partition of one writer (a Ray generator task needs two returns or more)."""
+    (piece,) = merge_pieces(writer_first_key, patterns, *pieces)
+    return piece
 
 
 def write_files(
@@ -425,15 +451,18 @@ def run_exchange(
 
     to_writer: list[list[Any]] = [[] for _ in range(lay.writers)]
     if lay.merge_width:
-        merge = ray.remote(merge_pieces)
+        merge, merge_one = ray.remote(merge_pieces), ray.remote(merge_piece)
         for p in range(lay.partitions):
             first, last = int(lay.part_first[p]), int(lay.part_first[p + 1])
             for j in range(0, len(to_part[p]), lay.merge_width):
                 batch = to_part[p][j : j + lay.merge_width]
-                out = merge.options(num_returns=last - first, **opts).remote(
-                    writer_first_key[first:last], patterns, *batch
+                fn = merge if last - first > 1 else merge_one
+                out = _refs(
+                    fn.options(num_returns=last - first, **opts).remote(
+                        writer_first_key[first:last], patterns, *batch
+                    ),
+                    last - first,
                 )
-                out = _refs(out, last - first)
                 for w, ref in zip(range(first, last), out, strict=True):
                     to_writer[w].append(ref)
     else:
@@ -466,7 +495,7 @@ def run_exchange(
 
 def index_ids(
     output: str, storage: Any, shards: list[int], parts: int, patterns: tuple[str, ...]
-) -> Iterator[pa.Table]:
+) -> tuple[pa.Table, ...] | pa.Table:
     """Ray task (sharded mode, whose groups write without an exchange): the doc_id column of a run of
     shards' index files, hashed into `parts` pieces."""
     with _transient(patterns):
@@ -478,8 +507,8 @@ def index_ids(
             part = _hash_parts(column, parts)
             for p in range(parts):
                 ids[p].append(column.filter(pa.array(part == p)))
-        for p in range(parts):
-            yield _ids_table(ids[p])
+        out = tuple(_ids_table(i) for i in ids)
+        return out if parts > 1 else out[0]
 
 
 def check_index_ids(cfg: JobConfig, run_of_shard: np.ndarray, width: int, examples: int) -> Exchanged:

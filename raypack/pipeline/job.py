@@ -401,9 +401,9 @@ def _write_global(
     """Assign, exchange and write on Ray tasks of bounded fan-out (raypack.pipeline.exchange)."""
     keys, slots = _files(plan, cfg.output.shard_rows)
     shard_bytes = totals.tokens * 4 + totals.items * ITEM_BYTES
-    lay = layout(
-        totals.run_of_shard, totals.hists.shape[0], shard_bytes, slots * 4, width, bool(cfg.input.id_field)
-    )
+    runs = totals.hists.shape[0]
+    id_check = bool(cfg.input.id_field)
+    lay = layout(totals.run_of_shard, runs, shard_bytes, slots * 4, width, totals.documents, id_check)
     n = lay.counts()
     log(
         f"[raypack] exchange: {n['assign_tasks']} assign, {n['merge_tasks']} merge, {n['write_tasks']} "

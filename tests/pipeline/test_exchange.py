@@ -35,9 +35,10 @@ def quiet(_: str) -> None:
     width=st.integers(1, 40),
     scale=st.sampled_from([1, 2**20, 2**28]),
     one_hop=st.integers(0, 400),
+    documents=st.integers(0, 10**9),
 )
 def test_layout_covers_every_shard_and_file_in_contiguous_runs(
-    sizes: list[int], files: list[int], width: int, scale: int, one_hop: int
+    sizes: list[int], files: list[int], width: int, scale: int, one_hop: int, documents: int
 ) -> None:
     """Runs and writer ranges are contiguous, cover everything once, and are never more than asked;
     two hops only above the object bound, with partitions of consecutive writers."""
@@ -49,7 +50,7 @@ def test_layout_covers_every_shard_and_file_in_contiguous_runs(
     exchange_bound = exchange.ONE_HOP_OBJECTS
     try:
         exchange.ONE_HOP_OBJECTS = one_hop
-        lay = layout(run_of_shard, runs, shard_bytes, file_bytes, width, id_check=True)
+        lay = layout(run_of_shard, runs, shard_bytes, file_bytes, width, documents, id_check=True)
     finally:
         exchange.ONE_HOP_OBJECTS = exchange_bound
     run_bytes = np.bincount(run_of_shard, weights=shard_bytes, minlength=runs)
@@ -65,18 +66,20 @@ def test_layout_covers_every_shard_and_file_in_contiguous_runs(
     assert p[0] == 0 and p[-1] == lay.writers and np.all(np.diff(p) > 0)
     exchange.ONE_HOP_OBJECTS = 2**62
     try:
-        one = layout(run_of_shard, runs, shard_bytes, file_bytes, width, id_check=True)
+        one = layout(run_of_shard, runs, shard_bytes, file_bytes, width, documents, id_check=True)
     finally:
         exchange.ONE_HOP_OBJECTS = exchange_bound
     assert one.hops == 1 and one.partitions == one.writers and one.writers == lay.writers
     if lay.hops == 2:  # only above the bound, and only for fewer objects
         assert one.counts()["objects"] > one_hop
         assert lay.counts()["objects"] < one.counts()["objects"]
-        assert lay.partitions <= int(np.ceil(np.sqrt(lay.writers)))
-        assert lay.merge_width == int(np.ceil(np.sqrt(lay.writers)))
+        c = exchange.MERGE_BYTES // exchange.ROUND_BYTES
+        assert lay.partitions <= max(2, int(np.ceil(np.sqrt(lay.writers / c))))
+        assert lay.merge_width == c * max(2, int(np.ceil(np.sqrt(lay.writers / c))))
     else:
         assert lay.partitions == lay.writers
-    assert 1 <= lay.id_parts <= width
+    want_ids = max(1, int(np.ceil(documents * exchange.ID_BYTES / exchange.WRITER_BYTES)))
+    assert lay.id_parts == min(width, want_ids)
 
 
 def test_shard_runs_balance_bytes_and_keep_order() -> None:

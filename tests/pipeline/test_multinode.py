@@ -54,7 +54,7 @@ def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, thr
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "efficiency" in proc.stdout
-    assert "[raypack] exchange: 3 assign, 0 merge, 3 write tasks" in proc.stdout  # one a CPU, 3 nodes
+    assert "[raypack] exchange: 3 assign, 0 merge, " in proc.stderr  # a run of shards a CPU, 3 nodes
     from raypack.config import load_config
 
     report = verify(str(tmp_path / "out"), load_config(str(cfg)), sample=10)
