@@ -120,10 +120,12 @@ class DriverMemory:
         return self.peak
 
 
-# `raypack pack` with the exchange forced to two hops (the bound on one hop's objects set to 0), to
-# measure what the second hop costs a byte on this machine.
-_TWO_HOPS = (
-    "import sys; from raypack.pipeline import exchange; exchange.ONE_HOP_OBJECTS = 0; "
+# `raypack pack` with the exchange's sizes set small (16 MiB rounds, 32 MiB a writer: ~25 rounds and
+# 13 writers at 300 MB), in one hop or, with the bound on one hop's objects at 0, in two: what the
+# second hop costs a byte on this machine.
+_SMALL = (
+    "import sys; from raypack.pipeline import exchange; exchange.ROUND_BYTES = 16 << 20; "
+    "exchange.WRITER_BYTES = 32 << 20; exchange.ONE_HOP_OBJECTS = {bound}; "
     "from raypack.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
@@ -136,7 +138,7 @@ def run(
     tokenizer: Path,
     pack: dict,
     output: dict,
-    two_hops: bool = False,
+    hops: int = 0,
 ) -> dict:
     config = {
         "input": {"paths": [str(corpus / pattern)], "max_reject_ratio": 0.05},
@@ -150,7 +152,8 @@ def run(
     raypack = Path(sys.executable).parent / "raypack"
     with WorkerMemory() as workers:
         t0 = time.perf_counter()
-        command = [sys.executable, "-c", _TWO_HOPS] if two_hops else [str(raypack)]
+        patch = _SMALL.format(bound=0 if hops == 2 else 2**62)
+        command = [sys.executable, "-c", patch] if hops else [str(raypack)]
         proc = subprocess.Popen(
             [*command, "pack", str(path), "--overwrite"],
             env=env,
@@ -242,7 +245,8 @@ def model(rates: dict[str, float], object_bytes: float) -> None:
     lay = exchange.layout(run_of_shard, runs, shard_bytes, file_bytes, cpus, int(docs), id_check=True)
     n = lay.counts()
     driver = n["objects"] * object_bytes + runs * (seq_len + 1) * 8 + files * 1024 + shards * 200
-    hop = rates["exchange_two_hops"] if lay.hops == 2 else rates["exchange"]
+    # The defaults' per-byte rate, slowed by the second hop as much as the small-size runs measured.
+    hop = rates["exchange_0"] * (rates["exchange_2"] / rates["exchange_1"] if lay.hops == 2 else 1.0)
     print(
         f"model, 2T tokens: {shards:,} shards, {files:,} files, {cpus:,} CPUs; item bytes "
         f"{item_bytes / 1e12:.1f} TB; {n['assign_tasks']:,} assign, {n['merge_tasks']:,} merge, "
@@ -262,6 +266,9 @@ def main() -> int:
     parser.add_argument("--shards", type=int, nargs="*", default=[100, 400, 1600])
     parser.add_argument("--realistic-mb", type=int, default=300, help="0: skip the realistic run")
     parser.add_argument("--realistic-shards", type=int, default=64)
+    parser.add_argument(
+        "--realistic-hops", type=int, nargs="+", default=[0, 1, 2], help="0: defaults, 1/2: small sizes"
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-scale")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -301,15 +308,15 @@ def main() -> int:
         corpus = realistic_corpus(args.work, args.realistic_mb, args.realistic_shards)
         rates: dict[str, float] = {}
         cpus = os.cpu_count() or 1
-        for two_hops in (False, True):
-            r = run(args.work, "realistic", corpus, "*.jsonl.gz", tokenizer, {"seq_len": 8192}, {}, two_hops)
-            report(f"realistic {args.realistic_mb} MB{', two hops forced' if two_hops else ''}", r)
+        shapes = {0: "defaults", 1: "small sizes, one hop", 2: "small sizes, two hops"}
+        for hops in args.realistic_hops:
+            output = {"shard_rows": 1000}
+            r = run(args.work, "realistic", corpus, "*.jsonl.gz", tokenizer, {"seq_len": 8192}, output, hops)
+            report(f"realistic {args.realistic_mb} MB, shard_rows 1000, {shapes[hops]}", r)
             # Per-CPU rates: tokens tokenized, and item bytes (4 a token + 64 an item) assigned,
             # exchanged and written, a second of one CPU.
             moved = r["tokens"] * 4 + r["items"] * 64
-            rates["exchange_two_hops" if two_hops else "exchange"] = (
-                moved / r["stages"]["assign+write"] / cpus
-            )
+            rates[f"exchange_{hops}"] = moved / r["stages"]["assign+write"] / cpus
             rates.setdefault("tokenize", r["tokens"] / r["stages"]["tokenize"] / cpus)
         print(
             "per-CPU rates: "

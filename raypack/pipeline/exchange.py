@@ -71,8 +71,8 @@ WRITER_BYTES = 2 << 30
 # Bytes of the pieces one merge task takes (second hop): they stay in the object store and the merge
 # yields one writer's piece at a time, so this bounds the node's object store share, not the heap.
 MERGE_BYTES = 4 << 30
-# Above this many pieces, the exchange takes two hops. At 20,000 objects of the one hop the driver's
-# reference table is ~20 MB (Ray keeps ~1 KB an owned object, benchmarks/bench_scale.py measures it).
+# Above this many objects, the exchange takes two hops (when that makes fewer). The driver owns every
+# object of the exchange, ~3 KB each (3,077 B measured by benchmarks/bench_scale.py): 60 MB here.
 ONE_HOP_OBJECTS = 20_000
 # An item's bytes beside its tokens, for sizing (file_key, pack, slot, capacity, chunk, two list
 # offsets and a doc_id of ~30 characters).

@@ -12,7 +12,7 @@ rebuild keeps (raypack.pipeline.rebuild), one per input shard under a key of its
 tokenization settings, so an unchanged shard is never tokenized twice.
 The driver holds the shard list (~200 bytes a shard), one histogram per run of shards (runs <= the
 cluster's CPUs: runs × (seq_len + 1) int64), the plan (O(seq_len²)), one WRITTEN row per output file
-(~1 KB) and the exchange's object references (~1 KB each, raypack.pipeline.exchange counts them);
+(~1 KB) and the exchange's object references (~3 KB each, raypack.pipeline.exchange counts them);
 documents and tokens never pass through it.
 """
 
