@@ -170,8 +170,15 @@ class InputConfig:
     max_reject_ratio: float = 0.01
     """The job fails, with nothing written but rejects/, when rejects / (documents + rejects) is over
     this: a corpus that is mostly bad usually means a wrong input.format or text_field."""
+    unit_bytes: int = 256 << 20
+    """A Parquet file larger than this is tokenized as runs of whole row groups of about this many
+    bytes, each a task of its own, so one large file spreads over every actor and node (a row group
+    larger than this is a unit alone). Ids, rejects and the output are the same as for the whole
+    file; each unit has its own token file, index and rejects file."""
 
     def __post_init__(self) -> None:
+        if self.unit_bytes < 1:
+            raise ConfigError(f"input.unit_bytes must be >= 1, got {self.unit_bytes}")
         if self.empty not in ("reject", "keep"):
             raise ConfigError(f"input.empty must be reject or keep, got {self.empty!r}")
         if self.max_document_bytes < 1:

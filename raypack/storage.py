@@ -179,6 +179,11 @@ class Shard:
     """Path relative to the input root: the prefix of generated document ids."""
     size: int
     mtime_ns: int
+    rg_start: int = 0
+    rg_stop: int = -1
+    """Row groups [rg_start, rg_stop) of a Parquet file split into work units; -1: the whole file."""
+    first_row: int = 0
+    """The file's row number of the unit's first row (rows of the row groups before rg_start)."""
 
 
 def expand_inputs(

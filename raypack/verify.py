@@ -277,11 +277,12 @@ def _check_sample(
     report: VerifyReport,
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
-    from raypack.pipeline.read import read_shard
+    from raypack.pipeline.read import read_shard, work_units
     from raypack.pipeline.tokenize import encode_documents, load_tokenizer
     from raypack.storage import expand_inputs
 
-    shards = {s.index: s for s in expand_inputs(config.input.paths, config.input.root, config.storage)}
+    found = expand_inputs(config.input.paths, config.input.root, config.storage)
+    shards = {s.index: s for s in work_units(found, config.input, config.storage)}
     wanted: dict[int, dict[int, str]] = {}
     for i in picks:
         wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(

@@ -80,6 +80,8 @@ class Totals:
         self.documents = self.rejects = self.reused = 0
         self.reasons: Counter[str] = Counter()
         self._seen = np.zeros(len(run_of_shard), dtype=bool)
+        self.nodes = [""] * len(run_of_shard)
+        """The Ray node that tokenized each shard (or work unit)."""
 
     def add(self, row: dict[str, Any]) -> None:
         shard = int(row["shard"])
@@ -95,6 +97,7 @@ class Totals:
         self.documents += int(row["documents"])
         self.rejects += int(row["rejects"])
         self.reused += bool(row["cached"])
+        self.nodes[shard] = str(row.get("node", ""))
         self.reasons.update(json.loads(row["reasons"]))
 
     def check_complete(self) -> None:

@@ -48,6 +48,7 @@ from raypack.pipeline.assign import Buckets, file_key
 from raypack.pipeline.exchange import ITEM_BYTES, check_index_ids, layout, run_exchange, shard_runs
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.materialize import data_file
+from raypack.pipeline.read import work_units
 from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
 from raypack.report.model import REPORT
@@ -163,7 +164,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     out, storage = cfg.output.path, cfg.storage
     # Everything that can be wrong with the config or the environment fails here, before any work.
     tok = load_tokenizer(cfg.tokenizer, storage)
-    shards = expand_inputs(cfg.input.paths, cfg.input.root, storage)
+    shards = work_units(expand_inputs(cfg.input.paths, cfg.input.root, storage), cfg.input, storage)
     _check_output(out, storage, overwrite)
     _clear_output(out, storage)
     staging = join(out, "_staging")
@@ -251,6 +252,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
                     "shards": {"reused": reused, "tokenized": len(shards) - reused},
                     "rejects_by_reason": dict(sorted(reasons.items())),
                     "duplicate_ids": dataclasses.asdict(duplicates),
+                    "split_files": _split_files(shards, totals.nodes),
                     "document_lengths": _length_distribution(stats),
                     "pack_fill_percent": fill.tolist(),
                     "comparison": comparison,
@@ -282,6 +284,18 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         report=report,
         comparison=tuple(PackingMetrics.from_dict(c["metrics"]) for c in comparison),
     )
+
+
+def _split_files(shards: list[Shard], nodes: list[str]) -> dict[str, dict[str, int]]:
+    """Files tokenized as several work units: how many units, on how many Ray nodes."""
+    units: dict[str, list[int]] = {}
+    for s in shards:
+        if s.rg_stop >= 0:
+            units.setdefault(s.relpath, []).append(s.index)
+    return {
+        path: {"units": len(idx), "nodes": len({nodes[i] for i in idx if nodes[i]})}
+        for path, idx in sorted(units.items())
+    }
 
 
 def _compare(cfg: JobConfig, hist: np.ndarray, stats: DocStats) -> list[dict[str, Any]]:
@@ -527,7 +541,11 @@ def _manifest(
         "schema_version": schema.OUTPUT_SCHEMA_VERSION,
         "raypack_version": __version__,
         "config": cfg.to_dict(),
-        "inputs": [{"path": s.relpath, "size": s.size, "mtime_ns": s.mtime_ns} for s in shards],
+        "inputs": [
+            {"path": s.relpath, "size": s.size, "mtime_ns": s.mtime_ns}
+            | ({"row_groups": [s.rg_start, s.rg_stop]} if s.rg_stop >= 0 else {})
+            for s in shards
+        ],
         "tokenizer": {
             "path": cfg.tokenizer.path,
             "sha256": tok.sha256,

@@ -8,6 +8,7 @@ of `batch_size` documents, so no shard is ever held whole in memory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 from raypack.config import InputConfig, StorageConfig
 from raypack.storage import Shard, resolve
 
-__all__ = ["Batch", "Reject", "read_shard"]
+__all__ = ["Batch", "Reject", "read_shard", "work_units"]
 
 RAW_PREFIX = 200
 # A batch ends at batch_size documents or this much text, whichever comes first. tokenizers keeps
@@ -83,6 +84,52 @@ def read_shard(
 
 # How pyarrow words a broken compressed stream (it raises OSError, as for a lost connection).
 _CORRUPT_STREAM = ("Truncated compressed stream", "inflate failed", "decompress", "Corrupt", "corrupt")
+
+
+def work_units(shards: list[Shard], cfg: InputConfig, storage: StorageConfig | None = None) -> list[Shard]:
+    """The tokenize stage's work units, numbered in order: every file whole, but a Parquet file larger
+    than input.unit_bytes as runs of consecutive row groups of about that many (compressed) bytes,
+    from its footer (one ranged read a large file). The same inputs give the same units on every
+    machine, so the units' indices name the index and rejects files (and verify finds them again).
+    A footer that cannot be read leaves the file whole: its reader records the reject."""
+    units: list[Shard] = []
+    for shard in shards:
+        ranges = [(0, -1, 0)]
+        if cfg.format == "parquet" and shard.size > cfg.unit_bytes:
+            ranges = _row_group_runs(shard, cfg.unit_bytes, storage) or ranges
+        for start, stop, first_row in ranges:
+            units.append(
+                dataclasses.replace(
+                    shard, index=len(units), rg_start=start, rg_stop=stop, first_row=first_row
+                )
+            )
+    return units
+
+
+def _row_group_runs(
+    shard: Shard, unit_bytes: int, storage: StorageConfig | None
+) -> list[tuple[int, int, int]]:
+    """(first row group, end row group, first row) of each unit of a large Parquet file; [] if its
+    footer is unreadable or it has one row group."""
+    fs, inner = resolve(shard.path, storage)
+    try:
+        with fs.open_input_file(inner) as f:
+            meta = pq.ParquetFile(f).metadata
+    except (OSError, pa.ArrowInvalid) as e:
+        if not _is_bad_data(e):
+            raise
+        return []
+    if meta.num_row_groups < 2:
+        return []
+    runs, start, size, row, first_row = [], 0, 0, 0, 0
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        size += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+        row += group.num_rows
+        if size >= unit_bytes or i == meta.num_row_groups - 1:
+            runs.append((start, i + 1, first_row))
+            start, size, first_row = i + 1, 0, row
+    return runs if len(runs) > 1 else []
 
 
 def _is_bad_data(e: BaseException) -> bool:
@@ -224,28 +271,35 @@ def _read_parquet(
     fs: pafs.FileSystem, inner: str, shard: Shard, cfg: InputConfig, batch_size: int
 ) -> Iterator[Batch]:
     text_field, id_field = cfg.text_field, cfg.id_field
+    # A file split into work units (work_units) records a whole-file reject once, in its first unit.
+    first_unit = shard.rg_start == 0
     try:
         pf = pq.ParquetFile(fs.open_input_file(inner))
     except (OSError, pa.ArrowInvalid) as e:
         if not _is_bad_data(e):
             raise
-        yield Batch(rejects=[Reject(-1, f"unreadable Parquet file: {_one_line(e)}", "")])
+        if first_unit:
+            yield Batch(rejects=[Reject(-1, f"unreadable Parquet file: {_one_line(e)}", "")])
         return
     names = pf.schema_arrow.names
     missing = [c for c in (text_field, id_field) if c is not None and c not in names]
     if missing:
         reason = f"Parquet file has no column {missing[0]!r} (columns: {', '.join(names)})"
-        yield Batch(rejects=[Reject(-1, reason, "")])
+        if first_unit:
+            yield Batch(rejects=[Reject(-1, reason, "")])
         return
     columns = [text_field] + ([id_field] if id_field else [])
-    row = 0
+    groups = None if shard.rg_stop < 0 else list(range(shard.rg_start, shard.rg_stop))
+    row = shard.first_row
     try:
-        for record_batch in pf.iter_batches(batch_size=batch_size, columns=columns):
+        for record_batch in pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups):
             batch = Batch()
             texts = record_batch.column(text_field)
             if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
-                batch.rejects.append(Reject(-1, f"column {text_field!r} is {texts.type}, not a string", ""))
-                yield batch
+                if first_unit:
+                    reason = f"column {text_field!r} is {texts.type}, not a string"
+                    batch.rejects.append(Reject(-1, reason, ""))
+                    yield batch
                 return
             ids = record_batch.column(id_field).to_pylist() if id_field else None
             for i, text in enumerate(texts.to_pylist()):

@@ -152,7 +152,10 @@ def token_settings(cfg: JobConfig, tok: LoadedTokenizer) -> dict[str, Any]:
 def token_key(shard: Shard, settings: dict[str, Any]) -> str:
     """Cache key of a shard's token file: its relative path (document ids contain it), its fingerprint
     (size + modification time; an object store sets the time on every PUT) and the settings."""
-    fingerprint = {"relpath": shard.relpath, "size": shard.size, "mtime_ns": shard.mtime_ns, **settings}
+    fingerprint: dict[str, Any] = {"relpath": shard.relpath, "size": shard.size, "mtime_ns": shard.mtime_ns}
+    if shard.rg_stop >= 0:  # a work unit of a large Parquet file (read.work_units)
+        fingerprint["row_groups"] = [shard.rg_start, shard.rg_stop]
+    fingerprint.update(settings)
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -173,6 +176,14 @@ def reason_counts(reasons: list[str]) -> dict[str, int]:
 
 def rejects_path(output: str, shard: int) -> str:
     return join(output, "rejects", f"shard-{shard:06d}.parquet")
+
+
+def _node_id() -> str:
+    """The Ray node this actor runs on ("" outside Ray): metrics.json reports how many nodes tokenized
+    each split file."""
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else ""
 
 
 class TokenizeShards:
@@ -200,7 +211,9 @@ class TokenizeShards:
             "lengths": [],
             "counts": [],
             "stats": [],
+            "node": [],
         }
+        node = _node_id()
         for i in range(len(batch["index"])):
             shard = Shard(
                 index=int(batch["index"][i]),
@@ -208,11 +221,15 @@ class TokenizeShards:
                 relpath=str(batch["relpath"][i]),
                 size=int(batch["size"][i]),
                 mtime_ns=int(batch["mtime_ns"][i]),
+                rg_start=int(batch["rg_start"][i]),
+                rg_stop=int(batch["rg_stop"][i]),
+                first_row=int(batch["first_row"][i]),
             )
             summary = self.tokenize_shard(shard, str(batch["token_dir"][i]), str(batch["key"][i]))
             for key, value in summary.items():
                 out[key].append(value)
             out["shard"].append(shard.index)
+            out["node"].append(node)
         return {
             "shard": np.asarray(out["shard"], dtype=np.int64),
             "cached": np.asarray(out["cached"], dtype=bool),
@@ -223,6 +240,7 @@ class TokenizeShards:
             "lengths": out["lengths"],
             "counts": out["counts"],
             "stats": np.asarray(out["stats"], dtype=object),
+            "node": np.asarray(out["node"], dtype=object),
         }
 
     def tokenize_shard(self, shard: Shard, token_dir: str, key: str) -> dict[str, Any]:

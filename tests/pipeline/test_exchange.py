@@ -1,14 +1,17 @@
 """The exchange between assign and write (raypack.pipeline.exchange): its layout, and real jobs whose
 bytes must not depend on its shape (one hop or two, rounds, runs, writers, tokenizer actors), with
-many tiny shards and files."""
+many tiny shards and files; nor on the tokenize stage's work units (a Parquet file split by row
+groups)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -185,3 +188,42 @@ def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
     monkeypatch.undo()
     monkeypatch.setattr(job_module, "_cluster_cpus", lambda: 1)
     assert pack("width1", concurrency=1) == want
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_parquet_file_split_into_row_group_units_packs_the_same_bytes(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """One Parquet file of 24 row groups, tokenized whole and as ~8 units (input.unit_bytes): the data
+    files are byte-identical, the documents' index says the same (rows, ids, lengths), both verify."""
+    rng = random.Random(5)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [random_text(rng, int(rng.lognormvariate(4.0, 1.0)) + 1) for _ in range(480)]
+    big = corpus / "big.parquet"
+    pq.write_table(pa.table({"text": texts}), big, row_group_size=20)
+
+    def pack(name: str, unit_bytes: int) -> Path:
+        cfg = job_config(
+            tmp_path,
+            f"{corpus}/*",
+            tokenizer_path,
+            input={"format": "parquet", "unit_bytes": unit_bytes},
+            output={"path": str(tmp_path / name)},
+        )
+        run_job(load_config(str(cfg)), log=quiet)
+        assert verify(str(tmp_path / name), load_config(str(cfg)), sample=40).ok
+        return tmp_path / name
+
+    whole, split = pack("whole", 1 << 30), pack("split", big.stat().st_size // 8)
+    assert json.loads((whole / "metrics.json").read_text())["split_files"] == {}
+    units = json.loads((split / "metrics.json").read_text())["split_files"]["big.parquet"]["units"]
+    assert 6 <= units <= 10
+    data = {p: h for p, h in _digest(whole).items() if p.startswith("data/")}
+    assert data and {p: h for p, h in _digest(split).items() if p.startswith("data/")} == data
+
+    def index(out: Path) -> list[tuple[str, int, int]]:
+        table = pq.read_table(out / "index", columns=["doc_id", "row", "length"])
+        return sorted(zip(*(table.column(c).to_pylist() for c in ("doc_id", "row", "length")), strict=True))
+
+    assert index(split) == index(whole) and len(index(whole)) == 480

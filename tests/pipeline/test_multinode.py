@@ -62,6 +62,46 @@ def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, thr
     assert report.documents == 180
 
 
+def test_one_parquet_file_is_tokenized_on_several_nodes(
+    tmp_path: Path, tokenizer_path: Path, three_nodes: Any
+) -> None:
+    """A single input file, split into row-group units (input.unit_bytes), is tokenized by actors on
+    more than one of the three nodes (metrics.json counts the nodes of each split file), and the
+    result verifies."""
+    import json
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import random_text
+
+    rng = random.Random(4)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [random_text(rng, int(rng.lognormvariate(4.5, 1.0)) + 1) for _ in range(600)]
+    pq.write_table(pa.table({"text": texts}), corpus / "one.parquet", row_group_size=25)
+    unit = (corpus / "one.parquet").stat().st_size // 12
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "parquet", "unit_bytes": unit})
+    env = dict(os.environ, RAY_ADDRESS=three_nodes.address)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "pack_corpus.py"), str(cfg)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    split = json.loads((tmp_path / "out" / "metrics.json").read_text())["split_files"]
+    assert split["one.parquet"]["units"] >= 8 and split["one.parquet"]["nodes"] >= 2, split
+    from raypack.config import load_config
+
+    report = verify(str(tmp_path / "out"), load_config(str(cfg)), sample=20)
+    assert report.ok, report.problems
+    assert report.documents == 600
+
+
 def test_a_node_dies_mid_run_on_s3(tmp_path: Path, tokenizer_path: Path, three_nodes: Any, s3: Any) -> None:
     """Runs last in this module: it takes a worker node away. Ray retries the lost work, or the job
     fails cleanly (no manifest, one-line error) and a rerun succeeds; either way verify passes."""

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from raypack.config import InputConfig
 from raypack.errors import ConfigError
-from raypack.pipeline.read import read_shard
+from raypack.pipeline.read import read_shard, work_units
 from raypack.storage import Shard, expand_inputs
 from tests.conftest import write_jsonl, write_parquet
 
@@ -285,3 +288,46 @@ def test_the_fast_encoding_gives_encode_batch_ids(tokenizer_path: Path, tmp_path
         slow = [e.ids for e in tok.tokenizer.encode_batch(texts, add_special_tokens=False)]
         assert lengths.tolist() == [len(ids) for ids in slow]
         assert flat.tolist() == [t for ids in slow for t in ids]
+
+
+def _units_read(
+    units: list[Shard], cfg: InputConfig
+) -> tuple[list[tuple[int, str, str]], list[tuple[int, str]]]:
+    docs, rejects = [], []
+    for unit in units:
+        for b in read_shard(unit, cfg, 7):
+            docs += list(zip(b.rows, b.ids, b.texts, strict=True))
+            rejects += [(r.row, r.reason) for r in b.rejects]
+    return docs, rejects
+
+
+def test_a_large_parquet_file_is_read_as_runs_of_row_groups_with_the_whole_files_rows(tmp_path: Path) -> None:
+    """work_units cuts a Parquet file over input.unit_bytes into runs of row groups (numbered after the
+    files before it); reading every unit gives exactly the whole file's documents, rows, ids and
+    rejects, and a whole-file reject is recorded once, not once a unit."""
+    texts = [f"document {i} " * (i % 9) for i in range(500)]  # every 9th is empty: a reject
+    big = tmp_path / "b-big.parquet"
+    pq.write_table(pa.table({"text": texts}), big, row_group_size=40)  # 13 row groups
+    small = tmp_path / "a-small.jsonl"
+    write_jsonl(small, [{"text": "x"}])
+    shards = expand_inputs((str(tmp_path / "*"),))
+    cfg = input_config("parquet", unit_bytes=big.stat().st_size // 5)
+    units = work_units(shards, cfg)
+    assert [u.index for u in units] == list(range(len(units))) and units[0].relpath == "a-small.jsonl"
+    parts = [u for u in units if u.relpath == "b-big.parquet"]
+    assert 4 <= len(parts) <= 7 and parts[0].rg_start == 0 and parts[-1].rg_stop == 13
+    assert all(a.rg_stop == b.rg_start for a, b in itertools.pairwise(parts))
+    assert [u.first_row for u in parts] == [40 * u.rg_start for u in parts]
+    whole = _units_read([shard_of(big, "b-big.parquet")], cfg)
+    assert _units_read(parts, cfg) == whole and len(whole[1]) == 56
+    assert work_units(shards, input_config("parquet")) == [  # under unit_bytes: whole files
+        Shard(index=i, path=s.path, relpath=s.relpath, size=s.size, mtime_ns=s.mtime_ns)
+        for i, s in enumerate(shards)
+    ]
+    # A file without the text column: one reject for the file, from its first unit only.
+    wrong = tmp_path / "wrong" / "w.parquet"
+    wrong.parent.mkdir()
+    pq.write_table(pa.table({"content": texts}), wrong, row_group_size=40)
+    units = work_units(expand_inputs((str(wrong),)), cfg)
+    assert len(units) > 1
+    assert _units_read(units, cfg) == ([], [(-1, "Parquet file has no column 'text' (columns: content)")])
