@@ -441,19 +441,15 @@ def _sharded_ids(cfg: JobConfig, totals: Totals, width: int) -> Duplicates:
 def _from_items(rows: list[dict[str, Any]]) -> Any:
     """A Ray Dataset of `rows` (one block each), set up as every dataset of the job is. A dataset
     carries the copy of the DataContext taken when its source is made (setting the global context
-    later has no effect), so the settings go on the source's own context:
-    - the pull-based sort shuffle (sort, groupby): plain tasks, where the default hash shuffle starts
-      aggregator actors, which on a 2-core machine cost 15.1 s against 9.5 s for 14M tokens
-      (benchmarks/bench_job.py);
-    - map tasks retried on transient storage errors (Ray Data's own retry: Ray Core's
-      retry_exceptions never sees the OSError, which Ray Data wraps in a UserCodeException). The
-      patterns are Ray's own list of transient I/O errors (AWS NETWORK_CONNECTION, SLOW_DOWN, 503...);
-      bad data never raises (a recorded reject), and other errors fail at once."""
+    later has no effect), so the settings go on the source's own context: map tasks retried on
+    transient storage errors (Ray Data's own retry: Ray Core's retry_exceptions never sees the
+    OSError, which Ray Data wraps in a UserCodeException). The patterns are Ray's own list of
+    transient I/O errors (AWS NETWORK_CONNECTION, SLOW_DOWN, 503...); bad data never raises (a
+    recorded reject), and other errors fail at once. (The job's datasets no longer shuffle: the
+    exchange is raypack.pipeline.exchange's tasks.)"""
     import ray.data
-    from ray.data.context import ShuffleStrategy
 
     ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
-    ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     ds.context.retried_map_errors = list(ds.context.retried_io_errors)
     ds.context.max_map_retries = _MAP_RETRIES
     return ds
