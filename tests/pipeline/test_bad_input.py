@@ -150,8 +150,9 @@ def test_a_parquet_corpus_with_a_wrong_schema_file_and_a_non_parquet_file(
     assert verify(str(tmp_path / "out")).ok
 
 
+@pytest.mark.parametrize("mode", ["global", "sharded"])  # counted in the exchange / from the index
 def test_duplicate_ids_are_reported_and_every_occurrence_packed(
-    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str], mode: str
 ) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -160,7 +161,7 @@ def test_duplicate_ids_are_reported_and_every_occurrence_packed(
     records = [{"id": i, "text": random_text(rng, rng.randint(1, 900))} for i in ids]
     write_jsonl(corpus / "a.jsonl", records[:25])
     write_jsonl(corpus / "b.jsonl", records[25:])  # duplicates across shards, and within one
-    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"id_field": "id"})
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"id_field": "id"}, pack={"mode": mode})
     assert main(["pack", str(cfg)]) == 0
     summary = capsys.readouterr().out
     assert "2 ids on 5 documents (all packed), e.g. doc-3, doc-7" in summary
