@@ -13,19 +13,21 @@ objects grows with the bytes moved, never with shards × files.
 With S shards, F files, D bytes of items (~4 bytes a token) and W the cluster's CPUs:
 - M = min(S, W) assign tasks, each over a run of consecutive shards of about equal input bytes. The
   driver holds one rank base per run (raypack.pipeline.histogram.Totals), M × (seq_len + 1) int64.
-- A task's memory is one round (ROUND_BYTES plus one record batch), whatever its run's size: a round's
-  pieces are yielded (stored in the object store) as soon as it is full. Rounds: D / ROUND_BYTES + M.
+- An assign task's memory is bounded by a round (ROUND_BYTES plus one record batch; ~3 rounds at its
+  peak, while it sorts), whatever its run's size: a round's pieces are yielded (stored in the object
+  store) as soon as it is full. Rounds: D / ROUND_BYTES + M.
 - R = min(F, max(W, D / WRITER_BYTES)) writers, each holding its pieces in the object store (about
   D / R bytes, spilled to disk by Ray when the store is full) and one file in its heap.
-- Objects: one hop, rounds × R; two hops (when that is over ONE_HOP_OBJECTS), rounds × K + (rounds / J)
-  × R with K = J = ceil(sqrt(R)): each token then moves twice. Tasks: M + R (+ K × rounds / J).
+- Objects: one hop, rounds × R; two hops (when that is over ONE_HOP_OBJECTS and makes fewer),
+  rounds × K + (rounds / J) × R with J = c·K, c = MERGE_BYTES / ROUND_BYTES = 16 and K = sqrt(R / c):
+  each token then moves twice. Tasks: M + R (+ K × rounds / J). A 2T-token job on 1,024 CPUs: ~1M
+  objects (docs/benchmarks.md, "Scale").
 The output does not depend on any of these numbers: a file is written from all of its items, placed by
 (pack, slot), so M, R, K, J and W change the tasks, never the bytes.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import time
@@ -216,14 +218,6 @@ def layout(
     part_first = _cut(np.ones(writers), k)
     two = Layout(run_of_shard, rounds, round_ends, writer_first, part_first, c * k, id_parts)
     return two if two.counts()["objects"] < one.counts()["objects"] else one
-
-
-def _split_sorted(table: pa.Table, first_keys: np.ndarray) -> list[pa.Table]:
-    """A table sorted by file_key, cut at each of `first_keys` (ascending; keys below the first fall in
-    piece 0): zero-copy slices."""
-    keys = table.column("file_key").to_numpy()
-    cuts = np.r_[0, np.searchsorted(keys, first_keys[1:], side="left"), len(keys)]
-    return [table.slice(int(a), int(b - a)) for a, b in itertools.pairwise(cuts)]
 
 
 def _sorted(tables: list[pa.Table]) -> pa.Table:
