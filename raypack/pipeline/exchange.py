@@ -236,6 +236,24 @@ def _refs(returned: Any, n: int) -> list[Any]:
     return [returned] if n == 1 else list(returned)
 
 
+def _add_ids(parts: list[list[pa.Array]], ids: pa.Array) -> None:
+    """Append each id to the list of its hash part (nothing when there are no parts: no id check)."""
+    if parts:
+        part = _hash_parts(ids, len(parts))
+        for p, found in enumerate(parts):
+            found.append(ids.filter(pa.array(part == p)))
+
+
+def _task_options() -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The transient storage errors' patterns (Ray Data's own list), and the options of every task
+    that touches storage: one CPU, retried on a killed worker and on a TransientStorageError."""
+    import ray.data
+
+    patterns = tuple(ray.data.DataContext.get_current().retried_io_errors)
+    options = {"num_cpus": 1, "max_retries": RETRIES, "retry_exceptions": [TransientStorageError]}
+    return patterns, options
+
+
 def _hash_parts(ids: pa.Array, parts: int) -> np.ndarray:
     """A part for each id by a stable hash of its text (pandas' siphash with its fixed key: the same
     on every worker and every run, unlike Python's hash())."""
@@ -265,10 +283,7 @@ def assign_run(
         done, yielded, items, tokens = 0.0, 0, 0, 0
 
         def on_docs(doc_ids: pa.Array) -> None:
-            if id_parts:
-                part = _hash_parts(doc_ids, id_parts)
-                for p in range(id_parts):
-                    ids[p].append(doc_ids.filter(pa.array(part == p)))
+            _add_ids(ids, doc_ids)
 
         for table in assign_items(shards, cfg, plan, rank_base, on_docs):
             keys = table.column("file_key").to_numpy()
@@ -401,14 +416,8 @@ def run_exchange(
     writers. The driver drops its references to the pieces as soon as their consumers are submitted,
     so Ray frees each piece once its consumer is done."""
     import ray
-    import ray.data
 
-    patterns = tuple(ray.data.DataContext.get_current().retried_io_errors)
-    opts: dict[str, Any] = {
-        "num_cpus": 1,
-        "max_retries": RETRIES,
-        "retry_exceptions": [TransientStorageError],
-    }
+    patterns, opts = _task_options()
     plan_ref = ray.put(plan)
     part_first_key = file_keys[lay.writer_first[lay.part_first[:-1]]]
     writer_first_key = file_keys[lay.writer_first[:-1]]
@@ -499,9 +508,7 @@ def index_ids(
             fs, inner = resolve(index_path(output, shard), storage)
             with fs.open_input_file(inner) as f:
                 column = pq.read_table(f, columns=["doc_id"]).column("doc_id").combine_chunks()
-            part = _hash_parts(column, parts)
-            for p in range(parts):
-                ids[p].append(column.filter(pa.array(part == p)))
+            _add_ids(ids, column)
         out = tuple(_ids_table(i) for i in ids)
         return out if parts > 1 else out[0]
 
@@ -509,9 +516,8 @@ def index_ids(
 def check_index_ids(cfg: JobConfig, run_of_shard: np.ndarray, width: int, examples: int) -> Exchanged:
     """Ids carried by more than one document, from the index files: runs × parts pieces, parts <= W."""
     import ray
-    import ray.data
 
-    patterns = tuple(ray.data.DataContext.get_current().retried_io_errors)
+    patterns, opts = _task_options()
     runs = int(run_of_shard.max()) + 1 if len(run_of_shard) else 0
     parts = max(1, min(width, runs))
     task = ray.remote(index_ids)
@@ -520,7 +526,7 @@ def check_index_ids(cfg: JobConfig, run_of_shard: np.ndarray, width: int, exampl
         members = np.flatnonzero(run_of_shard == run).tolist()
         if not members:
             continue
-        refs = task.options(num_cpus=1, num_returns=parts, max_retries=RETRIES).remote(
+        refs = task.options(num_returns=parts, **opts).remote(
             cfg.output.path, cfg.storage, members, parts, patterns
         )
         for p, ref in enumerate(_refs(refs, parts)):

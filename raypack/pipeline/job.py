@@ -45,7 +45,14 @@ from raypack.metrics import (
 )
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.assign import Buckets, file_key
-from raypack.pipeline.exchange import ITEM_BYTES, check_index_ids, layout, run_exchange, shard_runs
+from raypack.pipeline.exchange import (
+    ITEM_BYTES,
+    RETRIES,
+    check_index_ids,
+    layout,
+    run_exchange,
+    shard_runs,
+)
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.materialize import data_file
 from raypack.pipeline.read import work_units
@@ -66,11 +73,6 @@ from raypack.versions import LATEST, MANIFEST
 __all__ = ["JobError", "JobResult", "run_job"]
 
 METRICS = "metrics.json"
-# A map task (tokenizer actor or plain task) that meets a transient storage error after the S3
-# client's own retries (storage.max_attempts) runs again, up to this many times, with Ray Data's
-# exponential backoff (2, 4, 8, 16 s caps, jittered: ~15 s expected in all). Every stage's output is
-# a whole file at a name fixed by the plan, so a rerun writes the same bytes.
-_MAP_RETRIES = 4
 _OUTPUT_PARTS = (MANIFEST, METRICS, REPORT, "data", "index", "rejects", "_staging")
 
 
@@ -451,7 +453,10 @@ def _from_items(rows: list[dict[str, Any]]) -> Any:
 
     ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
     ds.context.retried_map_errors = list(ds.context.retried_io_errors)
-    ds.context.max_map_retries = _MAP_RETRIES
+    # As many runs as the exchange's tasks get (exchange.RETRIES), with Ray Data's exponential
+    # backoff (2, 4, 8, 16 s caps, jittered: ~15 s expected in all). Every stage's output is a whole
+    # file at a name fixed by the plan, so a rerun writes the same bytes.
+    ds.context.max_map_retries = RETRIES
     return ds
 
 

@@ -40,10 +40,9 @@ def three_nodes() -> Iterator[Any]:
     cluster.shutdown()
 
 
-def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, three_nodes: Any) -> None:
-    corpus = make_corpus(tmp_path, shards=6, docs_per_shard=30, seed=11)
-    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
-    env = dict(os.environ, RAY_ADDRESS=three_nodes.address)
+def _pack_on(cluster: Any, cfg: Path) -> subprocess.CompletedProcess[str]:
+    """The job's entrypoint on the cluster, as `ray job submit` runs it; it must succeed."""
+    env = dict(os.environ, RAY_ADDRESS=cluster.address)
     proc = subprocess.run(
         [sys.executable, str(ROOT / "jobs" / "pack_corpus.py"), str(cfg)],
         capture_output=True,
@@ -53,6 +52,13 @@ def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, thr
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, three_nodes: Any) -> None:
+    corpus = make_corpus(tmp_path, shards=6, docs_per_shard=30, seed=11)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    proc = _pack_on(three_nodes, cfg)
     assert "efficiency" in proc.stdout
     assert "[raypack] exchange: 3 assign, 0 merge, " in proc.stderr  # a run of shards a CPU, 3 nodes
     from raypack.config import load_config
@@ -83,16 +89,7 @@ def test_one_parquet_file_is_tokenized_on_several_nodes(
     pq.write_table(pa.table({"text": texts}), corpus / "one.parquet", row_group_size=25)
     unit = (corpus / "one.parquet").stat().st_size // 12
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "parquet", "unit_bytes": unit})
-    env = dict(os.environ, RAY_ADDRESS=three_nodes.address)
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "jobs" / "pack_corpus.py"), str(cfg)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _pack_on(three_nodes, cfg)
     split = json.loads((tmp_path / "out" / "metrics.json").read_text())["split_files"]
     assert split["one.parquet"]["units"] >= 8 and split["one.parquet"]["nodes"] >= 2, split
     from raypack.config import load_config
