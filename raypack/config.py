@@ -171,10 +171,12 @@ class InputConfig:
     """The job fails, with nothing written but rejects/, when rejects / (documents + rejects) is over
     this: a corpus that is mostly bad usually means a wrong input.format or text_field."""
     unit_bytes: int = 256 << 20
-    """A Parquet file larger than this is tokenized as runs of whole row groups of about this many
-    bytes, each a task of its own, so one large file spreads over every actor and node (a row group
-    larger than this is a unit alone). Ids, rejects and the output are the same as for the whole
-    file; each unit has its own token file, index and rejects file."""
+    """A file larger than this is tokenized in work units of about this many bytes, each a task of
+    its own, so one large file spreads over every actor and node: a Parquet file as runs of whole
+    row groups (a row group larger than this is a unit alone), an uncompressed JSONL file as byte
+    ranges cut at line starts. Compressed streams and text files (one document each) stay whole.
+    Ids, rejects and the output are the same as for the whole file; each unit has its own token
+    file, index and rejects file."""
 
     def __post_init__(self) -> None:
         if self.unit_bytes < 1:

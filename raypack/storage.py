@@ -179,11 +179,17 @@ class Shard:
     """Path relative to the input root: the prefix of generated document ids."""
     size: int
     mtime_ns: int
-    rg_start: int = 0
-    rg_stop: int = -1
-    """Row groups [rg_start, rg_stop) of a Parquet file split into work units; -1: the whole file."""
+    unit_start: int = 0
+    unit_stop: int = -1
+    """A file split into work units (read.work_units): this unit's row groups [unit_start, unit_stop) of
+    a Parquet file, or bytes [unit_start, unit_stop) of a JSONL file. unit_stop -1: the whole file."""
     first_row: int = 0
-    """The file's row number of the unit's first row (rows of the row groups before rg_start)."""
+    """Rows of the file before the unit (row groups before it, or lines before its first byte): its
+    first document's row is first_row (Parquet) or first_row + 1 (JSONL lines count from 1)."""
+
+    @property
+    def split(self) -> bool:
+        return self.unit_stop >= 0
 
 
 def expand_inputs(

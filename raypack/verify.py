@@ -14,6 +14,7 @@ Reads the output with pyarrow on one machine; memory grows with the number of it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -102,7 +103,7 @@ def verify(
     if counts["tokens"] != report.tokens:
         report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
     if config is not None and items is not None and report.ok:
-        _check_sample(config, docs, picks, pieces, report)
+        _check_sample(config, manifest, docs, picks, pieces, report)
     return report
 
 
@@ -271,18 +272,30 @@ def _collect(table: pa.Table, pieces: dict[str, list[tuple[int, list[int]]]]) ->
 
 def _check_sample(
     config: JobConfig,
+    manifest: dict[str, Any],
     docs: pa.Table,
     picks: list[int],
     pieces: dict[str, list[tuple[int, list[int]]]],
     report: VerifyReport,
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
-    from raypack.pipeline.read import read_shard, work_units
+    from raypack.pipeline.read import read_shard
     from raypack.pipeline.tokenize import encode_documents, load_tokenizer
     from raypack.storage import expand_inputs
 
-    found = expand_inputs(config.input.paths, config.input.root, config.storage)
-    shards = {s.index: s for s in work_units(found, config.input, config.storage)}
+    # The work units as the job cut them (the manifest lists them in order): cutting them again would
+    # read every large JSONL file whole to count its lines.
+    found = {s.relpath: s for s in expand_inputs(config.input.paths, config.input.root, config.storage)}
+    shards: dict[int, Shard] = {}
+    for index, entry in enumerate(manifest["inputs"]):
+        if entry["path"] not in found:
+            report.add(f"input {entry['path']} (shard {index}) is gone: its documents cannot be checked")
+            continue
+        start, stop = entry.get("row_groups") or entry.get("bytes") or (0, -1)
+        first_row = entry.get("first_row", 0)
+        shards[index] = dataclasses.replace(
+            found[entry["path"]], index=index, unit_start=start, unit_stop=stop, first_row=first_row
+        )
     wanted: dict[int, dict[int, str]] = {}
     for i in picks:
         wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(
@@ -291,7 +304,9 @@ def _check_sample(
     tok = load_tokenizer(config.tokenizer, config.storage)
     expected: dict[str, list[int]] = {}
     for shard_index, rows in wanted.items():
-        shard: Shard = shards[shard_index]
+        if shard_index not in shards:
+            continue
+        shard = shards[shard_index]
         for batch in read_shard(shard, config.input, 256, config.storage):
             keep = [k for k, row in enumerate(batch.rows) if row in rows]
             if not keep:

@@ -59,6 +59,8 @@ __all__ = [
     "merge_pieces",
     "run_exchange",
     "shard_runs",
+    "task_options",
+    "transient",
     "write_files",
 ]
 
@@ -93,7 +95,7 @@ class TransientStorageError(OSError):
 
 
 @contextmanager
-def _transient(patterns: tuple[str, ...]) -> Iterator[None]:
+def transient(patterns: tuple[str, ...]) -> Iterator[None]:
     try:
         yield
     except OSError as e:
@@ -244,7 +246,7 @@ def _add_ids(parts: list[list[pa.Array]], ids: pa.Array) -> None:
             found.append(ids.filter(pa.array(part == p)))
 
 
-def _task_options() -> tuple[tuple[str, ...], dict[str, Any]]:
+def task_options() -> tuple[tuple[str, ...], dict[str, Any]]:
     """The transient storage errors' patterns (Ray Data's own list), and the options of every task
     that touches storage: one CPU, retried on a killed worker and on a TransientStorageError."""
     import ray.data
@@ -276,7 +278,7 @@ def assign_run(
 ) -> Iterator[Any]:
     """Ray task (a generator: each value is stored as it is yielded): `rounds` rounds of one piece per
     partition (items sorted by file_key), then `id_parts` pieces of document ids, then its counts."""
-    with _transient(patterns):
+    with transient(patterns):
         parts = len(part_first_key)
         pending: list[list[pa.Table]] = [[] for _ in range(parts)]
         ids: list[list[pa.Array]] = [[] for _ in range(id_parts)]
@@ -316,7 +318,7 @@ def merge_pieces(
     """Ray task (second hop; a generator): pieces of one partition, each sorted by file_key → one
     piece per writer of the partition, made and yielded one at a time from slices of the inputs
     (which stay in the object store): the heap holds one output piece, so a merge can take many."""
-    with _transient(patterns):
+    with transient(patterns):
         pieces = tuple(p for p in pieces if p.num_rows)
         bounds = np.append(np.asarray(writer_first_key[1:], dtype=np.int64), np.iinfo(np.int64).max)
         cuts = [np.asarray(np.searchsorted(p.column("file_key").to_numpy(), bounds)) for p in pieces]
@@ -344,7 +346,7 @@ def write_files(
 ) -> pa.Table:
     """Ray task: the files of `keys` (ascending), one at a time, from pieces sorted by file_key (read
     in place from the object store: the heap holds one file). One WRITTEN row a file."""
-    with _transient(patterns):
+    with transient(patterns):
         pieces = tuple(p for p in pieces if p.num_rows)
         starts = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="left") for p in pieces]
         ends = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="right") for p in pieces]
@@ -417,7 +419,7 @@ def run_exchange(
     so Ray frees each piece once its consumer is done."""
     import ray
 
-    patterns, opts = _task_options()
+    patterns, opts = task_options()
     plan_ref = ray.put(plan)
     part_first_key = file_keys[lay.writer_first[lay.part_first[:-1]]]
     writer_first_key = file_keys[lay.writer_first[:-1]]
@@ -502,7 +504,7 @@ def index_ids(
 ) -> tuple[pa.Table, ...] | pa.Table:
     """Ray task (sharded mode, whose groups write without an exchange): the doc_id column of a run of
     shards' index files, hashed into `parts` pieces."""
-    with _transient(patterns):
+    with transient(patterns):
         ids: list[list[pa.Array]] = [[] for _ in range(parts)]
         for shard in shards:
             fs, inner = resolve(index_path(output, shard), storage)
@@ -517,7 +519,7 @@ def check_index_ids(cfg: JobConfig, run_of_shard: np.ndarray, width: int, exampl
     """Ids carried by more than one document, from the index files: runs × parts pieces, parts <= W."""
     import ray
 
-    patterns, opts = _task_options()
+    patterns, opts = task_options()
     runs = int(run_of_shard.max()) + 1 if len(run_of_shard) else 0
     parts = max(1, min(width, runs))
     task = ray.remote(index_ids)

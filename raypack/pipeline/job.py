@@ -52,10 +52,12 @@ from raypack.pipeline.exchange import (
     layout,
     run_exchange,
     shard_runs,
+    task_options,
+    transient,
 )
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.materialize import data_file
-from raypack.pipeline.read import work_units
+from raypack.pipeline.read import scan_range, unit_entry, work_units
 from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
 from raypack.report.model import REPORT
@@ -166,14 +168,15 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     out, storage = cfg.output.path, cfg.storage
     # Everything that can be wrong with the config or the environment fails here, before any work.
     tok = load_tokenizer(cfg.tokenizer, storage)
-    shards = work_units(expand_inputs(cfg.input.paths, cfg.input.root, storage), cfg.input, storage)
+    inputs = expand_inputs(cfg.input.paths, cfg.input.root, storage)
     _check_output(out, storage, overwrite)
     _clear_output(out, storage)
     staging = join(out, "_staging")
     token_dir = cache if cache is not None else join(staging, "tokens")
     settings = token_settings(cfg, tok)
-    keys = tuple(token_key(s, settings) for s in shards)
     ensure_ray()
+    shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
+    keys = tuple(token_key(s, settings) for s in shards)
     width = _cluster_cpus()
     concurrency = cfg.tokenizer.concurrency or width
     runs = max(1, min(len(shards), width))
@@ -288,11 +291,28 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     )
 
 
+def _scan_ranges(ranges: list[tuple[Shard, int, int]], storage: StorageConfig) -> list[tuple[int, int]]:
+    """read.scan_range over the byte ranges of large JSONL files, a Ray task each (32 for 8 GiB at
+    the default unit_bytes), retried as the exchange's storage tasks are."""
+    import ray
+
+    patterns, opts = task_options()
+    task = ray.remote(_scan).options(**opts)
+    return list(ray.get([task.remote(s, a, b, storage, patterns) for s, a, b in ranges]))
+
+
+def _scan(
+    shard: Shard, start: int, stop: int, storage: StorageConfig, patterns: tuple[str, ...]
+) -> tuple[int, int]:
+    with transient(patterns):
+        return scan_range(shard, start, stop, storage)
+
+
 def _split_files(shards: list[Shard], nodes: list[str]) -> dict[str, dict[str, int]]:
     """Files tokenized as several work units: how many units, on how many Ray nodes."""
     units: dict[str, list[int]] = {}
     for s in shards:
-        if s.rg_stop >= 0:
+        if s.split:
             units.setdefault(s.relpath, []).append(s.index)
     return {
         path: {"units": len(idx), "nodes": len({nodes[i] for i in idx if nodes[i]})}
@@ -543,8 +563,7 @@ def _manifest(
         "raypack_version": __version__,
         "config": cfg.to_dict(),
         "inputs": [
-            {"path": s.relpath, "size": s.size, "mtime_ns": s.mtime_ns}
-            | ({"row_groups": [s.rg_start, s.rg_stop]} if s.rg_stop >= 0 else {})
+            {"path": s.relpath, "size": s.size, "mtime_ns": s.mtime_ns} | unit_entry(s, cfg.input.format)
             for s in shards
         ],
         "tokenizer": {

@@ -9,9 +9,11 @@ of `batch_size` documents, so no shard is ever held whole in memory.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -20,7 +22,7 @@ import pyarrow.parquet as pq
 from raypack.config import InputConfig, StorageConfig
 from raypack.storage import Shard, resolve
 
-__all__ = ["Batch", "Reject", "read_shard", "work_units"]
+__all__ = ["COMPRESSED_SUFFIXES", "Batch", "Reject", "read_shard", "scan_range", "unit_entry", "work_units"]
 
 RAW_PREFIX = 200
 # A batch ends at batch_size documents or this much text, whichever comes first. tokenizers keeps
@@ -86,24 +88,112 @@ def read_shard(
 _CORRUPT_STREAM = ("Truncated compressed stream", "inflate failed", "decompress", "Corrupt", "corrupt")
 
 
-def work_units(shards: list[Shard], cfg: InputConfig, storage: StorageConfig | None = None) -> list[Shard]:
-    """The tokenize stage's work units, numbered in order: every file whole, but a Parquet file larger
-    than input.unit_bytes as runs of consecutive row groups of about that many (compressed) bytes,
-    from its footer (one ranged read a large file). The same inputs give the same units on every
-    machine, so the units' indices name the index and rejects files (and verify finds them again).
-    A footer that cannot be read leaves the file whole: its reader records the reject."""
+def work_units(
+    shards: list[Shard],
+    cfg: InputConfig,
+    storage: StorageConfig | None = None,
+    scan: Callable[[list[tuple[Shard, int, int]]], list[tuple[int, int]]] | None = None,
+) -> list[Shard]:
+    """The tokenize stage's work units, numbered in order: every file whole, but a file larger than
+    input.unit_bytes in units of about that many bytes: a Parquet file as runs of consecutive row
+    groups, from its footer (one ranged read a file); an uncompressed JSONL file as byte ranges that
+    begin at line starts. Ids are `path:line`, so a JSONL unit must know how many lines come before
+    it: `scan` maps scan_range over (file, start, stop) ranges that tile each such file (default:
+    one after another, here; the job runs them as Ray tasks), reading those files once more, at the
+    speed of storage (GB/s locally; tokenizing runs at ~1 MB/s a core). The same inputs give the same
+    units on every machine, so the units' indices name the index and rejects files. A footer that
+    cannot be read leaves the file whole: its reader records the reject."""
+    by_bytes = [s for s in shards if _splits_by_bytes(s, cfg)]
+    ranges = [(s, a, b) for s in by_bytes for a, b in _nominal(s.size, cfg.unit_bytes)]
+    if scan is None:
+        scanned = [scan_range(s, a, b, storage) for s, a, b in ranges]
+    else:
+        scanned = scan(ranges) if ranges else []
+    found: dict[int, list[tuple[int, int]]] = {}
+    for (s, _, _), result in zip(ranges, scanned, strict=True):
+        found.setdefault(s.index, []).append(result)
     units: list[Shard] = []
     for shard in shards:
-        ranges = [(0, -1, 0)]
+        pieces = [(0, -1, 0)]
         if cfg.format == "parquet" and shard.size > cfg.unit_bytes:
-            ranges = _row_group_runs(shard, cfg.unit_bytes, storage) or ranges
-        for start, stop, first_row in ranges:
+            pieces = _row_group_runs(shard, cfg.unit_bytes, storage) or pieces
+        elif shard.index in found:
+            nominal = _nominal(shard.size, cfg.unit_bytes)
+            pieces = _line_ranges(shard.size, nominal, found[shard.index]) or pieces
+        for start, stop, first_row in pieces:
             units.append(
                 dataclasses.replace(
-                    shard, index=len(units), rg_start=start, rg_stop=stop, first_row=first_row
+                    shard, index=len(units), unit_start=start, unit_stop=stop, first_row=first_row
                 )
             )
     return units
+
+
+def unit_entry(shard: Shard, fmt: str, rows: bool = True) -> dict[str, Any]:
+    """What names a work unit within its file, for the manifest (with its first row: verify rebuilds
+    the units from it) and the token cache key (without: the range fixes it); {} for a whole file."""
+    if not shard.split:
+        return {}
+    kind = "row_groups" if fmt == "parquet" else "bytes"
+    entry: dict[str, Any] = {kind: [shard.unit_start, shard.unit_stop]}
+    return entry | ({"first_row": shard.first_row} if rows else {})
+
+
+# What pyarrow's compression="detect" decompresses (by suffix): a compressed stream can only be read
+# from its start, so it stays one unit whatever its size.
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".lz4", ".zst")
+_SCAN_CHUNK = 8 << 20  # one ranged read (a GET on S3) in scan_range; 8 MiB keeps a GET's latency small
+
+
+def _splits_by_bytes(shard: Shard, cfg: InputConfig) -> bool:
+    compressed = shard.path.endswith(COMPRESSED_SUFFIXES)
+    return cfg.format == "jsonl" and shard.size > cfg.unit_bytes and not compressed
+
+
+def _nominal(size: int, unit_bytes: int) -> list[tuple[int, int]]:
+    """Equal byte ranges that tile [0, size), none over unit_bytes."""
+    count = -(-size // unit_bytes)
+    cuts = [k * size // count for k in range(count + 1)]
+    return list(itertools.pairwise(cuts))
+
+
+def scan_range(shard: Shard, start: int, stop: int, storage: StorageConfig | None = None) -> tuple[int, int]:
+    """(newlines in bytes [start, stop), the first line start at or after `start`) of a file: a line
+    starts at 0 and after every newline; the file's size if none does. Reads [start - 1, stop), and
+    past stop only while no line has started (a line longer than the range)."""
+    fs, inner = resolve(shard.path, storage)
+    with fs.open_input_file(inner) as f:
+        line_start = 0 if start == 0 else None
+        if start > 0:
+            f.seek(start - 1)
+            if f.read(1) == b"\n":
+                line_start = start
+        newlines, pos = 0, start
+        while chunk := f.read(_SCAN_CHUNK if pos >= stop else min(_SCAN_CHUNK, stop - pos)):
+            inside = chunk if pos + len(chunk) <= stop else chunk[: max(0, stop - pos)]
+            newlines += inside.count(b"\n")
+            if line_start is None and (q := chunk.find(b"\n")) >= 0:
+                line_start = pos + q + 1
+            pos += len(chunk)
+            if pos >= stop and line_start is not None:
+                break
+    return newlines, pos if line_start is None else line_start
+
+
+def _line_ranges(
+    size: int, nominal: list[tuple[int, int]], scanned: list[tuple[int, int]]
+) -> list[tuple[int, int, int]]:
+    """(first byte, end byte, lines before) of each unit of a JSONL file from its scanned nominal
+    ranges: unit k runs from the first line start at or after nominal start a_k to the next unit's
+    start. The lines before it are the newlines before a_k, plus one when the unit starts later (the
+    newline that ends the line running through a_k). [] when that leaves a single unit."""
+    units, before = [], 0
+    starts = [line_start for _, line_start in scanned] + [size]
+    for k, ((a, _), (newlines, _)) in enumerate(zip(nominal, scanned, strict=True)):
+        if starts[k] < starts[k + 1]:
+            units.append((starts[k], starts[k + 1], before + (starts[k] > a)))
+        before += newlines
+    return units if len(units) > 1 else []
 
 
 def _row_group_runs(
@@ -153,50 +243,66 @@ class Oversize:
     size: int
 
 
-def _lines(fs: pafs.FileSystem, inner: str, max_bytes: int) -> Iterator[tuple[int, bytes | Oversize]]:
-    """(line number, line) for every line; a line of more than `max_bytes` comes as an Oversize.
-    A line spread over many chunks is joined once at its end (joining chunk by chunk would copy a
-    100 MB line ~400 times)."""
-    with fs.open_input_stream(inner, compression="detect") as stream:
-        lineno = 0
-        pending: list[bytes] = []
-        pending_size = 0
-        oversize: Oversize | None = None  # the line being skipped
-        while chunk := stream.read(_CHUNK):
-            parts = chunk.split(b"\n")
-            for i, part in enumerate(parts):
-                if oversize is not None:
-                    oversize = Oversize(oversize.prefix, oversize.size + len(part))
-                elif pending_size + len(part) > max_bytes:
-                    head = b"".join([*pending, part[: RAW_PREFIX * 4]])[: RAW_PREFIX * 4]
-                    oversize = Oversize(head, pending_size + len(part))
-                    pending, pending_size = [], 0
-                else:
-                    pending.append(part)
-                    pending_size += len(part)
-                if i == len(parts) - 1:
-                    break  # the chunk's last part goes on in the next chunk
-                lineno += 1
-                if oversize is not None:
-                    yield lineno, oversize
-                    oversize = None
-                else:
-                    yield lineno, pending[0] if len(pending) == 1 else b"".join(pending)
+def _chunks(fs: pafs.FileSystem, inner: str, shard: Shard) -> Iterator[bytes]:
+    """The bytes of a JSONL work unit: a whole file as a stream (decompressed by its suffix), or the
+    byte range of a unit of a large uncompressed file (work_units)."""
+    if not shard.split:
+        with fs.open_input_stream(inner, compression="detect") as stream:
+            while chunk := stream.read(_CHUNK):
+                yield chunk
+        return
+    with fs.open_input_file(inner) as f:
+        f.seek(shard.unit_start)
+        left = shard.unit_stop - shard.unit_start
+        while left > 0 and (chunk := f.read(min(_CHUNK, left))):
+            left -= len(chunk)
+            yield chunk
+
+
+def _lines(
+    chunks: Iterator[bytes], max_bytes: int, lineno: int = 0
+) -> Iterator[tuple[int, bytes | Oversize]]:
+    """(line number, line) for every line, numbered on from `lineno`; a line of more than `max_bytes`
+    comes as an Oversize. A line spread over many chunks is joined once at its end (joining chunk by
+    chunk would copy a 100 MB line ~400 times)."""
+    pending: list[bytes] = []
+    pending_size = 0
+    oversize: Oversize | None = None  # the line being skipped
+    for chunk in chunks:
+        parts = chunk.split(b"\n")
+        for i, part in enumerate(parts):
+            if oversize is not None:
+                oversize = Oversize(oversize.prefix, oversize.size + len(part))
+            elif pending_size + len(part) > max_bytes:
+                head = b"".join([*pending, part[: RAW_PREFIX * 4]])[: RAW_PREFIX * 4]
+                oversize = Oversize(head, pending_size + len(part))
                 pending, pending_size = [], 0
-        if oversize is not None:
-            yield lineno + 1, oversize
-        elif pending_size:
-            yield lineno + 1, b"".join(pending)
+            else:
+                pending.append(part)
+                pending_size += len(part)
+            if i == len(parts) - 1:
+                break  # the chunk's last part goes on in the next chunk
+            lineno += 1
+            if oversize is not None:
+                yield lineno, oversize
+                oversize = None
+            else:
+                yield lineno, pending[0] if len(pending) == 1 else b"".join(pending)
+            pending, pending_size = [], 0
+    if oversize is not None:
+        yield lineno + 1, oversize
+    elif pending_size:
+        yield lineno + 1, b"".join(pending)
 
 
 def _read_jsonl(
     fs: pafs.FileSystem, inner: str, shard: Shard, cfg: InputConfig, batch_size: int
 ) -> Iterator[Batch]:
     batch = Batch()
-    last = 0
+    last = shard.first_row
     limit = cfg.max_document_bytes
     try:
-        for lineno, line in _lines(fs, inner, limit):
+        for lineno, line in _lines(_chunks(fs, inner, shard), limit, shard.first_row):
             last = lineno
             if isinstance(line, Oversize):
                 reason = f"record of {line.size} bytes, over input.max_document_bytes ({limit})"
@@ -272,7 +378,7 @@ def _read_parquet(
 ) -> Iterator[Batch]:
     text_field, id_field = cfg.text_field, cfg.id_field
     # A file split into work units (work_units) records a whole-file reject once, in its first unit.
-    first_unit = shard.rg_start == 0
+    first_unit = shard.unit_start == 0
     try:
         pf = pq.ParquetFile(fs.open_input_file(inner))
     except (OSError, pa.ArrowInvalid) as e:
@@ -289,7 +395,7 @@ def _read_parquet(
             yield Batch(rejects=[Reject(-1, reason, "")])
         return
     columns = [text_field] + ([id_field] if id_field else [])
-    groups = None if shard.rg_stop < 0 else list(range(shard.rg_start, shard.rg_stop))
+    groups = None if shard.unit_stop < 0 else list(range(shard.unit_start, shard.unit_stop))
     row = shard.first_row
     try:
         for record_batch in pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups):

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig, TokenizerConfig
 from raypack.pipeline.histogram import summarize_shard
-from raypack.pipeline.read import Batch, read_shard
+from raypack.pipeline.read import Batch, read_shard, unit_entry
 from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
 from raypack.storage import Shard, atomic_output, exists, join, open_output, read_bytes, resolve, write_bytes
 
@@ -153,8 +153,7 @@ def token_key(shard: Shard, settings: dict[str, Any]) -> str:
     """Cache key of a shard's token file: its relative path (document ids contain it), its fingerprint
     (size + modification time; an object store sets the time on every PUT) and the settings."""
     fingerprint: dict[str, Any] = {"relpath": shard.relpath, "size": shard.size, "mtime_ns": shard.mtime_ns}
-    if shard.rg_stop >= 0:  # a work unit of a large Parquet file (read.work_units)
-        fingerprint["row_groups"] = [shard.rg_start, shard.rg_stop]
+    fingerprint |= unit_entry(shard, settings["format"], rows=False)  # a unit of a large file
     fingerprint.update(settings)
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:32]
 
@@ -221,8 +220,8 @@ class TokenizeShards:
                 relpath=str(batch["relpath"][i]),
                 size=int(batch["size"][i]),
                 mtime_ns=int(batch["mtime_ns"][i]),
-                rg_start=int(batch["rg_start"][i]),
-                rg_stop=int(batch["rg_stop"][i]),
+                unit_start=int(batch["unit_start"][i]),
+                unit_stop=int(batch["unit_stop"][i]),
                 first_row=int(batch["first_row"][i]),
             )
             summary = self.tokenize_shard(shard, str(batch["token_dir"][i]), str(batch["key"][i]))

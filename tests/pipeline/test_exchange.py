@@ -9,6 +9,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -191,24 +192,32 @@ def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
 
 
 @pytest.mark.usefixtures("ray_session")
-def test_a_parquet_file_split_into_row_group_units_packs_the_same_bytes(
-    tmp_path: Path, tokenizer_path: Path
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_large_file_split_into_units_packs_the_same_bytes(
+    tmp_path: Path, tokenizer_path: Path, fmt: str
 ) -> None:
-    """One Parquet file of 24 row groups, tokenized whole and as ~8 units (input.unit_bytes): the data
-    files are byte-identical, the documents' index says the same (rows, ids, lengths), both verify."""
+    """One file, tokenized whole and as ~8 units (input.unit_bytes): Parquet as runs of its 24 row
+    groups, JSONL as byte ranges. The data files are byte-identical, the documents' index says the
+    same (rows, ids, lengths), so do the rejects, and both verify (from the manifest's units)."""
     rng = random.Random(5)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     texts = [random_text(rng, int(rng.lognormvariate(4.0, 1.0)) + 1) for _ in range(480)]
-    big = corpus / "big.parquet"
-    pq.write_table(pa.table({"text": texts}), big, row_group_size=20)
+    texts[7::50] = [""] * len(texts[7::50])  # empty documents: rejects in every unit
+    big = corpus / f"big.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), big, row_group_size=20)
+    else:
+        lines = [json.dumps({"text": t}) for t in texts]
+        lines[100:100] = ["{broken", ""]  # a malformed line and a blank one
+        big.write_text("\n".join(lines) + "\n")
 
     def pack(name: str, unit_bytes: int) -> Path:
         cfg = job_config(
             tmp_path,
             f"{corpus}/*",
             tokenizer_path,
-            input={"format": "parquet", "unit_bytes": unit_bytes},
+            input={"format": fmt, "unit_bytes": unit_bytes, "max_reject_ratio": 0.1},
             output={"path": str(tmp_path / name)},
         )
         run_job(load_config(str(cfg)), log=quiet)
@@ -217,13 +226,18 @@ def test_a_parquet_file_split_into_row_group_units_packs_the_same_bytes(
 
     whole, split = pack("whole", 1 << 30), pack("split", big.stat().st_size // 8)
     assert json.loads((whole / "metrics.json").read_text())["split_files"] == {}
-    units = json.loads((split / "metrics.json").read_text())["split_files"]["big.parquet"]["units"]
+    units = json.loads((split / "metrics.json").read_text())["split_files"][big.name]["units"]
     assert 6 <= units <= 10
     data = {p: h for p, h in _digest(whole).items() if p.startswith("data/")}
     assert data and {p: h for p, h in _digest(split).items() if p.startswith("data/")} == data
 
-    def index(out: Path) -> list[tuple[str, int, int]]:
-        table = pq.read_table(out / "index", columns=["doc_id", "row", "length"])
-        return sorted(zip(*(table.column(c).to_pylist() for c in ("doc_id", "row", "length")), strict=True))
+    def rows(out: Path, folder: str, columns: list[str]) -> list[tuple[Any, ...]]:
+        table = pq.read_table(out / folder, columns=columns)
+        return sorted(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
 
-    assert index(split) == index(whole) and len(index(whole)) == 480
+    index = ["doc_id", "row", "length"]
+    assert rows(split, "index", index) == rows(whole, "index", index)
+    assert len(rows(whole, "index", index)) == 480 - len(texts[7::50])
+    rejected = rows(whole, "rejects", ["source", "row", "reason"])
+    assert rows(split, "rejects", ["source", "row", "reason"]) == rejected
+    assert len(rejected) == len(texts[7::50]) + (fmt == "jsonl")

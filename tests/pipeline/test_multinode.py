@@ -68,12 +68,14 @@ def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, thr
     assert report.documents == 180
 
 
-def test_one_parquet_file_is_tokenized_on_several_nodes(
-    tmp_path: Path, tokenizer_path: Path, three_nodes: Any
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_one_large_file_is_tokenized_on_several_nodes(
+    tmp_path: Path, tokenizer_path: Path, three_nodes: Any, fmt: str
 ) -> None:
-    """A single input file, split into row-group units (input.unit_bytes), is tokenized by actors on
-    more than one of the three nodes (metrics.json counts the nodes of each split file), and the
-    result verifies."""
+    """A single input file, split into work units (input.unit_bytes: runs of row groups of a Parquet
+    file, byte ranges of a JSONL file, whose lines are counted by tasks on the cluster), is
+    tokenized by actors on more than one of the three nodes (metrics.json counts the nodes of each
+    split file), and the result verifies."""
     import json
     import random
 
@@ -86,12 +88,16 @@ def test_one_parquet_file_is_tokenized_on_several_nodes(
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     texts = [random_text(rng, int(rng.lognormvariate(4.5, 1.0)) + 1) for _ in range(600)]
-    pq.write_table(pa.table({"text": texts}), corpus / "one.parquet", row_group_size=25)
-    unit = (corpus / "one.parquet").stat().st_size // 12
-    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "parquet", "unit_bytes": unit})
+    one = corpus / f"one.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(pa.table({"text": texts}), one, row_group_size=25)
+    else:
+        one.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    unit = one.stat().st_size // 12
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"format": fmt, "unit_bytes": unit})
     _pack_on(three_nodes, cfg)
     split = json.loads((tmp_path / "out" / "metrics.json").read_text())["split_files"]
-    assert split["one.parquet"]["units"] >= 8 and split["one.parquet"]["nodes"] >= 2, split
+    assert split[one.name]["units"] >= 8 and split[one.name]["nodes"] >= 2, split
     from raypack.config import load_config
 
     report = verify(str(tmp_path / "out"), load_config(str(cfg)), sample=20)

@@ -11,10 +11,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from raypack.config import InputConfig
 from raypack.errors import ConfigError
-from raypack.pipeline.read import read_shard, work_units
+from raypack.pipeline.read import COMPRESSED_SUFFIXES, read_shard, work_units
 from raypack.storage import Shard, expand_inputs
 from tests.conftest import write_jsonl, write_parquet
 
@@ -315,9 +317,9 @@ def test_a_large_parquet_file_is_read_as_runs_of_row_groups_with_the_whole_files
     units = work_units(shards, cfg)
     assert [u.index for u in units] == list(range(len(units))) and units[0].relpath == "a-small.jsonl"
     parts = [u for u in units if u.relpath == "b-big.parquet"]
-    assert 4 <= len(parts) <= 7 and parts[0].rg_start == 0 and parts[-1].rg_stop == 13
-    assert all(a.rg_stop == b.rg_start for a, b in itertools.pairwise(parts))
-    assert [u.first_row for u in parts] == [40 * u.rg_start for u in parts]
+    assert 4 <= len(parts) <= 7 and parts[0].unit_start == 0 and parts[-1].unit_stop == 13
+    assert all(a.unit_stop == b.unit_start for a, b in itertools.pairwise(parts))
+    assert [u.first_row for u in parts] == [40 * u.unit_start for u in parts]
     whole = _units_read([shard_of(big, "b-big.parquet")], cfg)
     assert _units_read(parts, cfg) == whole and len(whole[1]) == 56
     assert work_units(shards, input_config("parquet")) == [  # under unit_bytes: whole files
@@ -331,3 +333,60 @@ def test_a_large_parquet_file_is_read_as_runs_of_row_groups_with_the_whole_files
     units = work_units(expand_inputs((str(wrong),)), cfg)
     assert len(units) > 1
     assert _units_read(units, cfg) == ([], [(-1, "Parquet file has no column 'text' (columns: content)")])
+
+
+_LINES = st.one_of(
+    st.builds(lambda t: json.dumps({"text": t}), st.text(max_size=30)),  # documents, some empty
+    st.sampled_from(["", "   ", "{bad json", "[1, 2]", '{"other": 1}', '{"text": 5}']),  # blanks, rejects
+    st.builds(lambda n: json.dumps({"text": "long " * n}), st.integers(20, 60)),  # over max_document_bytes
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lines=st.lists(_LINES, max_size=40),
+    ending=st.sampled_from(["", "\n", "\n\n"]),
+    unit_bytes=st.integers(1, 200),
+)
+def test_a_large_jsonl_file_is_read_as_byte_ranges_with_the_whole_files_lines(
+    tmp_path_factory: pytest.TempPathFactory, lines: list[str], ending: str, unit_bytes: int
+) -> None:
+    """work_units cuts an uncompressed JSONL file over input.unit_bytes into byte ranges that begin at
+    line starts and tile the file; reading every unit gives exactly the whole file's documents, line
+    numbers, ids and rejects, whatever the lines (blank, malformed, longer than a unit, over
+    max_document_bytes) and however the file ends."""
+    path = tmp_path_factory.mktemp("ranges") / "big.jsonl"
+    data = ("\n".join(lines) + ending).encode()
+    path.write_bytes(data)
+    cfg = input_config(unit_bytes=unit_bytes, max_document_bytes=150)
+    units = work_units([shard_of(path, "big.jsonl")], cfg)
+    assert [u.index for u in units] == list(range(len(units)))
+    if len(units) > 1:
+        assert units[0].unit_start == 0 and units[-1].unit_stop == len(data)
+        assert all(a.unit_stop == b.unit_start for a, b in itertools.pairwise(units))
+        assert all(data[u.unit_start - 1 : u.unit_start] == b"\n" for u in units[1:])
+        assert [u.first_row for u in units] == [data[: u.unit_start].count(b"\n") for u in units]
+    else:
+        assert units == [shard_of(path, "big.jsonl")]
+    whole = _units_read([shard_of(path, "big.jsonl")], input_config(max_document_bytes=150))
+    assert _units_read(units, cfg) == whole
+
+
+def test_compressed_and_text_files_stay_whole_units(tmp_path: Path) -> None:
+    """A compressed stream can only be read from its start, and a text file is one document: neither is
+    cut, whatever its size; an uncompressed JSONL file of the same size is."""
+    rows = [{"text": f"document {i}"} for i in range(200)]
+    write_jsonl(tmp_path / "a.jsonl", rows)
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    shards = expand_inputs((str(tmp_path / "*"),))
+    units = work_units(shards, input_config(unit_bytes=100))
+    assert [u.relpath for u in units].count("a.jsonl") > 10
+    assert [(u.relpath, u.split) for u in units if u.relpath != "a.jsonl"] == [("b.jsonl.gz", False)]
+    assert not any(u.split for u in work_units(shards, input_config("text", unit_bytes=100)))
+    # The suffixes left whole are the ones pyarrow decompresses, and no others.
+    for name in ("x.jsonl.gz", "x.jsonl.bz2", "x.jsonl.lz4", "x.jsonl.zst"):
+        assert pa.Codec.detect(name) is not None and name.endswith(COMPRESSED_SUFFIXES)
+    for name in ("x.jsonl", "x.json", "x.ndjson", "x.jsonl.br", "x.jsonl.xz"):
+        with pytest.raises((TypeError, ValueError)):
+            pa.Codec.detect(name)
