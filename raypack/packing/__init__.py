@@ -17,6 +17,7 @@ import numpy as np
 
 # _cache first: it installs the numba cache locator before the packers' functions are decorated.
 from raypack.packing import _cache, bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp  # noqa: F401
+from raypack.packing._buffers import copy_runs
 from raypack.packing.assignment import Assignment, check_assignment
 from raypack.packing.items import OVERFLOW_POLICIES, Items, item_histogram, make_items
 from raypack.packing.permute import PackPermutation
@@ -31,6 +32,7 @@ __all__ = [
     "PackPermutation",
     "Plan",
     "check_assignment",
+    "copy_runs",
     "expand",
     "item_histogram",
     "make_items",

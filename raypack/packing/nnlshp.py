@@ -16,7 +16,6 @@ so every strategy still fits. The default width keeps 256 classes: ~5.5k strateg
 from __future__ import annotations
 
 import numpy as np
-from scipy import optimize
 
 from raypack.packing import bfd
 from raypack.packing.plan import Plan, concat_plans
@@ -48,6 +47,10 @@ def plan(hist: np.ndarray, seq_len: int, *, max_depth: int = 3, bin_width: int |
         np.add.at(a, (strategies[used, col] - 1, np.flatnonzero(used)), 1.0)
     row_weight = np.ones(k_max)
     row_weight[(np.arange(k_max) * width + 1) < SHORT_CUTOFF] = np.sqrt(SHORT_WEIGHT)
+    # Imported here: scipy.optimize costs ~0.5-0.8 s to import, paid otherwise by every process that
+    # imports the config (the CLI, each tokenizer actor), not only by the ones that plan with NNLSHP.
+    from scipy import optimize
+
     x, _ = optimize.nnls(a * row_weight[:, None], b * row_weight, maxiter=50 * k_max)
     repeats = _fit_to_supply(strategies, np.floor(x).astype(np.int64), b.astype(np.int64))
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from raypack.packing import ALGORITHMS, pack
+from raypack.packing import ALGORITHMS, copy_runs, pack
 from raypack.packing._cache import cache_root
 
 __all__ = ["dispatchers", "warmup"]
@@ -32,13 +32,16 @@ def dispatchers() -> list[Any]:
 
 def warmup() -> tuple[int, int]:
     """Run every packer on a small input, every overflow policy, with and without a seed and a depth
-    cap; returns (compiled, loaded from the cache) signatures."""
+    cap, and the writer's run copy; returns (compiled, loaded from the cache) signatures."""
     lengths = np.random.default_rng(0).integers(1, 300, 200)
     for name, algorithm in ALGORITHMS.items():
         for overflow in ("split", "truncate", "drop"):
             pack(lengths, 128, name, overflow=overflow, seed=0)
         if "max_depth" in algorithm.options:
             pack(lengths, 128, name, max_depth=2)
+    # The writer's copy of items into packs (pipeline.materialize): int32 tokens, int64 offsets.
+    starts = np.arange(3, dtype=np.int64)
+    copy_runs(np.zeros(3, np.int32), starts, np.ones(3, np.int32), starts, np.ones(3, np.int64))
     misses = hits = 0
     for dispatcher in dispatchers():
         misses += sum(dispatcher.stats.cache_misses.values())

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import StorageConfig
 from raypack.metrics import fill_percent_counts
+from raypack.packing import copy_runs
 from raypack.pipeline.assign import split_file_key
 from raypack.storage import join, write_bytes
 
@@ -89,15 +90,11 @@ def write_pack_file(
         raise RuntimeError(
             f"a pack of file {part} holds more than {capacity} tokens: the plan is inconsistent"
         )
-    # Token t of the value buffer (items in their arrival order) goes to slot t + shift of its item.
-    shift = np.empty(len(order), dtype=np.int64)
-    shift[order] = row_of_item * capacity + offset
-    shift -= src[:-1] - src[0]
-    index = np.repeat(shift, np.diff(src))
-    index += np.arange(len(values))
+    # Each item's tokens (a run of the value buffer, items in arrival order) go to its slot.
+    dst = np.empty(len(order), dtype=np.int64)
+    dst[order] = row_of_item * capacity + offset
     input_ids = np.full(n_packs * capacity, pad_id, dtype=np.int32)
-    input_ids[index] = values
-    del index
+    copy_runs(input_ids, dst, values, src[:-1] - src[0], np.diff(src))
     # doc_offsets per pack: 0, then the end of each item (cu_seqlens).
     ends = (offset + length).astype(np.int32)
     offsets_values = np.insert(ends, first, np.zeros(n_packs, dtype=np.int32))
