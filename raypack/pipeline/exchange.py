@@ -226,6 +226,9 @@ def _sorted(tables: list[pa.Table]) -> pa.Table:
     if not tables:
         return schema.ITEMS.empty_table()
     table = pa.concat_tables(tables)
+    keys = table.column("file_key").to_numpy()
+    if np.all(keys[1:] >= keys[:-1]):  # already in order (a round of one file's items): no copy
+        return table
     return table.sort_by("file_key")  # Arrow's sort is stable
 
 
@@ -290,9 +293,10 @@ def assign_run(
         for table in assign_items(shards, cfg, plan, rank_base, on_docs):
             keys = table.column("file_key").to_numpy()
             part = np.searchsorted(part_first_key, keys, side="right") - 1
-            order = np.argsort(part, kind="stable")
-            table = table.take(pa.array(order))
-            cuts = np.searchsorted(part[order], np.arange(parts + 1))
+            if np.any(part[1:] < part[:-1]):  # else (one partition, say) the take would copy for nothing
+                order = np.argsort(part, kind="stable")
+                table, part = table.take(pa.array(order)), part[order]
+            cuts = np.searchsorted(part, np.arange(parts + 1))
             for p in range(parts):
                 if cuts[p + 1] > cuts[p]:
                     pending[p].append(table.slice(int(cuts[p]), int(cuts[p + 1] - cuts[p])))
