@@ -1,7 +1,7 @@
 """The whole `raypack pack` command against the tokenizer's fastest path, on real text.
 
     python benchmarks/bench_job.py                          # 130 and 500 MB, demo and 128k tokenizers
-    python benchmarks/bench_job.py --mb 130 --tokenizers large
+    python benchmarks/bench_job.py --mb 130 --tokenizers large --no-one-file
 
 Corpus: real source text found on this machine, not one source repeated: Python, C and C++ sources,
 headers, stubs and docs (.py .pyi .c .cc .cpp .h .hpp .md .rst .txt, 1 KB to 2 MB each) under this
@@ -18,9 +18,14 @@ over every text of the corpus, and `encode_batch` (what raypack called before) o
 Job: `raypack pack CONFIG --overwrite` as a subprocess, timed from its start to its exit, so Ray's
 start, imports and every stage count; its stage times come from metrics.json. Memory: every Ray
 worker's peak private memory (rss - shared, from /proc statm, every 0.2 s) and RSS.
-Ratios are encode_batch_fast's seconds over the job's (or its tokenize stage's) on the same texts:
-1.0 would be the job as fast as the tokenizer alone (the job also adds one EOS a document).
+The fast path is also timed as the job's actors run it, without Ray: one single-threaded process a
+core, each over a share of the texts (encode_batch parallelizes a batch by document, so a batch that
+holds one 2 MB text keeps the other cores idle until it is done; the processes do not wait on each
+other). Ratios are the faster baseline's seconds over the job's (or its tokenize stage's) on the same
+texts: 1.0 would be the job as fast as the tokenizer alone (the job also adds one EOS a document).
 Targets (issue 13): whole command >= 0.75 at ~130 MB and >= 0.85 at ~500 MB; tokenize stage >= 0.9.
+One file: the smallest corpus also as a single uncompressed JSONL file, packed whole (one work unit,
+so one actor) and in byte-range work units of UNIT_MB (input.unit_bytes), with the first tokenizer.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import yaml
@@ -53,6 +59,7 @@ ROOTS = [
     Path("/usr/lib/python3"),
 ]
 SHARD_BYTES = 6_250_000
+UNIT_MB = 16  # work units of the one-file comparison: ~8 a core on 2 cores at 130 MB
 LARGE_VOCAB = 131_072
 
 
@@ -109,6 +116,37 @@ def make_corpus(work: Path, mb: int) -> tuple[Path, list[str]]:
     return corpus, texts
 
 
+def one_file(work: Path, mb: int, texts: list[str]) -> Path:
+    """The corpus as a single uncompressed JSONL file, for the work-unit comparison."""
+    folder = work / f"one-{mb}mb"
+    if not (folder / "done").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "corpus.jsonl").open("w") as out:
+            out.writelines(json.dumps({"text": text}) + "\n" for text in texts)
+        (folder / "done").write_text("")
+    return folder
+
+
+def split_comparison(work: Path, mb: int, texts: list[str], tokenizer: Path) -> None:
+    """One large file, whole (one work unit: one actor tokenizes it) and cut into byte ranges of
+    UNIT_MB (input.unit_bytes): what work units below file size buy on this machine's cores."""
+    folder = one_file(work, mb, texts)
+    size = (folder / "corpus.jsonl").stat().st_size
+    runs = {}
+    for label, unit in (("whole", size + 1), ("split", UNIT_MB << 20)):
+        seconds, metrics, _ = run_command(
+            work, folder, tokenizer, f"one-{mb}-{label}", "corpus.jsonl", unit_bytes=unit
+        )
+        units = metrics["split_files"].get("corpus.jsonl", {}).get("units", 1)
+        runs[label] = seconds
+        print(
+            f"one {size / 1e6:.0f} MB JSONL file, {label} ({units} work units): "
+            f"raypack pack {seconds:.1f} s, tokenize stage {metrics['stage_seconds']['tokenize']:.1f} s",
+            flush=True,
+        )
+    print(f"one file: split / whole time x{runs['split'] / runs['whole']:.2f}", flush=True)
+
+
 def large_tokenizer(work: Path) -> Path:
     path = work / f"bpe-{LARGE_VOCAB}.json"
     if path.exists():
@@ -135,6 +173,53 @@ def encode_seconds(tokenizer: Path, texts: list[str], fast: bool) -> tuple[float
     for i in range(0, len(texts), 512):
         n += sum(len(e.ids) for e in encode(texts[i : i + 512], add_special_tokens=False))
     return time.perf_counter() - t0, n
+
+
+def _encode_part(tokenizer: str, texts: list[str], conn: Any) -> None:
+    """In a forked child: encode `texts` on one thread, in 1 MiB groups (as the job's actors do)."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer)
+    t0, n, i = time.perf_counter(), 0, 0
+    while i < len(texts):
+        j, chars = i, 0
+        while j < len(texts) and (j == i or chars + len(texts[j]) <= 1 << 20):
+            chars += len(texts[j])
+            j += 1
+        n += sum(len(e.ids) for e in tok.encode_batch_fast(texts[i:j], add_special_tokens=False))
+        i = j
+    conn.send((time.perf_counter() - t0, n))
+
+
+def processes_seconds(tokenizer: Path, texts: list[str]) -> tuple[float, int]:
+    """encode_batch_fast in one single-threaded process a core, each over a share of the texts dealt
+    largest first (so the shares' sizes differ by less than one text): what the job's actors do,
+    without Ray, reading, framing or writing. Forked before this process has encoded anything (a
+    fork after tokenizers' thread pool started would disable it). (wall seconds, tokens)."""
+    import multiprocessing
+
+    cores = os.cpu_count() or 1
+    shares: list[list[str]] = [[] for _ in range(cores)]
+    loads = [0] * cores
+    for text in sorted(texts, key=len, reverse=True):
+        k = loads.index(min(loads))
+        shares[k].append(text)
+        loads[k] += len(text)
+    ctx = multiprocessing.get_context("fork")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(cores)]
+    t0 = time.perf_counter()
+    procs = [
+        ctx.Process(target=_encode_part, args=(str(tokenizer), share, send))
+        for share, (_, send) in zip(shares, pipes, strict=True)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [recv.recv() for recv, _ in pipes]
+    seconds = time.perf_counter() - t0
+    for proc in procs:
+        proc.join()
+    return seconds, sum(n for _, n in results)
 
 
 class WorkerMemory:
@@ -186,10 +271,12 @@ class WorkerMemory:
         self._thread.join()
 
 
-def run_command(work: Path, corpus: Path, tokenizer: Path, name: str) -> tuple[float, dict, WorkerMemory]:
+def run_command(
+    work: Path, corpus: Path, tokenizer: Path, name: str, pattern: str = "*.jsonl.gz", **inputs: object
+) -> tuple[float, dict, WorkerMemory]:
     """`raypack pack` on the corpus (seq_len 8192, bfd, generated ids): (seconds, metrics.json, memory)."""
     config = {
-        "input": {"paths": [str(corpus / "*.jsonl.gz")], "max_reject_ratio": 0.05},
+        "input": {"paths": [str(corpus / pattern)], "max_reject_ratio": 0.05, **inputs},
         "tokenizer": {"path": str(tokenizer)},
         "pack": {"seq_len": 8192},
         "output": {"path": str(work / f"out-{name}")},
@@ -221,6 +308,12 @@ def main() -> int:
     parser.add_argument("--mb", type=int, nargs="+", default=[130, 500], help="corpus sizes")
     parser.add_argument("--tokenizers", default="demo,large", help="demo, large, or both (comma-separated)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-job")
+    parser.add_argument(
+        "--one-file",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also pack the smallest corpus as one uncompressed JSONL file, whole and in work units",
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     tokenizers = {}
@@ -243,7 +336,10 @@ def main() -> int:
             head.append(text)
             total += len(text.encode())
         for label, tokenizer in tokenizers.items():
+            procs_s, procs_n = processes_seconds(tokenizer, texts)
             fast_s, fast_n = encode_seconds(tokenizer, texts, fast=True)
+            assert procs_n == fast_n, "the shares encoded to other tokens than the whole"
+            limit_s = min(fast_s, procs_s)
             slow_s, slow_n = encode_seconds(tokenizer, head, fast=False)
             head_fast_s, _ = encode_seconds(tokenizer, head, fast=True)
             seconds, metrics, mem = run_command(args.work, corpus, tokenizer, f"{mb}-{label.split()[-1]}")
@@ -253,16 +349,19 @@ def main() -> int:
             uss, rss, title = mem.peak()
             print(
                 f"{mb} MB, {len(texts):,} documents, {shards} shards, {label}: "
-                f"encode_batch_fast {fast_rate / 1e6:.3f} Mtok/s ({fast_s:.1f} s); encode_batch "
+                f"encode_batch_fast {fast_rate / 1e6:.3f} Mtok/s ({fast_s:.1f} s), in {os.cpu_count()} "
+                f"one-thread processes {fast_n / procs_s / 1e6:.3f} Mtok/s ({procs_s:.1f} s); encode_batch "
                 f"{slow_n / slow_s / 1e6:.3f} Mtok/s on the first 65 MB "
                 f"(fast/slow x{slow_s / head_fast_s:.2f}); "
-                f"raypack pack {seconds:.1f} s = {fast_s / seconds:.3f} of encode_batch_fast, "
-                f"tokenize stage {stages['tokenize']:.1f} s = {fast_s / stages['tokenize']:.3f}; "
+                f"raypack pack {seconds:.1f} s = {limit_s / seconds:.3f} of the faster, "
+                f"tokenize stage {stages['tokenize']:.1f} s = {limit_s / stages['tokenize']:.3f}; "
                 f"stages: {', '.join(f'{k} {v:.1f} s' for k, v in stages.items())}; "
                 f"startup and the rest {seconds - sum(stages.values()):.1f} s; largest worker private "
                 f"{uss / 2**20:.0f} MiB ({title}), RSS {rss / 2**20:.0f} MiB",
                 flush=True,
             )
+        if args.one_file and mb == min(args.mb):
+            split_comparison(args.work, mb, texts, next(iter(tokenizers.values())))
     return 0
 
 

@@ -1,6 +1,7 @@
 """The job: the one module that wires the job's Ray stages together (raypack.reader's read_packed is
 the other user of Ray Data, for reading a finished dataset).
 
+    input files ─work_units (large JSONL: scan tasks count lines)─▶ shards (files, or units of one)
     shards ─map_batches(TokenizeShards actors)─▶ token files + per-shard histograms (tokenize, once)
     per-shard histograms ─folded as they arrive (driver)─▶ one histogram per run of shards ─▶ plan
     runs of shards ─assign tasks─▶ pieces ─(merge tasks)─▶ write tasks, a range of files each ─▶ data/
@@ -185,11 +186,14 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     width = _cluster_cpus()
     concurrency = cfg.tokenizer.concurrency or width
     runs = max(1, min(len(shards), width))
-    totals = Totals(shard_runs([s.size for s in shards], runs), runs, cfg.pack.seq_len)
+    weights = _unit_bytes(shards, cfg.input.format)
+    totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len)
     rows = [
         {**dataclasses.asdict(s), "token_dir": token_dir, "key": k} for s, k in zip(shards, keys, strict=True)
     ]
-    shard_ds = _from_items(rows)
+    # Largest first: the last units to start are the shortest, so actors finish close together (the
+    # summaries are folded in any order; nothing downstream depends on it).
+    shard_ds = _from_items([rows[i] for i in sorted(range(len(rows)), key=lambda i: -weights[i])])
 
     with _stage(timings, "tokenize", log):
         summaries = shard_ds.map_batches(
@@ -311,6 +315,16 @@ def _scan(
 ) -> tuple[int, int]:
     with transient(patterns):
         return scan_range(shard, start, stop, storage)
+
+
+def _unit_bytes(shards: list[Shard], fmt: str) -> list[int]:
+    """Input bytes of each work unit: a byte range's length, a Parquet unit's share of its file (its
+    row groups' sizes are not kept), else the file's size."""
+    units: Counter[str] = Counter(s.relpath for s in shards)
+    return [
+        s.unit_stop - s.unit_start if s.split and fmt == "jsonl" else s.size // units[s.relpath]
+        for s in shards
+    ]
 
 
 def _split_files(shards: list[Shard], nodes: list[str]) -> dict[str, dict[str, int]]:

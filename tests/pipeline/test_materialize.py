@@ -35,6 +35,22 @@ def _items(seed: int, docs: int = 300, seq_len: int = 64, rows: int = 7) -> pa.T
     return items_table(doc_table, a.items, keys, local, a.slot, np.full(len(local), seq_len, np.int32))
 
 
+def test_items_carry_their_documents_tokens_chunk_by_chunk() -> None:
+    """items_table's run copy: a document's chunks, in chunk order, are its tokens exactly."""
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 3 * 64, size=300)
+    flat = rng.integers(0, 1000, size=int(lengths.sum())).astype(np.int32)
+    items = _items(seed=3)
+    assert items.num_rows > 300  # some documents were cut into chunks
+    chunks: dict[str, list[tuple[int, list[int]]]] = {}
+    for row in items.select(["doc_id", "chunk", "tokens"]).to_pylist():
+        chunks.setdefault(row["doc_id"], []).append((row["chunk"], row["tokens"]))
+    starts = np.r_[0, np.cumsum(lengths)]
+    for i in range(300):
+        got = [t for _, tokens in sorted(chunks[f"d{i}"]) for t in tokens]
+        assert got == flat[starts[i] : starts[i + 1]].tolist()
+
+
 def test_write_pack_file_bytes_do_not_depend_on_item_order(tmp_path: Path) -> None:
     items = _items(seed=1)
     one_file = items.filter(pa.compute.equal(items.column("file_key"), 0))
