@@ -14,7 +14,6 @@ Reads the output with pyarrow on one machine; memory grows with the number of it
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
@@ -279,7 +278,7 @@ def _check_sample(
     report: VerifyReport,
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
-    from raypack.pipeline.read import read_shard
+    from raypack.pipeline.read import read_shard, unit_from_entry
     from raypack.pipeline.tokenize import encode_documents, load_tokenizer
     from raypack.storage import expand_inputs
 
@@ -291,11 +290,7 @@ def _check_sample(
         if entry["path"] not in found:
             report.add(f"input {entry['path']} (shard {index}) is gone: its documents cannot be checked")
             continue
-        start, stop = entry.get("row_groups") or entry.get("bytes") or (0, -1)
-        first_row = entry.get("first_row", 0)
-        shards[index] = dataclasses.replace(
-            found[entry["path"]], index=index, unit_start=start, unit_stop=stop, first_row=first_row
-        )
+        shards[index] = unit_from_entry(found[entry["path"]], index, entry)
     wanted: dict[int, dict[int, str]] = {}
     for i in picks:
         wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(

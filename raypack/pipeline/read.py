@@ -22,7 +22,16 @@ import pyarrow.parquet as pq
 from raypack.config import InputConfig, StorageConfig
 from raypack.storage import Shard, resolve
 
-__all__ = ["COMPRESSED_SUFFIXES", "Batch", "Reject", "read_shard", "scan_range", "unit_entry", "work_units"]
+__all__ = [
+    "COMPRESSED_SUFFIXES",
+    "Batch",
+    "Reject",
+    "read_shard",
+    "scan_range",
+    "unit_entry",
+    "unit_from_entry",
+    "work_units",
+]
 
 RAW_PREFIX = 200
 # A batch ends at batch_size documents or this much text, whichever comes first. tokenizers keeps
@@ -103,8 +112,8 @@ def work_units(
     speed of storage (GB/s locally; tokenizing runs at ~1 MB/s a core). The same inputs give the same
     units on every machine, so the units' indices name the index and rejects files. A footer that
     cannot be read leaves the file whole: its reader records the reject."""
-    by_bytes = [s for s in shards if _splits_by_bytes(s, cfg)]
-    ranges = [(s, a, b) for s in by_bytes for a, b in _nominal(s.size, cfg.unit_bytes)]
+    nominal = {s.index: _nominal(s.size, cfg.unit_bytes) for s in shards if _splits_by_bytes(s, cfg)}
+    ranges = [(s, a, b) for s in shards for a, b in nominal.get(s.index, [])]
     if scan is None:
         scanned = [scan_range(s, a, b, storage) for s, a, b in ranges]
     else:
@@ -117,9 +126,8 @@ def work_units(
         pieces = [(0, -1, 0)]
         if cfg.format == "parquet" and shard.size > cfg.unit_bytes:
             pieces = _row_group_runs(shard, cfg.unit_bytes, storage) or pieces
-        elif shard.index in found:
-            nominal = _nominal(shard.size, cfg.unit_bytes)
-            pieces = _line_ranges(shard.size, nominal, found[shard.index]) or pieces
+        elif shard.index in nominal:
+            pieces = _line_ranges(shard.size, nominal[shard.index], found[shard.index]) or pieces
         for start, stop, first_row in pieces:
             units.append(
                 dataclasses.replace(
@@ -137,6 +145,14 @@ def unit_entry(shard: Shard, fmt: str, rows: bool = True) -> dict[str, Any]:
     kind = "row_groups" if fmt == "parquet" else "bytes"
     entry: dict[str, Any] = {kind: [shard.unit_start, shard.unit_stop]}
     return entry | ({"first_row": shard.first_row} if rows else {})
+
+
+def unit_from_entry(file: Shard, index: int, entry: dict[str, Any]) -> Shard:
+    """The work unit numbered `index` of `file`, from its manifest entry (unit_entry's inverse)."""
+    start, stop = entry.get("row_groups") or entry.get("bytes") or (0, -1)
+    return dataclasses.replace(
+        file, index=index, unit_start=start, unit_stop=stop, first_row=entry.get("first_row", 0)
+    )
 
 
 # What pyarrow's compression="detect" decompresses (by suffix): a compressed stream can only be read
