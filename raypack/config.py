@@ -168,8 +168,14 @@ class InputConfig:
     """A record (jsonl line, text file, Parquet cell) larger than this is rejected unread. Below it,
     a long document is tokenized piece by piece and split into packs: 256 MiB is ~60M tokens."""
     max_reject_ratio: float = 0.01
-    """The job fails, with nothing written but rejects/, when rejects / (documents + rejects) is over
-    this: a corpus that is mostly bad usually means a wrong input.format or text_field."""
+    """The job fails, with nothing written but rejects/, when rejected records / (documents +
+    rejected records) is over this: a corpus that is mostly bad usually means a wrong input.format
+    or text_field. A lost file counts as all its records (its rows, from a Parquet footer)."""
+    max_lost_files: int = 0
+    """Input files that may be lost whole or in part (an unreadable Parquet file, a missing or
+    mistyped text column, a truncated compressed stream) before the job fails. Default 0: any lost
+    file fails the job, whatever the reject ratio: 400 files of 1,000 with a renamed text column
+    must not pass as 0.0007% of records. Raise it only knowingly; rejects/ names each file."""
     unit_bytes: int = 256 << 20
     """A file larger than this is tokenized in work units of about this many bytes, each a task of
     its own, so one large file spreads over every actor and node: a Parquet file as runs of whole
@@ -185,6 +191,8 @@ class InputConfig:
             raise ConfigError(f"input.empty must be reject or keep, got {self.empty!r}")
         if self.max_document_bytes < 1:
             raise ConfigError(f"input.max_document_bytes must be >= 1, got {self.max_document_bytes}")
+        if self.max_lost_files < 0:
+            raise ConfigError(f"input.max_lost_files must be >= 0, got {self.max_lost_files}")
         if not 0.0 <= self.max_reject_ratio <= 1.0:
             raise ConfigError(f"input.max_reject_ratio must be within [0, 1], got {self.max_reject_ratio}")
         if not self.paths:
@@ -241,8 +249,8 @@ class OutputConfig:
             raise ConfigError("output.path must not be empty")
         if self.shard_rows < 1:
             raise ConfigError(f"output.shard_rows must be >= 1, got {self.shard_rows}")
-        if self.pad_id < 0:
-            raise ConfigError(f"output.pad_id must be >= 0, got {self.pad_id}")
+        if not 0 <= self.pad_id < 2**31:  # input_ids is int32; the job checks it against the vocabulary
+            raise ConfigError(f"output.pad_id must be in 0..2^31-1, got {self.pad_id}")
         if self.keep_versions < 1:
             raise ConfigError(f"output.keep_versions must be >= 1, got {self.keep_versions}")
 
@@ -311,6 +319,16 @@ class JobConfig:
             )
         if self.pack.seq_len < 2:
             raise ConfigError(f"pack.seq_len must be >= 2 for a training sequence, got {self.pack.seq_len}")
+        from raypack.storage import contains, input_base  # storage imports this module
+
+        for pattern in self.input.paths:
+            # The output's data, index and a rebuild's _cache would be read back as inputs next time.
+            if contains(input_base(pattern), self.output.path):
+                raise ConfigError(
+                    f"output.path {self.output.path} lies inside {input_base(pattern)}, where input "
+                    f"{pattern} looks for files: a later run would read the output as input; write it "
+                    "elsewhere"
+                )
         positions = self.output.shard_rows * self.pack.seq_len
         if positions > MAX_FILE_POSITIONS:
             most = MAX_FILE_POSITIONS // self.pack.seq_len

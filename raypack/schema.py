@@ -34,6 +34,9 @@ REJECTS = pa.schema(
         ("row", pa.int64()),  # -1: the whole file
         ("reason", pa.string()),
         ("raw", pa.string()),  # the first 200 characters of the record, as read
+        # Input records the row stands for: 1, or a lost file's (or its unread rest's) rows.
+        ("records", pa.int64()),
+        ("lost_file", pa.bool_()),  # the whole file or its rest was unreadable (input.max_lost_files)
     ]
 )
 

@@ -27,8 +27,11 @@ __all__ = [
     "TMP_PREFIX",
     "Shard",
     "atomic_output",
+    "contains",
     "exists",
     "expand_inputs",
+    "glob_match",
+    "input_base",
     "join",
     "list_dir",
     "open_output",
@@ -55,7 +58,9 @@ def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileS
     # Split by hand: urlsplit would read a `?` glob as the start of a query string.
     scheme, _, rest = path.partition("://")
     bucket = rest.split("/", 1)[0]
-    if "@" in bucket:
+    # s3://KEY:SECRET@bucket (and gs://...) carry credentials; Azure's abfs://container@account does
+    # not (the account is a host name), unless a secret stands before the `@`.
+    if "@" in bucket and (scheme in ("s3", "s3a", "gs", "gcs") or ":" in bucket.split("@", 1)[0]):
         # Never echo the path: it holds a secret.
         raise ConfigError(
             f"a {scheme}:// path holds credentials; set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
@@ -196,16 +201,29 @@ def expand_inputs(
     patterns: tuple[str, ...], root: str | None = None, storage: StorageConfig | None = None
 ) -> list[Shard]:
     """Sorted, de-duplicated files matching the patterns; ConfigError when storage is unreachable or
-    nothing matches (a typo in a glob must not produce an empty dataset)."""
+    nothing matches (a typo in a glob must not produce an empty dataset).
+
+    Globs have the shell's meaning, on local paths and object stores alike: `*`, `?` and `[...]`
+    match within one path segment, `**` as a whole segment matches any number of directories. (With
+    fnmatch, `*` crossed `/`: `corpus/*.jsonl.gz` also took `corpus/holdout/*.jsonl.gz`.) A pattern
+    whose wildcards all sit in its last segment lists one directory, not the tree under it."""
     found: dict[str, tuple[int, int]] = {}
     for pattern in patterns:
         fs, inner = resolve(pattern, storage)
         try:
             # Local and remote paths are listed the same way, through pyarrow's selector.
             if any(c in inner for c in _WILDCARDS):
-                base = inner[: min(inner.find(c) for c in _WILDCARDS if c in inner)].rsplit("/", 1)[0] or "/"
-                infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
-                infos = [i for i in infos if i.type == pafs.FileType.File and _match(i.path, inner)]
+                base, rest = _split_glob(inner)
+                recursive = "/" in rest or "**" in rest
+                selector = pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
+                prefix = base.rstrip("/") + "/"
+                infos = [
+                    i
+                    for i in fs.get_file_info(selector)
+                    if i.type == pafs.FileType.File
+                    and i.path.startswith(prefix)
+                    and glob_match(rest, i.path[len(prefix) :])
+                ]
             else:
                 info = fs.get_file_info(inner)
                 if info.type == pafs.FileType.Directory:
@@ -234,16 +252,64 @@ def expand_inputs(
     return shards
 
 
-def _match(path: str, pattern: str) -> bool:
-    # `**` matches across directories; fnmatch's `*` already does, so only the `**/` form needs help.
-    return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, pattern.replace("**/", ""))
+def _split_glob(inner: str) -> tuple[str, str]:
+    """(the directory before the first segment holding a wildcard, the rest): "a/b/*/c*.gz" ->
+    ("a/b", "*/c*.gz")."""
+    cut = min(inner.find(c) for c in _WILDCARDS if c in inner)
+    slash = inner.rfind("/", 0, cut)
+    if slash < 0:
+        return ".", inner
+    return inner[:slash] or "/", inner[slash + 1 :]
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """Whether relative `path` matches relative glob `pattern`, segment by segment: each segment as
+    fnmatch matches a name (`*`, `?`, `[...]`, never across `/`), and a `**` segment matching zero
+    or more whole segments."""
+    return _match_segments(tuple(pattern.split("/")), tuple(path.split("/")))
+
+
+@functools.lru_cache(maxsize=4096)
+def _match_segments(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not path
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_match_segments(rest, path[k:]) for k in range(len(path) + 1))
+    return bool(path) and fnmatch.fnmatchcase(path[0], head) and _match_segments(rest, path[1:])
+
+
+def input_base(pattern: str) -> str:
+    """The directory (or file) a pattern can match below: its path before the first segment with a
+    wildcard, or the path itself. An output inside it could become an input (job.validate_paths)."""
+    if not any(c in pattern for c in _WILDCARDS):
+        return pattern.rstrip("/") or "/"
+    if is_uri(pattern):
+        scheme, _, rest = pattern.partition("://")
+        base, _ = _split_glob(rest)
+        return f"{scheme}://{base}"
+    base, _ = _split_glob(pattern)
+    return base
+
+
+def contains(outer: str, inner: str) -> bool:
+    """True when path `inner` is `outer` or lies below it (same scheme; local paths made absolute)."""
+
+    def norm(p: str) -> tuple[str, str]:
+        if is_uri(p):
+            scheme, _, rest = p.partition("://")
+            scheme = "s3" if scheme == "s3a" else scheme
+            return scheme, posixpath.normpath("/" + rest)
+        return "", os.path.abspath(p)
+
+    (s1, a), (s2, b) = norm(outer), norm(inner)
+    return s1 == s2 and (b == a or b.startswith(a.rstrip("/") + "/"))
 
 
 def _root_of(pattern: str, storage: StorageConfig | None) -> str:
     fs, inner = resolve(pattern, storage)
     if any(c in inner for c in _WILDCARDS):
-        cut = min(pattern.find(c) for c in _WILDCARDS if c in pattern)
-        return pattern[:cut].rsplit("/", 1)[0] or "/"
+        return input_base(pattern)
     if fs.get_file_info(inner).type == pafs.FileType.Directory:
         return pattern
     return pattern.rsplit("/", 1)[0] if "/" in pattern else "."

@@ -12,7 +12,12 @@ def format_summary(result: JobResult) -> str:
     m = result.metrics
     rows = [
         ("output", result.output),
-        ("documents", f"{result.documents:,} ({result.rejects:,} records rejected, see rejects/)"),
+        ("documents", f"{result.documents:,} ({result.rejected_records:,} records rejected, see rejects/)"),
+        *(
+            [("lost files", f"{result.lost_files:,} input files unreadable whole or in part (allowed)")]
+            if result.lost_files
+            else []
+        ),
         *(
             [("rejects", ", ".join(f"{kind}: {n:,}" for kind, n in result.reject_reasons.items()))]
             if result.reject_reasons

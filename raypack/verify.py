@@ -6,7 +6,9 @@ Checks, each failure naming the file, pack or document:
   num_tokens, one doc id and chunk index per item, padding positions hold pad_id;
 - every document of the index is present exactly once: chunks 0..k-1 each once, their tokens adding up
   to what the document placed (its full length under overflow=split);
-- totals equal the manifest's counts;
+- totals equal the manifest's counts, and rejects/ holds the rejects, rejected records and lost
+  files the manifest counts (a lost file counts as its records: it is reported apart, never as one
+  bad record among millions);
 - with the job config: a sample of documents is re-read from the input and re-tokenized, and its
   tokens must equal the output's, chunk after chunk.
 Reads the output with pyarrow on one machine; memory grows with the number of items.
@@ -46,6 +48,13 @@ class VerifyReport:
     sampled: int = 0
     duplicate_ids: int = 0
     """Ids that more than one input document carries (each occurrence checked; not sampled)."""
+    rejected_records: int = 0
+    """Input records in rejects/ (a lost file counts as its rows)."""
+    lost_files: list[str] = field(default_factory=list)
+    """Input files lost whole or in part (allowed by input.max_lost_files when the job ran)."""
+    warnings: list[str] = field(default_factory=list)
+    """Not failures: e.g. inputs changed since the dataset was made (the sample is then re-read from
+    the files as they are now)."""
 
     @property
     def ok(self) -> bool:
@@ -101,9 +110,38 @@ def verify(
             report.add(f"manifest counts {counts[key]} {key}, the output holds {got}")
     if counts["tokens"] != report.tokens:
         report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
+    _check_rejects(output, counts, report, storage)
     if config is not None and items is not None and report.ok:
         _check_sample(config, manifest, docs, picks, pieces, report)
     return report
+
+
+def _check_rejects(
+    output: str, counts: dict[str, Any], report: VerifyReport, storage: StorageConfig | None
+) -> None:
+    """rejects/ against the manifest: rows, the records they stand for, and the lost files by name."""
+    rows = records = 0
+    for shard in range(int(counts["shards"])):
+        path = join(output, "rejects", f"shard-{shard:06d}.parquet")
+        if not exists(path, storage):
+            continue
+        table = pq.read_table(pa.BufferReader(read_bytes(path, storage)))
+        rows += table.num_rows
+        if "records" not in table.column_names:  # written before rejects counted records
+            records += table.num_rows
+            continue
+        records += int(pc.sum(table.column("records")).as_py() or 0)
+        lost = table.filter(table.column("lost_file"))
+        sources, reasons = lost["source"].to_pylist(), lost["reason"].to_pylist()
+        report.lost_files += [f"{s} ({r})" for s, r in zip(sources, reasons, strict=True)]
+    report.rejected_records = records
+    if rows != int(counts["rejects"]):
+        report.add(f"manifest counts {counts['rejects']} rejects, rejects/ holds {rows}")
+    if "rejected_records" in counts and records != int(counts["rejected_records"]):
+        report.add(f"manifest counts {counts['rejected_records']} rejected records, rejects/ holds {records}")
+    if "lost_files" in counts and len(report.lost_files) != int(counts["lost_files"]):
+        named = len(report.lost_files)
+        report.add(f"manifest counts {counts['lost_files']} lost files, rejects/ names {named}")
 
 
 def _pick_sample(docs: pa.Table, shared: pa.ChunkedArray, sample: int, seed: int) -> list[int]:
@@ -286,11 +324,27 @@ def _check_sample(
     # read every large JSONL file whole to count its lines.
     found = {s.relpath: s for s in expand_inputs(config.input.paths, config.input.root, config.storage)}
     shards: dict[int, Shard] = {}
+    drifted: list[str] = []
     for index, entry in enumerate(manifest["inputs"]):
         if entry["path"] not in found:
             report.add(f"input {entry['path']} (shard {index}) is gone: its documents cannot be checked")
             continue
-        shards[index] = unit_from_entry(found[entry["path"]], index, entry)
+        now = found[entry["path"]]
+        if (now.size, now.mtime_ns) != (entry["size"], entry["mtime_ns"]) and entry["path"] not in drifted:
+            drifted.append(entry["path"])
+        shards[index] = unit_from_entry(now, index, entry)
+    if drifted:
+        report.warnings.append(
+            f"{len(drifted):,} inputs changed since the dataset was made (size or modification time), "
+            f"e.g. {', '.join(drifted[:3])}: the sample re-reads them as they are now, so a difference "
+            "there may be the input's, not the dataset's; a rebuild brings the dataset up to date"
+        )
+    new = sorted(set(found) - {e["path"] for e in manifest["inputs"]})
+    if new:
+        report.warnings.append(
+            f"{len(new):,} files match input.paths now that the dataset does not hold, e.g. "
+            f"{', '.join(new[:3])}"
+        )
     wanted: dict[int, dict[int, str]] = {}
     for i in picks:
         wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(

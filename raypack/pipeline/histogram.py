@@ -78,6 +78,9 @@ class Totals:
         self.tokens = np.zeros(len(run_of_shard), dtype=np.int64)
         self.stats = DocStats()
         self.documents = self.rejects = self.reused = 0
+        self.rejected_records = 0
+        """Input records the rejects stand for: a lost file counts as its rows (read.Reject)."""
+        self.lost_files = 0
         self.reasons: Counter[str] = Counter()
         self._seen = np.zeros(len(run_of_shard), dtype=bool)
         self.nodes = [""] * len(run_of_shard)
@@ -96,6 +99,8 @@ class Totals:
         self.stats = self.stats + stats
         self.documents += int(row["documents"])
         self.rejects += int(row["rejects"])
+        self.rejected_records += int(row["rejected_records"])
+        self.lost_files += int(row["lost_files"])
         self.reused += bool(row["cached"])
         self.nodes[shard] = str(row.get("node", ""))
         self.reasons.update(json.loads(row["reasons"]))

@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+import pyarrow.fs as pafs
 
 from raypack import __version__, schema
 from raypack.config import JobConfig, StorageConfig
@@ -63,10 +64,12 @@ from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
 from raypack.report.model import REPORT
 from raypack.storage import (
+    TMP_PREFIX,
     Shard,
     exists,
     expand_inputs,
     join,
+    list_dir,
     remove,
     write_bytes,
     write_bytes_atomic,
@@ -107,7 +110,11 @@ class JobResult:
     token_keys: tuple[str, ...] = ()
     """Cache keys of this run's token files, in shard order (a rebuild prunes the others)."""
     reject_reasons: dict[str, int] = field(default_factory=dict)
-    """Rejected records by kind of reason."""
+    """Rejects by kind of reason."""
+    rejected_records: int = 0
+    """Input records the rejects stand for (a lost file: its rows, or at least 1)."""
+    lost_files: int = 0
+    """Input files lost whole or in part (each one of the rejects; allowed by input.max_lost_files)."""
     duplicates: Duplicates | None = None
     report: str | None = None
     """The report.html written next to the data; None if it could not be (the job's log says why)."""
@@ -174,6 +181,13 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     out, storage = cfg.output.path, cfg.storage
     # Everything that can be wrong with the config or the environment fails here, before any work.
     tok = load_tokenizer(cfg.tokenizer, storage)
+    if cfg.output.pad_id >= tok.vocab_size:
+        # An embedding lookup of pad_id would fail (or read past the table) in the trainer.
+        raise ConfigError(
+            f"output.pad_id {cfg.output.pad_id} is not a token of the tokenizer (vocabulary of "
+            f"{tok.vocab_size:,}: ids 0..{tok.vocab_size - 1}); use one of its ids, e.g. its EOS "
+            f"({tok.eos_id})"
+        )
     inputs = expand_inputs(cfg.input.paths, cfg.input.root, storage)
     _check_output(out, storage, overwrite)
     _clear_output(out, storage)
@@ -207,7 +221,8 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
             totals.add(row)
     totals.check_complete()
     reused, documents, rejects, reasons = totals.reused, totals.documents, totals.rejects, totals.reasons
-    _check_rejects(cfg, documents, rejects, reasons, staging)
+    lost = {"rejected_records": totals.rejected_records, "lost_files": totals.lost_files}
+    _check_rejects(cfg, documents, totals.rejected_records, totals.lost_files, reasons, staging)
 
     with _stage(timings, "histogram", log):
         hist, stats = totals.histogram(), totals.stats
@@ -265,6 +280,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
                     "stage_seconds": timings,
                     "shards": {"reused": reused, "tokenized": len(shards) - reused},
                     "rejects_by_reason": dict(sorted(reasons.items())),
+                    **lost,
                     "duplicate_ids": dataclasses.asdict(duplicates),
                     "split_files": _split_files(shards, totals.nodes),
                     "document_lengths": _length_distribution(stats),
@@ -277,6 +293,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         )
         manifest = _manifest(cfg, shards, tok, packs, files, documents, rejects, stats.items, stats.tokens)
         manifest["counts"]["rejects_by_reason"] = dict(sorted(reasons.items()))
+        manifest["counts"].update(lost)
         manifest["counts"]["duplicate_ids"] = duplicates.ids
         manifest["counts"]["documents_with_duplicate_ids"] = duplicates.documents
         write_bytes_atomic(join(out, MANIFEST), json.dumps(manifest, indent=2).encode(), storage)
@@ -294,6 +311,8 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         shards_tokenized=len(shards) - reused,
         token_keys=keys,
         reject_reasons=dict(sorted(reasons.items())),
+        rejected_records=totals.rejected_records,
+        lost_files=totals.lost_files,
         duplicates=duplicates,
         report=report,
         comparison=tuple(PackingMetrics.from_dict(c["metrics"]) for c in comparison),
@@ -382,9 +401,12 @@ def _write_report(out: str, storage: StorageConfig, log: Callable[[str], None]) 
 _EXAMPLES = 20
 
 
-def _check_rejects(cfg: JobConfig, documents: int, rejects: int, reasons: Counter[str], staging: str) -> None:
-    """Fail when nothing is left to pack or more than input.max_reject_ratio of the records is bad
-    (rejects/ stays, for the user to look at; staged tokens go)."""
+def _check_rejects(
+    cfg: JobConfig, documents: int, rejects: int, lost_files: int, reasons: Counter[str], staging: str
+) -> None:
+    """Fail when nothing is left to pack, when more input files were lost than input.max_lost_files
+    allows, or when more than input.max_reject_ratio of the records is bad; `rejects` counts records
+    (a lost file: its rows). rejects/ stays, for the user to look at; staged tokens go."""
     records = documents + rejects
     ratio = rejects / records if records else 0.0
     where = join(cfg.output.path, "rejects")
@@ -392,6 +414,13 @@ def _check_rejects(cfg: JobConfig, documents: int, rejects: int, reasons: Counte
     if documents == 0:
         remove(staging, cfg.storage)
         raise JobError(f"no documents to pack: {rejects:,} records rejected: {top} (see {where})")
+    if lost_files > cfg.input.max_lost_files:
+        remove(staging, cfg.storage)
+        raise JobError(
+            f"{lost_files:,} input files could not be read whole (unreadable, or no readable text "
+            f"column), over input.max_lost_files ({cfg.input.max_lost_files:,}): {top}; see {where} "
+            "for each file, or allow them with input.max_lost_files"
+        )
     if ratio > cfg.input.max_reject_ratio:
         remove(staging, cfg.storage)
         raise JobError(
@@ -416,9 +445,12 @@ def _check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
 
 def _clear_output(out: str, storage: StorageConfig) -> None:
     """Remove a previous dataset, manifest first, so a crash mid-way never leaves one that looks
-    complete."""
+    complete; and the `.tmp-*` files a killed run's atomic writes left (storage.atomic_output)."""
     for part in _OUTPUT_PARTS:
         remove(join(out, part), storage)
+    for info in list_dir(out, storage):
+        if info.type == pafs.FileType.File and info.base_name.startswith(TMP_PREFIX):
+            remove(join(out, info.base_name), storage)
 
 
 def _file_rows(packs: int, shard_rows: int) -> list[int]:

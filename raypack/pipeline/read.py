@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from raypack.config import InputConfig, StorageConfig
+from raypack.errors import ConfigError
 from raypack.storage import Shard, resolve
 
 __all__ = [
@@ -50,6 +51,12 @@ class Reject:
     row: int
     reason: str
     raw: str
+    records: int = 1
+    """Input records this reject stands for: 1 for a bad record; for a lost file (or the unread rest
+    of one), its rows as its Parquet footer counts them, or 1 (at least) where nothing says more."""
+    lost_file: bool = False
+    """A whole file, or its rest, could not be read: a corpus problem, not a bad record. The job
+    fails on one unless input.max_lost_files allows it."""
 
 
 @dataclass(slots=True)
@@ -112,6 +119,7 @@ def work_units(
     speed of storage (GB/s locally; tokenizing runs at ~1 MB/s a core). The same inputs give the same
     units on every machine, so the units' indices name the index and rejects files. A footer that
     cannot be read leaves the file whole: its reader records the reject."""
+    _check_unit_count(shards, cfg)
     nominal = {s.index: _nominal(s.size, cfg.unit_bytes) for s in shards if _splits_by_bytes(s, cfg)}
     ranges = [(s, a, b) for s in shards for a, b in nominal.get(s.index, [])]
     if scan is None:
@@ -135,6 +143,27 @@ def work_units(
                 )
             )
     return units
+
+
+# Work units that splitting files may make in all (files kept whole are not counted: a corpus of many
+# files is fine). Each is a task, a token file, an index file: input.unit_bytes=256 cut a 1 GB file
+# into ~4M of them.
+MAX_SPLIT_UNITS = 100_000
+
+
+def _check_unit_count(shards: list[Shard], cfg: InputConfig) -> None:
+    """ConfigError, before any work, when input.unit_bytes would cut the uncompressed JSONL files into
+    more than MAX_SPLIT_UNITS byte ranges. (A Parquet file makes at most one unit a row group, which
+    its writer bounded.)"""
+    splits = [s.size for s in shards if _splits_by_bytes(s, cfg)]
+    units = sum(-(-size // cfg.unit_bytes) for size in splits)
+    if units > MAX_SPLIT_UNITS:
+        least = -(-sum(splits) // MAX_SPLIT_UNITS)
+        raise ConfigError(
+            f"input.unit_bytes={cfg.unit_bytes:,} would cut {len(splits):,} files into {units:,} work "
+            f"units (a task and files each), over {MAX_SPLIT_UNITS:,}: set input.unit_bytes >= {least:,} "
+            f"(the default is {256 << 20:,})"
+        )
 
 
 def unit_entry(shard: Shard, fmt: str, rows: bool = True) -> dict[str, Any]:
@@ -335,8 +364,10 @@ def _read_jsonl(
     except (OSError, pa.ArrowInvalid, EOFError) as e:
         if not _is_bad_data(e):
             raise
-        # A truncated or corrupt compressed stream: keep what was read, record where it broke.
-        batch.rejects.append(Reject(last + 1, f"unreadable shard after line {last}: {_one_line(e)}", ""))
+        # A truncated or corrupt compressed stream: keep what was read, record where it broke. How
+        # many records the rest held is unknown: at least one.
+        reason = f"unreadable shard after line {last}: {_one_line(e)}"
+        batch.rejects.append(Reject(last + 1, reason, "", lost_file=True))
     if len(batch) or batch.rejects:
         yield batch
 
@@ -392,6 +423,9 @@ def _document(
 def _read_parquet(
     fs: pafs.FileSystem, inner: str, shard: Shard, cfg: InputConfig, batch_size: int
 ) -> Iterator[Batch]:
+    """A lost file or column counts as the rows its footer gives (the unit's rows for a unit of a
+    split file; the whole file's, recorded once, in its first unit), so the reject ratio sees 100k
+    lost records, not one."""
     text_field, id_field = cfg.text_field, cfg.id_field
     # A file split into work units (work_units) records a whole-file reject once, in its first unit.
     first_unit = shard.unit_start == 0
@@ -401,28 +435,33 @@ def _read_parquet(
         if not _is_bad_data(e):
             raise
         if first_unit:
-            yield Batch(rejects=[Reject(-1, f"unreadable Parquet file: {_one_line(e)}", "")])
+            reason = f"unreadable Parquet file: {_one_line(e)}"
+            yield Batch(rejects=[Reject(-1, reason, "", lost_file=True)])
         return
+    groups = None if shard.unit_stop < 0 else list(range(shard.unit_start, shard.unit_stop))
+    meta = pf.metadata
+    unit_rows = meta.num_rows if groups is None else sum(meta.row_group(g).num_rows for g in groups)
     names = pf.schema_arrow.names
     missing = [c for c in (text_field, id_field) if c is not None and c not in names]
     if missing:
         reason = f"Parquet file has no column {missing[0]!r} (columns: {', '.join(names)})"
         if first_unit:
-            yield Batch(rejects=[Reject(-1, reason, "")])
+            yield Batch(rejects=[Reject(-1, reason, "", records=max(1, meta.num_rows), lost_file=True)])
+        return
+    text_type = pf.schema_arrow.field(text_field).type
+    if not _is_text(text_type):
+        if first_unit:
+            reason = f"column {text_field!r} is {text_type}, not a string"
+            yield Batch(rejects=[Reject(-1, reason, "", records=max(1, meta.num_rows), lost_file=True)])
         return
     columns = [text_field] + ([id_field] if id_field else [])
-    groups = None if shard.unit_stop < 0 else list(range(shard.unit_start, shard.unit_stop))
     row = shard.first_row
     try:
         for record_batch in pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups):
             batch = Batch()
             texts = record_batch.column(text_field)
             if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
-                if first_unit:
-                    reason = f"column {text_field!r} is {texts.type}, not a string"
-                    batch.rejects.append(Reject(-1, reason, ""))
-                    yield batch
-                return
+                texts = texts.cast(pa.large_string())  # dictionary-encoded or string_view (_is_text)
             ids = record_batch.column(id_field).to_pylist() if id_field else None
             for i, text in enumerate(texts.to_pylist()):
                 record: dict[str, object] = {text_field: text}
@@ -436,7 +475,17 @@ def _read_parquet(
     except (OSError, pa.ArrowInvalid) as e:
         if not _is_bad_data(e):
             raise
-        yield Batch(rejects=[Reject(row, f"unreadable Parquet data after row {row - 1}: {_one_line(e)}", "")])
+        lost = max(1, shard.first_row + unit_rows - row)
+        reason = f"unreadable Parquet data after row {row - 1}: {_one_line(e)}"
+        yield Batch(rejects=[Reject(row, reason, "", records=lost, lost_file=True)])
+
+
+def _is_text(t: pa.DataType) -> bool:
+    """A column raypack reads as text: string, large_string, string_view, or a dictionary of them
+    (pyarrow writes categorical columns so)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
 
 
 def _read_text(fs: pafs.FileSystem, inner: str, shard: Shard, cfg: InputConfig) -> Batch:

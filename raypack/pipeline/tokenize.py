@@ -125,8 +125,11 @@ def encode_flat(
 
 # Bump when the token file layout or what goes into a key changes: old cache entries then miss.
 # 2: keyed on input.empty, input.max_document_bytes and the piece size too; written in place.
-TOKEN_FORMAT = 2
+# 3: keyed on the tokenizer library's version; rejects count records and lost files (footer JSON).
+TOKEN_FORMAT = 3
 # Footer key, written last: a token file without it is unfinished (see TokenizeShards._tokenize).
+# Its value: {"rejects": rows of the rejects file, "records": input records they stand for,
+# "lost_files": files (or rests of files) that could not be read}.
 _DONE = b"raypack.rejects"
 
 
@@ -134,9 +137,11 @@ def token_settings(cfg: JobConfig, tok: LoadedTokenizer) -> dict[str, Any]:
     """Everything besides the shard's bytes that decides its token file: a change in any of these must
     re-tokenize (a rebuild reuses a cached file only when all of them and the shard are unchanged).
     input.empty and input.max_document_bytes decide document or reject; PIECE_CHARS where a long
-    text is cut for encoding (its tokens may differ at a cut with no space)."""
+    text is cut for encoding (its tokens may differ at a cut with no space). The library that
+    encodes, by name and version: an upgrade may change ids (a rebuild must not mix old and new)."""
     return {
         "token_format": TOKEN_FORMAT,
+        "library": tokenizer_library(),
         "format": cfg.input.format,
         "text_field": cfg.input.text_field,
         "id_field": cfg.input.id_field,
@@ -147,6 +152,12 @@ def token_settings(cfg: JobConfig, tok: LoadedTokenizer) -> dict[str, Any]:
         "bos_id": tok.bos_id if cfg.tokenizer.add_bos else None,
         "eos_id": tok.eos_id if cfg.tokenizer.add_eos else None,
     }
+
+
+def tokenizer_library() -> str:
+    import tokenizers
+
+    return f"tokenizers {tokenizers.__version__}"
 
 
 def token_key(shard: Shard, settings: dict[str, Any]) -> str:
@@ -206,6 +217,8 @@ class TokenizeShards:
             "documents": [],
             "tokens": [],
             "rejects": [],
+            "rejected_records": [],
+            "lost_files": [],
             "reasons": [],
             "lengths": [],
             "counts": [],
@@ -235,6 +248,8 @@ class TokenizeShards:
             "documents": np.asarray(out["documents"], dtype=np.int64),
             "tokens": np.asarray(out["tokens"], dtype=np.int64),
             "rejects": np.asarray(out["rejects"], dtype=np.int64),
+            "rejected_records": np.asarray(out["rejected_records"], dtype=np.int64),
+            "lost_files": np.asarray(out["lost_files"], dtype=np.int64),
             "reasons": np.asarray(out["reasons"], dtype=object),
             "lengths": out["lengths"],
             "counts": out["counts"],
@@ -249,17 +264,16 @@ class TokenizeShards:
         finished = self._read_cached(path)
         cached = finished is not None
         if finished is not None:
-            docs, n_rejects = finished
+            docs, lost = finished
             reasons: list[str] = []
-            if n_rejects:
+            if lost["rejects"]:
                 data = read_bytes(cached_rejects_file(token_dir, key), self.storage)
                 write_bytes(rejects_path(self.cfg.output.path, shard.index), data, self.storage)
                 reasons = (
                     pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
                 )
         else:
-            docs, reasons = self._tokenize(shard, path, cached_rejects_file(token_dir, key))
-            n_rejects = len(reasons)
+            docs, reasons, lost = self._tokenize(shard, path, cached_rejects_file(token_dir, key))
         doc_length = docs.column("length").to_numpy()
         summary = summarize_shard(
             self.cfg,
@@ -272,14 +286,16 @@ class TokenizeShards:
             "cached": cached,
             "documents": len(doc_length),
             "tokens": int(doc_length.sum()),
-            "rejects": n_rejects,
+            "rejects": lost["rejects"],
+            "rejected_records": lost["records"],
+            "lost_files": lost["lost_files"],
             "reasons": json.dumps(reason_counts(reasons)),
             **summary,
         }
 
-    def _read_cached(self, path: str) -> tuple[pa.Table, int] | None:
-        """A finished token file's documents and rejects count; None when there is none (absent, cut
-        short by a killed writer, or closed without its completion key by an error)."""
+    def _read_cached(self, path: str) -> tuple[pa.Table, dict[str, int]] | None:
+        """A finished token file's documents and reject counts (_DONE); None when there is none
+        (absent, cut short by a killed writer, or closed without its completion key by an error)."""
         if not exists(path, self.storage):
             return None
         fs, inner = resolve(path, self.storage)
@@ -292,9 +308,11 @@ class TokenizeShards:
                 docs = pf.read(columns=["row", "doc_id", "length"])
         except pa.ArrowInvalid:  # no footer: a local file whose writer was killed
             return None
-        return docs, int(meta[_DONE])
+        return docs, json.loads(meta[_DONE])
 
-    def _tokenize(self, shard: Shard, path: str, cached_rejects: str) -> tuple[pa.Table, list[str]]:
+    def _tokenize(
+        self, shard: Shard, path: str, cached_rejects: str
+    ) -> tuple[pa.Table, list[str], dict[str, int]]:
         """Tokenize the shard into `path`; rejects go beside it and into the output.
 
         The file is written in place, not to a temporary name then moved: on S3 a move is a
@@ -309,7 +327,14 @@ class TokenizeShards:
         with open_output(path, self.storage) as sink, pq.ParquetWriter(sink, schema.TOKENIZED) as writer:
             for batch in read_shard(shard, cfg.input, cfg.tokenizer.batch_size, self.storage):
                 rejects.extend(
-                    {"source": shard.relpath, "row": r.row, "reason": r.reason, "raw": r.raw}
+                    {
+                        "source": shard.relpath,
+                        "row": r.row,
+                        "reason": r.reason,
+                        "raw": r.raw,
+                        "records": r.records,
+                        "lost_file": r.lost_file,
+                    }
                     for r in batch.rejects
                 )
                 if len(batch):
@@ -324,9 +349,14 @@ class TokenizeShards:
                     pq.write_table(table, f)
                 with open_output(rejects_path(cfg.output.path, shard.index), self.storage) as f:
                     pq.write_table(table, f)
-            writer.add_key_value_metadata({_DONE.decode(): str(len(rejects))})
+            lost = {
+                "rejects": len(rejects),
+                "records": sum(r["records"] for r in rejects),
+                "lost_files": sum(r["lost_file"] for r in rejects),
+            }
+            writer.add_key_value_metadata({_DONE.decode(): json.dumps(lost)})
         empty = schema.TOKENIZED.empty_table().select(["row", "doc_id", "length"])
-        return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects]
+        return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost
 
     def _encode(self, batch: Batch, relpath: str, rejects: list[dict[str, Any]]) -> pa.Table:
         flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts)
@@ -335,7 +365,14 @@ class TokenizeShards:
             for i in empty.tolist():
                 reason = "tokenizes to zero tokens"
                 rejects.append(
-                    {"source": relpath, "row": batch.rows[i], "reason": reason, "raw": batch.texts[i][:200]}
+                    {
+                        "source": relpath,
+                        "row": batch.rows[i],
+                        "reason": reason,
+                        "raw": batch.texts[i][:200],
+                        "records": 1,
+                        "lost_file": False,
+                    }
                 )
             keep = np.flatnonzero(lengths > 0).tolist()
             lengths = lengths[keep]

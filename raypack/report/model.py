@@ -73,6 +73,8 @@ class Report:
     stage_seconds: dict[str, float] = field(default_factory=dict)
     documents: int = 0
     rejects: int = 0
+    """Rejected input records (a lost file counts as its rows)."""
+    lost_files: int = 0
     rejects_by_reason: dict[str, int] = field(default_factory=dict)
     reject_examples: tuple[dict[str, Any], ...] = ()
     """source, row, reason and the first characters of the record, for the first few rejects."""
@@ -145,7 +147,8 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
         runs=(Run(metrics, _fill(dataset, doc)), *compared),
         stage_seconds={str(k): float(v) for k, v in doc.get("stage_seconds", {}).items()},
         documents=int(counts["documents"]),
-        rejects=int(counts["rejects"]),
+        rejects=int(counts.get("rejected_records", counts["rejects"])),
+        lost_files=int(counts.get("lost_files", 0)),
         rejects_by_reason=reasons,
         reject_examples=_reject_examples(dataset, storage) if counts["rejects"] else (),
         notes=_notes(doc, metrics),

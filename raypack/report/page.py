@@ -156,7 +156,16 @@ def _rejects(report: Report) -> str:
     parts = [
         f"<p>{report.rejects:,} of {total:,} input records ({share:.3f}%) were rejected; each is in "
         "<code>rejects/</code> with its source, row, reason and first characters.</p>",
-        '<table><tr><th>reason</th><th class="num">records</th></tr>',
+        *(
+            [
+                f"<p><strong>{report.lost_files:,} input files were lost</strong> whole or in part "
+                "(unreadable, or no readable text column); their records are counted above, and "
+                "<code>rejects/</code> names each file.</p>"
+            ]
+            if report.lost_files
+            else []
+        ),
+        '<table><tr><th>reason</th><th class="num">rejects</th></tr>',
         *(
             f'<tr><td>{_e(k)}</td><td class="num">{v:,}</td></tr>'
             for k, v in sorted(report.rejects_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -170,6 +179,8 @@ def _rejects(report: Report) -> str:
         )
         for ex in report.reject_examples:
             row = "whole file" if int(ex.get("row", -1)) < 0 else f"{int(ex['row']):,}"
+            if ex.get("lost_file"):
+                row += f" (lost: {int(ex.get('records', 1)):,} records)"
             parts.append(
                 f"<tr><td>{_e(ex.get('source', ''))}</td><td class='num'>{row}</td>"
                 f"<td>{_e(ex.get('reason', ''))}</td><td class='raw'>{_e(ex.get('raw', ''))}</td></tr>"

@@ -65,7 +65,8 @@ def test_every_kind_of_bad_jsonl_record_is_a_reject_and_every_good_token_is_pack
                 tmp_path,
                 f"{corpus}/*",
                 tokenizer_path,
-                input={"max_reject_ratio": 0.2, "max_document_bytes": 10_000},
+                # The two truncated streams are lost files (their rests unread): allowed here.
+                input={"max_reject_ratio": 0.2, "max_document_bytes": 10_000, "max_lost_files": 2},
             )
         )
     )
@@ -88,6 +89,10 @@ def test_every_kind_of_bad_jsonl_record_is_a_reject_and_every_good_token_is_pack
     assert len(broken) == 2 and all(r.startswith("unreadable shard after line") for r in broken)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["counts"]["rejects"] == len(rejects) == result.rejects == len(bad) + 2
+    assert manifest["counts"]["lost_files"] == result.lost_files == 2
+    assert sorted(r["source"] for r in rejects if r["lost_file"]) == ["b.jsonl.gz", "c.jsonl.zst"]
+    # A truncated stream's rest counts as at least one record.
+    assert manifest["counts"]["rejected_records"] == result.rejected_records == len(bad) + 2
     assert sum(manifest["counts"]["rejects_by_reason"].values()) == len(rejects)
     # Token conservation against an independent count: every good document that could be read
     # (all of a.jsonl's, and the readable head of each damaged shard) is packed with all its tokens.
@@ -139,15 +144,22 @@ def test_a_parquet_corpus_with_a_wrong_schema_file_and_a_non_parquet_file(
     cfg = job_config(
         tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "parquet", "max_reject_ratio": 0.1}
     )
-    result = run_job(load_config(str(cfg)), log=quiet)
-    assert (result.documents, result.rejects) == (80, 3)
-    reasons = sorted(str(r["reason"]).split(":")[0] for r in _rejects(tmp_path / "out"))
-    assert reasons == [
-        "Parquet file has no column 'text' (columns",
-        "column 'text' is int64, not a string",
-        "unreadable Parquet file",
+    # Three files lost whole: the job fails unless they are allowed, whatever the ratio.
+    with pytest.raises(
+        JobError, match=r"^3 input files could not be read whole .* input.max_lost_files \(0\)"
+    ):
+        run_job(load_config(str(cfg)), log=quiet)
+    result = run_job(load_config(str(cfg), ["input.max_lost_files=3"]), overwrite=True, log=quiet)
+    # Each lost file counts as its rows (3 and 2 from their footers; 1 for one without a footer).
+    assert (result.documents, result.rejects, result.rejected_records, result.lost_files) == (80, 3, 6, 3)
+    rejects = _rejects(tmp_path / "out")
+    assert sorted((str(r["reason"]).split(":")[0], r["records"], r["lost_file"]) for r in rejects) == [
+        ("Parquet file has no column 'text' (columns", 3, True),
+        ("column 'text' is int64, not a string", 2, True),
+        ("unreadable Parquet file", 1, True),
     ]
-    assert verify(str(tmp_path / "out")).ok
+    report = verify(str(tmp_path / "out"))
+    assert report.ok and len(report.lost_files) == 3 and report.rejected_records == 6
 
 
 @pytest.mark.parametrize("mode", ["global", "sharded"])  # counted in the exchange / from the index
@@ -223,3 +235,43 @@ def test_a_job_where_every_record_is_bad_says_so(tmp_path: Path, tokenizer_path:
         JobError, match=r"no documents to pack: 3 records rejected: missing text field 'text' \(3\)"
     ):
         run_job(cfg, log=quiet)
+
+
+def test_files_with_a_renamed_text_column_count_as_all_their_rows_and_fail_the_job(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """4 of 10 Parquet files with the text column renamed: 40% of the corpus. Counted as one reject a
+    file, that was 4 of 1,204 records (0.33%, under the default 1%): exit 0, 800 records missing."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(6)
+    for k in range(10):
+        column = "content" if k % 3 == 0 else "text"  # files 0, 3, 6, 9
+        write_parquet(corpus / f"part-{k:02d}.parquet", {column: [random_text(rng, 5) for _ in range(200)]})
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "parquet"})
+    assert main(["pack", str(cfg)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("raypack: job failed: 4 input files could not be read whole")
+    assert "input.max_lost_files (0)" in err
+    # Allowing the files does not hide them from the ratio: 800 of 2,000 records.
+    assert main(["pack", str(cfg), "--set", "input.max_lost_files=4"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("raypack: job failed: 800 of 2,000 records rejected (40.00%)")
+
+
+def test_dictionary_and_string_view_text_columns_are_read(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(7)
+    texts = [random_text(rng, 30) for _ in range(60)]
+    pq.write_table(pa.table({"text": pa.array(texts[:20]).dictionary_encode()}), corpus / "a.parquet")
+    pq.write_table(pa.table({"text": pa.array(texts[20:40]).cast(pa.string_view())}), corpus / "b.parquet")
+    pq.write_table(pa.table({"text": pa.array(texts[40:], pa.large_string())}), corpus / "c.parquet")
+    assert pq.read_schema(corpus / "a.parquet").field("text").type.value_type == pa.string()
+    assert pq.read_schema(corpus / "b.parquet").field("text").type == pa.string_view()
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "parquet"})))
+    result = run_job(cfg, log=quiet)
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    assert (result.documents, result.rejects) == (60, 0)
+    assert result.metrics.tokens == sum(len(tok.encode(t, add_special_tokens=False).ids) + 1 for t in texts)
+    assert verify(str(tmp_path / "out"), cfg, sample=60).ok

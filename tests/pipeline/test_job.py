@@ -167,7 +167,10 @@ def test_rejects_are_recorded_and_an_existing_dataset_needs_overwrite(
         assert f"<td>a.jsonl</td><td class='num'>{r['row']}</td><td>{r['reason']}</td>" in page
     with pytest.raises(ConfigError, match="already holds a dataset"):
         run_job(cfg, log=quiet)
+    stale = tmp_path / "out" / ".tmp-0123abcd-manifest.json"  # what a run killed mid-commit leaves
+    stale.write_text("{}")
     assert run_job(cfg, overwrite=True, log=quiet).documents == 2
+    assert not stale.exists()
 
 
 def test_verify_names_what_is_wrong(tmp_path: Path, tokenizer_path: Path) -> None:
@@ -213,6 +216,14 @@ def test_verify_names_what_is_wrong(tmp_path: Path, tokenizer_path: Path) -> Non
         (["pack", "{cfg}", "--set", "tokenizer.path={cfg}"], "is not a tokenizers JSON file"),
         (["pack", "{cfg}", "--compare", "spfhp,ffd"], "pack.compare: 'ffd' needs every document in one"),
         (["rebuild", "{cfg}", "--compare", "all,bfd"], "pack.compare: 'all' stands alone"),
+        (
+            ["pack", "{cfg}", "--set", "output.pad_id=512"],
+            "output.pad_id 512 is not a token of the tokenizer",
+        ),
+        (["pack", "{cfg}", "--set", "output.pad_id=2147483648"], "output.pad_id must be in 0..2^31-1"),
+        (["pack", "{cfg}", "--set", "input.max_lost_files=-1"], "input.max_lost_files must be >= 0"),
+        (["rebuild", "{cfg}", "--wait", "-1"], "--wait must be >= 0"),
+        (["pack", "{cfg}", "--set", "output.path={corpus}/out"], "lies inside"),
     ],
 )
 def test_pack_mistakes_are_one_line_and_exit_2(
@@ -220,7 +231,7 @@ def test_pack_mistakes_are_one_line_and_exit_2(
 ) -> None:
     corpus = make_corpus(tmp_path, shards=1, docs_per_shard=2)
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
-    assert main([a.format(cfg=cfg) for a in args]) == 2
+    assert main([a.format(cfg=cfg, corpus=corpus) for a in args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("raypack: error: ") and message in err and "\n" not in err
 

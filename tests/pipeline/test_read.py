@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import gzip
 import itertools
 import json
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from raypack.config import InputConfig
 from raypack.errors import ConfigError
 from raypack.pipeline.read import COMPRESSED_SUFFIXES, read_shard, work_units
-from raypack.storage import Shard, expand_inputs
+from raypack.storage import Shard, expand_inputs, glob_match
 from tests.conftest import write_jsonl, write_parquet
 
 
@@ -135,6 +136,54 @@ def test_expand_inputs_globs_sorts_and_relativizes(tmp_path: Path) -> None:
     ]
     with pytest.raises(ConfigError, match="matched no files"):
         expand_inputs((f"{tmp_path}/*.parquet",))
+
+
+def test_a_star_stays_inside_one_directory(tmp_path: Path) -> None:
+    """`corpus/*.jsonl.gz` takes corpus/'s files, never corpus/holdout/'s (fnmatch's `*` crossed `/`:
+    evaluation data went into training); `**` crosses directories on purpose."""
+    for rel in ("a.jsonl.gz", "b.jsonl.gz", "holdout/eval.jsonl.gz", "holdout/deep/x.jsonl.gz"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"")
+    assert [s.relpath for s in expand_inputs((f"{tmp_path}/*.jsonl.gz",))] == ["a.jsonl.gz", "b.jsonl.gz"]
+    assert [s.relpath for s in expand_inputs((f"{tmp_path}/?.jsonl.gz",))] == ["a.jsonl.gz", "b.jsonl.gz"]
+    assert [s.relpath for s in expand_inputs((f"{tmp_path}/*/*.jsonl.gz",))] == ["holdout/eval.jsonl.gz"]
+    assert [s.relpath for s in expand_inputs((f"{tmp_path}/**/*.jsonl.gz",))] == [
+        "a.jsonl.gz",
+        "b.jsonl.gz",
+        "holdout/deep/x.jsonl.gz",
+        "holdout/eval.jsonl.gz",
+    ]
+    assert [s.relpath for s in expand_inputs((f"{tmp_path}/holdout/**",))] == [
+        "deep/x.jsonl.gz",
+        "eval.jsonl.gz",
+    ]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pattern=st.text(alphabet="ab*?[]!-.", max_size=8),
+    name=st.text(alphabet="ab]![-.", max_size=8),
+)
+def test_a_glob_segment_matches_as_fnmatch_matches_a_name(pattern: str, name: str) -> None:
+    assert glob_match(pattern, name) == fnmatch.fnmatchcase(name, pattern)
+    assert not glob_match(pattern, f"{name}/{name}") or "**" in pattern or "/" in pattern
+
+
+def test_an_output_inside_an_input_glob_is_refused(tmp_path: Path) -> None:
+    from raypack.config import JobConfig, from_dict
+
+    def config(paths: list[str], output: str) -> JobConfig:
+        data = {"input": {"paths": paths}, "tokenizer": {"path": "t.json"}, "output": {"path": output}}
+        return from_dict(JobConfig, data)
+
+    with pytest.raises(ConfigError, match=r"lies inside s3://b/web, where input s3://b/web/\*.parquet"):
+        config(["s3://b/web/*.parquet"], "s3://b/web/packed")
+    with pytest.raises(ConfigError, match="lies inside"):
+        config([f"{tmp_path}/corpus/**/*.jsonl"], str(tmp_path / "corpus" / "out"))
+    with pytest.raises(ConfigError, match="lies inside"):
+        config([str(tmp_path / "corpus")], str(tmp_path / "corpus" / "packed"))  # a directory input
+    config(["s3://b/web/*.parquet"], "s3://b/web-packed")  # a sibling is fine
+    config([f"{tmp_path}/corpus/*.jsonl"], str(tmp_path / "out"))
 
 
 @pytest.mark.parametrize(("bos", "eos"), [(False, False), (True, False), (False, True), (True, True)])
@@ -390,3 +439,11 @@ def test_compressed_and_text_files_stay_whole_units(tmp_path: Path) -> None:
     for name in ("x.jsonl", "x.json", "x.ndjson", "x.jsonl.br", "x.jsonl.xz"):
         with pytest.raises((TypeError, ValueError)):
             pa.Codec.detect(name)
+
+
+def test_a_unit_size_that_makes_millions_of_tasks_is_refused(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "big.jsonl", [{"text": "x" * 1000} for _ in range(150)])  # ~151 KB
+    shards = expand_inputs((str(tmp_path / "*"),))
+    with pytest.raises(ConfigError, match=r"input.unit_bytes=1 would cut 1 files into 15\d,\d{3} work units"):
+        work_units(shards, input_config(unit_bytes=1))
+    assert len(work_units(shards, input_config(unit_bytes=10_000))) == 16
