@@ -11,12 +11,15 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from raypack import __version__
 from raypack.config import parse_override
 from raypack.errors import ConfigError, JobError, storage_cause
 from raypack.packing import ALGORITHMS
+
+if TYPE_CHECKING:
+    from raypack.verify import VerifyReport
 
 __all__ = ["main"]
 
@@ -91,6 +94,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "output.path/LATEST to it and keeps output.keep_versions versions.",
     )
     rebuild.add_argument("config", metavar="CONFIG", help="job config (YAML), as for pack")
+    rebuild.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="when another rebuild of the same output holds its lease, wait up to this long for it "
+        "(default 0: exit 2 at once, naming it)",
+    )
     _add_overrides(rebuild)
 
     verify = sub.add_parser(
@@ -206,7 +217,9 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
     from raypack.summary import format_rebuild
 
     cfg = load_config(args.config, _job_overrides(args))
-    result = run_rebuild(cfg, log=lambda msg: print(msg, file=sys.stderr))
+    if args.wait < 0:
+        raise ConfigError(f"--wait must be >= 0, got {args.wait}")
+    result = run_rebuild(cfg, wait_s=args.wait, log=lambda msg: print(msg, file=sys.stderr))
     print(format_rebuild(result))
     return 0
 
@@ -225,10 +238,22 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         )
         if report.duplicate_ids:
             print(f"note: {report.duplicate_ids:,} document ids are carried by more than one input document")
+        _print_lost_and_warnings(report)
         return 0
+    _print_lost_and_warnings(report)
     for problem in report.problems:
         print(f"FAIL: {report.dataset}: {problem}")
     return 1
+
+
+def _print_lost_and_warnings(report: VerifyReport) -> None:
+    if report.lost_files:
+        print(
+            f"note: {len(report.lost_files):,} input files were lost whole or in part "
+            f"({report.rejected_records:,} rejected records in all), e.g. {'; '.join(report.lost_files[:3])}"
+        )
+    for warning in report.warnings:
+        print(f"warning: {warning}")
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@
     <root>/_cache/tokens/   token files by cache key (raypack.pipeline.tokenize.token_key)
 
 A reader given <root> follows LATEST, so it sees the previous version or the new one, never a part.
-One rebuild at a time per root: object stores have no lock we could take through pyarrow.
+One rebuild at a time per root, by the lease in <root>/_lease.json (raypack.lease).
 """
 
 from __future__ import annotations
@@ -76,6 +76,14 @@ def next_version(root: str, storage: StorageConfig | None = None) -> int:
 
 
 def set_latest(root: str, number: int, storage: StorageConfig | None = None) -> None:
+    """Point LATEST at version `number`; never backwards: a LATEST already at `number` or newer is a
+    RuntimeError (two rebuilds of one root, one without the lease), and is left as it is."""
+    current = latest_version(root, storage)
+    if current is not None and current >= number:
+        raise RuntimeError(
+            f"{join(root, LATEST)} already names {version_name(current)}; not moving it back to "
+            f"{version_name(number)}"
+        )
     write_bytes_atomic(join(root, LATEST), f"{version_name(number)}\n".encode(), storage)
 
 

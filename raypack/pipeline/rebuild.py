@@ -10,6 +10,10 @@ versions beyond output.keep_versions and cache entries no version uses are delet
 A crash at any point leaves LATEST on the previous complete version. The next run deletes the crashed
 version's directory and reuses every token file that was finished (the key its footer gets last says so;
 an unfinished one is tokenized again).
+
+One rebuild at a time: each holds the root's lease (raypack.lease) from before it lists versions until
+after it prunes, so the sweeps below only ever meet what a finished or dead run left; a second rebuild
+waits (`wait_s`) or exits 2 naming the holder. LATEST never moves to an older version (set_latest).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pyarrow.fs as pafs
 
 from raypack.config import JobConfig
 from raypack.errors import ConfigError
+from raypack.lease import Lease
 from raypack.pipeline.job import JobResult, run_job
 from raypack.storage import TMP_PREFIX, exists, join, list_dir, remove
 from raypack.versions import (
@@ -53,24 +58,46 @@ def cache_dir(root: str) -> str:
     return join(root, CACHE, "tokens")
 
 
-def run_rebuild(cfg: JobConfig, *, log: Callable[[str], None] = print) -> RebuildResult:
-    root, storage = cfg.output.path, cfg.storage
+def run_rebuild(cfg: JobConfig, *, wait_s: float = 0.0, log: Callable[[str], None] = print) -> RebuildResult:
+    """One rebuild of cfg.output.path. `wait_s`: how long to wait for another rebuild of the same root
+    to finish (0: exit at once, LeaseHeld, naming it)."""
+    root, storage = cfg.output.path, cfg.storage.from_environment()
     try:
         if exists(join(root, MANIFEST), storage):
             raise ConfigError(
                 f"{root} holds a dataset written by `raypack pack`; a rebuild needs its own output root"
             )
-        number = next_version(root, storage)  # before the sweep: a crashed run's number is never reused
-        swept = remove_incomplete(root, storage)
+        lease = Lease(root, storage)
+        lease.acquire(wait_s)
     except OSError as e:
         raise ConfigError(f"cannot reach output {root}: {str(e).strip().splitlines()[0]}") from None
-    name = version_name(number)
-    version_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, path=join(root, name)))
-    job = run_job(version_cfg, cache=cache_dir(root), log=log)
-    set_latest(root, number, storage)
-    removed = prune_versions(root, cfg.output.keep_versions, storage)
-    dropped = _prune_cache(cache_dir(root), set(job.token_keys), cfg)
+    try:
+        number = next_version(root, storage)  # before the sweep: a crashed run's number is never reused
+        lease.set_version(number)
+        swept = remove_incomplete(root, storage)
+        _sweep_temporaries(root, cfg)
+        name = version_name(number)
+        version_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, path=join(root, name)))
+        job = run_job(version_cfg, cache=cache_dir(root), log=log)
+        lease.check()  # a rebuild that lost its lease (paused past its expiry) commits nothing
+        set_latest(root, number, storage)
+        removed = prune_versions(root, cfg.output.keep_versions, storage)
+        dropped = _prune_cache(cache_dir(root), set(job.token_keys), cfg)
+    finally:
+        lease.release()
     return RebuildResult(job, name, removed, swept, dropped)
+
+
+def _sweep_temporaries(root: str, cfg: JobConfig) -> None:
+    """Delete `.tmp-*` files a killed run left beside LATEST or in a version's top level (its
+    manifest's, report's): with the lease held, no live run is writing them."""
+    from raypack.versions import complete_versions
+
+    dirs = [root] + [join(root, version_name(n)) for n in complete_versions(root, cfg.storage)]
+    for directory in dirs:
+        for info in list_dir(directory, cfg.storage):
+            if info.type == pafs.FileType.File and info.base_name.startswith(TMP_PREFIX):
+                remove(join(directory, info.base_name), cfg.storage)
 
 
 def _prune_cache(directory: str, keep: set[str], cfg: JobConfig) -> int:

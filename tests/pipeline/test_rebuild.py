@@ -215,3 +215,47 @@ def test_an_unfinished_token_file_is_tokenized_again(tmp_path: Path, tokenizer_p
         tmp_path / "root" / "v=000001" / "data"
     )
     assert verify(str(tmp_path / "root"), cfg, sample=10).ok
+
+
+def test_a_tokenizer_library_upgrade_retokenizes_and_leftovers_are_swept(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache key names the library that encoded (`pip install -U tokenizers` may change ids: a
+    rebuild must not mix old tokens with new); `.tmp-*` files a killed run left beside LATEST or in a
+    version are swept by the next rebuild, which holds the lease."""
+    import raypack.pipeline.tokenize as tokenize_module
+    from raypack.pipeline.tokenize import token_settings, tokenizer_library
+
+    assert tokenizer_library().startswith("tokenizers ")
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=10, seed=23)
+    cfg = config(tmp_path, tokenizer_path, corpus)
+    first = run_rebuild(cfg, **quiet)
+    root = tmp_path / "root"
+    stale = [root / ".tmp-0123abcd-LATEST", root / "v=000001" / ".tmp-4567cdef-manifest.json"]
+    for path in stale:
+        path.write_text("left by a killed run")
+    monkeypatch.setattr(tokenize_module, "tokenizer_library", lambda: "tokenizers 99.0.0")
+    assert (
+        token_settings(cfg, tokenize_module.load_tokenizer(cfg.tokenizer))["library"] == "tokenizers 99.0.0"
+    )
+    second = run_rebuild(cfg, **quiet)
+    assert (second.job.shards_reused, second.job.shards_tokenized) == (0, 3)
+    assert set(second.job.token_keys).isdisjoint(first.job.token_keys)
+    assert not any(p.exists() for p in stale)
+    assert files_under(root / "v=000001" / "data") == files_under(root / "v=000002" / "data")
+
+
+def test_verify_warns_when_inputs_changed_since_the_dataset(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=24)
+    cfg = config(tmp_path, tokenizer_path, corpus)
+    run_rebuild(cfg, **quiet)
+    assert verify(str(tmp_path / "root"), cfg, sample=5).warnings == []
+    touched = corpus / "part-000.jsonl"
+    os.utime(touched, ns=(touched.stat().st_atime_ns, touched.stat().st_mtime_ns + 10**9))
+    write_jsonl(corpus / "part-009.jsonl", [{"text": "a file added later"}])
+    report = verify(str(tmp_path / "root"), cfg, sample=5)
+    assert report.ok, report.problems  # the same bytes: the sample still matches
+    assert any(
+        "1 inputs changed since the dataset was made" in w and "part-000.jsonl" in w for w in report.warnings
+    )
+    assert any("files match input.paths now that the dataset does not hold" in w for w in report.warnings)

@@ -185,3 +185,94 @@ def test_rebuild_on_s3_moves_latest_and_reuses_the_cache(tmp_path: Path, tokeniz
     assert (tmp_path / "r" / "report.html").read_bytes() == written and b"121 documents" in written
     cache = fs.get_file_info(pafs.FileSelector(f"{s3server.BUCKET}/rebuild/out/_cache/tokens"))
     assert sorted(i.base_name for i in cache) == sorted(f"{k}.parquet" for k in second.job.token_keys)
+
+
+def test_a_star_stays_inside_one_directory_on_s3(s3) -> None:
+    fs = s3.filesystem()
+    for rel in ("a.parquet", "b.parquet", "packed/v=000001/data/part-000000.parquet", "holdout/c.parquet"):
+        with fs.open_output_stream(f"{s3server.BUCKET}/globs/web/{rel}") as f:
+            f.write(b"x")
+    storage = load_config_storage(s3)
+    found = expand_inputs((f"s3://{s3server.BUCKET}/globs/web/*.parquet",), storage=storage)
+    assert [s.relpath for s in found] == ["a.parquet", "b.parquet"]
+    found = expand_inputs((f"s3://{s3server.BUCKET}/globs/web/**/*.parquet",), storage=storage)
+    assert [s.relpath for s in found] == [
+        "a.parquet",
+        "b.parquet",
+        "holdout/c.parquet",
+        "packed/v=000001/data/part-000000.parquet",
+    ]
+
+
+def load_config_storage(server: s3server.S3Server):  # type: ignore[no-untyped-def]
+    from raypack.config import StorageConfig
+
+    return StorageConfig(endpoint=server.endpoint)
+
+
+def test_two_rebuilds_started_together_never_damage_each_other(
+    tmp_path: Path, tokenizer_path: Path, s3
+) -> None:
+    """Started at once on one root: one builds, the other exits at once naming it (LeaseHeld);
+    then one that waits (--wait) builds after it. LATEST only moves forward; every version verifies."""
+    import threading
+
+    from raypack.lease import LeaseHeld
+    from raypack.pipeline.rebuild import run_rebuild
+    from raypack.versions import latest_version, list_versions
+
+    cfg = load_config(str(s3_config(tmp_path, s3, tokenizer_path, "together")))
+    root, storage = cfg.output.path, cfg.storage
+    outcomes: dict[str, object] = {}
+    start = threading.Barrier(2)
+
+    def rebuild(name: str, wait_s: float, together: bool = True) -> None:
+        if together:
+            start.wait()
+        try:
+            outcomes[name] = run_rebuild(cfg, wait_s=wait_s, log=lambda _: None).version
+        except Exception as e:
+            outcomes[name] = e
+
+    threads = [threading.Thread(target=rebuild, args=(n, 0.0)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    won = [v for v in outcomes.values() if isinstance(v, str)]
+    refused = [v for v in outcomes.values() if isinstance(v, LeaseHeld)]
+    assert won == ["v=000001"] and len(refused) == 1, outcomes
+    assert "is being rebuilt by" in str(refused[0]) and "--wait" in str(refused[0])
+    assert list_versions(root, storage) == [1] and latest_version(root, storage) == 1
+
+    # Now the second, started while the first holds the lease, waits for it instead of refusing: both
+    # build, one after the other.
+    outcomes.clear()
+    lease = f"{s3server.BUCKET}/together/out/_lease.json"
+    threads = [threading.Thread(target=rebuild, args=(n, w, False)) for n, w in (("c", 0.0), ("d", 300.0))]
+    threads[0].start()
+    deadline = time.monotonic() + 60
+    while not s3.filesystem().get_file_info(lease).is_file and time.monotonic() < deadline:
+        time.sleep(0.05)
+    threads[1].start()
+    for t in threads:
+        t.join(timeout=600)
+    assert sorted(outcomes.values()) == ["v=000002", "v=000003"], outcomes  # type: ignore[type-var]
+    assert list_versions(root, storage) == [1, 2, 3] and latest_version(root, storage) == 3
+    for version in ("v=000002", "v=000003"):
+        assert verify(f"{root}/{version}", cfg, sample=5).ok
+    assert not s3.filesystem().get_file_info(lease).is_file
+
+
+def test_an_azure_container_at_account_is_not_taken_for_credentials() -> None:
+    """abfs://container@account is Azure's address, not a secret: refused as one, it blocked Azure."""
+    from raypack.storage import resolve
+
+    try:
+        resolve("abfs://container@account.dfs.core.windows.net/corpus/a.jsonl")
+    except ConfigError as e:  # this pyarrow may lack Azure, or the account be unreachable: not a secret
+        assert "holds credentials" not in str(e)
+    for secret in ("abfs://acct:s3cr3t@account.dfs.core.windows.net/x", "gs://user@bucket/x"):
+        with pytest.raises(ConfigError, match="holds credentials") as e:
+            resolve(secret)
+        assert "s3cr3t" not in str(e.value)

@@ -1,0 +1,96 @@
+"""The rebuild lease: one holder at a time, expiry and takeover, and LATEST never moving back (no Ray)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+import raypack.lease as lease_module
+from raypack.lease import LEASE, Lease, LeaseHeld, LeaseLost
+from raypack.versions import latest_version, set_latest
+
+
+@pytest.fixture(autouse=True)
+def quick_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lease_module, "SETTLE_MIN_S", 0.05)
+
+
+def test_a_second_holder_is_refused_with_who_holds_it(tmp_path: Path) -> None:
+    first = Lease(str(tmp_path))
+    first.acquire()
+    first.set_version(7)
+    record = json.loads((tmp_path / LEASE).read_text())
+    assert record["owner"] == first.owner and record["version"] == 7
+    with pytest.raises(LeaseHeld, match=r"is being rebuilt by .* pid \d+ \(lease \w{8}, building v=000007"):
+        Lease(str(tmp_path)).acquire(wait_s=0.2)
+    first.check()
+    first.release()
+    assert not (tmp_path / LEASE).exists()
+    second = Lease(str(tmp_path))
+    second.acquire()
+    second.release()
+
+
+def test_only_one_of_many_contenders_wins(tmp_path: Path) -> None:
+    leases = [Lease(str(tmp_path)) for _ in range(8)]
+    results: list[object] = [None] * len(leases)
+    barrier = threading.Barrier(len(leases))
+
+    def take(k: int) -> None:
+        barrier.wait()
+        try:
+            leases[k].acquire()
+            results[k] = "held"
+        except LeaseHeld as e:
+            results[k] = e
+
+    threads = [threading.Thread(target=take, args=(k,)) for k in range(len(leases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count("held") == 1
+    winner = leases[results.index("held")]
+    assert json.loads((tmp_path / LEASE).read_text())["owner"] == winner.owner
+    winner.release()
+
+
+def test_an_expired_lease_is_taken_over_and_its_old_holder_cannot_commit(tmp_path: Path) -> None:
+    now = [1000.0]
+    old = Lease(str(tmp_path), ttl_s=60, clock=lambda: now[0])
+    old.acquire()
+    old._stop.set()  # its process is paused: no renewals
+    now[0] += 61
+    new = Lease(str(tmp_path), ttl_s=60, clock=lambda: now[0])
+    new.acquire()
+    with pytest.raises(LeaseLost, match="no longer this rebuild's"):
+        old.check()
+    with pytest.raises(LeaseLost):
+        old.renew()
+    old.release()  # gives back nothing: the lease is the new holder's
+    assert json.loads((tmp_path / LEASE).read_text())["owner"] == new.owner
+    new.check()
+    new.release()
+
+
+def test_a_waiting_contender_takes_the_lease_when_it_is_given_back(tmp_path: Path) -> None:
+    first = Lease(str(tmp_path))
+    first.acquire()
+    threading.Timer(0.5, first.release).start()
+    second = Lease(str(tmp_path))
+    second.acquire(wait_s=30)
+    second.check()
+    second.release()
+
+
+def test_latest_never_moves_back(tmp_path: Path) -> None:
+    set_latest(str(tmp_path), 3)
+    with pytest.raises(RuntimeError, match="already names v=000003; not moving it back to v=000002"):
+        set_latest(str(tmp_path), 2)
+    with pytest.raises(RuntimeError):
+        set_latest(str(tmp_path), 3)
+    set_latest(str(tmp_path), 4)
+    assert latest_version(str(tmp_path)) == 4
