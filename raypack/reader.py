@@ -18,8 +18,8 @@ dataset; the manifest lists every file's row groups, so no rank reads a footer t
 consecutive `batch_size` packs of a rank's range, and every rank takes the same number of steps.
 What happens to a bucket's packs that do not fill w × batch_size is `last_batch`:
 - "wrap" (default): the sequence goes on from its start until every rank's last batch is full, as
-  torch's DistributedSampler pads: fewer than w × batch_size packs are seen twice an epoch. No batch
-  is ever short or empty (an empty batch gives a NaN loss on its rank under DDP).
+  torch's DistributedSampler pads: fewer than w × batch_size packs of each bucket are seen twice an
+  epoch. No batch is ever short or empty (an empty batch gives a NaN loss on its rank under DDP).
 - "drop": the last, partial round of batches is left out: every batch full, no pack twice, fewer
   than w × batch_size packs unread this epoch (another seed reads others).
 - "short": ranks partition the packs exactly (counts differ by at most one), so a rank's last batch
@@ -31,6 +31,12 @@ compute alike. A batch never mixes bucket lengths.
 
 Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without
 reading what comes before.
+
+Versions. Given a rebuild's root, a reader resolves LATEST once, when it starts, and reads that
+version to the end, whatever a rebuild commits meanwhile. Ranks of one job should all read one
+version: resolve it once with `pin_version(root)` (e.g. on rank 0, broadcast) and pass the pinned
+path to every rank; ranks that each resolve LATEST may straddle a commit and disagree on the number
+of steps (DDP then hangs). PackedDataset pins at construction and records the version in its state.
 
 Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o_k = num_tokens
 (each convention checked against the real client in tests/test_clients.py):
@@ -54,7 +60,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +74,17 @@ from raypack.schema import row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
 
-__all__ = ["IGNORE_INDEX", "LAST_BATCH", "batch_fields", "block_causal_mask", "iter_batches", "read_packed"]
+__all__ = [
+    "IGNORE_INDEX",
+    "LAST_BATCH",
+    "Pinned",
+    "batch_fields",
+    "block_causal_mask",
+    "iter_batches",
+    "pin",
+    "pin_version",
+    "read_packed",
+]
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (PyTorch's cross_entropy default)
 
@@ -93,11 +109,35 @@ class _Bucket:
         return int(self.starts[-1])
 
 
-def _manifest(path: str, storage: StorageConfig | None) -> tuple[str, dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """One version of a dataset, resolved once: what every read of one reader uses."""
+
+    path: str
+    """The dataset directory read (for a rebuild's root: the version LATEST named when pinned)."""
+    manifest: dict[str, Any]
+    sha256: str
+    """Of manifest.json's bytes: names the version's content (a resumed state is checked against it)."""
+
+
+def pin(path: str, storage: StorageConfig | None = None) -> Pinned:
+    """Resolve `path` (a dataset, or a rebuild's root through LATEST) and read its manifest, once."""
     dataset = resolve_dataset(path, storage)
     if not exists(join(dataset, MANIFEST), storage):
         raise FileNotFoundError(f"{path} holds no complete raypack dataset (no manifest.json)")
-    return dataset, json.loads(read_bytes(join(dataset, MANIFEST), storage))
+    raw = read_bytes(join(dataset, MANIFEST), storage)
+    return Pinned(dataset, json.loads(raw), hashlib.sha256(raw).hexdigest())
+
+
+def pin_version(path: str, storage: StorageConfig | None = None) -> str:
+    """The directory of the version `path` names now (itself, for a dataset): give it to every rank so
+    that all read the same version, whatever a rebuild commits while they start."""
+    return pin(path, storage).path
+
+
+def _manifest(path: str, storage: StorageConfig | None) -> tuple[str, dict[str, Any]]:
+    pinned = pin(path, storage)
+    return pinned.path, pinned.manifest
 
 
 def _key(seed: int, *parts: object) -> int:
@@ -134,36 +174,43 @@ def _schedule(steps: list[int], seed: int) -> np.ndarray:
     return plan[np.argsort(PackPermutation(len(plan), _key(seed, "schedule"))(np.arange(len(plan))))]
 
 
+def read_group(dataset: str, group: _RowGroup, seed: int, storage: StorageConfig | None) -> pa.Table:
+    """One row group's packs (the reader's columns), in their seeded order within the group."""
+    fs, inner = resolve(join(dataset, group.path), storage)
+    with fs.open_input_file(inner) as handle:
+        table = pq.ParquetFile(handle).read_row_group(
+            group.index, columns=["input_ids", "doc_offsets", "num_tokens"]
+        )
+    perm = PackPermutation(group.rows, _key(seed, "rows", group.path, group.index))
+    return table.take(pa.array(np.argsort(perm(np.arange(group.rows)))))
+
+
+GroupLoader = Callable[[int, int], pa.Table]
+"""(bucket index, row group index within the bucket) -> read_group's table."""
+
+
 class _RankStream:
     """One rank's packs of one bucket: positions [lo, hi) of the bucket's sequence, read a row group at
-    a time (the current one cached)."""
+    a time (the current one cached) through `load`."""
 
-    def __init__(
-        self, dataset: str, bucket: _Bucket, lo: int, hi: int, seed: int, storage: StorageConfig | None
-    ):
-        self.dataset, self.bucket, self.seed, self.storage = dataset, bucket, seed, storage
+    def __init__(self, index: int, bucket: _Bucket, lo: int, hi: int, load: GroupLoader | None):
+        self.index, self.bucket, self.load = index, bucket, load
         self.next, self.hi = lo, hi  # positions past the bucket's end wrap to its start (last_batch="wrap")
         self._cached: tuple[int, pa.Table] | None = None
 
     def _group(self, g: int) -> pa.Table:
         if self._cached is None or self._cached[0] != g:
-            group = self.bucket.groups[g]
-            fs, inner = resolve(join(self.dataset, group.path), self.storage)
-            with fs.open_input_file(inner) as handle:
-                table = pq.ParquetFile(handle).read_row_group(
-                    group.index, columns=["input_ids", "doc_offsets", "num_tokens"]
-                )
-            perm = PackPermutation(group.rows, _key(self.seed, "rows", group.path, group.index))
-            order = np.argsort(perm(np.arange(group.rows)))
-            self._cached = (g, table.take(pa.array(order)))
+            if self.load is None:
+                raise RuntimeError("a planning stream does not read")
+            self._cached = (g, self.load(self.index, g))
         return self._cached[1]
 
     def skip(self, n: int) -> None:
         """Move past the next n packs without reading them."""
         self.next = min(self.next + n, self.hi)
 
-    def take(self, n: int) -> list[pa.Table]:
-        """The next n packs (fewer at the end of the range), as row slices."""
+    def parts(self, n: int) -> list[tuple[int, int, int]]:
+        """(row group, first row, rows) of the next n packs (fewer at the end of the range); moves on."""
         parts = []
         end = min(self.next + n, self.hi)
         while self.next < end:
@@ -171,9 +218,13 @@ class _RankStream:
             g = int(np.searchsorted(self.bucket.starts, pos, side="right") - 1)
             first = pos - int(self.bucket.starts[g])
             count = min(end - self.next, int(self.bucket.starts[g + 1]) - pos)
-            parts.append(self._group(g).slice(first, count))
+            parts.append((g, first, count))
             self.next += count
         return parts
+
+    def take(self, n: int) -> list[pa.Table]:
+        """The next n packs, as row slices."""
+        return [self._group(g).slice(first, count) for g, first, count in self.parts(n)]
 
 
 LAST_BATCH = ("wrap", "drop", "short")
@@ -208,7 +259,8 @@ def iter_batches(
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     convert = _torch_converter() if torch else None
-    for batch in _steps(path, batch_size, rank, world_size, seed, start_step, 1, last_batch, storage):
+    plan = Plan.of(pin(path, storage), batch_size, rank, world_size, seed, last_batch, storage)
+    for batch in plan.steps(start_step, 1):
         yield convert(batch) if convert is not None else batch
 
 
@@ -222,38 +274,71 @@ def check_args(batch_size: int, rank: int, world_size: int, last_batch: str) -> 
         raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH)}, got {last_batch!r}")
 
 
-def _steps(
-    path: str,
-    batch_size: int,
-    rank: int,
-    world_size: int,
-    seed: int,
-    start: int,
-    stride: int,
-    last_batch: str,
-    storage: StorageConfig | None,
-) -> Iterator[dict[str, Any]]:
-    """The batches of steps start, start + stride, ... (a DataLoader worker's share of a rank's
-    steps); the steps between are skipped without being read."""
-    dataset, manifest = _manifest(path, storage)
-    pad_id = int(manifest["config"]["output"]["pad_id"])
-    buckets = _buckets(dataset, manifest, seed, storage)
-    streams, steps = [], []
-    for bucket in buckets:
-        lo, hi, n = _share(bucket.packs, rank, world_size, batch_size, last_batch)
-        streams.append(_RankStream(dataset, bucket, lo, hi, seed, storage))
-        steps.append(n)
-    schedule = _schedule(steps, seed)
-    # Resume: skip each bucket's batches taken before `start`, without reading them.
-    for b, done in enumerate(np.bincount(schedule[:start], minlength=len(buckets)).tolist()):
-        streams[b].skip(done * batch_size)
-    for i, b in enumerate(schedule[start:].tolist()):
-        if i % stride:
-            streams[b].skip(batch_size)
-            continue
-        parts = streams[b].take(batch_size)
-        table = pa.concat_tables(parts) if parts else None
-        yield batch_fields(table, buckets[b].length, pad_id)
+@dataclass(frozen=True)
+class Plan:
+    """One rank's epoch over a pinned dataset: each bucket's share of positions and the bucket of every
+    step. Nothing is read to make it (the manifest lists every row group)."""
+
+    pinned: Pinned
+    buckets: list[_Bucket]
+    shares: list[tuple[int, int]]
+    """Each bucket's positions [lo, hi) for this rank."""
+    schedule: np.ndarray
+    batch_size: int
+    seed: int
+    storage: StorageConfig | None
+
+    @classmethod
+    def of(
+        cls,
+        pinned: Pinned,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        last_batch: str,
+        storage: StorageConfig | None,
+    ) -> Plan:
+        buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
+        shares, steps = [], []
+        for bucket in buckets:
+            lo, hi, n = _share(bucket.packs, rank, world_size, batch_size, last_batch)
+            shares.append((lo, hi))
+            steps.append(n)
+        return cls(pinned, buckets, shares, _schedule(steps, seed), batch_size, seed, storage)
+
+    def read(self, bucket: int, group: int) -> pa.Table:
+        return read_group(self.pinned.path, self.buckets[bucket].groups[group], self.seed, self.storage)
+
+    def _streams(self, start: int, load: GroupLoader | None) -> list[_RankStream]:
+        """Each bucket's stream, moved past the batches of the steps before `start` (not read)."""
+        streams = [
+            _RankStream(b, bucket, lo, hi, load)
+            for b, (bucket, (lo, hi)) in enumerate(zip(self.buckets, self.shares, strict=True))
+        ]
+        for b, done in enumerate(np.bincount(self.schedule[:start], minlength=len(self.buckets)).tolist()):
+            streams[b].skip(done * self.batch_size)
+        return streams
+
+    def steps(self, start: int, stride: int, load: GroupLoader | None = None) -> Iterator[dict[str, Any]]:
+        """The batches of steps start, start + stride, ... (a DataLoader worker's share of a rank's
+        steps); the steps between are skipped without being read."""
+        pad_id = int(self.pinned.manifest["config"]["output"]["pad_id"])
+        streams = self._streams(start, load or self.read)
+        for i, b in enumerate(self.schedule[start:].tolist()):
+            if i % stride:
+                streams[b].skip(self.batch_size)
+                continue
+            parts = streams[b].take(self.batch_size)
+            table = pa.concat_tables(parts) if parts else None
+            yield batch_fields(table, self.buckets[b].length, pad_id)
+
+    def touches(self, start: int) -> list[list[tuple[int, int]]]:
+        """The (bucket, row group) pairs each step from `start` on reads, in order, without reading."""
+        streams = self._streams(start, None)
+        return [
+            [(b, g) for g, _, _ in streams[b].parts(self.batch_size)] for b in self.schedule[start:].tolist()
+        ]
 
 
 def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, Any]:

@@ -9,22 +9,30 @@ for torch's DataLoader and torchdata's StatefulDataLoader (needs PyTorch: pip in
     state = loader.state_dict()          # ... later: loader.load_state_dict(state) resumes mid-epoch
 
 The rank's steps are raypack.reader.iter_batches' (same seed, same order, same fields, as tensors).
-With DataLoader workers, worker w of W yields steps w, w + W, ... and skips the others without
-reading them; the DataLoader takes one batch from each worker in turn, so batches arrive in step
-order: no step twice, none skipped, whatever num_workers is. The state of a worker is the next step
-it would yield (plus the settings, checked on load): a resumed loader with the same num_workers
-continues every worker where it stopped.
+With DataLoader workers, worker w of W yields steps w, w + W, ... and skips the others; the
+DataLoader takes one batch from each worker in turn, so batches arrive in step order: no step
+twice, none skipped, whatever num_workers is. Consecutive steps share row groups, so the workers
+share them too (raypack.shared_groups): each row group is read and decoded once per epoch, by the
+first worker that needs it, not once per worker.
+
+Version. The dataset is pinned when the PackedDataset is made: a rebuild's root is resolved through
+LATEST once, in the main process, and every worker and epoch reads that version. The state of a
+worker is the next step it would yield, the settings, and the version (the manifest's sha256);
+loading a state saved on another version (a rebuild committed in between) is a ValueError, unless
+`follow_latest=True` says to go on from that step on the version pinned now, knowingly.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from raypack.config import StorageConfig
-from raypack.reader import _steps, _torch_converter, check_args
+from raypack.reader import Plan, _torch_converter, check_args, pin
+from raypack.shared_groups import SharedGroups
 
 __all__ = ["PackedDataset"]
 
@@ -39,11 +47,16 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         seed: int = 0,
         *,
         last_batch: str = "wrap",
+        follow_latest: bool = False,
         storage: StorageConfig | None = None,
     ) -> None:
         check_args(batch_size, rank, world_size, last_batch)
         self.path, self.batch_size, self.rank, self.world_size = path, batch_size, rank, world_size
         self.seed, self.last_batch, self.storage = seed, last_batch, storage
+        self.follow_latest = follow_latest
+        self.pinned = pin(path, storage)
+        self._token = uuid.uuid4().hex  # names this dataset's shared directories (with the epoch's)
+        self._epochs = 0
         self._resume: int | None = None  # the step this worker resumes at (load_state_dict)
         self._next: int | None = None  # the next step this worker yields, while iterating
 
@@ -64,28 +77,54 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         start = self._resume if self._resume is not None else worker
         self._resume = None
         self._next = start
+        self._epochs += 1
+        plan = Plan.of(
+            self.pinned, self.batch_size, self.rank, self.world_size, self.seed, self.last_batch, self.storage
+        )
+        shared = None
+        if info is not None and workers > 1:
+            # Every worker of one DataLoader iterator has the same base seed (its seed - its id), and
+            # iterates its copy of this dataset the same number of times.
+            token = f"{self._token}-{info.seed - info.id}-{self._epochs}"
+            # Where the loader's workers go on from: exact on a fresh epoch (worker u at step u); after a
+            # resume, an estimate from this worker's own start (raypack.shared_groups).
+            first = max(0, start - (workers - 1))
+            shared = SharedGroups(token, worker, workers, start, first, plan.touches(first), plan.read)
         convert = _torch_converter()
-        for batch in _steps(
-            self.path,
-            self.batch_size,
-            self.rank,
-            self.world_size,
-            self.seed,
-            start,
-            workers,
-            self.last_batch,
-            self.storage,
-        ):
-            self._next += workers  # before yielding: a state taken with this batch resumes after it
-            yield convert(batch)
+        try:
+            step = start
+            for batch in plan.steps(start, workers, shared.load if shared is not None else None):
+                if shared is not None:
+                    shared.done(step)
+                self._next += workers  # before yielding: a state taken with this batch resumes after it
+                step += workers
+                yield convert(batch)
+        finally:
+            if shared is not None:
+                shared.close()
         self._next = None
 
     def state_dict(self) -> dict[str, Any]:
-        """This worker's position: the step it yields next (None before it started: from the start)."""
-        return {**self._settings(), "next_step": self._next}
+        """This worker's position: the step it yields next (None before it started: from the start),
+        and the version it reads."""
+        return {
+            **self._settings(),
+            "next_step": self._next,
+            "dataset": self.pinned.path,
+            "manifest_sha256": self.pinned.sha256,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mismatched = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
         if mismatched:
             raise ValueError(f"the state was saved with other settings (saved, now): {mismatched}")
+        saved = state.get("manifest_sha256")
+        if saved != self.pinned.sha256 and not self.follow_latest:
+            raise ValueError(
+                f"the state was saved reading {state.get('dataset', '(an unrecorded version)')} "
+                f"(manifest {str(saved)[:12]}), and {self.path} now holds {self.pinned.path} "
+                f"(manifest {self.pinned.sha256[:12]}): a rebuild committed since. To finish the epoch "
+                f"on the data it began, make the PackedDataset on {state.get('dataset', 'that version')}; "
+                "to go on from the same step on the new version, pass follow_latest=True"
+            )
         self._resume = state["next_step"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from raypack.config import load_config  # noqa: E402
 from raypack.pipeline.job import run_job  # noqa: E402
 from raypack.reader import block_causal_mask, iter_batches  # noqa: E402
+from raypack.shared_groups import cache_base  # noqa: E402
 from raypack.torch_data import PackedDataset  # noqa: E402
 from tests.conftest import job_config, make_corpus  # noqa: E402
 
@@ -209,3 +211,99 @@ def test_packed_dataset_refuses_bad_settings_and_a_foreign_state(packed: Path) -
     state = PackedDataset(str(packed), 2, seed=1).state_dict()
     with pytest.raises(ValueError, match=r"saved with other settings .*'seed': \(1, 2\)"):
         PackedDataset(str(packed), 2, seed=2).load_state_dict(state)
+
+
+def test_dataloader_workers_read_each_row_group_once(
+    packed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4 workers, batches of 2 from row groups of 7 packs: consecutive steps (on different workers)
+    share row groups. Each group is read once per epoch, not once per worker, and the batches are
+    iter_batches' in its order."""
+    from torch.utils.data import DataLoader
+
+    import raypack.reader as reader_module
+
+    log = tmp_path / "reads.log"
+    real = reader_module.read_group
+
+    def counted(dataset: str, group: Any, seed: int, storage: Any) -> Any:
+        with open(log, "a") as f:  # one short O_APPEND write a read: whole lines from every worker
+            f.write(f"{group.path}:{group.index}\n")
+        return real(dataset, group, seed, storage)
+
+    monkeypatch.setattr(reader_module, "read_group", counted)
+    expected = [
+        hashlib.sha1(b["input_ids"].tobytes()).hexdigest() for b in iter_batches(str(packed), 2, 0, 1, seed=3)
+    ]
+    direct = log.read_text().splitlines()  # (the wrap at the end reads the first group again)
+    assert len(set(direct)) > 8
+    log.unlink()
+    loader = DataLoader(
+        PackedDataset(str(packed), 2, seed=3), batch_size=None, num_workers=4, multiprocessing_context="fork"
+    )
+    for epoch in range(2):
+        assert digests(loader) == expected
+        reads = log.read_text().splitlines()
+        assert len(reads) == len(set(reads)) and set(reads) == set(direct), f"epoch {epoch}: {sorted(reads)}"
+        log.unlink()
+    leftovers = [p for p in (cache_base()).glob(f"raypack-loader-{os.getpid()}-*")]
+    assert leftovers == []  # the last worker out of each epoch removed the shared directory
+
+
+def test_a_packed_dataset_stays_on_its_version_and_refuses_a_state_from_another(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A rebuild commits between a checkpoint and its resume: the resumed loader must not silently
+    read other packs at step k."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from raypack.pipeline.rebuild import run_rebuild
+    from raypack.reader import pin_version
+
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=30, seed=42)
+    cfg_path = job_config(
+        tmp_path, f"{corpus}/*", tokenizer_path, pack={"seq_len": SEQ_LEN}, output={"shard_rows": 7}
+    )
+    cfg = load_config(str(cfg_path))
+    root = cfg.output.path
+    run_rebuild(cfg, log=lambda _: None)
+    old_version = pin_version(root)
+    old = [hashlib.sha1(b["input_ids"].tobytes()).hexdigest() for b in iter_batches(old_version, 2, seed=1)]
+
+    ds = PackedDataset(root, 2, seed=1)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    it = iter(loader)
+    first = [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    (corpus / "part-000.jsonl").write_text(json.dumps({"text": "a new document " * 30}) + "\n")
+    run_rebuild(cfg, log=lambda _: None)
+    assert pin_version(root) != old_version
+
+    # The dataset made before the rebuild still reads the version it pinned, every epoch.
+    assert digests(StatefulDataLoader(ds, batch_size=None)) == old
+
+    # A resume on the root (now the new version) is refused, clearly.
+    def resumed(ds: PackedDataset, saved: dict[str, Any]) -> Any:
+        loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+        loader.load_state_dict(saved)
+        return loader
+
+    with pytest.raises(ValueError, match="a rebuild committed since"):
+        next(iter(resumed(PackedDataset(root, 2, seed=1), state)))
+    # On the version it began, the epoch finishes exactly; or it goes on on the new one, knowingly.
+    on_old = resumed(PackedDataset(old_version, 2, seed=1), _with_path(state, old_version))
+    assert digests(first) + digests(on_old) == old
+    knowingly = resumed(PackedDataset(root, 2, seed=1, follow_latest=True), state)
+    new = [hashlib.sha1(b["input_ids"].tobytes()).hexdigest() for b in iter_batches(root, 2, seed=1)]
+    assert digests(knowingly) == new[3:]
+
+
+def _with_path(state: dict[str, Any], path: str) -> dict[str, Any]:
+    """A StatefulDataLoader state with every saved dataset state's path replaced (the settings check
+    compares the path the PackedDataset was made with)."""
+    if isinstance(state, dict):
+        return {k: (path if k == "path" else _with_path(v, path)) for k, v in state.items()}
+    if isinstance(state, list):
+        return [_with_path(v, path) for v in state]
+    return state
