@@ -7,15 +7,15 @@ objects grows with the bytes moved, never with shards × files.
       two hops: piece k goes to partition k (a run of writers) ──merge_pieces, J pieces at a time──▶
                 one piece per writer of the partition
     ──write_files (R tasks, each a contiguous range of output files, one file at a time)──▶ data/
-    ids (input.id_field): each assign task also yields its documents' ids hashed into P pieces
-    ──count_ids (P tasks)──▶ ids carried by more than one document
+    ids (input.id_field): with each round, an assign task also yields the ids of the documents it read
+    since the last, hashed into P pieces ──count_ids (P tasks)──▶ ids carried by more than one document
 
 With S shards, F files, D bytes of items (~4 bytes a token) and W the cluster's CPUs:
 - M = min(S, W) assign tasks, each over a run of consecutive shards of about equal input bytes. The
   driver holds one rank base per run (raypack.pipeline.histogram.Totals), M × (seq_len + 1) int64.
 - An assign task's memory is bounded by a round (ROUND_BYTES plus one record batch; ~3 rounds at its
-  peak, while it sorts), whatever its run's size: a round's pieces are yielded (stored in the object
-  store) as soon as it is full. Rounds: D / ROUND_BYTES + M.
+  peak, while it sorts), whatever its run's size: a round's pieces, and its documents' ids, are
+  yielded (stored in the object store) as soon as it is full. Rounds: D / ROUND_BYTES + M.
 - R = min(F, max(W, D / WRITER_BYTES)) writers, each holding its pieces in the object store (about
   D / R bytes, spilled to disk by Ray when the store is full) and one file in its heap.
 - Objects: one hop, rounds × R; two hops (when that is over ONE_HOP_OBJECTS and makes fewer),
@@ -165,10 +165,15 @@ class Layout:
     def hops(self) -> int:
         return 2 if self.merge_width else 1
 
+    def id_rounds(self, run: int) -> int:
+        """Rounds of id pieces run `run` yields: one a round, one for a run with no items."""
+        return max(int(self.rounds[run]), 1) if self.id_parts else 0
+
     def counts(self) -> dict[str, int]:
         """Tasks and objects the exchange makes (exact: every task's num_returns)."""
         rounds = int(self.rounds.sum())
         assigns = int(np.count_nonzero(self.rounds) if not self.id_parts else self.runs)
+        id_pieces = sum(self.id_rounds(run) for run in range(self.runs)) * self.id_parts
         merges = 0
         merge_objects = 0
         if self.merge_width:
@@ -183,7 +188,8 @@ class Layout:
             "rounds": rounds,
             "objects": rounds * self.partitions
             + merge_objects
-            + assigns * (self.id_parts + 1)
+            + id_pieces
+            + assigns
             + self.writers
             + self.id_parts,
         }
@@ -279,8 +285,11 @@ def assign_run(
     id_parts: int,
     patterns: tuple[str, ...],
 ) -> Iterator[Any]:
-    """Ray task (a generator: each value is stored as it is yielded): `rounds` rounds of one piece per
-    partition (items sorted by file_key), then `id_parts` pieces of document ids, then its counts."""
+    """Ray task (a generator: each value is stored as it is yielded): `rounds` rounds, each one piece
+    per partition (items sorted by file_key) and `id_parts` pieces of the ids of the documents read
+    since the last round (a run with no items: one round of id pieces alone), then its counts. Ids
+    ride with the rounds so that the task never holds more than a round's: all of a run's ids (at
+    40 bytes each, 200 MB for 5M documents) was the task's largest object."""
     with transient(patterns):
         parts = len(part_first_key)
         pending: list[list[pa.Table]] = [[] for _ in range(parts)]
@@ -305,14 +314,15 @@ def assign_run(
             done += n_tokens * 4 + table.num_rows * ITEM_BYTES
             while yielded < rounds - 1 and done >= round_ends[yielded]:
                 yield from (_sorted(p) for p in pending)
-                pending = [[] for _ in range(parts)]
+                yield from (_ids_table(i) for i in ids)
+                pending, ids = [[] for _ in range(parts)], [[] for _ in range(id_parts)]
                 yielded += 1
-        while yielded < rounds:
-            yield from (_sorted(p) for p in pending)
-            pending = [[] for _ in range(parts)]
+        while yielded < max(rounds, 1 if id_parts else 0):
+            if yielded < rounds:
+                yield from (_sorted(p) for p in pending)
+            yield from (_ids_table(i) for i in ids)
+            pending, ids = [[] for _ in range(parts)], [[] for _ in range(id_parts)]
             yielded += 1
-        for p in range(id_parts):
-            yield _ids_table(ids[p])
         yield {"items": items, "tokens": tokens}
 
 
@@ -436,7 +446,8 @@ def run_exchange(
         if rounds == 0 and not lay.id_parts:
             continue
         members = [shards[s] for s in np.flatnonzero(lay.run_of_shard == run).tolist()]
-        n = rounds * lay.partitions + lay.id_parts + 1
+        per_round = lay.partitions + lay.id_parts
+        n = rounds * lay.partitions + lay.id_rounds(run) * lay.id_parts + 1
         refs = _refs(
             assign.options(num_returns=n, **opts).remote(
                 cfg,
@@ -453,9 +464,11 @@ def run_exchange(
         )
         for r in range(rounds):
             for p in range(lay.partitions):
-                to_part[p].append(refs[r * lay.partitions + p])
-        for q in range(lay.id_parts):
-            to_ids[q].append(refs[rounds * lay.partitions + q])
+                to_part[p].append(refs[r * per_round + p])
+        for r in range(lay.id_rounds(run)):
+            first = r * per_round + (lay.partitions if r < rounds else 0)
+            for q in range(lay.id_parts):
+                to_ids[q].append(refs[first + q])
         counts.append(refs[-1])
     del plan_ref
 

@@ -185,7 +185,28 @@ def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
     monkeypatch.setattr(exchange, "ONE_HOP_OBJECTS", 0)
     monkeypatch.setattr(exchange, "ROUND_BYTES", 4096)  # a round every few record batches
     monkeypatch.setattr(job_module, "_cluster_cpus", lambda: 7)
+    yields = tmp_path / "yields"
+    yields.mkdir()
+    real_assign = exchange.assign_run
+
+    def watched(*args: Any) -> Any:  # pickled by value into the task: logs what the task yields
+        log = yields / f"{random.getrandbits(64):016x}"
+        for value in real_assign(*args):
+            if isinstance(value, pa.Table):
+                kind = "ids" if value.column_names == ["doc_id"] else "items"
+                with open(log, "a") as f:
+                    f.write(f"{kind} {value.num_rows}\n")
+            yield value
+
+    monkeypatch.setattr(exchange, "assign_run", watched)
     assert pack("two_hops_width7", hops=2, concurrency=2) == want
+    # Ids ride with the rounds: a task yields ids before its last round's items, not all at its end.
+    logs = [[line.split() for line in f.read_text().splitlines()] for f in sorted(yields.iterdir())]
+    assert len(logs) == 7
+    for log in logs:
+        last_items = max(i for i, (kind, _) in enumerate(log) if kind == "items")
+        assert sum(kind == "items" for kind, _ in log) > 2 * 2  # several rounds of 2+ partitions
+        assert sum(int(n) for kind, n in log[:last_items] if kind == "ids") > 0
     monkeypatch.undo()
     monkeypatch.setattr(job_module, "_cluster_cpus", lambda: 1)
     assert pack("width1", concurrency=1) == want
