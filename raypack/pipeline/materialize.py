@@ -1,8 +1,8 @@
-"""Stages 6-7, materialize and write: all items of one output file arrive together (a Ray Data sort on
-file_key whose range boundaries are the plan's file keys, so one sorted block is exactly one file),
-become pack rows (schema.PACKED) in pack-id order, and are written as one Parquet file whose name,
-rows and bytes depend only on the plan, the seed and the corpus: never on how many workers ran or how
-blocks were cut.
+"""Stages 6-7, materialize and write: all items of one output file reach one write task (the
+exchange's pieces for its file range, raypack.pipeline.exchange; in sharded mode, the group's own
+items), become pack rows (schema.PACKED) in pack-id order, and are written as one Parquet file whose
+name, rows and bytes depend only on the plan, the seed and the corpus: never on how many workers ran
+or how the pieces were cut.
 
 Memory of a write task: its file's items (≈ 4 bytes a token) plus the packed rows (4 bytes a slot) and
 one int64 scatter index per token; the token column is never reordered (a copy of the largest column
