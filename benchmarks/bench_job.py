@@ -24,6 +24,10 @@ holds one 2 MB text keeps the other cores idle until it is done; the processes d
 other). Ratios are the faster baseline's seconds over the job's (or its tokenize stage's) on the same
 texts: 1.0 would be the job as fast as the tokenizer alone (the job also adds one EOS a document).
 Targets (issue 13): whole command >= 0.75 at ~130 MB and >= 0.85 at ~500 MB; tokenize stage >= 0.9.
+Backends (issue 20): the job runs once per tokenizer.backend (--backends), each against the same
+baseline; the data files of every backend must be byte-identical (checked). Per stage: MB of corpus
+text per second per core (text MB / (stage seconds × cores)). Target: with fastokens, the whole
+command >= 5x encode_batch_fast at 500 MB with the 128k vocabulary.
 One file: the smallest corpus also as a single uncompressed JSONL file, packed whole (one work unit,
 so one actor) and in byte-range work units of UNIT_MB (input.unit_bytes), with the first tokenizer.
 """
@@ -272,12 +276,18 @@ class WorkerMemory:
 
 
 def run_command(
-    work: Path, corpus: Path, tokenizer: Path, name: str, pattern: str = "*.jsonl.gz", **inputs: object
+    work: Path,
+    corpus: Path,
+    tokenizer: Path,
+    name: str,
+    pattern: str = "*.jsonl.gz",
+    backend: str = "tokenizers",
+    **inputs: object,
 ) -> tuple[float, dict, WorkerMemory]:
     """`raypack pack` on the corpus (seq_len 8192, bfd, generated ids): (seconds, metrics.json, memory)."""
     config = {
         "input": {"paths": [str(corpus / pattern)], "max_reject_ratio": 0.05, **inputs},
-        "tokenizer": {"path": str(tokenizer)},
+        "tokenizer": {"path": str(tokenizer), "backend": backend},
         "pack": {"seq_len": 8192},
         "output": {"path": str(work / f"out-{name}")},
     }
@@ -301,6 +311,14 @@ def run_command(
     return seconds, metrics, mem
 
 
+def data_digest(out: Path) -> str:
+    """One sha256 over every data file's name and bytes."""
+    digest = hashlib.sha256()
+    for path in sorted((out / "data").rglob("*.parquet")):
+        digest.update(str(path.relative_to(out)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -308,6 +326,9 @@ def main() -> int:
     parser.add_argument("--mb", type=int, nargs="+", default=[130, 500], help="corpus sizes")
     parser.add_argument("--tokenizers", default="demo,large", help="demo, large, or both (comma-separated)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-job")
+    parser.add_argument(
+        "--backends", default="tokenizers,fastokens", help="tokenizer.backend values to run the job with"
+    )
     parser.add_argument(
         "--one-file",
         action=argparse.BooleanOptionalAction,
@@ -342,24 +363,42 @@ def main() -> int:
             limit_s = min(fast_s, procs_s)
             slow_s, slow_n = encode_seconds(tokenizer, head, fast=False)
             head_fast_s, _ = encode_seconds(tokenizer, head, fast=True)
-            seconds, metrics, mem = run_command(args.work, corpus, tokenizer, f"{mb}-{label.split()[-1]}")
-            stages = metrics["stage_seconds"]
-            assert metrics["metrics"]["tokens"] >= fast_n, "the job packed fewer tokens than the text holds"
             fast_rate = fast_n / fast_s
-            uss, rss, title = mem.peak()
             print(
                 f"{mb} MB, {len(texts):,} documents, {shards} shards, {label}: "
                 f"encode_batch_fast {fast_rate / 1e6:.3f} Mtok/s ({fast_s:.1f} s), in {os.cpu_count()} "
                 f"one-thread processes {fast_n / procs_s / 1e6:.3f} Mtok/s ({procs_s:.1f} s); encode_batch "
                 f"{slow_n / slow_s / 1e6:.3f} Mtok/s on the first 65 MB "
-                f"(fast/slow x{slow_s / head_fast_s:.2f}); "
-                f"raypack pack {seconds:.1f} s = {limit_s / seconds:.3f} of the faster, "
-                f"tokenize stage {stages['tokenize']:.1f} s = {limit_s / stages['tokenize']:.3f}; "
-                f"stages: {', '.join(f'{k} {v:.1f} s' for k, v in stages.items())}; "
-                f"startup and the rest {seconds - sum(stages.values()):.1f} s; largest worker private "
-                f"{uss / 2**20:.0f} MiB ({title}), RSS {rss / 2**20:.0f} MiB",
+                f"(fast/slow x{slow_s / head_fast_s:.2f})",
                 flush=True,
             )
+            text_mb = sum(len(t.encode()) for t in texts) / 1e6
+            digests = {}
+            for backend in args.backends.split(","):
+                name = f"{mb}-{label.split()[-1]}-{backend}"
+                seconds, metrics, mem = run_command(args.work, corpus, tokenizer, name, backend=backend)
+                stages = metrics["stage_seconds"]
+                assert metrics["metrics"]["tokens"] >= fast_n, (
+                    "the job packed fewer tokens than the text holds"
+                )
+                digests[backend] = data_digest(args.work / f"out-{name}")
+                uss, rss, title = mem.peak()
+                chosen = json.loads((args.work / f"out-{name}" / "manifest.json").read_text())["tokenizer"]
+                per_core = ", ".join(
+                    f"{k} {v:.1f} s ({text_mb / max(v, 1e-9) / (os.cpu_count() or 1):.1f} MB/s/core)"
+                    for k, v in stages.items()
+                )
+                print(
+                    f"  backend {backend} ({chosen.get('backend', {}).get('chosen', '?')}): raypack pack "
+                    f"{seconds:.1f} s = x{limit_s / seconds:.3f} the faster encode_batch_fast baseline, "
+                    f"tokenize stage {stages['tokenize']:.1f} s = x{limit_s / stages['tokenize']:.3f}; "
+                    f"stages: {per_core}; startup and the rest {seconds - sum(stages.values()):.1f} s; "
+                    f"largest worker private {uss / 2**20:.0f} MiB ({title}), RSS {rss / 2**20:.0f} MiB",
+                    flush=True,
+                )
+            same = len(set(digests.values())) == 1
+            print(f"  data files identical across backends: {same}", flush=True)
+            assert same, f"backends wrote different data: {digests}"
         if args.one_file and mb == min(args.mb):
             split_comparison(args.work, mb, texts, next(iter(tokenizers.values())))
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
 
@@ -81,12 +83,25 @@ def format_summary(result: JobResult) -> str:
                 f"{result.shards_tokenized:,} tokenized",
             )
         )
+    if result.backend:
+        rows.append(("tokenizer", _backend_line(result.backend)))
     rows.append(("report", result.report or "not written (see the warning above)"))
     total = sum(result.stage_seconds.values())
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items())
     rows.append(("time", f"{total:.1f}s ({stages})"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _backend_line(b: dict[str, Any]) -> str:
+    line = f"{b['chosen']}: {b['reason']}"
+    checked = b["checked_in_run"]
+    if checked["texts"]:
+        mib = checked["bytes"] / 2**20
+        line += f"; {checked['texts']:,} texts ({mib:.1f} MiB) re-checked with tokenizers in the run"
+    if b["failovers"]:
+        line += f"; FAILED OVER to tokenizers: {b['failovers'][0]}"
+    return line
 
 
 def format_rebuild(result: RebuildResult) -> str:

@@ -81,6 +81,11 @@ class Totals:
         self.rejected_records = 0
         """Input records the rejects stand for: a lost file counts as its rows (read.Reject)."""
         self.lost_files = 0
+        self.encoded_by: Counter[str] = Counter()
+        """Units by what encoded them (a backend's name, or "cache")."""
+        self.checked_texts = self.checked_bytes = 0
+        """Texts (and their UTF-8 bytes) a fast backend's ids were re-checked on, with tokenizers."""
+        self.failovers: list[str] = []
         self.reasons: Counter[str] = Counter()
         self._seen = np.zeros(len(run_of_shard), dtype=bool)
         self.nodes = [""] * len(run_of_shard)
@@ -101,6 +106,12 @@ class Totals:
         self.rejects += int(row["rejects"])
         self.rejected_records += int(row["rejected_records"])
         self.lost_files += int(row["lost_files"])
+        self.encoded_by[str(row.get("backend", "tokenizers"))] += 1
+        self.checked_texts += int(row.get("checked_texts", 0))
+        self.checked_bytes += int(row.get("checked_bytes", 0))
+        failover = str(row.get("failover", ""))
+        if failover and failover not in self.failovers and len(self.failovers) < 20:
+            self.failovers.append(failover)
         self.reused += bool(row["cached"])
         self.nodes[shard] = str(row.get("node", ""))
         self.reasons.update(json.loads(row["reasons"]))

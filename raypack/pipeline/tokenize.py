@@ -1,9 +1,11 @@
 """Stage 2, tokenize: a Ray Data actor that loads the tokenizer once and turns whole shards into staged
 token files (one Parquet file per input shard, schema.TOKENIZED), plus a rejects file when needed.
 
-Documents are encoded with `encode_batch_fast(..., add_special_tokens=False)`: the same ids as
-`encode_batch` without computing character offsets, which raypack never uses (1.4-1.5× faster on real
-C sources with a 128k-vocabulary BPE; tests check the ids are equal). The tokenizer's own template
+Documents are encoded by the backend the driver chose (raypack.pipeline.backends): `tokenizers`'
+`encode_batch_fast(..., add_special_tokens=False)`, or fastokens where it proved the same ids. With
+fastokens, a Checker re-encodes a seeded sample of each unit's pieces with `tokenizers` within a
+fifth of the fast encoder's own time; a difference re-tokenizes the unit with `tokenizers`, and
+every actor finishes the job on it (a marker in the staging area). The tokenizer's own template
 (which may add BOS, CLS/SEP, ...) is off, so `add_bos` / `add_eos` alone decide what frames a document.
 Tokens are computed once here; later stages only read these files.
 """
@@ -14,7 +16,9 @@ import hashlib
 import itertools
 import json
 import os
+import random
 import re
+import time
 from collections import Counter
 from typing import Any
 
@@ -24,6 +28,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig, TokenizerConfig
+from raypack.pipeline.backends import Choice, Encoder, FastokensEncoder, Mismatch, TokenizersEncoder
 from raypack.pipeline.histogram import summarize_shard
 from raypack.pipeline.read import Batch, read_shard, unit_entry
 from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
@@ -69,18 +74,25 @@ def split_text(text: str, size: int = PIECE_CHARS) -> list[str]:
 
 
 def encode_documents(tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text, framed by BOS/EOS as configured (the tokenizer's own template off)."""
+    """Token ids of each text, framed by BOS/EOS as configured (the tokenizer's own template off),
+    by `tokenizers`: the reference (verify re-tokenizes with it)."""
     flat, lengths = encode_flat(tok, cfg, texts)
     ends = np.cumsum(lengths)
     return [flat[e - n : e].tolist() for e, n in zip(ends.tolist(), lengths.tolist(), strict=True)]
 
 
 def encode_flat(
-    tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str]
+    tok: LoadedTokenizer,
+    cfg: TokenizerConfig,
+    texts: list[str],
+    encoder: Encoder | None = None,
+    checker: Checker | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every text's tokens, framed by BOS/EOS as configured, as one int32 array and per-document
     lengths: no list per document is kept (at 55M tokens per job a per-token Python loop costs
-    seconds), and texts over PIECE_CHARS are encoded in pieces."""
+    seconds), and texts over PIECE_CHARS are encoded in pieces. `encoder`: tokenizers' unless
+    given; `checker`: re-checks a sample of the pieces (Mismatch on a difference)."""
+    encoder = encoder or TokenizersEncoder(tok.tokenizer)
     pieces: list[str] = []
     piece_doc: list[int] = []
     for i, text in enumerate(texts):
@@ -95,11 +107,12 @@ def encode_flat(
         while end < len(pieces) and (end == start or chars + len(pieces[end]) <= _GROUP_CHARS):
             chars += len(pieces[end])
             end += 1
-        ids = [e.ids for e in tok.tokenizer.encode_batch_fast(pieces[start:end], add_special_tokens=False)]
-        n = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        raws.append(np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int32, count=int(n.sum())))
+        t0 = time.perf_counter()
+        flat, n = encoder.encode(pieces[start:end])
+        if checker is not None:
+            checker.check(pieces[start:end], flat, n, time.perf_counter() - t0)
+        raws.append(flat)
         piece_len.append(n)
-        del ids
         start = end
     raw = np.concatenate(raws) if raws else np.zeros(0, dtype=np.int32)
     lengths_of_pieces = np.concatenate(piece_len) if piece_len else np.zeros(0, dtype=np.int64)
@@ -123,6 +136,57 @@ def encode_flat(
     return out, length
 
 
+# The in-run check of a fast backend: re-encoding with tokenizers may take this share of the fast
+# encoder's own time, plus CHECK_FLOOR_S a unit (so a small unit is checked too). At ×60, checking 1%
+# of the text would cost 60% more; a fifth of the time checks ~0.3% of it.
+CHECK_SHARE = 0.2
+CHECK_FLOOR_S = 0.05
+
+
+class Checker:
+    """Re-encodes a seeded sample of one unit's pieces with `tokenizers` and compares every id: a
+    Mismatch on the first difference. Bounded by time, not by count (module constants)."""
+
+    def __init__(self, reference: TokenizersEncoder, seed: str) -> None:
+        self.reference = reference
+        self.rng = random.Random(seed)
+        self.fast_s = self.check_s = 0.0
+        self.texts = self.bytes = 0
+        self.rate = 1e6  # the reference's characters a second, until measured (tokenizers: 1-2.5 MB/s)
+
+    def check(self, pieces: list[str], flat: np.ndarray, lengths: np.ndarray, fast_s: float) -> None:
+        self.fast_s += fast_s
+        budget = CHECK_SHARE * self.fast_s + CHECK_FLOOR_S - self.check_s
+        picked, cost = [], 0.0
+        for i in self.rng.sample(range(len(pieces)), len(pieces)):
+            need = len(pieces[i]) / self.rate
+            if cost + need <= budget:
+                picked.append(i)
+                cost += need
+        if not picked:
+            return
+        picked.sort()
+        t0 = time.perf_counter()
+        want, want_len = self.reference.encode([pieces[i] for i in picked])
+        spent = time.perf_counter() - t0
+        self.check_s += spent
+        chars = sum(len(pieces[i]) for i in picked)
+        self.rate = max(chars / max(spent, 1e-6), 1e4)
+        ends = np.cumsum(lengths)
+        at = 0
+        for k, i in enumerate(picked):
+            got = flat[ends[i] - lengths[i] : ends[i]]
+            ref = want[at : at + want_len[k]]
+            at += int(want_len[k])
+            if not np.array_equal(got, ref):
+                raise Mismatch(
+                    f"a {len(pieces[i]):,}-character text ({pieces[i][:40]!r}): {len(got)} ids, "
+                    f"tokenizers {len(ref)}"
+                )
+            self.texts += 1
+            self.bytes += len(pieces[i].encode("utf-8", errors="surrogatepass"))
+
+
 # Bump when the token file layout or what goes into a key changes: old cache entries then miss.
 # 2: keyed on input.empty, input.max_document_bytes and the piece size too; written in place.
 # 3: keyed on the tokenizer library's version; rejects count records and lost files (footer JSON).
@@ -133,15 +197,17 @@ TOKEN_FORMAT = 3
 _DONE = b"raypack.rejects"
 
 
-def token_settings(cfg: JobConfig, tok: LoadedTokenizer) -> dict[str, Any]:
+def token_settings(cfg: JobConfig, tok: LoadedTokenizer, backend: Choice | None = None) -> dict[str, Any]:
     """Everything besides the shard's bytes that decides its token file: a change in any of these must
     re-tokenize (a rebuild reuses a cached file only when all of them and the shard are unchanged).
     input.empty and input.max_document_bytes decide document or reject; PIECE_CHARS where a long
     text is cut for encoding (its tokens may differ at a cut with no space). The library that
-    encodes, by name and version: an upgrade may change ids (a rebuild must not mix old and new)."""
+    encodes, by name and version: an upgrade may change ids (a rebuild must not mix old and new);
+    the backend that encodes, by name and version."""
     return {
         "token_format": TOKEN_FORMAT,
         "library": tokenizer_library(),
+        "backend": backend.label if backend is not None else None,
         "format": cfg.input.format,
         "text_field": cfg.input.text_field,
         "id_field": cfg.input.id_field,
@@ -184,6 +250,16 @@ def reason_counts(reasons: list[str]) -> dict[str, int]:
     return dict(sorted(kinds.items()))
 
 
+def failover_marker(output: str) -> str:
+    """Written by the first tokenize actor whose check found a difference: the others then go on with
+    tokenizers too (it lives in the staging area, removed with it)."""
+    return join(output, "_staging", "backend-failover")
+
+
+def _fast_encoder(tokenizer_json: str) -> Encoder:
+    return FastokensEncoder(tokenizer_json)
+
+
 def rejects_path(output: str, shard: int) -> str:
     return join(output, "rejects", f"shard-{shard:06d}.parquet")
 
@@ -200,7 +276,7 @@ class TokenizeShards:
     """map_batches callable: each input row names a shard and its token file; each output row
     summarizes the shard. A token file that exists already (a rebuild's cache) is reused, not redone."""
 
-    def __init__(self, cfg: JobConfig) -> None:
+    def __init__(self, cfg: JobConfig, backend: str = "tokenizers") -> None:
         # Each actor holds one CPU (num_cpus=1), but tokenizers' thread pool takes every core of the
         # machine: N actors × N threads on N cores. Two processes on 2 cores encode the demo corpus
         # in 6.7-6.8 s each with the default pool, 5.6-5.7 s each with one thread. Set before the
@@ -209,6 +285,17 @@ class TokenizeShards:
         self.cfg = cfg
         self.storage = cfg.storage
         self.tok = load_tokenizer(cfg.tokenizer, cfg.storage)
+        self.reference = TokenizersEncoder(self.tok.tokenizer)
+        self.encoder: Encoder = self.reference
+        self.failover = ""
+        """Why this actor went back to tokenizers ("" while it has not)."""
+        if backend == "fastokens":
+            try:  # fastokens objects do not pickle: each actor builds its own
+                self.encoder = _fast_encoder(self.tok.json)
+            except Exception as e:  # not installed on this node, or refused: the reference, said so
+                self.failover = f"fastokens did not load on this node ({str(e).splitlines()[0]})"
+        self.marker = failover_marker(cfg.output.path)
+        self._checker: Checker | None = None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         out: dict[str, list[Any]] = {
@@ -224,6 +311,10 @@ class TokenizeShards:
             "counts": [],
             "stats": [],
             "node": [],
+            "backend": [],
+            "checked_texts": [],
+            "checked_bytes": [],
+            "failover": [],
         }
         node = _node_id()
         for i in range(len(batch["index"])):
@@ -255,6 +346,10 @@ class TokenizeShards:
             "counts": out["counts"],
             "stats": np.asarray(out["stats"], dtype=object),
             "node": np.asarray(out["node"], dtype=object),
+            "backend": np.asarray(out["backend"], dtype=object),
+            "checked_texts": np.asarray(out["checked_texts"], dtype=np.int64),
+            "checked_bytes": np.asarray(out["checked_bytes"], dtype=np.int64),
+            "failover": np.asarray(out["failover"], dtype=object),
         }
 
     def tokenize_shard(self, shard: Shard, token_dir: str, key: str) -> dict[str, Any]:
@@ -273,7 +368,7 @@ class TokenizeShards:
                     pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
                 )
         else:
-            docs, reasons, lost = self._tokenize(shard, path, cached_rejects_file(token_dir, key))
+            docs, reasons, lost = self._tokenize_checked(shard, path, cached_rejects_file(token_dir, key))
         doc_length = docs.column("length").to_numpy()
         summary = summarize_shard(
             self.cfg,
@@ -291,6 +386,40 @@ class TokenizeShards:
             "lost_files": lost["lost_files"],
             "reasons": json.dumps(reason_counts(reasons)),
             **summary,
+            **self._backend_summary(cached),
+        }
+
+    def _tokenize_checked(
+        self, shard: Shard, path: str, cached_rejects: str
+    ) -> tuple[pa.Table, list[str], dict[str, int]]:
+        """_tokenize with the chosen encoder and, for a fast one, a Checker; on a Mismatch the unit
+        is tokenized again with tokenizers, and this actor and (by the marker) every other one go on
+        with tokenizers."""
+        self._checker = None
+        if self.encoder is not self.reference and not self.failover and exists(self.marker, self.storage):
+            why = read_bytes(self.marker, self.storage).decode("utf-8", errors="replace")
+            self._fail_over(f"another actor found a difference: {why}", mark=False)
+        if self.encoder is self.reference:
+            return self._tokenize(shard, path, cached_rejects)
+        self._checker = Checker(self.reference, f"{shard.relpath}:{shard.unit_start}")
+        try:
+            return self._tokenize(shard, path, cached_rejects)
+        except Mismatch as e:
+            self._fail_over(f"unit {shard.index} ({shard.relpath}): {e}", mark=True)
+            return self._tokenize(shard, path, cached_rejects)
+
+    def _fail_over(self, reason: str, mark: bool) -> None:
+        self.encoder, self.failover, self._checker = self.reference, reason, None
+        if mark:
+            write_bytes(self.marker, reason.encode(), self.storage)
+
+    def _backend_summary(self, cached: bool) -> dict[str, Any]:
+        checker = self._checker
+        return {
+            "backend": "cache" if cached else self.encoder.name,
+            "checked_texts": checker.texts if checker is not None and not cached else 0,
+            "checked_bytes": checker.bytes if checker is not None and not cached else 0,
+            "failover": self.failover,
         }
 
     def _read_cached(self, path: str) -> tuple[pa.Table, dict[str, int]] | None:
@@ -359,7 +488,8 @@ class TokenizeShards:
         return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost
 
     def _encode(self, batch: Batch, relpath: str, rejects: list[dict[str, Any]]) -> pa.Table:
-        flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts)
+        checker = self._checker
+        flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts, self.encoder, checker)
         empty = np.flatnonzero(lengths == 0)
         if empty.size:  # only possible without BOS/EOS: text the tokenizer maps to nothing
             for i in empty.tolist():

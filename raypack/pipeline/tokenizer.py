@@ -45,6 +45,8 @@ class LoadedTokenizer:
     bos_source: str = ""
     """Where bos_id came from (a file name, "post-processor template", "token name", "tokenizer.bos_id")."""
     eos_source: str = ""
+    json: str = ""
+    """tokenizer.json's text: what another backend (raypack.pipeline.backends) loads."""
 
 
 def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> LoadedTokenizer:
@@ -87,6 +89,7 @@ def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -
         vocab,
         bos_source=found["bos"][1],
         eos_source=found["eos"][1],
+        json=raw.decode("utf-8"),
     )
 
 

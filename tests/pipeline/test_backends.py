@@ -1,0 +1,247 @@
+"""The tokenize stage's backends: fastokens gives `tokenizers`' ids wherever raypack lets it run (the
+self-check before the job, a sampled check in every task), a backend made to differ is caught and
+the job fails over with byte-identical output, and a tokenizer fastokens refuses runs on tokenizers
+and says so."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from raypack.cli import main
+from raypack.config import TokenizerConfig, load_config
+from raypack.demo import train_byte_level_bpe
+from raypack.errors import ConfigError
+from raypack.pipeline import backends
+from raypack.pipeline import job as job_module
+from raypack.pipeline.backends import FastokensEncoder, TokenizersEncoder, choose_backend, first_difference
+from raypack.pipeline.job import run_job
+from raypack.pipeline.tokenize import load_tokenizer
+from raypack.verify import verify
+from tests.conftest import WORDS, job_config, make_corpus
+
+pytest.importorskip("fastokens")  # installed wherever it has a wheel (pyproject); CI's x86_64 has one
+
+
+def _texts(n: int = 200) -> list[str]:
+    rng = random.Random(0)
+    return [" ".join(rng.choice(WORDS) for _ in range(150)) + " café 日本 🙂" for _ in range(n)]
+
+
+def _sentencepiece_style() -> Tokenizer:
+    """A Llama/Mistral-style BPE: ▁ for spaces by normalizer (Prepend/Replace), byte fallback."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    trainer = trainers.BpeTrainer(
+        vocab_size=700,
+        special_tokens=["<unk>", "<s>", "</s>", *[f"<0x{i:02X}>" for i in range(256)]],
+        show_progress=False,
+    )
+    tok.train_from_iterator(_texts(), trainer=trainer)
+    return tok
+
+
+def _wordpiece() -> Tokenizer:
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=400, special_tokens=["[UNK]", "[CLS]", "[SEP]"], show_progress=False
+    )
+    tok.train_from_iterator(_texts(), trainer=trainer)
+    return tok
+
+
+def _metaspace() -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+    )
+    tok.train_from_iterator(_texts(), trainer=trainer)
+    return tok
+
+
+def _nfkc(base: Path) -> Tokenizer:
+    tok = Tokenizer.from_file(str(base))
+    tok.normalizer = normalizers.NFKC()
+    return tok
+
+
+@pytest.fixture(scope="module")
+def fast_tokenizers(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict[str, Path]:
+    """Tokenizers fastokens loads: the tests' byte-level BPE, the demo's (a 2k GPT-2-style BPE with
+    the demo's specials), a model directory (DeepSeek-style specials in tokenizer_config.json), a
+    SentencePiece-style BPE with byte fallback."""
+    root = tmp_path_factory.mktemp("backends")
+    demo = root / "demo.json"
+    train_byte_level_bpe(_texts(), 2000, ["<|endoftext|>", "<|pad|>", "<think>", "</think>"]).save(str(demo))
+    model = root / "model"
+    model.mkdir()
+    special = ["<unk>", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"]
+    train_byte_level_bpe(_texts(), 600, special).save(str(model / "tokenizer.json"))
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": special[2], "bos_token": special[1]})
+    )
+    sp = root / "sp.json"
+    _sentencepiece_style().save(str(sp))
+    return {"tests": tokenizer_path, "demo": demo, "model_directory": model, "sentencepiece": sp}
+
+
+def _encoders(path: Path) -> tuple[Any, TokenizersEncoder, FastokensEncoder]:
+    tok = load_tokenizer(TokenizerConfig(path=str(path)))
+    return tok, TokenizersEncoder(tok.tokenizer), FastokensEncoder(tok.json)
+
+
+SPECIALS = ["<|endoftext|>", "<s>", "</s>", "<think>", "<｜end▁of▁sentence｜>", "<unk>", "<0x41>"]
+
+
+@pytest.mark.parametrize("name", ["tests", "demo", "model_directory", "sentencepiece"])
+def test_fastokens_gives_the_ids_of_tokenizers_on_adversarial_text(
+    fast_tokenizers: dict[str, Path], name: str
+) -> None:
+    tok, reference, fast = _encoders(fast_tokenizers[name])
+    choice = choose_backend("auto", tok, _texts(20))
+    assert choice.backend == "fastokens", choice.reason
+    assert first_difference(reference, fast, backends.probes(tok.tokenizer)) is None
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        st.lists(
+            st.one_of(
+                st.text(st.characters(exclude_categories=["Cs"]), max_size=60),
+                st.sampled_from(SPECIALS),
+                st.text(" \t\r\n\u00a0\u3000", max_size=12),
+                st.sampled_from(WORDS),
+            ),
+            max_size=12,
+        )
+    )
+    def same(parts: list[str]) -> None:
+        text = "".join(parts)
+        assert first_difference(reference, fast, [text, " " + text, text + text]) is None, repr(text)
+
+    same()
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "metaspace", "nfkc"])
+def test_a_tokenizer_fastokens_refuses_runs_on_tokenizers_and_says_so(
+    tmp_path: Path, tokenizer_path: Path, kind: str
+) -> None:
+    tok = {"wordpiece": _wordpiece, "metaspace": _metaspace, "nfkc": lambda: _nfkc(tokenizer_path)}[kind]()
+    path = tmp_path / f"{kind}.json"
+    tok.save(str(path))
+    loaded = load_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
+    choice = choose_backend("auto", loaded, _texts(5))
+    assert choice.backend == "tokenizers" and "fastokens 0.3" in choice.reason and "refuses" in choice.reason
+    with pytest.raises(
+        ConfigError, match=r"tokenizer.backend fastokens: fastokens .* refuses this tokenizer"
+    ):
+        choose_backend("fastokens", loaded, [])
+
+
+class _OneIdOff:
+    """fastokens, but the first id of any text holding `word` is changed: what the checks must catch."""
+
+    name = "fastokens"
+
+    def __init__(self, inner: Any, word: str) -> None:
+        self.inner, self.word, self.version = inner, word, inner.version
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = self.inner.encode(texts)
+        flat = flat.copy()
+        starts = np.cumsum(lengths) - lengths
+        for i, text in enumerate(texts):
+            if self.word in text and lengths[i]:
+                flat[starts[i]] = (flat[starts[i]] + 1) % 100
+        return flat, lengths
+
+
+def test_a_backend_made_to_differ_is_caught_by_the_self_check(
+    tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tok = load_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
+    real = backends.FastokensEncoder
+    monkeypatch.setattr(backends, "FastokensEncoder", lambda j: _OneIdOff(real(j), "日本語"))  # a probe
+    choice = choose_backend("auto", tok, [])
+    assert choice.backend == "tokenizers" and "gave other ids than tokenizers on text" in choice.reason
+    monkeypatch.setattr(backends, "FastokensEncoder", lambda j: _OneIdOff(real(j), "histogram"))  # corpus
+    assert choose_backend("auto", tok, ["the histogram"]).backend == "tokenizers"
+    with pytest.raises(ConfigError, match="gave other ids"):
+        choose_backend("fastokens", tok, ["the histogram"])
+
+
+def _data(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "data").rglob("*")) if p.is_file()}
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_jobs_on_either_backend_write_the_same_bytes_and_a_difference_in_the_run_fails_over(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """auto picks fastokens and writes tokenizers' bytes. Then a fastokens that differs on one word
+    the self-check does not meet: the tasks' sampled check finds it, the units are tokenized again
+    with tokenizers, the job finishes on tokenizers and says so, and the bytes are the same again."""
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
+    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path, tokenizer={"concurrency": 2})
+
+    def pack(name: str, *overrides: str) -> tuple[Any, dict[str, bytes]]:
+        cfg = load_config(str(path), [f"output.path={tmp_path / name}", *overrides])
+        result = run_job(cfg, log=lambda _: None)
+        assert verify(str(tmp_path / name), cfg, sample=20).ok
+        return result, _data(tmp_path / name)
+
+    reference, want = pack("reference", "tokenizer.backend=tokenizers")
+    assert reference.backend["chosen"].startswith("tokenizers ") and reference.backend["failovers"] == []
+    fast, got = pack("fast")
+    assert fast.backend["chosen"].startswith("fastokens ") and fast.backend["finished_on"] == "fastokens"
+    assert fast.backend["units_by_backend"] == {"fastokens": 4}
+    assert fast.backend["checked_in_run"]["texts"] > 0 and fast.backend["checked_in_run"]["bytes"] > 0
+    assert got == want
+    manifest = json.loads((tmp_path / "fast" / "manifest.json").read_text())
+    assert manifest["tokenizer"]["backend"] == fast.backend
+
+    # The self-check passes (patched here in the driver); the actors' encoder differs on "histogram".
+    from raypack.pipeline.tokenize import TokenizeShards
+
+    class Differs(TokenizeShards):  # defined here, so Ray ships it by value to the actors
+        def __init__(self, cfg: Any, backend: str = "tokenizers") -> None:
+            super().__init__(cfg, backend)
+            if self.encoder is not self.reference:
+                self.encoder = _OneIdOff(self.encoder, "histogram")
+
+    chosen = backends.Choice("fastokens", fast.backend["chosen"].split()[1], "patched: no self-check")
+    monkeypatch.setattr(job_module, "choose_backend", lambda *a: chosen)
+    monkeypatch.setattr(job_module, "TokenizeShards", Differs)
+    failed, again = pack("failed_over")
+    assert failed.backend["finished_on"] == "tokenizers" and failed.backend["failovers"]
+    assert all(f.startswith(("unit ", "another actor found")) for f in failed.backend["failovers"])
+    assert any(" ids, tokenizers " in f for f in failed.backend["failovers"])
+    assert again == want
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_summary_says_which_backend_ran_and_why(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=10, seed=10)
+    nfkc = tmp_path / "nfkc.json"
+    _nfkc(tokenizer_path).save(str(nfkc))
+    cfg = job_config(tmp_path, f"{corpus}/*", nfkc)
+    assert main(["pack", str(cfg)]) == 0
+    out = capsys.readouterr()
+    line = next(x for x in out.out.splitlines() if x.startswith("tokenizer "))
+    assert "tokenizers 0." in line and "fastokens 0.3" in line and "refuses this tokenizer" in line
+    assert "[raypack] tokenizer backend: tokenizers" in out.err
+    assert main(["pack", str(cfg), "--overwrite", "--set", "tokenizer.backend=fastokens"]) == 2
+    assert "tokenizer.backend fastokens: fastokens 0.3" in capsys.readouterr().err
