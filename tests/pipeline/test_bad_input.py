@@ -160,6 +160,9 @@ def test_a_parquet_corpus_with_a_wrong_schema_file_and_a_non_parquet_file(
     ]
     report = verify(str(tmp_path / "out"))
     assert report.ok and len(report.lost_files) == 3 and report.rejected_records == 6
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert "6 of 86 input records" in page and "3 input files were lost</strong>" in page
+    assert "whole file (lost: 3 records)" in page
 
 
 @pytest.mark.parametrize("mode", ["global", "sharded"])  # counted in the exchange / from the index
