@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 INPUT_FORMATS = ("jsonl", "parquet", "text")
+TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")  # raypack.pipeline.backends
 PACK_MODES = ("global", "sharded")
 # PackConfig field → the keyword option of the packers that take it.
 ALGORITHM_OPTION_FIELDS = {
@@ -229,9 +230,9 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         if not self.path:
             raise ConfigError("tokenizer.path must not be empty")
-        if self.backend not in ("auto", "tokenizers", "fastokens"):
+        if self.backend not in TOKENIZER_BACKENDS:
             raise ConfigError(
-                f"tokenizer.backend must be auto, tokenizers or fastokens, got {self.backend!r}"
+                f"tokenizer.backend must be one of {', '.join(TOKENIZER_BACKENDS)}, got {self.backend!r}"
             )
         if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError(f"tokenizer.concurrency must be >= 1 or null, got {self.concurrency}")

@@ -32,7 +32,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from raypack.config import StorageConfig
 from raypack.errors import ConfigError, JobError
@@ -73,7 +72,7 @@ class Holder:
 
 
 class Lease:
-    """`with Lease(root, storage).hold(wait_s):` holds the root's lease for the block."""
+    """`acquire(wait_s)` ... `check()` before committing ... `release()` (in a finally)."""
 
     def __init__(
         self,
@@ -103,9 +102,7 @@ class Lease:
                 return None
             data = json.loads(read_bytes(self.path, self.storage))
             return Holder(**data)
-        except FileNotFoundError:
-            return None
-        except (ValueError, TypeError):
+        except (FileNotFoundError, ValueError, TypeError):  # gone meanwhile, or not a lease record
             return None
 
     def _record(self) -> bytes:
@@ -203,11 +200,3 @@ class Lease:
                 with contextlib.suppress(OSError):
                     remove(self.path, self.storage)
         self._held = False
-
-    @contextlib.contextmanager
-    def hold(self, wait_s: float = 0.0) -> Any:
-        self.acquire(wait_s)
-        try:
-            yield self
-        finally:
-            self.release()

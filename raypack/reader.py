@@ -135,11 +135,6 @@ def pin_version(path: str, storage: StorageConfig | None = None) -> str:
     return pin(path, storage).path
 
 
-def _manifest(path: str, storage: StorageConfig | None) -> tuple[str, dict[str, Any]]:
-    pinned = pin(path, storage)
-    return pinned.path, pinned.manifest
-
-
 def _key(seed: int, *parts: object) -> int:
     digest = hashlib.blake2b(":".join(map(str, (seed, *parts))).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
@@ -443,10 +438,10 @@ def read_packed(path: str, storage: StorageConfig | None = None) -> Any:
     `bucket_length`), for Ray Train: `ray.train` splits it across workers itself."""
     import ray.data
 
-    dataset, manifest = _manifest(path, storage)
+    pinned = pin(path, storage)
     files = [
-        {"path": join(dataset, f["path"]), "bucket_length": int(f["bucket_length"])}
-        for f in sorted(manifest["files"], key=lambda f: f["path"])
+        {"path": join(pinned.path, f["path"]), "bucket_length": int(f["bucket_length"])}
+        for f in sorted(pinned.manifest["files"], key=lambda f: f["path"])
     ]
 
     def read(batch: pa.Table) -> pa.Table:

@@ -37,6 +37,7 @@ __all__ = [
     "open_output",
     "read_bytes",
     "remove",
+    "remove_temporaries",
     "resolve",
     "write_bytes",
     "write_bytes_atomic",
@@ -157,6 +158,17 @@ def write_bytes_atomic(path: str, data: bytes | pa.Buffer, storage: StorageConfi
     """Readers see the old content or the new, never a part."""
     with atomic_output(path, storage) as f:
         f.write(data)
+
+
+def remove_temporaries(directory: str, storage: StorageConfig | None = None) -> int:
+    """Delete the `.tmp-*` files atomic_output left in `directory` (its direct children) when its
+    process was killed; returns how many. Only for a directory no live writer is using."""
+    removed = 0
+    for info in list_dir(directory, storage):
+        if info.type == pafs.FileType.File and info.base_name.startswith(TMP_PREFIX):
+            remove(join(directory, info.base_name), storage)
+            removed += 1
+    return removed
 
 
 def remove(path: str, storage: StorageConfig | None = None) -> None:
@@ -281,7 +293,7 @@ def _match_segments(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
 
 def input_base(pattern: str) -> str:
     """The directory (or file) a pattern can match below: its path before the first segment with a
-    wildcard, or the path itself. An output inside it could become an input (job.validate_paths)."""
+    wildcard, or the path itself. An output inside it could become an input (JobConfig refuses it)."""
     if not any(c in pattern for c in _WILDCARDS):
         return pattern.rstrip("/") or "/"
     if is_uri(pattern):

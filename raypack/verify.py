@@ -120,9 +120,11 @@ def _check_rejects(
     output: str, counts: dict[str, Any], report: VerifyReport, storage: StorageConfig | None
 ) -> None:
     """rejects/ against the manifest: rows, the records they stand for, and the lost files by name."""
+    from raypack.pipeline.tokenize import rejects_path
+
     rows = records = 0
     for shard in range(int(counts["shards"])):
-        path = join(output, "rejects", f"shard-{shard:06d}.parquet")
+        path = rejects_path(output, shard)
         if not exists(path, storage):
             continue
         table = pq.read_table(pa.BufferReader(read_bytes(path, storage)))
@@ -324,19 +326,19 @@ def _check_sample(
     # read every large JSONL file whole to count its lines.
     found = {s.relpath: s for s in expand_inputs(config.input.paths, config.input.root, config.storage)}
     shards: dict[int, Shard] = {}
-    drifted: list[str] = []
+    drifted: dict[str, None] = {}  # in manifest order, each once (a split file has several units)
     for index, entry in enumerate(manifest["inputs"]):
         if entry["path"] not in found:
             report.add(f"input {entry['path']} (shard {index}) is gone: its documents cannot be checked")
             continue
         now = found[entry["path"]]
-        if (now.size, now.mtime_ns) != (entry["size"], entry["mtime_ns"]) and entry["path"] not in drifted:
-            drifted.append(entry["path"])
+        if (now.size, now.mtime_ns) != (entry["size"], entry["mtime_ns"]):
+            drifted[entry["path"]] = None
         shards[index] = unit_from_entry(now, index, entry)
     if drifted:
         report.warnings.append(
             f"{len(drifted):,} inputs changed since the dataset was made (size or modification time), "
-            f"e.g. {', '.join(drifted[:3])}: the sample re-reads them as they are now, so a difference "
+            f"e.g. {', '.join(list(drifted)[:3])}: the sample re-reads them as they are now, so a difference "
             "there may be the input's, not the dataset's; a rebuild brings the dataset up to date"
         )
     new = sorted(set(found) - {e["path"] for e in manifest["inputs"]})

@@ -21,11 +21,13 @@ which backend ran.
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+
+from raypack.config import TOKENIZER_BACKENDS as BACKENDS
 
 __all__ = [
     "BACKENDS",
@@ -40,8 +42,6 @@ __all__ = [
     "first_difference",
     "probes",
 ]
-
-BACKENDS = ("auto", "tokenizers", "fastokens")
 
 
 class Encoder(Protocol):
@@ -182,17 +182,17 @@ class Choice:
     probes: int = 0
     sampled: int = 0
     """Corpus texts the self-check compared."""
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
         return f"{self.backend} {self.version}"
 
 
-def choose_backend(requested: str, tok: Any, corpus_sample: list[str]) -> Choice:
+def choose_backend(requested: str, tok: Any, corpus_sample: Callable[[], list[str]]) -> Choice:
     """The backend to tokenize with, for `tokenizer.backend` = `requested` (BACKENDS). ConfigError
-    when `fastokens` was asked for and cannot be used exactly; `auto` falls back with the reason."""
+    when `fastokens` was asked for and cannot be used exactly; `auto` falls back with the reason.
+    `corpus_sample` is called (it reads the corpus) only once fastokens has loaded and passed the
+    probes."""
     from raypack.errors import ConfigError
 
     reference = TokenizersEncoder(tok.tokenizer)
@@ -210,20 +210,19 @@ def choose_backend(requested: str, tok: Any, corpus_sample: list[str]) -> Choice
         fast = FastokensEncoder(tok.json)
     except Exception as e:  # fastokens raises ValueError for what it does not support
         return refuse(f"fastokens {fastokens_version()} refuses this tokenizer ({str(e).splitlines()[0]})")
-    t0 = time.perf_counter()
     probe_texts = probes(tok.tokenizer)
-    differs = first_difference(reference, fast, probe_texts) or first_difference(
-        reference, fast, corpus_sample
-    )
-    seconds = time.perf_counter() - t0
+    sample: list[str] = []
+    differs = first_difference(reference, fast, probe_texts)
+    if differs is None:
+        sample = corpus_sample()
+        differs = first_difference(reference, fast, sample)
     if differs is not None:
         return refuse(f"fastokens {fast.version} gave other ids than tokenizers on {differs}")
     return Choice(
         "fastokens",
         fast.version,
         f"ids equal to tokenizers {reference.version} on {len(probe_texts)} probes and "
-        f"{len(corpus_sample)} corpus documents",
+        f"{len(sample)} corpus documents",
         len(probe_texts),
-        len(corpus_sample),
-        seconds,
+        len(sample),
     )

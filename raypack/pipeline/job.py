@@ -32,7 +32,6 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import pyarrow.fs as pafs
 
 from raypack import __version__, schema
 from raypack.config import JobConfig, StorageConfig
@@ -65,13 +64,12 @@ from raypack.pipeline.sharded import pack_groups
 from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
 from raypack.report.model import REPORT
 from raypack.storage import (
-    TMP_PREFIX,
     Shard,
     exists,
     expand_inputs,
     join,
-    list_dir,
     remove,
+    remove_temporaries,
     write_bytes,
     write_bytes_atomic,
 )
@@ -198,7 +196,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     token_dir = cache if cache is not None else join(staging, "tokens")
     ensure_ray()
     shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
-    choice = choose_backend(cfg.tokenizer.backend, tok, _corpus_sample(shards, cfg))
+    choice = choose_backend(cfg.tokenizer.backend, tok, partial(_corpus_sample, shards, cfg))
     log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
     settings = token_settings(cfg, tok, choice)
     keys = tuple(token_key(s, settings) for s in shards)
@@ -334,8 +332,8 @@ SAMPLE_CHARS = 128 << 10
 
 
 def _corpus_sample(shards: list[Shard], cfg: JobConfig) -> list[str]:
-    """Texts of the corpus for the backend self-check (none when only tokenizers can run)."""
-    if cfg.tokenizer.backend == "tokenizers" or not shards:
+    """Texts of the corpus for the backend self-check."""
+    if not shards:
         return []
     picks = sorted({round(k * (len(shards) - 1) / max(SAMPLE_UNITS - 1, 1)) for k in range(SAMPLE_UNITS)})
     texts: list[str] = []
@@ -495,9 +493,7 @@ def _clear_output(out: str, storage: StorageConfig) -> None:
     complete; and the `.tmp-*` files a killed run's atomic writes left (storage.atomic_output)."""
     for part in _OUTPUT_PARTS:
         remove(join(out, part), storage)
-    for info in list_dir(out, storage):
-        if info.type == pafs.FileType.File and info.base_name.startswith(TMP_PREFIX):
-            remove(join(out, info.base_name), storage)
+    remove_temporaries(out, storage)
 
 
 def _file_rows(packs: int, shard_rows: int) -> list[int]:

@@ -28,10 +28,11 @@ from raypack.config import JobConfig
 from raypack.errors import ConfigError
 from raypack.lease import Lease
 from raypack.pipeline.job import JobResult, run_job
-from raypack.storage import TMP_PREFIX, exists, join, list_dir, remove
+from raypack.storage import TMP_PREFIX, exists, join, list_dir, remove, remove_temporaries
 from raypack.versions import (
     CACHE,
     MANIFEST,
+    complete_versions,
     next_version,
     prune_versions,
     remove_incomplete,
@@ -91,13 +92,8 @@ def run_rebuild(cfg: JobConfig, *, wait_s: float = 0.0, log: Callable[[str], Non
 def _sweep_temporaries(root: str, cfg: JobConfig) -> None:
     """Delete `.tmp-*` files a killed run left beside LATEST or in a version's top level (its
     manifest's, report's): with the lease held, no live run is writing them."""
-    from raypack.versions import complete_versions
-
-    dirs = [root] + [join(root, version_name(n)) for n in complete_versions(root, cfg.storage)]
-    for directory in dirs:
-        for info in list_dir(directory, cfg.storage):
-            if info.type == pafs.FileType.File and info.base_name.startswith(TMP_PREFIX):
-                remove(join(directory, info.base_name), cfg.storage)
+    for directory in [root] + [join(root, version_name(n)) for n in complete_versions(root, cfg.storage)]:
+        remove_temporaries(directory, cfg.storage)
 
 
 def _prune_cache(directory: str, keep: set[str], cfg: JobConfig) -> int:

@@ -258,10 +258,6 @@ def failover_marker(output: str) -> str:
     return join(output, "_staging", "backend-failover")
 
 
-def _fast_encoder(tokenizer_json: str) -> Encoder:
-    return FastokensEncoder(tokenizer_json)
-
-
 def rejects_path(output: str, shard: int) -> str:
     return join(output, "rejects", f"shard-{shard:06d}.parquet")
 
@@ -293,7 +289,7 @@ class TokenizeShards:
         """Why this actor went back to tokenizers ("" while it has not)."""
         if backend == "fastokens":
             try:  # fastokens objects do not pickle: each actor builds its own
-                self.encoder = _fast_encoder(self.tok.json)
+                self.encoder = FastokensEncoder(self.tok.json)
             except Exception as e:  # not installed on this node, or refused: the reference, said so
                 self.failover = f"fastokens did not load on this node ({str(e).splitlines()[0]})"
         self.marker = failover_marker(cfg.output.path)

@@ -110,7 +110,7 @@ def test_fastokens_gives_the_ids_of_tokenizers_on_adversarial_text(
     fast_tokenizers: dict[str, Path], name: str
 ) -> None:
     tok, reference, fast = _encoders(fast_tokenizers[name])
-    choice = choose_backend("auto", tok, _texts(20))
+    choice = choose_backend("auto", tok, lambda: _texts(20))
     assert choice.backend == "fastokens", choice.reason
     assert first_difference(reference, fast, backends.probes(tok.tokenizer)) is None
 
@@ -141,12 +141,12 @@ def test_a_tokenizer_fastokens_refuses_runs_on_tokenizers_and_says_so(
     path = tmp_path / f"{kind}.json"
     tok.save(str(path))
     loaded = load_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
-    choice = choose_backend("auto", loaded, _texts(5))
+    choice = choose_backend("auto", loaded, lambda: _texts(5))
     assert choice.backend == "tokenizers" and "fastokens 0.3" in choice.reason and "refuses" in choice.reason
     with pytest.raises(
         ConfigError, match=r"tokenizer.backend fastokens: fastokens .* refuses this tokenizer"
     ):
-        choose_backend("fastokens", loaded, [])
+        choose_backend("fastokens", loaded, list)
 
 
 class _OneIdOff:
@@ -173,12 +173,12 @@ def test_a_backend_made_to_differ_is_caught_by_the_self_check(
     tok = load_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
     real = backends.FastokensEncoder
     monkeypatch.setattr(backends, "FastokensEncoder", lambda j: _OneIdOff(real(j), "日本語"))  # a probe
-    choice = choose_backend("auto", tok, [])
+    choice = choose_backend("auto", tok, list)
     assert choice.backend == "tokenizers" and "gave other ids than tokenizers on text" in choice.reason
     monkeypatch.setattr(backends, "FastokensEncoder", lambda j: _OneIdOff(real(j), "histogram"))  # corpus
-    assert choose_backend("auto", tok, ["the histogram"]).backend == "tokenizers"
+    assert choose_backend("auto", tok, lambda: ["the histogram"]).backend == "tokenizers"
     with pytest.raises(ConfigError, match="gave other ids"):
-        choose_backend("fastokens", tok, ["the histogram"])
+        choose_backend("fastokens", tok, lambda: ["the histogram"])
 
 
 def _data(out: Path) -> dict[str, bytes]:
