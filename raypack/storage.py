@@ -110,18 +110,20 @@ def exists(path: str, storage: StorageConfig | None = None) -> bool:
 
 
 def read_bytes(path: str, storage: StorageConfig | None = None) -> bytes:
+    """The file's bytes as stored: compression=None, else pyarrow would decompress a `.gz` name."""
     fs, inner = resolve(path, storage)
-    with fs.open_input_stream(inner) as f:
+    with fs.open_input_stream(inner, compression=None) as f:
         return f.read()
 
 
 def open_output(path: str, storage: StorageConfig | None = None) -> pa.NativeFile:
-    """A stream writing `path` (a context manager), its parent directories created first."""
+    """A stream writing `path` (a context manager), its parent directories created first; the bytes
+    go as given (compression=None: pyarrow would gzip them again for a `.gz` name)."""
     fs, inner = resolve(path, storage)
     parent = posixpath.dirname(inner)
     if parent:
         fs.create_dir(parent, recursive=True)
-    return fs.open_output_stream(inner)
+    return fs.open_output_stream(inner, compression=None)
 
 
 def write_bytes(path: str, data: bytes | pa.Buffer, storage: StorageConfig | None = None) -> None:
@@ -145,7 +147,7 @@ def atomic_output(path: str, storage: StorageConfig | None = None) -> Iterator[p
     if parent:
         fs.create_dir(parent, recursive=True)
     try:
-        with fs.open_output_stream(tmp) as stream:
+        with fs.open_output_stream(tmp, compression=None) as stream:
             yield stream
         fs.move(tmp, inner)
     except BaseException:
