@@ -33,6 +33,7 @@ __all__ = [
 
 INPUT_FORMATS = ("jsonl", "parquet", "text")
 TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")  # raypack.pipeline.backends
+OUTPUT_FORMATS = ("parquet", "megatron", "olmo", "mds")  # raypack.formats.FORMATS
 PACK_MODES = ("global", "sharded")
 # PackConfig field → the keyword option of the packers that take it.
 ALGORITHM_OPTION_FIELDS = {
@@ -248,16 +249,24 @@ class TokenizerConfig:
 class OutputConfig:
     path: str
     """Output directory, local or s3://...; complete only once manifest.json exists."""
+    format: str = "parquet"
+    """How packs are stored (raypack.formats): parquet (raypack's own, a row a pack), megatron
+    (.bin/.idx pairs for Megatron-LM), olmo (token files for OLMo-core), mds (MosaicML streaming).
+    Checked against the tokenizer and pack settings before any work."""
     shard_rows: int = 10000
-    """Packs per output Parquet file."""
+    """Packs per output file."""
     pad_id: int = 0
-    """Token id written into padding positions (never attended: doc_offsets ends before them)."""
+    """Token id written into padding positions (never attended: doc_offsets ends before them);
+    megatron writes EOS there instead, which its --eod-mask-loss masks."""
     keep_versions: int = 3
     """`raypack rebuild`: complete versions (v=NNNNNN/) kept under output.path, the newest included."""
 
     def __post_init__(self) -> None:
         if not self.path:
             raise ConfigError("output.path must not be empty")
+        if self.format not in OUTPUT_FORMATS:
+            choices = ", ".join(OUTPUT_FORMATS)
+            raise ConfigError(f"output.format must be one of {choices}, got {self.format!r}")
         if self.shard_rows < 1:
             raise ConfigError(f"output.shard_rows must be >= 1, got {self.shard_rows}")
         if not 0 <= self.pad_id < 2**31:  # input_ids is int32; the job checks it against the vocabulary

@@ -69,8 +69,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
+from raypack.formats import read_packs, read_rows, spec_of
 from raypack.packing import PackPermutation
-from raypack.schema import row_group_rows
+from raypack.schema import READABLE_SCHEMA_VERSIONS, row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
 
@@ -91,9 +92,15 @@ IGNORE_INDEX = -100  # the label of a position that carries no loss (PyTorch's c
 
 @dataclass(frozen=True, slots=True)
 class _RowGroup:
-    path: str
+    name: str
+    """Names the group in the seeded orders: its file's parquet name (data/part-00000.parquet for
+    data/part-00000.bin too), so that a dataset is read in the same order whatever its format."""
     index: int
     rows: int
+    first: int
+    """The group's first pack in its file."""
+    entry: int
+    """The file's position in the manifest's `files`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +133,13 @@ def pin(path: str, storage: StorageConfig | None = None) -> Pinned:
     if not exists(join(dataset, MANIFEST), storage):
         raise FileNotFoundError(f"{path} holds no complete raypack dataset (no manifest.json)")
     raw = read_bytes(join(dataset, MANIFEST), storage)
-    return Pinned(dataset, json.loads(raw), hashlib.sha256(raw).hexdigest())
+    manifest = json.loads(raw)
+    if manifest.get("schema_version") not in READABLE_SCHEMA_VERSIONS:
+        raise ValueError(
+            f"{path}: schema_version {manifest.get('schema_version')} is not one this raypack reads "
+            f"({', '.join(map(str, READABLE_SCHEMA_VERSIONS))}): a newer raypack wrote it"
+        )
+    return Pinned(dataset, manifest, hashlib.sha256(raw).hexdigest())
 
 
 def pin_version(path: str, storage: StorageConfig | None = None) -> str:
@@ -144,13 +157,17 @@ def _buckets(
     dataset: str, manifest: dict[str, Any], seed: int, storage: StorageConfig | None
 ) -> list[_Bucket]:
     by_length: dict[int, list[_RowGroup]] = {}
-    for f in sorted(manifest["files"], key=lambda f: f["path"]):
+    files = manifest["files"]
+    for e in sorted(range(len(files)), key=lambda e: files[e]["path"]):
+        f = files[e]
         rows = f.get("row_groups")
         if rows is None:  # a dataset written before manifests listed row groups: read the footer
             fs, inner = resolve(join(dataset, f["path"]), storage)
             with fs.open_input_file(inner) as handle:
                 rows = row_group_rows(pq.ParquetFile(handle).metadata)
-        groups = [_RowGroup(f["path"], i, int(n)) for i, n in enumerate(rows)]
+        firsts = np.r_[0, np.cumsum(rows)].tolist()
+        name = f"{str(f['path']).rsplit('.', 1)[0]}.parquet"
+        groups = [_RowGroup(name, i, int(n), int(firsts[i]), e) for i, n in enumerate(rows)]
         by_length.setdefault(int(f["bucket_length"]), []).extend(groups)
     buckets = []
     for length, groups in sorted(by_length.items()):
@@ -169,14 +186,12 @@ def _schedule(steps: list[int], seed: int) -> np.ndarray:
     return plan[np.argsort(PackPermutation(len(plan), _key(seed, "schedule"))(np.arange(len(plan))))]
 
 
-def read_group(dataset: str, group: _RowGroup, seed: int, storage: StorageConfig | None) -> pa.Table:
-    """One row group's packs (the reader's columns), in their seeded order within the group."""
-    fs, inner = resolve(join(dataset, group.path), storage)
-    with fs.open_input_file(inner) as handle:
-        table = pq.ParquetFile(handle).read_row_group(
-            group.index, columns=["input_ids", "doc_offsets", "num_tokens"]
-        )
-    perm = PackPermutation(group.rows, _key(seed, "rows", group.path, group.index))
+def read_group(pinned: Pinned, group: _RowGroup, seed: int, storage: StorageConfig | None) -> pa.Table:
+    """One row group's packs (the reader's columns), in their seeded order within the group; the
+    tokens read through the dataset's format (raypack.formats.read_rows)."""
+    entry = pinned.manifest["files"][group.entry]
+    table = read_rows(pinned.path, entry, spec_of(pinned.manifest), group.index, group.first, storage)
+    perm = PackPermutation(group.rows, _key(seed, "rows", group.name, group.index))
     return table.take(pa.array(np.argsort(perm(np.arange(group.rows)))))
 
 
@@ -303,7 +318,7 @@ class Plan:
         return cls(pinned, buckets, shares, _schedule(steps, seed), batch_size, seed, storage)
 
     def read(self, bucket: int, group: int) -> pa.Table:
-        return read_group(self.pinned.path, self.buckets[bucket].groups[group], self.seed, self.storage)
+        return read_group(self.pinned, self.buckets[bucket].groups[group], self.seed, self.storage)
 
     def _streams(self, start: int, load: GroupLoader | None) -> list[_RankStream]:
         """Each bucket's stream, moved past the batches of the steps before `start` (not read)."""
@@ -318,7 +333,7 @@ class Plan:
     def steps(self, start: int, stride: int, load: GroupLoader | None = None) -> Iterator[dict[str, Any]]:
         """The batches of steps start, start + stride, ... (a DataLoader worker's share of a rank's
         steps); the steps between are skipped without being read."""
-        pad_id = int(self.pinned.manifest["config"]["output"]["pad_id"])
+        pad_id = spec_of(self.pinned.manifest).pad_id
         streams = self._streams(start, load or self.read)
         for i, b in enumerate(self.schedule[start:].tolist()):
             if i % stride:
@@ -435,26 +450,21 @@ def _torch_converter() -> Any:
 
 def read_packed(path: str, storage: StorageConfig | None = None) -> Any:
     """The dataset's packs as a Ray Dataset (one block per output file; columns of schema.PACKED plus
-    `bucket_length`), for Ray Train: `ray.train` splits it across workers itself."""
+    `bucket_length`), for Ray Train: `ray.train` splits it across workers itself. Any output format:
+    tokens are read through the format's files."""
     import ray.data
 
     pinned = pin(path, storage)
-    files = [
-        {"path": join(pinned.path, f["path"]), "bucket_length": int(f["bucket_length"])}
-        for f in sorted(pinned.manifest["files"], key=lambda f: f["path"])
-    ]
+    spec = spec_of(pinned.manifest)
+    files = [{"entry": json.dumps(f)} for f in sorted(pinned.manifest["files"], key=lambda f: f["path"])]
 
     def read(batch: pa.Table) -> pa.Table:
         tables = []
-        for p, length in zip(
-            batch.column("path").to_pylist(), batch.column("bucket_length").to_pylist(), strict=True
-        ):
-            fs, inner = resolve(p, storage)
-            with fs.open_input_file(inner) as handle:
-                table = pq.read_table(handle)
-            tables.append(
-                table.append_column("bucket_length", pa.array(np.full(table.num_rows, length, np.int32)))
-            )
+        for text in batch.column("entry").to_pylist():
+            entry = json.loads(text)
+            table = read_packs(pinned.path, entry, spec, storage).table()
+            length = np.full(table.num_rows, int(entry["bucket_length"]), np.int32)
+            tables.append(table.append_column("bucket_length", pa.array(length)))
         return pa.concat_tables(tables)
 
     source = ray.data.from_items(files, override_num_blocks=max(1, len(files)))

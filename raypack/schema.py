@@ -11,6 +11,8 @@ __all__ = [
     "ITEMS",
     "OUTPUT_SCHEMA_VERSION",
     "PACKED",
+    "PACK_INDEX",
+    "READABLE_SCHEMA_VERSIONS",
     "REJECTS",
     "TOKENIZED",
     "WRITTEN",
@@ -65,6 +67,10 @@ ITEMS = pa.schema(
     ]
 )
 
+# Beside a data file, the other files that make it up (Megatron's .idx, OLMo's documents and label
+# mask, the pack index of every format but parquet), each checked by verify as the data file is.
+COMPANION = pa.struct([("path", pa.string()), ("bytes", pa.int64()), ("sha256", pa.string())])
+
 # One row per written data file, as the manifest lists it (path relative to the output root).
 FILES = pa.schema(
     [
@@ -75,15 +81,21 @@ FILES = pa.schema(
         ("items", pa.int64()),
         ("bytes", pa.int64()),
         ("sha256", pa.string()),
-        # Packs in each Parquet row group, in file order: a reader plans its share from the manifest
-        # alone, without a footer read per file (10k files × 1k ranks would be 10M GETs at start).
+        # Packs in each Parquet row group of its pack index (the data file itself for parquet), in
+        # file order: a reader plans its share from the manifest alone, without a footer read per
+        # file (10k files × 1k ranks would be 10M GETs at start).
         ("row_groups", pa.list_(pa.int64())),
+        ("index", pa.string()),  # the file holding its pack index: itself (parquet) or packs/*.parquet
+        ("companions", pa.list_(COMPANION)),
     ]
 )
 
-# What a write task returns: the file's FILES row, and its packs by fill in whole percent of their
-# capacity (metrics.FILL_BINS counts), summed into metrics.json for the report; not in the manifest.
-WRITTEN = FILES.append(pa.field("fill_percent", pa.list_(pa.int64())))
+# What a write task returns: the file's FILES row; its packs by fill in whole percent of their
+# capacity (metrics.FILL_BINS counts), summed into metrics.json for the report; and the EOS tokens
+# inside its items (not at an item's end: where a trainer that finds documents by EOS would cut one).
+WRITTEN = FILES.append(pa.field("fill_percent", pa.list_(pa.int64()))).append(
+    pa.field("stray_eos", pa.int64())
+)
 
 
 def row_group_rows(metadata: pq.FileMetaData) -> list[int]:
@@ -91,8 +103,10 @@ def row_group_rows(metadata: pq.FileMetaData) -> list[int]:
     return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
 
 
-# One row per pack: the training-side format (docs/output-format.md).
-OUTPUT_SCHEMA_VERSION = 1
+# One row per pack: the training-side format (docs/output-format.md). Version 2 added the manifest's
+# `format` (and output formats other than parquet); readers take 1 (parquet only) and 2.
+OUTPUT_SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 PACKED = pa.schema(
     [
         ("input_ids", pa.list_(pa.int32())),  # exactly the pack's capacity long, padded with pad_id
@@ -102,3 +116,6 @@ PACKED = pa.schema(
         ("num_tokens", pa.int32()),
     ]
 )
+
+# PACKED without its tokens: every format but parquet writes it beside its data (packs/*.parquet).
+PACK_INDEX = pa.schema([f for f in PACKED if f.name != "input_ids"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raypack.formats import total_bytes
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
 
@@ -69,11 +70,17 @@ def format_summary(result: JobResult) -> str:
             f"{m.documents:,} documents / {m.packs:,} packs)",
         ),
         ("documents per pack", f"{m.documents_per_pack:.2f} on average (Krell et al.'s packing factor)"),
-        (
-            "files",
-            f"{len(result.files)} Parquet files, {sum(f['bytes'] for f in result.files) / 2**20:.1f} MiB",
-        ),
+        ("files", _files_line(result)),
     ]
+    stray = int(result.output_format.get("stray_eos", 0))
+    if stray:
+        rows.append(
+            (
+                "EOS inside documents",
+                f"{stray:,} EOS tokens inside documents (not at their ends): "
+                f"{result.output_format['name']}'s trainer cuts a document there",
+            )
+        )
     shards = result.shards_reused + result.shards_tokenized
     if result.shards_reused:
         rows.append(
@@ -91,6 +98,13 @@ def format_summary(result: JobResult) -> str:
     rows.append(("time", f"{total:.1f}s ({stages})"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _files_line(result: JobResult) -> str:
+    """Data files and their bytes with every companion (pack indexes, .idx, masks) and dataset file."""
+    fmt = result.output_format.get("name", "parquet")
+    size = total_bytes(result.files, result.output_format.get("files", []))
+    return f"{len(result.files)} {fmt} files, {size / 2**20:.1f} MiB"
 
 
 def _backend_line(b: dict[str, Any]) -> str:

@@ -1,7 +1,11 @@
 """`raypack verify OUTPUT [--config CONFIG]`: re-read a packed dataset and prove nothing was lost.
 
 Checks, each failure naming the file, pack or document:
-- manifest.json exists (else the dataset is incomplete) and every file it lists has its size and sha256;
+- manifest.json exists (else the dataset is incomplete) and every file it lists (data files, their
+  companions, the format's dataset files) has its size and sha256;
+- every file is read back through its output format (raypack.formats): its own structure checked
+  (a Megatron .idx, OLMo's document bounds and label mask, an MDS shard's samples), its tokens
+  decoded from the format's bytes and matched with its pack index;
 - every pack row is well formed: input_ids exactly its bucket length, doc_offsets from 0 rising to
   num_tokens, one doc id and chunk index per item, padding positions hold pad_id;
 - every document of the index is present exactly once: chunks 0..k-1 each once, their tokens adding up
@@ -16,6 +20,7 @@ Reads the output with pyarrow on one machine; memory grows with the number of it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from dataclasses import dataclass, field
@@ -28,6 +33,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig, StorageConfig
+from raypack.formats import Spec, packs_of, spec_of
 from raypack.storage import Shard, exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
 
@@ -40,6 +46,8 @@ MAX_PROBLEMS = 20
 class VerifyReport:
     dataset: str = ""
     """The directory verified: the path given, or the version a rebuild root's LATEST names."""
+    format: str = ""
+    """Its output format (raypack.formats)."""
     problems: list[str] = field(default_factory=list)
     documents: int = 0
     items: int = 0
@@ -83,10 +91,12 @@ def verify(
         report.add("no manifest.json: the dataset is incomplete (or not a raypack output)")
         return report
     manifest = json.loads(read_bytes(join(output, MANIFEST), storage))
-    if manifest.get("schema_version") != schema.OUTPUT_SCHEMA_VERSION:
-        report.add(f"schema_version {manifest.get('schema_version')} is not {schema.OUTPUT_SCHEMA_VERSION}")
+    if manifest.get("schema_version") not in schema.READABLE_SCHEMA_VERSIONS:
+        versions = ", ".join(map(str, schema.READABLE_SCHEMA_VERSIONS))
+        report.add(f"schema_version {manifest.get('schema_version')} is not one of {versions}")
         return report
-    pad_id = int(manifest["config"]["output"]["pad_id"])
+    spec = spec_of(manifest)
+    report.format = spec.name
     docs = _read_index(output, manifest, storage)
     report.documents = docs.num_rows
     # Per id: occurrences, chunks (sum and widest) and tokens placed, for the document check and for
@@ -101,7 +111,8 @@ def verify(
     pieces: dict[str, list[tuple[int, list[int]]]] = {
         str(docs.column("doc_id")[i].as_py()): [] for i in picks
     }
-    items = _check_files(output, manifest, pad_id, report, pieces, storage)
+    items = _check_files(output, manifest, spec, report, pieces, storage)
+    _check_dataset_files(output, manifest, spec, report, storage)
     if items is not None:
         _check_documents(per_id, items, report)
     counts = manifest["counts"]
@@ -157,43 +168,86 @@ def _pick_sample(docs: pa.Table, shared: pa.ChunkedArray, sample: int, seed: int
 def _check_files(
     output: str,
     manifest: dict[str, Any],
-    pad_id: int,
+    spec: Spec,
     report: VerifyReport,
     pieces: dict[str, list[tuple[int, list[int]]]],
     storage: StorageConfig | None,
 ) -> pa.Table | None:
-    """Check every data file; returns the items (doc_id, chunk, length) they hold, or None if unreadable.
-    Appends (chunk, tokens) to `pieces` for every item of a document that `pieces` has a key for."""
-    import hashlib
-
+    """Check every data file, read back through the format; returns the items (doc_id, chunk, length)
+    they hold, or None if unreadable. Appends (chunk, tokens) to `pieces` for every item of a
+    document that `pieces` has a key for."""
     tables = []
     for f in manifest["files"]:
-        path = join(output, f["path"])
-        try:
-            data = read_bytes(path, storage)
-        except FileNotFoundError:
-            report.add(f"{f['path']}: listed in the manifest but missing")
+        files = _read_checked(output, [f, *f.get("companions", [])], report, storage)
+        if files is None:
             continue
-        if len(data) != f["bytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
-            report.add(f"{f['path']}: size or sha256 differs from the manifest (modified or truncated)")
-            continue
-        pf = pq.ParquetFile(pa.BufferReader(data))
-        groups = schema.row_group_rows(pf.metadata)
+        index = files[f.get("index") or f["path"]]
+        groups = schema.row_group_rows(pq.ParquetFile(pa.BufferReader(index)).metadata)
         if "row_groups" in f and f["row_groups"] != groups:  # readers plan their shares from these
             report.add(
                 f"{f['path']}: {len(groups)} row groups of {sum(groups)} packs; the manifest lists "
                 f"{len(f['row_groups'])} of {sum(f['row_groups'])} (or other sizes)"
             )  # and the rows are still checked: they say what is missing
-        table = pf.read()
-        if not table.schema.equals(schema.PACKED):
-            report.add(f"{f['path']}: schema differs from the packed schema")
+        schema_of = pq.read_schema(pa.BufferReader(index))
+        expected = schema.PACKED if spec.format.holds_index else schema.PACK_INDEX
+        if not schema_of.equals(expected):
+            report.add(f"{f.get('index') or f['path']}: schema differs from the {spec.name} pack schema")
             continue
-        tables.append(_check_rows(f["path"], table, int(f["bucket_length"]), pad_id, report))
+        try:
+            packs = packs_of(files, f, spec)
+        except (ValueError, OSError) as e:
+            report.add(f"{f['path']}: not readable as {spec.name} ({e})")
+            continue
+        own = {p: data for p, data in files.items() if p != f.get("index") or p == f["path"]}
+        for problem in spec.format.check_file(own, packs, spec):
+            report.add(problem)
+        table = packs.table()
+        tables.append(_check_rows(f["path"], table, int(f["bucket_length"]), spec.pad_id, report))
         if pieces:
             _collect(table, pieces)
     if not tables:
         return None if manifest["files"] else pa.table({"doc_id": [], "chunk": [], "length": []})
     return pa.concat_tables(tables)
+
+
+def _read_checked(
+    output: str, listed: list[dict[str, Any]], report: VerifyReport, storage: StorageConfig | None
+) -> dict[str, bytes] | None:
+    """The bytes of each listed file (path, bytes, sha256), by path; None (and a problem) when one is
+    missing or differs from the manifest."""
+    found = {}
+    for f in listed:
+        try:
+            data = read_bytes(join(output, f["path"]), storage)
+        except FileNotFoundError:
+            report.add(f"{f['path']}: listed in the manifest but missing")
+            return None
+        if len(data) != f["bytes"] or hashlib.sha256(data).hexdigest() != f["sha256"]:
+            report.add(f"{f['path']}: size or sha256 differs from the manifest (modified or truncated)")
+            return None
+        found[f["path"]] = data
+    return found
+
+
+def _check_dataset_files(
+    output: str, manifest: dict[str, Any], spec: Spec, report: VerifyReport, storage: StorageConfig | None
+) -> None:
+    """The format's files of the whole dataset: as the manifest lists them, and as the format would
+    make them from the manifest's files now (a moved dataset's Megatron prefixes differ: a warning)."""
+    listed = manifest.get("format", {}).get("files", [])
+    if _read_checked(output, listed, report, storage) is None:
+        return
+    now = spec.format.dataset_files(manifest["files"], spec, output)
+    if sorted(now) != sorted(f["path"] for f in listed):
+        names = sorted(f["path"] for f in listed)
+        report.add(f"the {spec.name} dataset's own files are {sorted(now)}, the manifest lists {names}")
+        return
+    for f in listed:
+        if hashlib.sha256(now[f["path"]]).hexdigest() != f["sha256"]:
+            report.warnings.append(
+                f"{f['path']} differs from what the manifest's files make now (for Megatron's prefixes: "
+                "the dataset moved since it was written; `raypack convert` writes it for the new place)"
+            )
 
 
 def _check_rows(name: str, table: pa.Table, capacity: int, pad_id: int, report: VerifyReport) -> pa.Table:

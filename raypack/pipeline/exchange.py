@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig
+from raypack.formats import Spec
 from raypack.packing import Plan
 from raypack.pipeline.assign import assign_items
 from raypack.pipeline.histogram import Totals, index_path
@@ -352,7 +353,7 @@ def merge_piece(writer_first_key: np.ndarray, patterns: tuple[str, ...], *pieces
 def write_files(
     keys: np.ndarray,
     output: str,
-    pad_id: int,
+    spec: Spec,
     bucketed: bool,
     storage: Any,
     patterns: tuple[str, ...],
@@ -377,7 +378,7 @@ def write_files(
                 raise RuntimeError(f"no items reached file key {key}: the exchange is inconsistent")
             items = pa.concat_tables(parts)
             taken += items.num_rows
-            written.append(write_pack_file(items, output, pad_id, bucketed, storage=storage))
+            written.append(write_pack_file(items, output, spec, bucketed, storage=storage))
         if taken != rows:
             raise RuntimeError(
                 f"{rows - taken} items reached a writer of other files: the exchange is inconsistent"
@@ -426,6 +427,7 @@ def run_exchange(
     totals: Totals,
     shards: list[tuple[str, str]],
     file_keys: np.ndarray,
+    spec: Spec,
     examples: int,
 ) -> Exchanged:
     """Submit every task of the exchange (Ray runs each once its inputs exist), then wait for the
@@ -499,7 +501,7 @@ def run_exchange(
         keys = file_keys[lay.writer_first[w] : lay.writer_first[w + 1]]
         writes.append(
             write.options(**opts).remote(
-                keys, cfg.output.path, cfg.output.pad_id, bucketed, cfg.storage, patterns, *to_writer[w]
+                keys, cfg.output.path, spec, bucketed, cfg.storage, patterns, *to_writer[w]
             )
         )
     del to_writer

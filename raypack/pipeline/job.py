@@ -36,6 +36,9 @@ import numpy as np
 from raypack import __version__, schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
+from raypack.formats import INDEX_DIR, Settings, Spec, make_spec
+from raypack.formats.megatron import DATA_ARGS
+from raypack.formats.olmo import MASK_DIR
 from raypack.metrics import (
     FILL_BINS,
     LENGTH_BINS_PER_OCTAVE,
@@ -75,10 +78,33 @@ from raypack.storage import (
 )
 from raypack.versions import LATEST, MANIFEST
 
-__all__ = ["JobError", "JobResult", "run_job"]
+__all__ = [
+    "JobError",
+    "JobResult",
+    "check_output",
+    "clear_output",
+    "ensure_ray",
+    "manifest_files",
+    "output_spec",
+    "run_job",
+    "write_dataset_files",
+    "write_report_safely",
+]
 
 METRICS = "metrics.json"
-_OUTPUT_PARTS = (MANIFEST, METRICS, REPORT, "data", "index", "rejects", "_staging")
+# Everything a job writes under its output (formats' own files included), removed before it starts.
+_OUTPUT_PARTS = (
+    MANIFEST,
+    METRICS,
+    REPORT,
+    "data",
+    INDEX_DIR,
+    MASK_DIR,
+    DATA_ARGS,
+    "index",
+    "rejects",
+    "_staging",
+)
 
 
 @dataclass(frozen=True)
@@ -121,6 +147,8 @@ class JobResult:
     """Metrics of the plans of pack.compare (on the same histogram; not written)."""
     backend: dict[str, Any] = field(default_factory=dict)
     """What encoded (raypack.pipeline.backends): as the manifest's tokenizer.backend records it."""
+    output_format: dict[str, Any] = field(default_factory=dict)
+    """The manifest's `format`: name, pad_id, dtype, eos_id, dataset-level files, stray_eos."""
 
 
 @contextmanager
@@ -189,9 +217,10 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
             f"{tok.vocab_size:,}: ids 0..{tok.vocab_size - 1}); use one of its ids, e.g. its EOS "
             f"({tok.eos_id})"
         )
+    spec = output_spec(cfg, tok.vocab_size, tok.eos_id)
     inputs = expand_inputs(cfg.input.paths, cfg.input.root, storage)
-    _check_output(out, storage, overwrite)
-    _clear_output(out, storage)
+    check_output(out, storage, overwrite)
+    clear_output(out, storage)
     staging = join(out, "_staging")
     token_dir = cache if cache is not None else join(staging, "tokens")
     ensure_ray()
@@ -254,14 +283,18 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
 
     with _stage(timings, "assign+write", log):
         if cfg.pack.mode == "sharded":
-            files = _write_sharded(cfg, [token_file(token_dir, k) for k in keys])
+            files = _write_sharded(cfg, spec, [token_file(token_dir, k) for k in keys])
             duplicates = _sharded_ids(cfg, totals, width) if cfg.input.id_field else Duplicates()
         else:
-            files, duplicates = _write_global(cfg, plan, totals, [(token_dir, k) for k in keys], width, log)
+            files, duplicates = _write_global(
+                cfg, spec, plan, totals, [(token_dir, k) for k in keys], width, log
+            )
     if duplicates.ids:
         log(f"[raypack] note: {duplicates.ids:,} ids are carried by {duplicates.documents:,} documents")
     files = sorted(files, key=lambda f: f["path"])
-    planned = _planned_files(cfg, plan) if cfg.pack.mode == "global" else _sharded_files(cfg, files)
+    planned = (
+        _planned_files(cfg, spec, plan) if cfg.pack.mode == "global" else _sharded_files(cfg, spec, files)
+    )
     _check_commit(files, planned, stats.items, stats.tokens)
     packs = sum(planned.values())
     fill = np.zeros(FILL_BINS, dtype=np.int64)
@@ -279,6 +312,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
                 {
                     "metrics": metrics.to_dict(),
                     "mode": cfg.pack.mode,
+                    "format": spec.name,
                     "global_bfd_efficiency": global_efficiency,
                     "stage_seconds": timings,
                     "shards": {"reused": reused, "tokenized": len(shards) - reused},
@@ -295,14 +329,16 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
             storage,
         )
         backend = _backend_record(choice, totals)
+        output_format = write_dataset_files(files, spec, out, storage)
         manifest = _manifest(cfg, shards, tok, packs, files, documents, rejects, stats.items, stats.tokens)
+        manifest["format"] = output_format
         manifest["tokenizer"]["backend"] = backend
         manifest["counts"]["rejects_by_reason"] = dict(sorted(reasons.items()))
         manifest["counts"].update(lost)
         manifest["counts"]["duplicate_ids"] = duplicates.ids
         manifest["counts"]["documents_with_duplicate_ids"] = duplicates.documents
         write_bytes_atomic(join(out, MANIFEST), json.dumps(manifest, indent=2).encode(), storage)
-    report = _write_report(out, storage, log)
+    report = write_report_safely(out, storage, log)
     return JobResult(
         out,
         metrics,
@@ -322,7 +358,37 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         report=report,
         comparison=tuple(PackingMetrics.from_dict(c["metrics"]) for c in comparison),
         backend=backend,
+        output_format=output_format,
     )
+
+
+def output_spec(cfg: JobConfig, vocab_size: int, eos_id: int | None) -> Spec:
+    """The output format's Spec for this config and tokenizer (a ConfigError, before any work, for a
+    config the format's trainer cannot read right)."""
+    settings = Settings(
+        seq_len=cfg.pack.seq_len,
+        bucketed=cfg.pack.mode == "global" and cfg.pack.algorithm == "bucket",
+        add_eos=cfg.tokenizer.add_eos,
+        eos_id=eos_id,
+        vocab_size=vocab_size,
+        pad_id=cfg.output.pad_id,
+        shard_rows=cfg.output.shard_rows,
+    )
+    return make_spec(cfg.output.format, settings)
+
+
+def write_dataset_files(
+    files: list[dict[str, Any]], spec: Spec, out: str, storage: StorageConfig | None
+) -> dict[str, Any]:
+    """The format's files of the whole dataset (written before the manifest, which lists them), and
+    the manifest's `format` entry."""
+    import hashlib
+
+    extra = []
+    for path, data in spec.format.dataset_files(files, spec, out).items():
+        write_bytes(join(out, path), data, storage)
+        extra.append({"path": path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    return {**spec.to_dict(), "files": extra, "stray_eos": sum(int(f.get("stray_eos", 0)) for f in files)}
 
 
 # The self-check's corpus sample: the first documents of up to SAMPLE_UNITS work units spread over the
@@ -430,7 +496,7 @@ def _length_distribution(stats: DocStats) -> dict[str, Any]:
     }
 
 
-def _write_report(out: str, storage: StorageConfig, log: Callable[[str], None]) -> str | None:
+def write_report_safely(out: str, storage: StorageConfig, log: Callable[[str], None]) -> str | None:
     """report.html, from the committed dataset as `raypack report` makes it. After the manifest: the
     dataset is complete without it, and a failure here must not cost the packed data (the page can be
     made again from manifest.json and metrics.json alone)."""
@@ -474,7 +540,7 @@ def _check_rejects(
         )
 
 
-def _check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
+def check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
     """Refuse to write over a complete dataset without --overwrite, or into a rebuild's root; an
     unreachable or unauthorized output fails here, before any work."""
     try:
@@ -488,7 +554,7 @@ def _check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
         raise ConfigError(f"{out} already holds a dataset (manifest.json); pass --overwrite to replace it")
 
 
-def _clear_output(out: str, storage: StorageConfig) -> None:
+def clear_output(out: str, storage: StorageConfig) -> None:
     """Remove a previous dataset, manifest first, so a crash mid-way never leaves one that looks
     complete; and the `.tmp-*` files a killed run's atomic writes left (storage.atomic_output)."""
     for part in _OUTPUT_PARTS:
@@ -522,6 +588,7 @@ def _slots(plan: Plan) -> int:
 
 def _write_global(
     cfg: JobConfig,
+    spec: Spec,
     plan: Plan,
     totals: Totals,
     shards: list[tuple[str, str]],
@@ -539,7 +606,7 @@ def _write_global(
         f"[raypack] exchange: {n['assign_tasks']} assign, {n['merge_tasks']} merge, {n['write_tasks']} "
         f"write tasks; {lay.hops} hop(s), {n['objects']:,} objects"
     )
-    done = run_exchange(cfg, plan, lay, totals, shards, keys, _EXAMPLES)
+    done = run_exchange(cfg, plan, lay, totals, shards, keys, spec, _EXAMPLES)
     if (done.items, done.tokens) != (totals.stats.items, totals.stats.tokens):
         raise RuntimeError(
             f"assign placed (items, tokens) = {(done.items, done.tokens)}, the histogram holds "
@@ -574,29 +641,29 @@ def _from_items(rows: list[dict[str, Any]]) -> Any:
     return ds
 
 
-def _write_sharded(cfg: JobConfig, token_files: list[str]) -> list[dict[str, Any]]:
-
+def _write_sharded(cfg: JobConfig, spec: Spec, token_files: list[str]) -> list[dict[str, Any]]:
     per = cfg.pack.shards_per_group
     groups = [
         {"group": g, "token_files": token_files[first : first + per]}
         for g, first in enumerate(range(0, len(token_files), per))
     ]
-    return list(_from_items(groups).map_batches(partial(pack_groups, cfg=cfg), batch_size=1).take_all())
+    fn = partial(pack_groups, cfg=cfg, spec=spec)
+    return list(_from_items(groups).map_batches(fn, batch_size=1).take_all())
 
 
-def _planned_files(cfg: JobConfig, plan: Plan) -> dict[str, int]:
+def _planned_files(cfg: JobConfig, spec: Spec, plan: Plan) -> dict[str, int]:
     """Every file the global plan makes, with its packs: bucket b's packs in files of shard_rows, the
     last one shorter."""
     rows, buckets = cfg.output.shard_rows, Buckets.of(plan)
     bucketed = cfg.pack.algorithm == "bucket"
     return {
-        data_file(length if bucketed else None, part): count
+        data_file(spec, length if bucketed else None, part): count
         for length, n in zip(buckets.lengths, buckets.sizes, strict=True)
         for part, count in enumerate(_file_rows(n, rows))
     }
 
 
-def _sharded_files(cfg: JobConfig, files: list[dict[str, Any]]) -> dict[str, int]:
+def _sharded_files(cfg: JobConfig, spec: Spec, files: list[dict[str, Any]]) -> dict[str, int]:
     """The files sharded mode must have written, given the packs each group reports: parts
     0..ceil(packs / shard_rows) - 1 of every group that has packs (its packs are numbered alone)."""
     rows = cfg.output.shard_rows
@@ -604,7 +671,7 @@ def _sharded_files(cfg: JobConfig, files: list[dict[str, Any]]) -> dict[str, int
     for f in files:
         packs[int(str(f["path"]).rsplit("/", 1)[-1].split("-")[1])] += int(f["rows"])
     return {
-        data_file(None, part, group): count
+        data_file(spec, None, part, group): count
         for group, n in sorted(packs.items())
         for part, count in enumerate(_file_rows(n, rows))
     }
@@ -678,10 +745,18 @@ def _manifest(
             "tokens": tokens,
         },
         "buckets": [{"length": k, "packs": v} for k, v in sorted(buckets.items())],
-        "files": [
-            {k: f[k] for k in ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256")}
-            | {"row_groups": [int(n) for n in f["row_groups"]]}
-            for f in files
-        ],
+        "files": manifest_files(files),
         "metrics": METRICS,
     }
+
+
+_FILE_KEYS = ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256", "index")
+
+
+def manifest_files(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The manifest's `files`, from the write tasks' WRITTEN rows."""
+    return [
+        {k: f[k] for k in _FILE_KEYS}
+        | {"row_groups": [int(n) for n in f["row_groups"]], "companions": list(f["companions"])}
+        for f in files
+    ]

@@ -1,12 +1,13 @@
 """Stages 6-7, materialize and write: all items of one output file reach one write task (the
 exchange's pieces for its file range, raypack.pipeline.exchange; in sharded mode, the group's own
-items), become pack rows (schema.PACKED) in pack-id order, and are written as one Parquet file whose
-name, rows and bytes depend only on the plan, the seed and the corpus: never on how many workers ran
-or how the pieces were cut.
+items), become the file's packs (formats.Packs: tokens and pack index) in pack-id order, and are
+written in the dataset's output format (raypack.formats; this module does not know which) under
+names, rows and bytes that depend only on the plan, the seed and the corpus: never on how many
+workers ran or how the pieces were cut.
 
-Memory of a write task: its file's items (≈ 4 bytes a token) plus the packed rows (4 bytes a slot) and
-one int64 scatter index per token; the token column is never reordered (a copy of the largest column
-saved: items are placed by index instead).
+Memory of a write task: its file's items (≈ 4 bytes a token) plus the packed tokens (4 bytes a slot),
+the encoded files (2-4 bytes a slot) and one int64 index per item; the token column is never
+reordered (a copy of the largest column saved: items are placed by index instead).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import StorageConfig
+from raypack.formats import Packs, Spec, encode_index, index_path, stem_of
 from raypack.metrics import fill_percent_counts
 from raypack.packing import copy_runs
 from raypack.pipeline.assign import split_file_key
@@ -26,19 +28,16 @@ from raypack.storage import join, write_bytes
 
 __all__ = ["data_file", "write_pack_file", "write_pack_files"]
 
-# Fixed writer settings: the same rows give the same bytes.
-_PARQUET = {"compression": "zstd", "compression_level": 3, "row_group_size": 1024, "write_statistics": True}
 
-
-def data_file(bucket_length: int | None, part: int, group: int | None = None) -> str:
-    name = f"part-{part:05d}.parquet" if group is None else f"part-{group:05d}-{part:05d}.parquet"
-    return f"data/{name}" if bucket_length is None else f"data/bucket={bucket_length}/{name}"
+def data_file(spec: Spec, bucket_length: int | None, part: int, group: int | None = None) -> str:
+    """The data file (the first of its files) that output file `part` has in the dataset's format."""
+    return f"data/{stem_of(bucket_length, part, group)}{spec.format.suffix}"
 
 
 def write_pack_files(
     block: pa.Table,
     output: str,
-    pad_id: int,
+    spec: Spec,
     bucketed: bool,
     group: int | None = None,
     storage: StorageConfig | None = None,
@@ -54,7 +53,7 @@ def write_pack_files(
         raise RuntimeError("items reached the writer unsorted by file: the shuffle is inconsistent")
     starts, ends = np.r_[0, cuts], np.r_[cuts, len(keys)]
     return pa.concat_tables(
-        write_pack_file(block.slice(s, e - s), output, pad_id, bucketed, group, storage)
+        write_pack_file(block.slice(s, e - s), output, spec, bucketed, group, storage)
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
     )
 
@@ -62,13 +61,13 @@ def write_pack_files(
 def write_pack_file(
     items: pa.Table,
     output: str,
-    pad_id: int,
+    spec: Spec,
     bucketed: bool,
     group: int | None = None,
     storage: StorageConfig | None = None,
 ) -> pa.Table:
-    """The items of one output file, in any order → the file written; returns its WRITTEN row.
-    `group`: the shard group in sharded mode, whose packs are numbered on their own."""
+    """The items of one output file, in any order → the file written in spec's format; returns its
+    WRITTEN row. `group`: the shard group in sharded mode, whose packs are numbered on their own."""
     _, part = split_file_key(int(items.column("file_key")[0].as_py()))
     capacity = int(items.column("capacity")[0].as_py())
     pack = items.column("pack").to_numpy()
@@ -93,7 +92,7 @@ def write_pack_file(
     # Each item's tokens (a run of the value buffer, items in arrival order) go to its slot.
     dst = np.empty(len(order), dtype=np.int64)
     dst[order] = row_of_item * capacity + offset
-    input_ids = np.full(n_packs * capacity, pad_id, dtype=np.int32)
+    input_ids = np.full(n_packs * capacity, spec.pad_id, dtype=np.int32)
     copy_runs(input_ids, dst, values, src[:-1] - src[0], np.diff(src))
     # doc_offsets per pack: 0, then the end of each item (cu_seqlens).
     ends = (offset + length).astype(np.int32)
@@ -101,11 +100,8 @@ def write_pack_file(
     offsets_list = np.r_[0, np.cumsum(counts + 1)].astype(np.int32)
     item_list = np.r_[0, np.cumsum(counts)].astype(np.int32)
     take = pa.array(order)
-    table = pa.table(
+    index = pa.table(
         {
-            "input_ids": pa.FixedSizeListArray.from_arrays(pa.array(input_ids), capacity).cast(
-                pa.list_(pa.int32())
-            ),
             "doc_offsets": pa.ListArray.from_arrays(pa.array(offsets_list), pa.array(offsets_values)),
             "doc_ids": pa.ListArray.from_arrays(
                 pa.array(item_list), items.column("doc_id").take(take).combine_chunks()
@@ -115,25 +111,54 @@ def write_pack_file(
             ),
             "num_tokens": pa.array(fill.astype(np.int32)),
         },
-        schema=schema.PACKED,
+        schema=schema.PACK_INDEX,
     )
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, **_PARQUET)
-    data = sink.getvalue()
-    row_groups = schema.row_group_rows(pq.ParquetFile(pa.BufferReader(data)).metadata)  # in memory
-    rel = data_file(capacity if bucketed else None, part, group)
-    write_bytes(join(output, rel), data, storage)
+    stem = stem_of(capacity if bucketed else None, part, group)
+    packs = Packs(stem, input_ids.reshape(n_packs, capacity), index)
+    return write_packs(packs, output, spec, storage)
+
+
+def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | None = None) -> pa.Table:
+    """One output file's packs → its files written in spec's format; its WRITTEN row."""
+    fmt = spec.format
+    files = fmt.encode(packs, spec)
+    if not fmt.holds_index:
+        files[index_path(packs.stem)] = encode_index(packs.index)
+    rel = next(iter(files))
+    index = rel if fmt.holds_index else index_path(packs.stem)
+    row_groups = schema.row_group_rows(pq.ParquetFile(pa.BufferReader(files[index])).metadata)
+    companions = []
+    for path, data in files.items():
+        write_bytes(join(output, path), data, storage)
+        if path != rel:
+            companions.append({"path": path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    fill = packs.index.column("num_tokens").to_numpy().astype(np.int64)
     return pa.table(
         {
             "path": [rel],
-            "bucket_length": pa.array([capacity], pa.int32()),
-            "rows": [n_packs],
+            "bucket_length": pa.array([packs.capacity], pa.int32()),
+            "rows": [packs.rows],
             "tokens": [int(fill.sum())],
-            "items": [len(pack)],
-            "bytes": [data.size],
-            "sha256": [hashlib.sha256(data).hexdigest()],
+            "items": [len(packs.index.column("doc_ids").combine_chunks().flatten())],
+            "bytes": [len(files[rel])],
+            "sha256": [hashlib.sha256(files[rel]).hexdigest()],
             "row_groups": [row_groups],
-            "fill_percent": [fill_percent_counts(fill, capacity)],
+            "index": [index],
+            "companions": [companions],
+            "fill_percent": [fill_percent_counts(fill, packs.capacity)],
+            "stray_eos": [stray_eos(packs, spec.eos_id) if fmt.eos_bounded else 0],
         },
         schema=schema.WRITTEN,
     )
+
+
+def stray_eos(packs: Packs, eos_id: int | None) -> int:
+    """EOS tokens inside items (not an item's last token): where a trainer that finds documents by EOS
+    cuts one document in two (a document whose text holds the EOS token's own text, say)."""
+    if eos_id is None:
+        return 0
+    real = np.arange(packs.capacity)[None, :] < packs.index.column("num_tokens").to_numpy()[:, None]
+    found = int(np.count_nonzero((packs.input_ids == eos_id) & real))
+    _, ends = packs.item_bounds()
+    at_ends = int(np.count_nonzero(packs.input_ids.reshape(-1)[ends - 1] == eos_id))
+    return found - at_ends

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig
+from raypack.formats import Spec
 from raypack.packing import pack
 from raypack.pipeline.assign import items_table
 from raypack.pipeline.materialize import write_pack_files
@@ -20,7 +21,7 @@ from raypack.storage import resolve
 __all__ = ["pack_groups"]
 
 
-def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig) -> pa.Table:
+def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig, spec: Spec) -> pa.Table:
     """map_batches function over group rows (group, token files of its shards) → WRITTEN rows."""
     out = []
     p = cfg.pack
@@ -47,7 +48,7 @@ def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig) -> pa.Table:
             write_pack_files(
                 items.sort_by("file_key"),
                 cfg.output.path,
-                cfg.output.pad_id,
+                spec,
                 bucketed=False,
                 group=int(group),
                 storage=cfg.storage,

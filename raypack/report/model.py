@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
 from raypack.errors import ConfigError
+from raypack.formats import total_bytes
 from raypack.metrics import (
     FILL_BINS,
     LENGTH_BINS_PER_OCTAVE,
@@ -151,7 +152,7 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
         lost_files=int(counts.get("lost_files", 0)),
         rejects_by_reason=reasons,
         reject_examples=_reject_examples(dataset, storage) if counts["rejects"] else (),
-        notes=_notes(doc, metrics),
+        notes=_notes(doc, metrics, manifest),
     )
 
 
@@ -166,6 +167,8 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
     cfg, counts, tok = manifest["config"], manifest["counts"], manifest["tokenizer"]
     pack = cfg["pack"]
     files = manifest["files"]
+    fmt = manifest.get("format") or {"name": "parquet"}
+    size = total_bytes(files, fmt.get("files", []))
     algorithm = pack["algorithm"]
     if algorithm == "bucket":
         algorithm += f" (buckets {', '.join(str(b['length']) for b in manifest.get('buckets', []))})"
@@ -185,13 +188,22 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
             f"{counts['documents']:,} documents, {counts['items']:,} items, {counts['packs']:,} packs, "
             f"{counts['tokens']:,} tokens",
         ),
-        ("files", f"{len(files):,} Parquet files, {sum(f['bytes'] for f in files) / 2**20:,.1f} MiB"),
+        ("files", f"{len(files):,} {fmt['name']} files, {size / 2**20:,.1f} MiB"),
         ("raypack", str(manifest.get("raypack_version", "?"))),
     )
 
 
-def _notes(doc: dict[str, Any], metrics: PackingMetrics) -> tuple[str, ...]:
+def _notes(doc: dict[str, Any], metrics: PackingMetrics, manifest: dict[str, Any]) -> tuple[str, ...]:
     notes = []
+    fmt = manifest.get("format") or {}
+    if fmt.get("stray_eos"):
+        notes.append(
+            f"{fmt['stray_eos']:,} EOS tokens lie inside documents, not at their ends: {fmt['name']}'s "
+            "trainer, which finds documents by EOS, cuts a document at each."
+        )
+    source = manifest.get("converted_from")
+    if source:
+        notes.append(f"Converted from the {source['format']} dataset {source['path']} (raypack convert).")
     if doc.get("mode") == "sharded":
         notes.append(
             f"Sharded mode: {100 * metrics.efficiency:.4f}% efficiency, against "

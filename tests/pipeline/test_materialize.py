@@ -10,10 +10,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from raypack import schema
+from raypack.formats import Spec
 from raypack.packing import pack
 from raypack.pipeline.assign import file_key, items_table
 from raypack.pipeline.exchange import write_files
 from raypack.pipeline.materialize import write_pack_file, write_pack_files
+
+PARQUET = Spec("parquet", pad_id=0, dtype="int32", eos_id=None)
 
 
 def _items(seed: int, docs: int = 300, seq_len: int = 64, rows: int = 7) -> pa.Table:
@@ -55,8 +58,8 @@ def test_write_pack_file_bytes_do_not_depend_on_item_order(tmp_path: Path) -> No
     items = _items(seed=1)
     one_file = items.filter(pa.compute.equal(items.column("file_key"), 0))
     shuffled = one_file.take(pa.array(np.random.default_rng(5).permutation(one_file.num_rows)))
-    a = write_pack_file(one_file, str(tmp_path / "a"), pad_id=0, bucketed=False).to_pylist()[0]
-    b = write_pack_file(shuffled, str(tmp_path / "b"), pad_id=0, bucketed=False).to_pylist()[0]
+    a = write_pack_file(one_file, str(tmp_path / "a"), PARQUET, bucketed=False).to_pylist()[0]
+    b = write_pack_file(shuffled, str(tmp_path / "b"), PARQUET, bucketed=False).to_pylist()[0]
     assert a["sha256"] == b["sha256"] and a["rows"] == 7
     # Each item's tokens sit in its pack at its offset: compare with the items directly.
     packed = pq.read_table(tmp_path / "a" / a["path"]).to_pylist()
@@ -74,12 +77,12 @@ def test_write_pack_file_bytes_do_not_depend_on_item_order(tmp_path: Path) -> No
 def test_write_pack_files_writes_each_file_of_a_block_and_refuses_unsorted(tmp_path: Path) -> None:
     items = _items(seed=2)
     block = items.sort_by("file_key")
-    files = write_pack_files(block, str(tmp_path), pad_id=0, bucketed=False)
+    files = write_pack_files(block, str(tmp_path), PARQUET, bucketed=False)
     assert files.num_rows == len(set(items.column("file_key").to_pylist()))
     assert sum(files.column("items").to_pylist()) == items.num_rows
-    assert write_pack_files(schema.ITEMS.empty_table(), str(tmp_path), 0, False).num_rows == 0
+    assert write_pack_files(schema.ITEMS.empty_table(), str(tmp_path), PARQUET, False).num_rows == 0
     with pytest.raises(RuntimeError, match="unsorted"):
-        write_pack_files(block.take(pa.array(np.arange(block.num_rows)[::-1])), str(tmp_path), 0, False)
+        write_pack_files(block.take(pa.array(np.arange(block.num_rows)[::-1])), str(tmp_path), PARQUET, False)
 
 
 def test_a_writer_writes_each_file_of_its_range_from_pieces_cut_anywhere(tmp_path: Path) -> None:
@@ -91,15 +94,18 @@ def test_a_writer_writes_each_file_of_its_range_from_pieces_cut_anywhere(tmp_pat
     rng = np.random.default_rng(2)
     owner = rng.integers(0, 3, size=items.num_rows)  # three pieces, each keeping the key order
     pieces = [items.filter(pa.array(owner == i)) for i in range(3)]
-    got = write_files(keys, str(tmp_path / "a"), 0, False, None, (), *pieces).to_pylist()
+    got = write_files(keys, str(tmp_path / "a"), PARQUET, False, None, (), *pieces).to_pylist()
     want = [
         write_pack_file(
-            items.filter(pa.compute.equal(items.column("file_key"), int(k))), str(tmp_path / "b"), 0, False
+            items.filter(pa.compute.equal(items.column("file_key"), int(k))),
+            str(tmp_path / "b"),
+            PARQUET,
+            False,
         ).to_pylist()[0]
         for k in keys
     ]
     assert got == want and len(got) == len(keys) > 3
     with pytest.raises(RuntimeError, match="reached a writer of other files"):
-        write_files(keys[1:], str(tmp_path / "c"), 0, False, None, (), *pieces)
+        write_files(keys[1:], str(tmp_path / "c"), PARQUET, False, None, (), *pieces)
     with pytest.raises(RuntimeError, match="no items reached file key"):
-        write_files(np.r_[keys, keys[-1] + 1], str(tmp_path / "d"), 0, False, None, (), *pieces)
+        write_files(np.r_[keys, keys[-1] + 1], str(tmp_path / "d"), PARQUET, False, None, (), *pieces)

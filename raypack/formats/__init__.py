@@ -1,0 +1,273 @@
+"""Output formats: how one output file's packs are stored. One module a format behind one small
+interface (`Format`), picked from `FORMATS`; the write task (raypack.pipeline.materialize) builds a
+file's `Packs` and hands them over without knowing which format it writes.
+
+    parquet   data/part-NNNNN.parquet: a row a pack (schema.PACKED), raypack's own
+    megatron  data/part-NNNNN.bin + .idx: Megatron-LM's IndexedDataset, a sequence (and document) a pack
+    olmo      data/part-NNNNN.npy + .csv.gz, label_mask/part-NNNNN.npy: OLMo-core's token files
+    mds       data/part-NNNNN.mds + data/index.json: MosaicML streaming's MDS
+
+Every format but parquet also writes `packs/part-NNNNN.parquet`, the file's pack index
+(schema.PACK_INDEX: doc_offsets, doc_ids, chunk_index, num_tokens, 1,024 packs a row group), from
+which raypack's reader, `verify` and `convert` know each pack's documents; the tokens themselves are
+read back through the format's own files. It costs ~2-3% of the data's bytes (the demo: 95 KB
+beside 8.4 MB of uint16 tokens).
+
+A dataset's `Spec` (format, what padding holds, the token dtype) is decided before any work, from
+the config and the tokenizer: a config that the format's trainer cannot read right is a ConfigError
+then, not a surprise at training time. The manifest records it under `format`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raypack import schema
+from raypack.errors import ConfigError
+from raypack.storage import join, read_bytes, resolve
+
+__all__ = [
+    "FORMATS",
+    "INDEX_DIR",
+    "PARQUET_SETTINGS",
+    "Format",
+    "Packs",
+    "Settings",
+    "Spec",
+    "encode_index",
+    "index_path",
+    "make_spec",
+    "packs_of",
+    "read_packs",
+    "read_range",
+    "read_rows",
+    "spec_of",
+    "stem_of",
+    "total_bytes",
+]
+
+# Fixed Parquet writer settings (data files and pack indexes): the same rows give the same bytes.
+PARQUET_SETTINGS = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "row_group_size": 1024,
+    "write_statistics": True,
+}
+INDEX_DIR = "packs"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """What a format's Spec is decided from (a job's config and tokenizer, or a manifest's)."""
+
+    seq_len: int
+    bucketed: bool
+    """Packs of several lengths (pack.algorithm bucket)."""
+    add_eos: bool
+    eos_id: int | None
+    vocab_size: int
+    pad_id: int
+    shard_rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """How one dataset's packs are stored (the manifest's `format`)."""
+
+    name: str
+    pad_id: int
+    """What padding positions hold: output.pad_id, or EOS where the format's trainer masks by EOS."""
+    dtype: str
+    """Token dtype on disk (numpy name)."""
+    eos_id: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @property
+    def format(self) -> Format:
+        return FORMATS[self.name]
+
+
+def make_spec(name: str, settings: Settings) -> Spec:
+    if name not in FORMATS:
+        raise ConfigError(f"output.format must be one of {', '.join(FORMATS)}, got {name!r}")
+    return FORMATS[name].spec(settings)
+
+
+def spec_of(manifest: dict[str, Any]) -> Spec:
+    """The Spec a manifest records; a dataset written before formats existed is parquet."""
+    fmt = manifest.get("format")
+    if fmt is None:
+        eos = manifest.get("tokenizer", {}).get("eos_id")
+        return Spec("parquet", int(manifest["config"]["output"]["pad_id"]), "int32", eos)
+    return Spec(str(fmt["name"]), int(fmt["pad_id"]), str(fmt["dtype"]), fmt.get("eos_id"))
+
+
+@dataclass(frozen=True)
+class Packs:
+    """One output file's packs, in pack order: what every format writes."""
+
+    stem: str
+    """The file's name without directory or suffix, relative to data/: part-00000,
+    bucket=2048/part-00000 (algorithm bucket), part-GGGGG-PPPPP (sharded mode)."""
+    input_ids: np.ndarray
+    """(packs, capacity) int32, padding already the Spec's pad_id."""
+    index: pa.Table
+    """schema.PACK_INDEX, a row a pack."""
+
+    @property
+    def rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def item_bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end of every item as positions in the file's token stream (pack p's slot t is
+        position p × capacity + t), in pack order."""
+        offsets = self.index.column("doc_offsets").combine_chunks()
+        values = offsets.flatten().to_numpy().astype(np.int64)
+        per_pack = np.diff(offsets.offsets.to_numpy())
+        base = np.repeat(np.arange(self.rows, dtype=np.int64) * self.capacity, per_pack)
+        pos = values + base
+        last = np.cumsum(per_pack) - 1  # each pack's closing offset (num_tokens)
+        is_start = np.ones(len(values), dtype=bool)
+        is_start[last] = False
+        is_end = np.ones(len(values), dtype=bool)
+        is_end[np.r_[0, last[:-1] + 1]] = False
+        return pos[is_start], pos[is_end]
+
+    def table(self) -> pa.Table:
+        """schema.PACKED: the index with input_ids in front."""
+        ids = pa.FixedSizeListArray.from_arrays(pa.array(self.input_ids.reshape(-1)), self.capacity)
+        return pa.table([ids.cast(pa.list_(pa.int32())), *self.index.columns], schema=schema.PACKED)
+
+
+def total_bytes(files: Sequence[dict[str, Any]], dataset_files: Sequence[dict[str, Any]] = ()) -> int:
+    """Bytes of a dataset's data: every data file with its companions, and the format's own files."""
+    size = sum(int(f["bytes"]) + sum(int(c["bytes"]) for c in f.get("companions", [])) for f in files)
+    return size + sum(int(f["bytes"]) for f in dataset_files)
+
+
+def stem_of(bucket_length: int | None, part: int, group: int | None = None) -> str:
+    name = f"part-{part:05d}" if group is None else f"part-{group:05d}-{part:05d}"
+    return name if bucket_length is None else f"bucket={bucket_length}/{name}"
+
+
+def index_path(stem: str) -> str:
+    return f"{INDEX_DIR}/{stem}.parquet"
+
+
+def encode_index(index: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(index, sink, **PARQUET_SETTINGS)
+    return sink.getvalue().to_pybytes()
+
+
+class Format(Protocol):
+    name: str
+    suffix: str
+    """Of its data file, data/<stem><suffix>: the first of the files `encode` returns."""
+    holds_index: bool
+    """Its data file is itself the pack index (parquet): no packs/ file."""
+    eos_bounded: bool
+    """Its trainer finds document ends at EOS tokens (an EOS inside a document splits it there)."""
+
+    def spec(self, settings: Settings) -> Spec:
+        """The dataset's Spec; a ConfigError for settings its trainer cannot read right."""
+        ...
+
+    def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
+        """The files of one output file, by path relative to the dataset, the data file first."""
+        ...
+
+    def read_tokens(
+        self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any
+    ) -> np.ndarray:
+        """Packs first .. first + count - 1 of the data file at `path` (absolute): (count, capacity)
+        int32, read through the format's own layout (ranged reads: the reader's row groups)."""
+        ...
+
+    def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
+        """Every pack of a whole data file's bytes: (packs, capacity) int32 (verify)."""
+        ...
+
+    def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
+        """Files of the whole dataset, from every file's manifest entry (Megatron's data-args list,
+        MDS's index.json), written by the driver before the manifest."""
+        ...
+
+    def check_file(self, data: dict[str, bytes], packs: Packs, spec: Spec) -> list[str]:
+        """Problems of one written file's own structure, beyond its tokens (verify): `data` holds its
+        files' bytes by relative path, `packs` what the pack index and the tokens read say."""
+        ...
+
+
+def read_range(path: str, start: int, length: int, storage: Any) -> bytes:
+    """`length` bytes of a file from `start` (a ranged GET on object storage)."""
+    fs, inner = resolve(path, storage)
+    with fs.open_input_file(inner) as f:
+        return f.read_at(length, start)
+
+
+def _index_file(entry: dict[str, Any]) -> str:
+    return str(entry.get("index") or entry["path"])
+
+
+def read_rows(
+    dataset: str, entry: dict[str, Any], spec: Spec, group: int, first: int, storage: Any
+) -> pa.Table:
+    """input_ids, doc_offsets and num_tokens of row group `group` of one file, whose first pack is
+    pack `first` of the file: what raypack's reader needs."""
+    fs, inner = resolve(join(dataset, _index_file(entry)), storage)
+    with fs.open_input_file(inner) as handle:
+        parquet = pq.ParquetFile(handle)
+        if spec.format.holds_index:
+            return parquet.read_row_group(group, columns=["input_ids", "doc_offsets", "num_tokens"])
+        index = parquet.read_row_group(group, columns=["doc_offsets", "num_tokens"])
+    capacity = int(entry["bucket_length"])
+    tokens = spec.format.read_tokens(
+        join(dataset, entry["path"]), spec, capacity, first, index.num_rows, storage
+    )
+    ids = pa.FixedSizeListArray.from_arrays(pa.array(tokens.reshape(-1)), capacity)
+    return index.add_column(0, "input_ids", ids.cast(pa.list_(pa.int32())))
+
+
+def read_packs(dataset: str, entry: dict[str, Any], spec: Spec, storage: Any) -> Packs:
+    """Every pack of one file, its tokens read through the format (convert, read_packed)."""
+    files = {entry["path"]: read_bytes(join(dataset, entry["path"]), storage)}
+    if not spec.format.holds_index:
+        files[entry["index"]] = read_bytes(join(dataset, entry["index"]), storage)
+    return packs_of(files, entry, spec)
+
+
+def packs_of(files: dict[str, bytes], entry: dict[str, Any], spec: Spec) -> Packs:
+    """One file's Packs from its files' bytes (the data file and, but for parquet, its pack index);
+    ValueError when they do not make packs of the entry's length."""
+    capacity = int(entry["bucket_length"])
+    table = pq.read_table(pa.BufferReader(files[_index_file(entry)]))
+    tokens = spec.format.decode(files[entry["path"]], spec, capacity)
+    if spec.format.holds_index:
+        table = table.drop_columns(["input_ids"])
+    if len(tokens) != table.num_rows:
+        raise ValueError(f"{entry['path']}: {len(tokens)} packs of tokens, {table.num_rows} indexed")
+    stem = entry["path"].split("/", 1)[1].rsplit(".", 1)[0]
+    return Packs(stem, np.ascontiguousarray(tokens, dtype=np.int32), table.cast(schema.PACK_INDEX))
+
+
+def _formats() -> dict[str, Format]:
+    from raypack.formats import mds, megatron, olmo, parquet
+
+    return {"parquet": parquet.FORMAT, "megatron": megatron.FORMAT, "olmo": olmo.FORMAT, "mds": mds.FORMAT}
+
+
+FORMATS: dict[str, Format] = _formats()
