@@ -113,6 +113,19 @@ def _build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--config", help="the job config: also re-tokenize a sample of documents and compare")
     verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize with --config (64)")
 
+    convert = sub.add_parser(
+        "convert",
+        help="write a finished dataset again in another output format, without tokenizing again",
+        description="Read every pack of DATASET through its format and write it in FORMAT to --out "
+        "(the same files `raypack pack` writes with output.format FORMAT); index/ and rejects/ are "
+        "copied, the manifest carries over.",
+    )
+    convert.add_argument("dataset", metavar="DATASET", help="a dataset, or a rebuild's root (follows LATEST)")
+    convert.add_argument("--format", required=True, help="parquet, megatron, olmo or mds")
+    convert.add_argument("--out", required=True, metavar="DIR", help="where the converted dataset goes")
+    convert.add_argument("--overwrite", action="store_true", help="replace a dataset already at --out")
+    convert.add_argument("--config", help="a job config, for its storage settings (an S3 endpoint)")
+
     report = sub.add_parser(
         "report",
         help="write the HTML report of a packed dataset (raypack pack writes it too)",
@@ -256,6 +269,20 @@ def _print_lost_and_warnings(report: VerifyReport) -> None:
         print(f"warning: {warning}")
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from raypack.config import load_config
+    from raypack.convert import convert
+
+    storage = load_config(args.config).storage if args.config else None
+    log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    result = convert(args.dataset, args.format, args.out, overwrite=args.overwrite, storage=storage, log=log)
+    print(
+        f"converted {result.source} to {result.format['name']}: {result.output} ({result.files:,} files, "
+        f"{result.bytes / 2**20:.1f} MiB); report {result.report or 'not written'}"
+    )
+    return 0
+
+
 def _cmd_report(args: argparse.Namespace) -> int:
     from raypack.config import load_config
     from raypack.report import from_dataset, write_report
@@ -339,6 +366,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "pack": _cmd_pack,
         "rebuild": _cmd_rebuild,
         "verify": _cmd_verify,
+        "convert": _cmd_convert,
         "report": _cmd_report,
         "demo": _cmd_demo,
     }

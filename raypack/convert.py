@@ -1,0 +1,183 @@
+"""`raypack convert DATASET --format F --out DIR`: a finished dataset written again in another output
+format, without tokenizing or packing again, so a team can keep one canonical dataset (parquet, say)
+and give each trainer its own.
+
+Every file's packs are read through the source's format and written through the target's, file for
+file, by Ray tasks (one a run of files, retried like the job's storage tasks); `index/` and `rejects/`
+are copied as they are; the manifest and metrics.json carry over with the new files and format and
+a `converted_from` entry (the source's path and its manifest's sha256). The files are byte for byte
+those `raypack pack` writes in that format (tests/test_formats.py), and the result is committed as a
+job's is: manifest last, so a crash leaves no dataset that looks complete.
+
+The driver holds the manifest (~1 KB a file) and one written row a file; a task one file's packs at
+a time (4 bytes a token slot, plus the encoded files).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from raypack import schema
+from raypack.config import StorageConfig
+from raypack.errors import ConfigError
+from raypack.formats import Packs, Settings, Spec, make_spec, read_packs, spec_of, total_bytes
+from raypack.pipeline.exchange import task_options, transient
+from raypack.pipeline.job import (
+    METRICS,
+    check_output,
+    clear_output,
+    ensure_ray,
+    manifest_files,
+    write_dataset_files,
+    write_report_safely,
+)
+from raypack.pipeline.materialize import write_packs
+from raypack.reader import pin
+from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic
+from raypack.versions import MANIFEST
+
+__all__ = ["ConvertResult", "convert"]
+
+# Runs of files a CPU: a few, so that a slow file does not hold a whole share of the work.
+RUNS_PER_CPU = 4
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    source: str
+    """The dataset read (for a rebuild's root: the version LATEST named)."""
+    output: str
+    format: dict[str, Any]
+    """The new manifest's `format`."""
+    files: int
+    bytes: int
+    """Of every file written: data files, their companions and the format's dataset files."""
+    report: str | None
+
+
+def target_spec(manifest: dict[str, Any], name: str) -> Spec:
+    """The Spec a dataset's packs take in format `name` (a ConfigError where that format's trainer
+    could not read them right, e.g. megatron for packs of several lengths)."""
+    cfg = manifest["config"]
+    lengths = {int(f["bucket_length"]) for f in manifest["files"]}
+    settings = Settings(
+        seq_len=int(cfg["pack"]["seq_len"]),
+        bucketed=len(lengths) > 1 or (cfg["pack"]["mode"], cfg["pack"]["algorithm"]) == ("global", "bucket"),
+        add_eos=bool(cfg["tokenizer"]["add_eos"]),
+        eos_id=manifest["tokenizer"].get("eos_id"),
+        vocab_size=int(manifest["tokenizer"]["vocab_size"]),
+        pad_id=int(cfg["output"]["pad_id"]),
+        shard_rows=int(cfg["output"]["shard_rows"]),
+    )
+    return make_spec(name, settings)
+
+
+def convert(
+    source: str,
+    name: str,
+    out: str,
+    *,
+    overwrite: bool = False,
+    storage: StorageConfig | None = None,
+    log: Callable[[str], None] = print,
+) -> ConvertResult:
+    import ray
+
+    storage = (storage or StorageConfig()).from_environment()
+    try:
+        pinned = pin(source, storage)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+    manifest, dataset = pinned.manifest, pinned.path
+    spec = target_spec(manifest, name)
+    if contains(dataset, out) or contains(out, dataset):
+        raise ConfigError(f"--out {out} and the dataset {dataset} overlap: write the conversion elsewhere")
+    check_output(out, storage, overwrite)
+    clear_output(out, storage)
+    ensure_ray()
+    source_spec = spec_of(manifest)
+    files = sorted(manifest["files"], key=lambda f: str(f["path"]))
+    width = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    runs = min(len(files), width * RUNS_PER_CPU)
+    patterns, opts = task_options()
+    task = ray.remote(convert_files).options(**opts)
+    log(f"[raypack] convert: {len(files):,} files from {source_spec.name} to {spec.name}, {runs} tasks")
+    cuts = [len(files) * r // runs for r in range(runs + 1)]
+    refs = [
+        task.remote(dataset, files[a:b], source_spec, spec, out, storage, patterns)
+        for a, b in itertools.pairwise(cuts)
+    ]
+    written = sorted((row for t in ray.get(refs) for row in t.to_pylist()), key=lambda f: str(f["path"]))
+    _check_one_to_one(files, written, spec)
+    for part in ("index", "rejects"):
+        if exists(join(dataset, part), storage):
+            _copy_tree(join(dataset, part), join(out, part), storage)
+    metrics = json.loads(read_bytes(join(dataset, METRICS), storage))
+    metrics["format"] = spec.name
+    write_bytes(join(out, METRICS), json.dumps(metrics, indent=2).encode(), storage)
+    output_format = write_dataset_files(written, spec, out, storage)
+    new = dict(manifest)
+    new["schema_version"] = manifest["schema_version"] if spec.name == "parquet" else 2
+    output = {**manifest["config"]["output"], "path": out, "format": name}
+    new["config"] = {**manifest["config"], "output": output}
+    new["files"] = manifest_files(written)
+    new["format"] = output_format
+    new["converted_from"] = {"path": dataset, "format": source_spec.name, "manifest_sha256": pinned.sha256}
+    write_bytes_atomic(join(out, MANIFEST), json.dumps(new, indent=2).encode(), storage)
+    report = write_report_safely(out, storage, log)
+    size = total_bytes(written, output_format["files"])
+    return ConvertResult(dataset, out, output_format, len(written), size, report)
+
+
+def convert_files(
+    dataset: str,
+    entries: list[dict[str, Any]],
+    source: Spec,
+    spec: Spec,
+    out: str,
+    storage: StorageConfig,
+    patterns: tuple[str, ...],
+) -> pa.Table:
+    """Ray task: each file's packs read through `source`'s format, written through `spec`'s; their
+    WRITTEN rows."""
+    with transient(patterns):
+        rows = [
+            write_packs(_repadded(read_packs(dataset, e, source, storage), spec), out, spec, storage)
+            for e in entries
+        ]
+        return pa.concat_tables(rows) if rows else schema.WRITTEN.empty_table()
+
+
+def _repadded(packs: Packs, spec: Spec) -> Packs:
+    """The packs with spec's padding (megatron pads with EOS, the others with output.pad_id)."""
+    num_tokens = packs.index.column("num_tokens").to_numpy()
+    tokens = packs.input_ids.copy()
+    tokens[np.arange(packs.capacity)[None, :] >= num_tokens[:, None]] = spec.pad_id
+    return Packs(packs.stem, tokens, packs.index)
+
+
+def _check_one_to_one(files: list[dict[str, Any]], written: list[dict[str, Any]], spec: Spec) -> None:
+    """Each source file became the file of the same name (new suffix), packs, tokens and items."""
+    if len(written) != len(files):
+        raise RuntimeError(f"{len(files)} files read, {len(written)} written: refusing to commit")
+    for src, new in zip(files, written, strict=True):
+        name = f"{str(src['path']).rsplit('.', 1)[0]}{spec.format.suffix}"
+        counts = all(int(src[k]) == int(new[k]) for k in ("rows", "tokens", "items", "bucket_length"))
+        if new["path"] != name or not counts:
+            raise RuntimeError(f"{src['path']} became {new['path']} with other counts: refusing to commit")
+
+
+def _copy_tree(src: str, dst: str, storage: StorageConfig) -> None:
+    """Every file under src to the same place under dst, bytes as they are (pyarrow copies in threads)."""
+    source_fs, source_path = resolve(src, storage)
+    dest_fs, dest_path = resolve(dst, storage)
+    dest_fs.create_dir(dest_path, recursive=True)
+    pafs.copy_files(source_path, dest_path, source_filesystem=source_fs, destination_filesystem=dest_fs)
