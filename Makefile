@@ -2,8 +2,14 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# MosaicML streaming, the MDS output's client, in an environment of its own: it needs numpy < 2.2,
+# transformers < 5 and a torchvision that matches its torch, none of which .venv can hold. The
+# pairs below are the ones whose torchvision imports (x86_64: a CUDA build, ~6 GB, from the local
+# wheel mirror where there is one; aarch64: a CPU build).
+MDS_VENV ?= .venv-mds
+MDS_TORCH := $(if $(filter aarch64 arm64,$(shell uname -m)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
 
-.PHONY: demo plan-demo test test-slow soak lint browser bench report-screenshot clean
+.PHONY: demo plan-demo test test-slow soak lint browser mds-client bench report-screenshot clean
 
 $(BIN)/raypack: pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "raypack needs Python >= 3.11")'
@@ -35,7 +41,14 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	else echo "note: no chromium: the report's browser test will be skipped"; fi
 
-test: lint browser
+$(MDS_VENV)/bin/python:
+	$(PYTHON) -m venv $(MDS_VENV)
+	$(MDS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MDS_VENV)/bin/python -m pip install --quiet "mosaicml-streaming==0.13.0" $(MDS_TORCH)
+
+mds-client: $(MDS_VENV)/bin/python
+
+test: lint browser mds-client
 	$(BIN)/pytest
 
 test-slow: $(BIN)/raypack
@@ -57,4 +70,4 @@ report-screenshot: demo browser
 	$(BIN)/python -c 'from PIL import Image; Image.open("raypack-demo/shot.png").convert("RGB").crop((0, 0, 980, 1200)).save("docs/report.png", optimize=True)'
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis raypack-demo
+	rm -rf $(VENV) $(MDS_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis raypack-demo
