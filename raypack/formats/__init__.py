@@ -10,8 +10,8 @@ file's `Packs` and hands them over without knowing which format it writes.
 Every format but parquet also writes `packs/part-NNNNN.parquet`, the file's pack index
 (schema.PACK_INDEX: doc_offsets, doc_ids, chunk_index, num_tokens, 1,024 packs a row group), from
 which raypack's reader, `verify` and `convert` know each pack's documents; the tokens themselves are
-read back through the format's own files. It costs ~2-3% of the data's bytes (the demo: 95 KB
-beside 8.4 MB of uint16 tokens).
+read back through the format's own files. It costs ~0.1% of the data's bytes (0.09 MB beside
+84 MB of uint16 tokens, docs/benchmarks.md): it grows with documents a pack, not with tokens.
 
 A dataset's `Spec` (format, what padding holds, the token dtype) is decided before any work, from
 the config and the tokenizer: a config that the format's trainer cannot read right is a ConfigError
