@@ -226,10 +226,10 @@ def test_dataloader_workers_read_each_row_group_once(
     log = tmp_path / "reads.log"
     real = reader_module.read_group
 
-    def counted(dataset: str, group: Any, seed: int, storage: Any) -> Any:
+    def counted(pinned: Any, group: Any, seed: int, storage: Any) -> Any:
         with open(log, "a") as f:  # one short O_APPEND write a read: whole lines from every worker
-            f.write(f"{group.path}:{group.index}\n")
-        return real(dataset, group, seed, storage)
+            f.write(f"{group.name}:{group.index}\n")
+        return real(pinned, group, seed, storage)
 
     monkeypatch.setattr(reader_module, "read_group", counted)
     expected = [

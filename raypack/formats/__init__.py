@@ -41,13 +41,16 @@ __all__ = [
     "Packs",
     "Settings",
     "Spec",
+    "decode_flat",
     "encode_index",
     "index_path",
     "make_spec",
     "packs_of",
+    "read_flat",
     "read_packs",
     "read_range",
     "read_rows",
+    "require_one_length_and_eos",
     "spec_of",
     "stem_of",
     "total_bytes",
@@ -100,6 +103,22 @@ def make_spec(name: str, settings: Settings) -> Spec:
     if name not in FORMATS:
         raise ConfigError(f"output.format must be one of {', '.join(FORMATS)}, got {name!r}")
     return FORMATS[name].spec(settings)
+
+
+def require_one_length_and_eos(settings: Settings, one_length: str, eos: str) -> int:
+    """The EOS id, or the ConfigErrors of a format whose trainer reads one sequence length and finds
+    documents by EOS: `one_length` and `eos` say why, in the trainer's own terms."""
+    if settings.bucketed:
+        raise ConfigError(
+            f"{one_length}, and pack.algorithm bucket makes packs of several lengths; use output.format "
+            "parquet or mds"
+        )
+    if not settings.add_eos or settings.eos_id is None:
+        raise ConfigError(
+            f"{one_length.split(':')[0]}: {eos}, so each document must end in one: set tokenizer.add_eos: "
+            "true (and tokenizer.eos_id if the tokenizer names no EOS)"
+        )
+    return int(settings.eos_id)
 
 
 def spec_of(manifest: dict[str, Any]) -> Spec:
@@ -217,6 +236,24 @@ def read_range(path: str, start: int, length: int, storage: Any) -> bytes:
     fs, inner = resolve(path, storage)
     with fs.open_input_file(inner) as f:
         return f.read_at(length, start)
+
+
+def read_flat(path: str, dtype: str, capacity: int, first: int, count: int, storage: Any) -> np.ndarray:
+    """Packs first .. first + count - 1 of a headerless file of packs back to back (Megatron's .bin,
+    OLMo-core's token files), as (count, capacity) int32."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = read_range(path, first * capacity * itemsize, count * capacity * itemsize, storage)
+    if len(raw) != count * capacity * itemsize:
+        raise ValueError(f"{path}: shorter than its {first + count} packs")
+    return np.frombuffer(raw, dtype).astype(np.int32).reshape(count, capacity)
+
+
+def decode_flat(data: bytes, dtype: str, capacity: int) -> np.ndarray:
+    """Every pack of such a file's bytes."""
+    stride = capacity * np.dtype(dtype).itemsize
+    if len(data) % stride:
+        raise ValueError(f"{len(data)} bytes: not whole packs of {capacity} {dtype} tokens")
+    return np.frombuffer(data, dtype).astype(np.int32).reshape(-1, capacity)
 
 
 def _index_file(entry: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from raypack.errors import ConfigError
-from raypack.formats import Packs, Settings, Spec, read_range
+from raypack.formats import Packs, Settings, Spec, decode_flat, read_flat, require_one_length_and_eos
 from raypack.storage import is_uri, join
 
 __all__ = ["DATA_ARGS", "FORMAT", "parse_index"]
@@ -76,24 +76,19 @@ class Megatron:
     eos_bounded = True
 
     def spec(self, settings: Settings) -> Spec:
-        if settings.bucketed:
-            raise ConfigError(
-                "output.format megatron: Megatron's GPTDataset reads every sequence at one seq_length, and "
-                "pack.algorithm bucket makes packs of several lengths; use output.format parquet or mds"
-            )
-        if not settings.add_eos or settings.eos_id is None:
-            raise ConfigError(
-                "output.format megatron: Megatron finds documents by their EOD token (--eod-mask-loss, "
-                "--reset-position-ids, --reset-attention-mask), so each document must end in one: set "
-                "tokenizer.add_eos: true (and tokenizer.eos_id if the tokenizer names no EOS)"
-            )
+        eos = require_one_length_and_eos(
+            settings,
+            "output.format megatron: Megatron's GPTDataset reads every sequence at one seq_length",
+            "Megatron finds documents by their EOD token (--eod-mask-loss, --reset-position-ids, "
+            "--reset-attention-mask)",
+        )
         if settings.vocab_size > 2**31:
             raise ConfigError(
                 f"output.format megatron: a vocabulary of {settings.vocab_size:,} does not fit Megatron's "
                 "int32 tokens"
             )
         dtype = "uint16" if settings.vocab_size < UINT16_BELOW else "int32"
-        return Spec(self.name, int(settings.eos_id), dtype, int(settings.eos_id))
+        return Spec(self.name, eos, dtype, eos)
 
     def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
         n, capacity = packs.rows, packs.capacity
@@ -113,17 +108,10 @@ class Megatron:
     def read_tokens(
         self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any
     ) -> np.ndarray:
-        itemsize = np.dtype(spec.dtype).itemsize
-        raw = read_range(path, first * capacity * itemsize, count * capacity * itemsize, storage)
-        if len(raw) != count * capacity * itemsize:
-            raise ValueError(f"{path}: shorter than its {first + count} packs")
-        return np.frombuffer(raw, spec.dtype).astype(np.int32).reshape(count, capacity)
+        return read_flat(path, spec.dtype, capacity, first, count, storage)
 
     def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
-        stride = capacity * np.dtype(spec.dtype).itemsize
-        if len(data) % stride:
-            raise ValueError(f"{len(data)} bytes: not whole packs of {capacity} {spec.dtype} tokens")
-        return np.frombuffer(data, spec.dtype).astype(np.int32).reshape(-1, capacity)
+        return decode_flat(data, spec.dtype, capacity)
 
     def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
         """megatron_data_args.txt for `--data-args-path`: each pair's prefix (where the dataset is now;

@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from raypack.errors import ConfigError
-from raypack.formats import Packs, Settings, Spec, read_range
+from raypack.formats import Packs, Settings, Spec, decode_flat, read_flat, require_one_length_and_eos
 
 __all__ = ["FORMAT", "MASK_DIR", "label_mask"]
 
@@ -55,19 +54,13 @@ class Olmo:
     eos_bounded = True
 
     def spec(self, settings: Settings) -> Spec:
-        if settings.bucketed:
-            raise ConfigError(
-                "output.format olmo: OLMo-core's NumpyFSLDataset reads one sequence_length, and "
-                "pack.algorithm bucket makes packs of several lengths; use output.format parquet or mds"
-            )
-        if not settings.add_eos or settings.eos_id is None:
-            raise ConfigError(
-                "output.format olmo: OLMo-core finds documents by EOS (generate_doc_lengths), so each "
-                "document must end in one: set tokenizer.add_eos: true (and tokenizer.eos_id if the "
-                "tokenizer names no EOS)"
-            )
+        eos = require_one_length_and_eos(
+            settings,
+            "output.format olmo: OLMo-core's NumpyFSLDataset reads one sequence_length",
+            "OLMo-core finds documents by EOS (generate_doc_lengths)",
+        )
         dtype = next(d for d in _DTYPES if settings.vocab_size - 1 <= np.iinfo(d).max)
-        return Spec(self.name, settings.pad_id, dtype, int(settings.eos_id))
+        return Spec(self.name, settings.pad_id, dtype, eos)
 
     def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
         return {
@@ -79,17 +72,10 @@ class Olmo:
     def read_tokens(
         self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any
     ) -> np.ndarray:
-        itemsize = np.dtype(spec.dtype).itemsize
-        raw = read_range(path, first * capacity * itemsize, count * capacity * itemsize, storage)
-        if len(raw) != count * capacity * itemsize:
-            raise ValueError(f"{path}: shorter than its {first + count} packs")
-        return np.frombuffer(raw, spec.dtype).astype(np.int32).reshape(count, capacity)
+        return read_flat(path, spec.dtype, capacity, first, count, storage)
 
     def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
-        stride = capacity * np.dtype(spec.dtype).itemsize
-        if len(data) % stride:
-            raise ValueError(f"{len(data)} bytes: not whole packs of {capacity} {spec.dtype} tokens")
-        return np.frombuffer(data, spec.dtype).astype(np.int32).reshape(-1, capacity)
+        return decode_flat(data, spec.dtype, capacity)
 
     def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
         return {}
