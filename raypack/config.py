@@ -67,7 +67,10 @@ class PackConfig:
     """Permute pack ids with `seed` (packers that sort by length would otherwise emit a length-sorted
     dataset, which biases training); false keeps plan order."""
     max_depth: int | None = None
-    """Most items per pack for bfd/lpfhp/spfhp (None: unlimited) and nnlshp (None: 3)."""
+    """Most items (documents, or chunks of one) per pack, for attention kernels with a fixed
+    segment budget (google/grain #1000; MaxText passes 32). Every packer honours it but concat,
+    which cuts one stream every seq_len and refuses it; None: unlimited (nnlshp's strategies then
+    hold 3, the paper's setting, and never more than min(max_depth, 3))."""
     bucket_lengths: tuple[int, ...] | None = None
     """Bucket lengths for `bucket`, largest = seq_len (None: seq_len/8, /4, /2, seq_len)."""
     padding_threshold: float = DEFAULT_PADDING_THRESHOLD
@@ -96,8 +99,11 @@ class PackConfig:
             )
         if self.max_depth is not None and self.max_depth < 1:
             raise ConfigError(f"pack.max_depth must be >= 1 or null, got {self.max_depth}")
-        if self.algorithm == "nnlshp" and self.max_depth is not None and self.max_depth > 3:
-            raise ConfigError(f"pack.max_depth must be <= 3 for nnlshp, got {self.max_depth}")
+        if self.max_depth is not None and "max_depth" not in ALGORITHMS[self.algorithm].options:
+            raise ConfigError(
+                f"pack.max_depth: {self.algorithm} cannot cap documents per pack (it cuts one stream of "
+                "every document every seq_len tokens); use bfd (or any other packer) with max_depth"
+            )
         if self.bucket_lengths is not None:
             if not self.bucket_lengths or min(self.bucket_lengths) < 1:
                 raise ConfigError(f"pack.bucket_lengths must be positive, got {list(self.bucket_lengths)}")

@@ -34,6 +34,7 @@ JSON_KEYS = (
     "truncation_ratio",
     "concatenation_ratio",
     "packing_factor",
+    "max_depth",
     "tokens_dropped",
     "seconds",
 )
@@ -180,6 +181,7 @@ def format_table(results: Sequence[Run]) -> str:
         "truncation",
         "concat",
         "pack_factor",
+        "max_depth",
         "dropped_tok",
         "seconds",
     )
@@ -198,6 +200,7 @@ def format_table(results: Sequence[Run]) -> str:
                 f"{m.truncation_ratio:.4f}",
                 f"{m.concatenation_ratio:.2f}",
                 f"{m.packing_factor:.2f}",
+                str(m.max_depth),
                 str(m.tokens_dropped),
                 f"{r.seconds or 0.0:.3f}",
             )

@@ -91,6 +91,8 @@ class PackingMetrics:
     tokens_dropped: int
     documents_dropped: int
     truncation_bands: tuple[LengthBand, ...]
+    max_depth: int = 0
+    """The most items (documents, or chunks of one) in any one pack: what pack.max_depth caps."""
 
     @property
     def documents_per_pack(self) -> float:
@@ -109,7 +111,7 @@ class PackingMetrics:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PackingMetrics:
         """The inverse of to_dict (metrics.json's "metrics")."""
-        values = {f.name: d[f.name] for f in fields(cls)}
+        values = {f.name: d[f.name] for f in fields(cls) if f.name in d}  # max_depth: newer
         values["truncation_bands"] = tuple(LengthBand(**b) for b in d["truncation_bands"])
         return cls(**values)
 
@@ -190,11 +192,15 @@ class DocStats:
 
 def compute_metrics(a: Assignment) -> PackingMetrics:
     slots = int(a.capacities().sum()) if a.num_packs else 0
-    return finalize_metrics(DocStats.from_items(a.items), a.algorithm, a.seq_len, a.num_packs, slots)
+    depth = int(np.bincount(a.pack).max()) if len(a.pack) else 0
+    return finalize_metrics(DocStats.from_items(a.items), a.algorithm, a.seq_len, a.num_packs, slots, depth)
 
 
-def finalize_metrics(stats: DocStats, algorithm: str, seq_len: int, packs: int, slots: int) -> PackingMetrics:
-    """Metrics from summed document counts and the plan's packs and slots."""
+def finalize_metrics(
+    stats: DocStats, algorithm: str, seq_len: int, packs: int, slots: int, max_depth: int = 0
+) -> PackingMetrics:
+    """Metrics from summed document counts, the plan's packs and slots, and the most items a pack
+    holds."""
     docs, tokens = stats.documents, stats.tokens
     return PackingMetrics(
         algorithm=algorithm,
@@ -219,4 +225,5 @@ def finalize_metrics(stats: DocStats, algorithm: str, seq_len: int, packs: int, 
             for b, n in enumerate(stats.band_documents)
             if n
         ),
+        max_depth=max_depth,
     )

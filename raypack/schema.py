@@ -91,10 +91,13 @@ FILES = pa.schema(
 )
 
 # What a write task returns: the file's FILES row; its packs by fill in whole percent of their
-# capacity (metrics.FILL_BINS counts), summed into metrics.json for the report; and the EOS tokens
-# inside its items (not at an item's end: where a trainer that finds documents by EOS would cut one).
-WRITTEN = FILES.append(pa.field("fill_percent", pa.list_(pa.int64()))).append(
-    pa.field("stray_eos", pa.int64())
+# capacity (metrics.FILL_BINS counts), summed into metrics.json for the report; the EOS tokens inside
+# its items (not at an item's end: where a trainer that finds documents by EOS would cut one); and
+# the most items one of its packs holds (the job's max_depth metric).
+WRITTEN = (
+    FILES.append(pa.field("fill_percent", pa.list_(pa.int64())))
+    .append(pa.field("stray_eos", pa.int64()))
+    .append(pa.field("max_items", pa.int64()))  # the most items in one of its packs
 )
 
 

@@ -69,7 +69,11 @@ def format_summary(result: JobResult) -> str:
             f"{m.concatenation_ratio:.2f} (Liu et al.'s r_cat: "
             f"{m.documents:,} documents / {m.packs:,} packs)",
         ),
-        ("documents per pack", f"{m.documents_per_pack:.2f} on average (Krell et al.'s packing factor)"),
+        (
+            "documents per pack",
+            f"{m.documents_per_pack:.2f} on average (Krell et al.'s packing factor), {m.max_depth:,} at most"
+            + (f" (pack.max_depth {result.max_depth_cap})" if result.max_depth_cap else ""),
+        ),
         ("files", _files_line(result)),
     ]
     stray = int(result.output_format.get("stray_eos", 0))

@@ -47,7 +47,7 @@ class Algorithm:
     name: str
     summary: str
     plan: Callable[..., Plan] | None = None
-    assign: Callable[[Items, int], tuple[np.ndarray, np.ndarray, np.ndarray, int]] | None = None
+    assign: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, int]] | None = None
     make_items: Callable[[np.ndarray, int, str], Items] = make_items
 
     @property
@@ -56,10 +56,11 @@ class Algorithm:
 
     @property
     def options(self) -> tuple[str, ...]:
-        """Keyword options the packer accepts (beyond histogram and seq_len)."""
-        if self.plan is None:
+        """Keyword options the packer accepts (beyond the histogram or items, and seq_len)."""
+        fn = self.plan or self.assign
+        if fn is None:
             return ()
-        params = inspect.signature(self.plan).parameters.values()
+        params = inspect.signature(fn).parameters.values()
         return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
@@ -112,7 +113,7 @@ def pack(
         if np.any(plan.capacity_value != seq_len):
             capacity = plan.pack_capacity()
     elif algo.assign is not None:
-        pack_id, slot, offset, num_packs = algo.assign(items, seq_len)
+        pack_id, slot, offset, num_packs = algo.assign(items, seq_len, **options)
     else:
         raise TypeError(f"algorithm {algorithm!r} defines neither plan nor assign")  # a bug in the table
     if seed is not None and num_packs:

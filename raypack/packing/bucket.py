@@ -21,6 +21,7 @@ import numpy as np
 
 from raypack.packing._buffers import grow_rows
 from raypack.packing._segtree import tree_last_le, tree_new, tree_set
+from raypack.packing.items import check_depth
 from raypack.packing.plan import Plan
 
 __all__ = ["DEFAULT_PADDING_THRESHOLD", "default_buckets", "plan"]
@@ -39,7 +40,10 @@ def plan(
     *,
     bucket_lengths: tuple[int, ...] | None = None,
     padding_threshold: float = DEFAULT_PADDING_THRESHOLD,
+    max_depth: int | None = None,
 ) -> Plan:
+    """`max_depth`: at most this many items in a pack of any bucket (None: no cap); a candidate fill
+    stops there, and its padding is judged as any other's."""
     buckets = tuple(sorted(set(bucket_lengths))) if bucket_lengths else default_buckets(seq_len)
     if buckets[0] < 1 or buckets[-1] != seq_len:
         raise ValueError(
@@ -48,24 +52,30 @@ def plan(
     if not 0.0 <= padding_threshold < 1.0:
         raise ValueError(f"padding_threshold must be in [0, 1), got {padding_threshold}")
     hist = np.asarray(hist, dtype=np.int64)
+    depth = check_depth(max_depth, seq_len)  # a pack holds at most seq_len items of >= 1 token
     runs, cap_start, cap_value, num_packs = _compose(
-        hist.copy(), np.array(buckets, dtype=np.int64), float(padding_threshold)
+        hist.copy(), np.array(buckets, dtype=np.int64), float(padding_threshold), depth
     )
     return Plan.build(seq_len, num_packs, runs, cap_start, cap_value)
 
 
 @numba.njit(cache=True, nogil=True)
-def _fill(tree, count, capacity, steps):
-    """Greedy fill of one pack; writes (length, q) rows to steps; returns (rows, room)."""
+def _fill(tree, count, capacity, max_depth, steps):
+    """Greedy fill of one pack, at most max_depth items; writes (length, q) rows to steps; returns
+    (rows, room)."""
     room = capacity
     nsteps = 0
     bound = room
-    while True:
+    depth = 0
+    while depth < max_depth:
         x = tree_last_le(tree, bound)
         if x <= 0:
             break
         fit = room // x
         q = fit if fit < count[x] else count[x]
+        if q > max_depth - depth:
+            q = max_depth - depth
+        depth += q
         steps[nsteps, 0] = x
         steps[nsteps, 1] = q
         nsteps += 1
@@ -76,7 +86,7 @@ def _fill(tree, count, capacity, steps):
 
 
 @numba.njit(cache=True, nogil=True)
-def _compose(count, buckets, threshold):
+def _compose(count, buckets, threshold, max_depth):
     seq_len = buckets[-1]
     nb = len(buckets)
     tree = tree_new(seq_len + 1)
@@ -98,7 +108,7 @@ def _compose(count, buckets, threshold):
         for c in range(nb):
             if buckets[c] < longest:
                 continue
-            nsteps[c], room = _fill(tree, count, buckets[c], steps[c])
+            nsteps[c], room = _fill(tree, count, buckets[c], max_depth, steps[c])
             evaluated = c + 1
             pad = room / buckets[c]
             if pad < best_pad:

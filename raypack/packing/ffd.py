@@ -11,21 +11,25 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from raypack.packing.items import Items
+from raypack.packing.items import Items, check_depth
 
 __all__ = ["assign"]
 
 
-def assign(items: Items, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def assign(
+    items: Items, seq_len: int, *, max_depth: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """`max_depth`: a pack holding this many items takes no more (None: no cap)."""
+    cap = check_depth(max_depth, items.num_items)
     pack = np.empty(items.num_items, dtype=np.int32 if items.num_items < 2**31 else np.int64)
     slot = np.empty(items.num_items, dtype=np.int32)
     offset = np.empty(items.num_items, dtype=np.int32)
-    num_packs = _ffd(items.length, seq_len, pack, slot, offset)
+    num_packs = _ffd(items.length, seq_len, cap, pack, slot, offset)
     return pack, slot, offset, int(num_packs)
 
 
 @numba.njit(cache=True, nogil=True)
-def _ffd(length, seq_len, out_pack, out_slot, out_offset):
+def _ffd(length, seq_len, max_depth, out_pack, out_slot, out_offset):
     n = len(length)
     # Counting sort, longest first and stable: O(n + seq_len) instead of an O(n log n) argsort.
     count = np.zeros(seq_len + 2, dtype=np.int64)
@@ -58,6 +62,8 @@ def _ffd(length, seq_len, out_pack, out_slot, out_offset):
         if b + 1 > num_packs:
             num_packs = b + 1
         room[node] -= need
+        if depth[b] >= max_depth:
+            room[node] = 0  # full by count: no item (>= 1 token) fits any more
         node //= 2
         while node >= 1:
             room[node] = max(room[2 * node], room[2 * node + 1])

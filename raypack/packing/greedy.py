@@ -11,24 +11,28 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from raypack.packing.items import Items
+from raypack.packing.items import Items, check_depth
 
 __all__ = ["assign"]
 
 
-def assign(items: Items, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def assign(
+    items: Items, seq_len: int, *, max_depth: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """`max_depth`: a pack is also closed once it holds this many items (None: no cap)."""
+    cap = check_depth(max_depth, items.num_items)
     pack = np.empty(items.num_items, dtype=np.int32 if items.num_items < 2**31 else np.int64)
     slot = np.empty(items.num_items, dtype=np.int32)
     offset = np.empty(items.num_items, dtype=np.int32)
-    num_packs = _next_fit(items.length, seq_len, pack, slot, offset)
+    num_packs = _next_fit(items.length, seq_len, cap, pack, slot, offset)
     return pack, slot, offset, int(num_packs)
 
 
 @numba.njit(cache=True, nogil=True)
-def _next_fit(length, seq_len, out_pack, out_slot, out_offset):
+def _next_fit(length, seq_len, max_depth, out_pack, out_slot, out_offset):
     current, fill, depth = -1, seq_len, 0
     for i in range(len(length)):
-        if fill + length[i] > seq_len:
+        if fill + length[i] > seq_len or depth >= max_depth:
             current += 1
             fill, depth = 0, 0
         out_pack[i] = current

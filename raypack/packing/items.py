@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-__all__ = ["OVERFLOW_POLICIES", "Items", "check_lengths", "item_histogram", "make_items"]
+__all__ = ["OVERFLOW_POLICIES", "Items", "check_depth", "check_lengths", "item_histogram", "make_items"]
 
 OVERFLOW_POLICIES = ("split", "truncate", "drop")
 
@@ -58,6 +58,16 @@ class Items:
         """int64[documents]: tokens of each document that made it into items."""
         cum = np.concatenate(([0], np.cumsum(self.length, dtype=np.int64)))
         return cum[self.doc_start[1:]] - cum[self.doc_start[:-1]]
+
+
+def check_depth(max_depth: int | None, no_cap: int) -> int:
+    """A packer's cap on items per pack: `max_depth`, or `no_cap` (anything at least the item count)
+    when it is None; ValueError below 1."""
+    if max_depth is None:
+        return max(int(no_cap), 1)
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    return int(max_depth)
 
 
 def check_lengths(lengths: np.ndarray | list[int]) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Non-negative least squares histogram packing (Krell et al., Graphcore 2021).
 
-A *strategy* is a multiset of at most `max_depth` (≤ 3) lengths that fills a pack exactly. With A the
+A *strategy* is a multiset of at most min(`max_depth`, 3) lengths that fills a pack exactly. With A the
 length × strategy matrix of multiplicities and b the length histogram, NNLS finds repeat counts x ≥ 0
 with A·x ≈ b; x is rounded down, and what the rounded strategies do not take is packed with bfd, so
 nothing is lost. As in the paper the residual of very short lengths is weighted down (weight 0.09 below
@@ -27,9 +27,15 @@ SHORT_WEIGHT = 0.09
 DEFAULT_CLASSES = 256
 
 
-def plan(hist: np.ndarray, seq_len: int, *, max_depth: int = 3, bin_width: int | None = None) -> Plan:
-    if not 1 <= max_depth <= 3:
-        raise ValueError(f"nnlshp supports max_depth 1..3, got {max_depth}")
+def plan(
+    hist: np.ndarray, seq_len: int, *, max_depth: int | None = None, bin_width: int | None = None
+) -> Plan:
+    """`max_depth`: the most items in any pack. Strategies hold at most min(max_depth, 3) (3 when
+    None, the paper's setting); the bfd packs of what they leave hold at most max_depth (no cap when
+    None, as in the paper)."""
+    if max_depth is not None and max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    depth = 3 if max_depth is None else min(max_depth, 3)
     width = int(bin_width) if bin_width is not None else max(1, -(-seq_len // DEFAULT_CLASSES))
     if not 1 <= width <= seq_len:
         raise ValueError(f"bin_width must be in 1..seq_len, got {bin_width}")
@@ -40,7 +46,7 @@ def plan(hist: np.ndarray, seq_len: int, *, max_depth: int = 3, bin_width: int |
     in_range = (lengths >= 1) & (cls <= k_max)
     b = np.bincount(cls[in_range], weights=hist[in_range], minlength=k_max + 1)[1:]
 
-    strategies = _strategies(k_max, max_depth)  # int[n, 3], classes descending, 0 = empty
+    strategies = _strategies(k_max, depth)  # int[n, 3], classes descending, 0 = empty
     a = np.zeros((k_max, len(strategies)))
     for col in range(3):
         used = strategies[:, col] > 0
@@ -57,7 +63,7 @@ def plan(hist: np.ndarray, seq_len: int, *, max_depth: int = 3, bin_width: int |
     runs, num_packs, taken = _strategy_runs(strategies, repeats, hist, cls, k_max)
     nnls_plan = Plan.build(seq_len, num_packs, runs)
     leftover = hist - taken
-    return concat_plans(nnls_plan, bfd.plan(leftover, seq_len), taken)
+    return concat_plans(nnls_plan, bfd.plan(leftover, seq_len, max_depth=max_depth), taken)
 
 
 def _strategies(k_max: int, max_depth: int) -> np.ndarray:

@@ -78,24 +78,32 @@ class Plan:
         return np.repeat(self.capacity_value, ends - self.capacity_start)
 
     def pack_load(self) -> np.ndarray:
-        """int64[num_packs]: tokens in every pack, from the runs alone (no items): O(runs + packs).
+        """int64[num_packs]: tokens in every pack, from the runs alone (no items): O(runs + packs)."""
+        return self._per_pack(self.runs[:, R_LEN])
+
+    def pack_depth(self) -> np.ndarray:
+        """int64[num_packs]: items (documents or chunks) in every pack, from the runs alone."""
+        return self._per_pack(np.ones(len(self.runs), dtype=np.int64))
+
+    def _per_pack(self, weight: np.ndarray) -> np.ndarray:
+        """Sum of each pack's items' `weight` (one a run).
 
         A run puts its items idx = phase .. phase + count - 1 at pack pack0 + idx // q, so its packs
         from first to last get q items each, except the first and last, which get what is left.
         """
         r = self.runs
-        length, count, q, phase, pack0 = (r[:, c] for c in (R_LEN, R_COUNT, R_Q, R_PHASE, R_PACK0))
+        count, q, phase, pack0 = (r[:, c] for c in (R_COUNT, R_Q, R_PHASE, R_PACK0))
         first = pack0 + phase // q
         last = pack0 + (phase + count - 1) // q
         load = np.zeros(self.num_packs + 1, dtype=np.int64)
-        np.add.at(load, first, length * q)  # q items in every pack first..last: a difference array
-        np.add.at(load, last + 1, -length * q)
+        np.add.at(load, first, weight * q)  # q items in every pack first..last: a difference array
+        np.add.at(load, last + 1, -weight * q)
         load = np.cumsum(load)[:-1]
         in_first = np.minimum(q * (phase // q + 1), phase + count) - phase
-        np.add.at(load, first, length * (in_first - q))
+        np.add.at(load, first, weight * (in_first - q))
         ends = last > first
         in_last = phase + count - q * ((phase + count - 1) // q)
-        np.add.at(load, last[ends], (length * (in_last - q))[ends])
+        np.add.at(load, last[ends], (weight * (in_last - q))[ends])
         return load
 
     @property

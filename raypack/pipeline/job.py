@@ -147,6 +147,8 @@ class JobResult:
     """Metrics of the plans of pack.compare (on the same histogram; not written)."""
     backend: dict[str, Any] = field(default_factory=dict)
     """What encoded (raypack.pipeline.backends): as the manifest's tokenizer.backend records it."""
+    max_depth_cap: int | None = None
+    """pack.max_depth: the cap the packs were made under (None: none)."""
     output_format: dict[str, Any] = field(default_factory=dict)
     """The manifest's `format`: name, pad_id, dtype, eos_id, dataset-level files, stray_eos."""
 
@@ -302,7 +304,8 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         fill += np.asarray(f["fill_percent"], dtype=np.int64)
     plan_slots = _slots(plan)
     slots = plan_slots if cfg.pack.mode == "global" else packs * cfg.pack.seq_len
-    metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, packs, slots)
+    depth = max((int(f["max_items"]) for f in files), default=0)
+    metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, packs, slots, depth)
     global_efficiency = stats.tokens / plan_slots if plan.num_packs else 1.0
     with _stage(timings, "finalize", log):
         remove(staging, storage)
@@ -358,6 +361,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         report=report,
         comparison=tuple(PackingMetrics.from_dict(c["metrics"]) for c in comparison),
         backend=backend,
+        max_depth_cap=cfg.pack.max_depth,
         output_format=output_format,
     )
 
@@ -480,7 +484,8 @@ def _compare(cfg: JobConfig, hist: np.ndarray, stats: DocStats) -> list[dict[str
         t0 = time.perf_counter()
         plan = planner(hist, c.seq_len, **c.algorithm_options())
         seconds = time.perf_counter() - t0
-        metrics = finalize_metrics(stats, c.algorithm, c.seq_len, plan.num_packs, _slots(plan))
+        depth = int(plan.pack_depth().max(initial=0))
+        metrics = finalize_metrics(stats, c.algorithm, c.seq_len, plan.num_packs, _slots(plan), depth)
         fill = fill_percent_counts(plan.pack_load(), plan.pack_capacity())
         row = {"metrics": metrics.to_dict(), "pack_fill_percent": fill.tolist(), "plan_seconds": seconds}
         out.append(row)

@@ -133,13 +133,14 @@ def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | 
         if path != rel:
             companions.append({"path": path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     fill = packs.index.column("num_tokens").to_numpy().astype(np.int64)
+    per_pack = np.diff(packs.index.column("doc_ids").combine_chunks().offsets.to_numpy())
     return pa.table(
         {
             "path": [rel],
             "bucket_length": pa.array([packs.capacity], pa.int32()),
             "rows": [packs.rows],
             "tokens": [int(fill.sum())],
-            "items": [len(packs.index.column("doc_ids").combine_chunks().flatten())],
+            "items": [int(per_pack.sum())],
             "bytes": [len(files[rel])],
             "sha256": [hashlib.sha256(files[rel]).hexdigest()],
             "row_groups": [row_groups],
@@ -147,6 +148,7 @@ def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | 
             "companions": [companions],
             "fill_percent": [fill_percent_counts(fill, packs.capacity)],
             "stray_eos": [stray_eos(packs, spec.eos_id) if fmt.eos_bounded else 0],
+            "max_items": [int(per_pack.max(initial=0))],
         },
         schema=schema.WRITTEN,
     )

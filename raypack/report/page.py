@@ -104,6 +104,7 @@ _COLUMNS = (
     ("truncation ratio", True),
     ("r_cat (Liu)", True),
     ("docs per pack", True),
+    ("most docs in a pack", True),
     ("tokens dropped", True),
 )
 
@@ -126,6 +127,7 @@ def _metrics_table(runs: Sequence[Run]) -> str:
             f"{m.truncation_ratio:.4f}",
             f"{m.concatenation_ratio:.2f}",
             f"{m.packing_factor:.2f}",
+            f"{m.max_depth:,}",
             f"{m.tokens_dropped:,}",
             *([f"{r.seconds:.3f}" if r.seconds is not None else ""] if timed else []),
         ]

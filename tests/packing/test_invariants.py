@@ -56,17 +56,35 @@ def test_every_item_placed_once_within_capacity_and_tokens_conserved(
     assert_sound(lengths, seq_len, algorithm, overflow)
 
 
-@pytest.mark.parametrize("algorithm", ["bfd", "lpfhp", "spfhp", "nnlshp"])
+DEPTH_CAPPED = [name for name, a in ALGORITHMS.items() if "max_depth" in a.options]
+
+
+def test_every_packer_but_concat_takes_a_depth_cap() -> None:
+    assert [name for name in ALGORITHMS if name != "concat"] == DEPTH_CAPPED
+    with pytest.raises(ValueError, match="does not take option"):
+        pack([5, 6], 8, "concat", max_depth=1)
+
+
+@pytest.mark.parametrize("algorithm", DEPTH_CAPPED)
+@pytest.mark.parametrize("overflow", ["split", "truncate"])
 @SETTINGS
-@given(corpus=corpora(), depth=st.integers(1, 4))
-def test_depth_cap_respected(algorithm: str, corpus: tuple[np.ndarray, int], depth: int) -> None:
+@given(corpus=corpora(), depth=st.integers(1, 5))
+def test_depth_cap_respected(
+    algorithm: str, overflow: str, corpus: tuple[np.ndarray, int], depth: int
+) -> None:
+    """No pack holds more than max_depth items, and everything else every packer promises still holds
+    (each item once, capacity, tokens conserved)."""
     lengths, seq_len = corpus
-    if algorithm == "nnlshp":
-        depth = min(depth, 3)
-    a = pack(lengths, seq_len, algorithm, max_depth=depth)
-    check_assignment(a)
-    if algorithm != "nnlshp":  # nnlshp caps only its NNLS packs; bfd takes the leftovers uncapped
-        assert np.bincount(a.pack).max(initial=0) <= depth
+    assert_sound(lengths, seq_len, algorithm, overflow, max_depth=depth)
+    a = pack(lengths, seq_len, algorithm, overflow=overflow, max_depth=depth)
+    assert np.bincount(a.pack).max(initial=0) <= depth
+    if ALGORITHMS[algorithm].is_histogram and a.items.num_items:
+        plan = ALGORITHMS[algorithm].plan(  # type: ignore[misc]
+            item_histogram(a.items.length, seq_len), seq_len, max_depth=depth
+        )
+        assert plan.pack_depth().max() <= depth
+        pack_id, _, _ = expand(plan, a.items.length)
+        assert np.array_equal(plan.pack_depth(), np.bincount(pack_id, minlength=plan.num_packs))
 
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))

@@ -61,7 +61,7 @@ def test_nnls_packs_respect_depth_and_efficiency_on_lognormal() -> None:
 
 
 def test_bad_options() -> None:
-    with pytest.raises(ValueError, match=r"max_depth 1\.\.3"):
-        pack([5], 10, "nnlshp", max_depth=4)
+    with pytest.raises(ValueError, match="max_depth must be >= 1"):
+        pack([5], 10, "nnlshp", max_depth=0)
     with pytest.raises(ValueError, match="bin_width"):
         pack([5], 10, "nnlshp", bin_width=11)

@@ -29,9 +29,9 @@ SEQ_LEN = 512
 MODES: dict[str, dict[str, Any]] = {
     "lpfhp": {"algorithm": "lpfhp", "max_depth": 4},
     "spfhp": {"algorithm": "spfhp"},
-    "nnlshp": {"algorithm": "nnlshp"},
-    "bucket": {"algorithm": "bucket"},  # default bucket lengths and padding threshold
-    "sharded-ffd": {"mode": "sharded", "algorithm": "ffd", "shards_per_group": 2},
+    "nnlshp": {"algorithm": "nnlshp", "max_depth": 2},  # its bfd packs of the rest capped too
+    "bucket": {"algorithm": "bucket", "max_depth": 3},  # default bucket lengths and padding threshold
+    "sharded-ffd": {"mode": "sharded", "algorithm": "ffd", "shards_per_group": 2, "max_depth": 3},
     "no-shuffle": {"shuffle": False},
     "truncate": {"overflow": "truncate"},
     "drop": {"overflow": "drop"},
@@ -128,8 +128,10 @@ def test_every_mode_packs_every_kept_token_once(
         assert set(capacity.tolist()) <= {64, 128, 256, 512} and len(set(capacity.tolist())) > 1
     else:
         assert set(capacity.tolist()) == {SEQ_LEN}
+    deepest = max(len(x) for x in packs.column("doc_ids").to_pylist())
+    assert m.max_depth == deepest  # the summary's "at most"
     if cfg.pack.max_depth is not None:
-        assert max(len(x) for x in packs.column("doc_ids").to_pylist()) <= cfg.pack.max_depth
+        assert deepest <= cfg.pack.max_depth
 
 
 def test_a_corpus_that_drop_leaves_empty_is_one_clear_error(
