@@ -8,6 +8,7 @@ keys and wrong types with a message that names the key.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ __all__ = [
     "JobConfig",
     "OutputConfig",
     "PackConfig",
+    "SourceConfig",
     "StorageConfig",
     "TokenizerConfig",
     "apply_overrides",
@@ -156,10 +158,84 @@ class PackConfig:
         }
 
 
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceConfig:
+    """One source of a mixture (input.sources): its files, how to read them, and its share of the
+    output: at most one of weight, repeat, tokens (none: its tokens once). Selection is by whole
+    document, seeded (raypack.mixture)."""
+
+    name: str
+    """Names the source in its documents' ids (<name>/<path>:<line>), the index, the metrics and
+    the report: letters, digits, `_.-`, up to 64."""
+    paths: tuple[str, ...]
+    format: str | None = None
+    """None: input.format (as text_field, id_field and root: a source inherits what it leaves out)."""
+    text_field: str | None = None
+    id_field: str | None = None
+    root: str | None = None
+    weight: float | None = None
+    """A share of the output's tokens. When every source has a weight they are relative (normalized);
+    beside repeat/tokens sources, the shares of the whole, summing below 1."""
+    repeat: float | None = None
+    """Its tokens this many times, fractional allowed (2.5: every document twice, a seeded half of
+    them a third time; 0.3: a seeded 30% of its tokens)."""
+    tokens: int | None = None
+    """An absolute budget of output tokens."""
+    max_repeat: float | None = None
+    """The most its tokens may be repeated to meet a weight or a budget (None: 1, no upsampling
+    unless asked; for a repeat source, its repeat)."""
+
+    def __post_init__(self) -> None:
+        where = f"input.sources[{self.name}]"
+        if not SOURCE_NAME.match(self.name):
+            raise ConfigError(
+                f"input.sources: source name {self.name!r} must be 1-64 letters, digits, '_', '.' or '-' "
+                "(it goes into document ids and file names)"
+            )
+        if not self.paths:
+            raise ConfigError(f"{where}.paths is empty: give at least one file or glob pattern")
+        if self.format is not None and self.format not in INPUT_FORMATS:
+            raise ConfigError(
+                f"{where}.format must be one of {', '.join(INPUT_FORMATS)}, got {self.format!r}"
+            )
+        if self.text_field == "":
+            raise ConfigError(f"{where}.text_field must not be empty")
+        rules = [k for k in ("weight", "repeat", "tokens") if getattr(self, k) is not None]
+        if len(rules) > 1:
+            raise ConfigError(f"{where}: give one of weight, repeat, tokens, not {' and '.join(rules)}")
+        for key in ("weight", "repeat"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{where}.{key} must be > 0, got {value}")
+        if self.tokens is not None and self.tokens < 1:
+            raise ConfigError(f"{where}.tokens must be >= 1, got {self.tokens}")
+        if self.max_repeat is not None and not self.max_repeat >= 1:
+            raise ConfigError(f"{where}.max_repeat must be >= 1 (1: no upsampling), got {self.max_repeat:g}")
+        if self.repeat is not None and self.max_repeat is not None and self.repeat > self.max_repeat:
+            raise ConfigError(f"{where}: repeat {self.repeat:g} is over its max_repeat {self.max_repeat:g}")
+
+    @property
+    def cap(self) -> float:
+        """The most its tokens may be repeated."""
+        if self.max_repeat is not None:
+            return self.max_repeat
+        return max(self.repeat, 1.0) if self.repeat is not None else 1.0
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class InputConfig:
-    paths: tuple[str, ...]
-    """Glob patterns of input shards, local or s3://...; compression (.gz, .zst) from the suffix."""
+    paths: tuple[str, ...] = ()
+    """Glob patterns of input shards, local or s3://...; compression (.gz, .zst) from the suffix.
+    Or input.sources, not both."""
+    sources: tuple[SourceConfig, ...] = ()
+    """A mixture: named sources, each with its own paths (and format, fields) and share of the
+    output (raypack.mixture). Packing is global across them."""
+    tokens: int | None = None
+    """With sources that all have a weight: the output's tokens (None: the most the sources give at
+    their weights without any going over its max_repeat)."""
     format: str = "jsonl"
     """jsonl (one JSON object a line), parquet, or text (each file is one document)."""
     text_field: str = "text"
@@ -203,12 +279,73 @@ class InputConfig:
             raise ConfigError(f"input.max_lost_files must be >= 0, got {self.max_lost_files}")
         if not 0.0 <= self.max_reject_ratio <= 1.0:
             raise ConfigError(f"input.max_reject_ratio must be within [0, 1], got {self.max_reject_ratio}")
-        if not self.paths:
-            raise ConfigError("input.paths is empty: give at least one file or glob pattern")
+        if self.paths and self.sources:
+            raise ConfigError("give input.paths or input.sources, not both (one source: paths alone)")
+        if not self.paths and not self.sources:
+            raise ConfigError(
+                "input.paths is empty: give at least one file or glob pattern (or input.sources)"
+            )
+        names = [s.name for s in self.sources]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"input.sources: the name {twice[0]!r} is given twice")
+        weights = [s.weight for s in self.sources if s.weight is not None]
+        if weights and len(weights) < len(self.sources) and sum(weights) >= 1:
+            sized = ", ".join(s.name for s in self.sources if s.weight is None)
+            raise ConfigError(
+                f"input.sources: beside sources sized by repeat or tokens ({sized}), weights are shares "
+                f"of the whole and must sum below 1; they sum to {sum(weights):g}"
+            )
+        if self.tokens is not None:
+            fixed = [s.name for s in self.sources if s.weight is None]
+            if not self.sources:
+                raise ConfigError("input.tokens sizes a mixture: it needs input.sources")
+            if fixed:
+                raise ConfigError(
+                    "input.tokens sets the output's size for sources that all have a weight; "
+                    f"{', '.join(fixed)} have none (a repeat or a budget already sizes the output)"
+                )
+            if self.tokens < 1:
+                raise ConfigError(f"input.tokens must be >= 1, got {self.tokens}")
         if self.format not in INPUT_FORMATS:
             raise ConfigError(f"input.format must be one of {', '.join(INPUT_FORMATS)}, got {self.format!r}")
         if not self.text_field:
             raise ConfigError("input.text_field must not be empty")
+
+    def of(self, source: str) -> InputConfig:
+        """The plain input config (paths, format, fields, root) of one source, with every shared
+        setting; of("") is this config, for a job without sources."""
+        if not source:
+            return self
+        s = next((s for s in self.sources if s.name == source), None)
+        if s is None:
+            raise KeyError(f"no input source {source!r}")
+        return dataclasses.replace(
+            self,
+            paths=s.paths,
+            sources=(),
+            tokens=None,
+            format=s.format or self.format,
+            text_field=s.text_field or self.text_field,
+            id_field=s.id_field if s.id_field is not None else self.id_field,
+            root=s.root if s.root is not None else self.root,
+        )
+
+    @property
+    def all_paths(self) -> tuple[str, ...]:
+        """Every input pattern, of every source."""
+        return self.paths + tuple(p for s in self.sources for p in s.paths)
+
+    @property
+    def mixture(self) -> bool:
+        """Sources are given: their documents are selected (raypack.mixture; a source without a
+        weight, repeat or budget is taken once, whole) and counted source by source."""
+        return bool(self.sources)
+
+    @property
+    def id_fields(self) -> bool:
+        """Any source's documents carry ids of their own (id_field): the duplicate-id check runs."""
+        return any(c.id_field for c in [self.of(s.name) for s in self.sources] or [self])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -347,7 +484,7 @@ class JobConfig:
             raise ConfigError(f"pack.seq_len must be >= 2 for a training sequence, got {self.pack.seq_len}")
         from raypack.storage import contains, input_base  # storage imports this module
 
-        for pattern in self.input.paths:
+        for pattern in self.input.all_paths:
             # The output's data, index and a rebuild's _cache would be read back as inputs next time.
             if contains(input_base(pattern), self.output.path):
                 raise ConfigError(

@@ -123,7 +123,10 @@ def _load_parquet(p: Path) -> np.ndarray:
         raise ConfigError(f"{p}: not a readable Parquet file ({e})") from None
     if "length" not in schema.names:
         raise ConfigError(f"{p}: no 'length' column (columns: {', '.join(schema.names)})")
-    column = pq.read_table(p, columns=["length"]).column("length")
+    table = pq.read_table(p, columns=["length", "copy"] if "copy" in schema.names else ["length"])
+    if "copy" in table.column_names:  # a mixture's index: the documents packed, each copy once
+        table = table.filter(pa.compute.greater_equal(table.column("copy"), 0))
+    column = table.column("length")
     if column.null_count:
         raise ConfigError(f"{p}: the 'length' column has {column.null_count} null values")
     if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):

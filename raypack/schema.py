@@ -42,7 +42,8 @@ REJECTS = pa.schema(
     ]
 )
 
-# One row per input document that reached tokenization: what `raypack verify` checks the output against.
+# One row per input document that reached tokenization (per copy of it, in a mixture): what
+# `raypack verify` checks the output against.
 DOCUMENTS = pa.schema(
     [
         ("doc_id", pa.string()),
@@ -51,6 +52,10 @@ DOCUMENTS = pa.schema(
         ("length", pa.int64()),  # tokens, including BOS/EOS
         ("chunks", pa.int32()),  # items in the output (0: dropped by overflow=drop)
         ("placed", pa.int64()),  # tokens in the output (< length: truncated or dropped)
+        ("source", pa.string()),  # its input source ("" without input.sources)
+        # Which copy of the document the row is (0, 1, ...: a mixture repeats documents); -1: the
+        # mixture left the document out (its chunks and placed are 0).
+        ("copy", pa.int32()),
     ]
 )
 

@@ -205,6 +205,8 @@ class Shard:
     first_row: int = 0
     """Rows of the file before the unit (row groups before it, or lines before its first byte): its
     first document's row is first_row (Parquet) or first_row + 1 (JSONL lines count from 1)."""
+    source: str = ""
+    """The input source (input.sources) it belongs to; "" without sources."""
 
     @property
     def split(self) -> bool:

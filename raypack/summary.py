@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from raypack.formats import total_bytes
+from raypack.mixture import SOURCE_HEADER
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
 
@@ -101,7 +102,37 @@ def format_summary(result: JobResult) -> str:
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items())
     rows.append(("time", f"{total:.1f}s ({stages})"))
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return text + ("\n" + sources_table(result.sources) if result.sources else "")
+
+
+def sources_table(sources: list[dict[str, Any]]) -> str:
+    """The mixture, a line a source: what the config asked, its tokens before and after selection
+    (document tokens, before any overflow cut), its realized share against its target's, how many
+    times its tokens were taken, and its documents left out."""
+    rows = [SOURCE_HEADER]
+    for r in sources:
+        rows.append(
+            (
+                r["name"],
+                r["asked"],
+                f"{r['documents']:,}",
+                f"{r['tokens']:,}",
+                f"{r['target']:,}",
+                f"{r['selected']:,}",
+                f"{100 * r['share']:.2f}%",
+                f"{100 * r['target_share']:.2f}%",
+                f"{r['repetition']:.2f}x",
+                f"{r['left_out']:,}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(SOURCE_HEADER))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    )
 
 
 def _files_line(result: JobResult) -> str:

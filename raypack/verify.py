@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,14 +99,20 @@ def verify(
     spec = spec_of(manifest)
     report.format = spec.name
     docs = _read_index(output, manifest, storage)
-    report.documents = docs.num_rows
-    # Per id: occurrences, chunks (sum and widest) and tokens placed, for the document check and for
-    # keeping ids that several documents share out of the re-tokenized sample.
+    # A row per input document, or per copy of one in a mixture (copy 0, 1, ...; -1 for a document
+    # the mixture left out): the documents are the rows of copy 0 or -1.
+    originals = docs.filter(pc.less_equal(docs.column("copy"), 0))
+    report.documents = originals.num_rows
+    # Per id: occurrences (copies included), chunks (sum and widest) and tokens placed, for the
+    # document check; ids that several input documents share stay out of the re-tokenized sample.
     per_id = docs.group_by("doc_id").aggregate(
         [("doc_id", "count"), ("chunks", "sum"), ("chunks", "max"), ("placed", "sum")]
     )
-    shared = per_id.filter(pc.greater(per_id.column("doc_id_count"), 1)).column("doc_id")
+    inputs = originals.group_by("doc_id").aggregate([("doc_id", "count")])
+    shared = inputs.filter(pc.greater(inputs.column("doc_id_count"), 1)).column("doc_id")
     report.duplicate_ids = len(shared)
+    if "mixture" in manifest:
+        _check_mixture(manifest, docs, report)
     picks = _pick_sample(docs, shared, sample, seed) if config is not None else []
     # The sampled documents' tokens are collected during the one pass over the data files.
     pieces: dict[str, list[tuple[int, list[int]]]] = {
@@ -158,9 +165,12 @@ def _check_rejects(
 
 
 def _pick_sample(docs: pa.Table, shared: pa.ChunkedArray, sample: int, seed: int) -> list[int]:
-    """Rows of documents to re-tokenize, among those whose id is unique (the packs tell occurrences
-    of one id apart by nothing)."""
-    unique = np.flatnonzero(~pc.is_in(docs.column("doc_id"), value_set=shared).to_numpy(zero_copy_only=False))
+    """Rows of documents to re-tokenize (a first copy each), among those whose id is unique (the
+    packs tell occurrences of one id apart by nothing)."""
+    unique = np.flatnonzero(
+        ~pc.is_in(docs.column("doc_id"), value_set=shared).to_numpy(zero_copy_only=False)
+        & (docs.column("copy").to_numpy() == 0)
+    )
     picks = random.Random(seed).sample(unique.tolist(), min(sample, len(unique)))
     return sorted(picks)
 
@@ -293,13 +303,61 @@ def _check_rows(name: str, table: pa.Table, capacity: int, pad_id: int, report: 
 
 
 def _read_index(output: str, manifest: dict[str, Any], storage: StorageConfig | None) -> pa.Table:
+    """Every index file, as schema.DOCUMENTS (an index written before mixtures: source "", copy 0)."""
     fs, inner = resolve(join(output, "index"), storage)
     parts = []
     for shard in range(int(manifest["counts"]["shards"])):
         path = f"{inner}/shard-{shard:06d}.parquet"
         with fs.open_input_file(path) as f:
-            parts.append(pq.read_table(f))
+            table = pq.read_table(f)
+        if "copy" not in table.column_names:
+            table = table.append_column("source", pa.array([""] * table.num_rows, pa.string()))
+            table = table.append_column("copy", pa.array(np.zeros(table.num_rows, dtype=np.int32)))
+        parts.append(table.select(schema.DOCUMENTS.names))
     return pa.concat_tables(parts) if parts else schema.DOCUMENTS.empty_table()
+
+
+def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyReport) -> None:
+    """Each document is in the index (and so, by _check_documents, in the packs) the number of
+    times its source's rule gives it, recomputed here from the manifest's rules and seed; and each
+    source's copies and tokens are the manifest's."""
+    from raypack.mixture import Rule, copies, document_keys
+
+    mixture = manifest["mixture"]
+    rules = {r["name"]: Rule(**r["rule"]) for r in mixture["sources"]}
+    shard = docs.column("shard").to_numpy()
+    copy = docs.column("copy").to_numpy()
+    length = docs.column("length").to_numpy()
+    tally = {name: [0, 0] for name in rules}
+    for s in np.unique(shard).tolist():
+        at = np.flatnonzero((shard == s) & (copy <= 0))  # one row a document
+        entry = manifest["inputs"][s]
+        source = entry.get("source", "")
+        rule = rules.get(source)
+        if rule is None:
+            report.add(f"shard {s} ({entry['path']}): source {source!r} has no rule in the manifest")
+            continue
+        rows = docs.column("row").take(pa.array(at)).to_numpy()
+        want = copies(rule, document_keys(int(mixture["seed"]), entry["path"], rows))
+        mine = (shard == s) & (copy >= 0)
+        have = np.zeros(len(at), dtype=np.int64)
+        order = np.argsort(rows)
+        found = docs.column("row").filter(pa.array(mine)).to_numpy()
+        np.add.at(have, order[np.searchsorted(rows[order], found)], 1)
+        for bad in np.flatnonzero(have != want)[:3]:
+            report.add(
+                f"document {docs.column('doc_id')[int(at[bad])].as_py()!r} ({source}): {have[bad]} copies in "
+                f"the index, its source's rule gives {want[bad]}"
+            )
+        tally[source][0] += int(want.sum())
+        tally[source][1] += int((want * length[at]).sum())
+    for row in mixture["sources"]:
+        got = tally.get(row["name"], [0, 0])
+        if got != [row["copies"], row["selected"]]:
+            report.add(
+                f"source {row['name']}: the manifest counts {row['copies']:,} copies of {row['selected']:,} "
+                f"tokens, its rule gives {got[0]:,} of {got[1]:,}"
+            )
 
 
 def _check_documents(per_id: pa.Table, items: pa.Table, report: VerifyReport) -> None:
@@ -372,13 +430,12 @@ def _check_sample(
     report: VerifyReport,
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
-    from raypack.pipeline.read import read_shard, unit_from_entry
+    from raypack.pipeline.read import input_files, read_shard, unit_from_entry
     from raypack.pipeline.tokenize import encode_documents, load_tokenizer
-    from raypack.storage import expand_inputs
 
     # The work units as the job cut them (the manifest lists them in order): cutting them again would
     # read every large JSONL file whole to count its lines.
-    found = {s.relpath: s for s in expand_inputs(config.input.paths, config.input.root, config.storage)}
+    found = {s.relpath: s for s in input_files(config.input, config.storage)}
     shards: dict[int, Shard] = {}
     drifted: dict[str, None] = {}  # in manifest order, each once (a split file has several units)
     for index, entry in enumerate(manifest["inputs"]):
@@ -419,8 +476,14 @@ def _check_sample(
             encoded = encode_documents(tok, config.tokenizer, [batch.texts[k] for k in keep])
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
+    copies = Counter(docs.column("doc_id").filter(pc.greater_equal(docs.column("copy"), 0)).to_pylist())
     for doc_id, tokens in expected.items():
-        got = [t for _, chunk in sorted(pieces.get(doc_id, [])) for t in chunk]
+        # Each copy (a mixture's) holds every chunk once: the pieces of one chunk must all be equal.
+        by_chunk: dict[int, list[list[int]]] = {}
+        for chunk, part in pieces.get(doc_id, []):
+            by_chunk.setdefault(chunk, []).append(part)
+        same = all(len(p) == copies[doc_id] and all(x == p[0] for x in p) for p in by_chunk.values())
+        got = [t for _, parts in sorted(by_chunk.items()) for t in parts[0]] if same else [-1]
         want = _kept(tokens, config.pack.overflow, config.pack.seq_len)
         if got != want:
             what = "are missing" if not got else "differ"

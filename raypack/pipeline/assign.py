@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,10 @@ from raypack.packing import Items, PackPermutation, Plan, copy_runs, expand, ite
 from raypack.pipeline.tokenize import token_file
 from raypack.storage import resolve
 
-__all__ = ["Buckets", "assign_items", "file_key", "items_table"]
+if TYPE_CHECKING:
+    from raypack.pipeline.select import Selection
+
+__all__ = ["Buckets", "TokenShard", "assign_items", "file_key", "items_table"]
 
 _KEY_SHIFT = 32  # file_key = bucket << 32 | file number within the bucket
 
@@ -66,39 +70,59 @@ class Buckets:
         return self.run_bucket[run], self.run_base[run] + (pack - self.run_start[run])
 
 
+@dataclass(frozen=True, slots=True)
+class TokenShard:
+    """A staged token file and what the items of its documents need of its input file."""
+
+    token_dir: str
+    key: str
+    relpath: str
+    source: str = ""
+
+
 def assign_items(
-    shards: list[tuple[str, str]],
+    shards: list[TokenShard],
     cfg: JobConfig,
     plan: Plan,
     rank_base: np.ndarray,
     on_docs: Callable[[pa.Array], None] | None = None,
+    selection: Selection | None = None,
 ) -> Iterator[pa.Table]:
-    """Item tables (schema.ITEMS) of a run of shards, given as (token_dir, key) in shard order, one
-    table per record batch of their token files. `rank_base`: items of each length in the shards
-    before the run; each batch's items move it on, so no per-shard base is ever needed. `on_docs`
-    sees every document's id (dropped documents' too), batch by batch."""
+    """Item tables (schema.ITEMS) of a run of shards, in shard order, one table per record batch of
+    their token files and copy layer. `rank_base` (layers, seq_len + 1): items of each length ranked
+    before this run's, a row a copy layer (raypack.pipeline.histogram.Totals.rank_bases); each
+    batch's items move it on, so no per-shard base is ever needed. `selection`: a mixture's rules:
+    the documents of copy layer c are those with more than c copies, ranked in that layer. `on_docs`
+    sees every document's id (dropped documents' too), batch by batch, once whatever its copies."""
     buckets = Buckets.of(plan)
     perms = [PackPermutation(n, cfg.pack.seed) if cfg.pack.shuffle else None for n in buckets.sizes]
     seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
-    base = rank_base.astype(np.int64, copy=True)
-    for token_dir, key in shards:
-        fs, inner = resolve(token_file(token_dir, key), cfg.storage)
+    base = np.atleast_2d(rank_base).astype(np.int64, copy=True)
+    for shard in shards:
+        fs, inner = resolve(token_file(shard.token_dir, shard.key), cfg.storage)
         with fs.open_input_file(inner) as f:
             for record_batch in pq.ParquetFile(f).iter_batches(batch_size=cfg.tokenizer.batch_size):
-                docs = pa.Table.from_batches([record_batch])
+                batch = pa.Table.from_batches([record_batch])
                 if on_docs is not None:
-                    on_docs(docs.column("doc_id").combine_chunks())
-                items = make_items(docs.column("length").to_numpy(), seq_len, overflow)
-                pack, slot, _ = expand(plan, items.length, base)
-                base += item_histogram(items.length, seq_len)
-                bucket, local = buckets.locate(pack.astype(np.int64))
-                for b, perm in enumerate(perms):
-                    if perm is not None:
-                        mask = bucket == b
-                        local[mask] = perm(local[mask])
-                keys = file_key(bucket, local // rows)
-                capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
-                yield items_table(docs, items, keys, local, slot, capacity)
+                    on_docs(batch.column("doc_id").combine_chunks())
+                n = None
+                if selection is not None:
+                    n = selection.copies(shard.source, shard.relpath, batch.column("row").to_numpy())
+                for layer in range(len(base)):
+                    docs = batch if n is None else batch.filter(pa.array(n > layer))
+                    if not docs.num_rows:
+                        continue
+                    items = make_items(docs.column("length").to_numpy(), seq_len, overflow)
+                    pack, slot, _ = expand(plan, items.length, base[layer])
+                    base[layer] += item_histogram(items.length, seq_len)
+                    bucket, local = buckets.locate(pack.astype(np.int64))
+                    for b, perm in enumerate(perms):
+                        if perm is not None:
+                            mask = bucket == b
+                            local[mask] = perm(local[mask])
+                    keys = file_key(bucket, local // rows)
+                    capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
+                    yield items_table(docs, items, keys, local, slot, capacity)
 
 
 def items_table(

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,10 +45,13 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.formats import Spec
 from raypack.packing import Plan
-from raypack.pipeline.assign import assign_items
+from raypack.pipeline.assign import TokenShard, assign_items
 from raypack.pipeline.histogram import Totals, index_path
 from raypack.pipeline.materialize import write_pack_file
 from raypack.storage import resolve
+
+if TYPE_CHECKING:
+    from raypack.pipeline.select import Selection
 
 __all__ = [
     "Exchanged",
@@ -279,12 +282,13 @@ def assign_run(
     cfg: JobConfig,
     plan: Plan,
     rank_base: np.ndarray,
-    shards: list[tuple[str, str]],
+    shards: list[TokenShard],
     rounds: int,
     round_ends: np.ndarray,
     part_first_key: np.ndarray,
     id_parts: int,
     patterns: tuple[str, ...],
+    selection: Selection | None = None,
 ) -> Iterator[Any]:
     """Ray task (a generator: each value is stored as it is yielded): `rounds` rounds, each one piece
     per partition (items sorted by file_key) and `id_parts` pieces of the ids of the documents read
@@ -300,7 +304,7 @@ def assign_run(
         def on_docs(doc_ids: pa.Array) -> None:
             _add_ids(ids, doc_ids)
 
-        for table in assign_items(shards, cfg, plan, rank_base, on_docs):
+        for table in assign_items(shards, cfg, plan, rank_base, on_docs, selection):
             keys = table.column("file_key").to_numpy()
             part = np.searchsorted(part_first_key, keys, side="right") - 1
             if np.any(part[1:] < part[:-1]):  # else (one partition, say) the take would copy for nothing
@@ -425,10 +429,11 @@ def run_exchange(
     plan: Plan,
     lay: Layout,
     totals: Totals,
-    shards: list[tuple[str, str]],
+    shards: list[TokenShard],
     file_keys: np.ndarray,
     spec: Spec,
     examples: int,
+    selection: Selection | None = None,
 ) -> Exchanged:
     """Submit every task of the exchange (Ray runs each once its inputs exist), then wait for the
     writers. The driver drops its references to the pieces as soon as their consumers are submitted,
@@ -461,6 +466,7 @@ def run_exchange(
                 part_first_key,
                 lay.id_parts,
                 patterns,
+                selection,
             ),
             n,
         )
@@ -521,15 +527,17 @@ def run_exchange(
 def index_ids(
     output: str, storage: Any, shards: list[int], parts: int, patterns: tuple[str, ...]
 ) -> tuple[pa.Table, ...] | pa.Table:
-    """Ray task (sharded mode, whose groups write without an exchange): the doc_id column of a run of
-    shards' index files, hashed into `parts` pieces."""
+    """Ray task (sharded mode, whose groups write without an exchange): the ids of a run of shards'
+    index files (one a document, not a copy), hashed into `parts` pieces."""
     with transient(patterns):
         ids: list[list[pa.Array]] = [[] for _ in range(parts)]
         for shard in shards:
             fs, inner = resolve(index_path(output, shard), storage)
             with fs.open_input_file(inner) as f:
-                column = pq.read_table(f, columns=["doc_id"]).column("doc_id").combine_chunks()
-            _add_ids(ids, column)
+                table = pq.read_table(f, columns=["doc_id", "copy"])
+            # A mixture's copies of a document carry its id: count each document once.
+            table = table.filter(pc.less_equal(table.column("copy"), 0))
+            _add_ids(ids, table.column("doc_id").combine_chunks())
         out = tuple(_ids_table(i) for i in ids)
         return out if parts > 1 else out[0]
 

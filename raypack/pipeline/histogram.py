@@ -17,65 +17,111 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.metrics import DocStats
-from raypack.packing import Items, item_histogram, make_items
-from raypack.storage import join, open_output
+from raypack.mixture import BINS, document_keys, token_bins
+from raypack.packing import item_histogram, make_items
+from raypack.storage import Shard, join, open_output
 
-__all__ = ["Totals", "index_path", "summarize_shard"]
+__all__ = ["Totals", "index_path", "summarize_shard", "write_index"]
 
 
-def index_path(output: str, shard: int) -> str:
-    return join(output, "index", f"shard-{shard:06d}.parquet")
+def index_path(output: str, shard: int, staged: bool = False) -> str:
+    """A shard's index file; `staged`: the tokenize stage's, in the staging area, from which a
+    mixture's select tasks write the final one (so that a retried task reads what it read before)."""
+    parts = ("_staging", "index") if staged else ("index",)
+    return join(output, *parts, f"shard-{shard:06d}.parquet")
 
 
 def summarize_shard(
-    cfg: JobConfig, shard: int, doc_ids: pa.Array, rows: pa.Array, doc_length: np.ndarray
+    cfg: JobConfig, shard: Shard, doc_ids: pa.Array, rows: pa.Array, doc_length: np.ndarray
 ) -> dict[str, Any]:
     """The shard's sparse item histogram and document counts (for the driver's reduce), and its
     documents index file. Called by the tokenizer actor as soon as the shard is tokenized, so the
-    lengths are never read back."""
+    lengths are never read back. In a mixture, also its tokens by key bin (raypack.mixture), from
+    which the driver places each source's cut."""
     items = make_items(doc_length, cfg.pack.seq_len, cfg.pack.overflow)
     hist = item_histogram(items.length, cfg.pack.seq_len)
     nonzero = np.flatnonzero(hist)
-    table = pa.table({"doc_id": doc_ids, "row": rows, "length": pa.array(doc_length, pa.int64())})
-    _write_index(cfg, shard, table, items)
-    return {
+    write_index(
+        cfg,
+        shard,
+        doc_ids,
+        rows,
+        pa.array(doc_length, pa.int64()),
+        np.diff(items.doc_start),
+        items.placed_per_doc(),
+        np.zeros(len(doc_length), dtype=np.int32),
+        staged=cfg.input.mixture,
+    )
+    summary = {
         "lengths": nonzero.astype(np.int64),
         "counts": hist[nonzero],
         "stats": DocStats.from_items(items).to_json(),
+        "key_bins": np.zeros(0, dtype=np.int64),
+        "key_tokens": np.zeros(0, dtype=np.int64),
     }
+    if cfg.input.mixture:
+        keys = document_keys(cfg.pack.seed, shard.relpath, rows.to_numpy(zero_copy_only=False))
+        summary["key_bins"], summary["key_tokens"] = token_bins(keys, doc_length)
+    return summary
 
 
-def _write_index(cfg: JobConfig, shard: int, table: pa.Table, items: Items) -> None:
+def write_index(
+    cfg: JobConfig,
+    shard: Shard,
+    doc_ids: pa.Array,
+    rows: pa.Array,
+    lengths: pa.Array,
+    chunks: np.ndarray,
+    placed: np.ndarray,
+    copy: np.ndarray,
+    staged: bool = False,
+) -> None:
+    """The shard's index file: a row per document (per copy of one, `copy` -1 for one left out)
+    with its items and tokens in the output. `staged`: into the staging area (the tokenize stage's
+    index, in a mixture)."""
     index = pa.table(
         {
-            "doc_id": table.column("doc_id"),
-            "shard": pa.array(np.full(table.num_rows, shard, dtype=np.int32)),
-            "row": table.column("row"),
-            "length": table.column("length"),
-            "chunks": pa.array(np.diff(items.doc_start).astype(np.int32)),
-            "placed": pa.array(items.placed_per_doc()),
+            "doc_id": doc_ids,
+            "shard": pa.array(np.full(len(lengths), shard.index, dtype=np.int32)),
+            "row": rows,
+            "length": lengths,
+            "chunks": pa.array(np.asarray(chunks, dtype=np.int32)),
+            "placed": pa.array(np.asarray(placed, dtype=np.int64)),
+            "source": pa.array([shard.source] * len(lengths), pa.string()),
+            "copy": pa.array(np.asarray(copy, dtype=np.int32)),
         },
         schema=schema.DOCUMENTS,
     )
-    with open_output(index_path(cfg.output.path, shard), cfg.storage) as sink:
+    with open_output(index_path(cfg.output.path, shard.index, staged), cfg.storage) as sink:
         pq.write_table(index, sink, compression="zstd")
 
 
 class Totals:
     """The tokenize stage's per-shard summaries, folded as they arrive (never all held at once): the
     item histogram of each run of shards (the exchange's assign tasks, see raypack.pipeline.exchange),
-    each shard's items and tokens, and the summed counts.
+    each shard's items and tokens, and the summed counts; in a mixture, each source's tokens by key
+    bin (raypack.mixture), and then the selection's histograms in their place (select).
 
-    Driver memory: runs × (seq_len + 1) int64 for the histograms (runs <= the cluster's CPUs: 1,024 ×
-    32,769 × 8 B = 268 MB at most) and 16 bytes a shard; a shard's sparse histogram is dropped once
-    added. Summing every shard's dense rank base instead is O(shards × seq_len): 10,000 × 32,769 × 8 B
-    = 2.6 GB."""
+    Histograms are per (run, copy layer): a mixture gives the k-th copies of documents ranks of their
+    own, after every (k-1)-th copy of the corpus, so that two copies of one document do not land side
+    by side in one pack (bfd places items of one length by rank, neighbours together). Without a
+    mixture there is one layer.
 
-    def __init__(self, run_of_shard: np.ndarray, runs: int, seq_len: int) -> None:
+    Driver memory: runs × layers × (seq_len + 1) int64 for the histograms (runs <= the cluster's
+    CPUs: 1,024 × 32,769 × 8 B = 268 MB a layer at most), 16 bytes a shard, and 512 KB a source in
+    a mixture; a shard's sparse histogram is dropped once added. Summing every shard's dense rank
+    base instead is O(shards × seq_len): 10,000 × 32,769 × 8 B = 2.6 GB."""
+
+    def __init__(
+        self, run_of_shard: np.ndarray, runs: int, seq_len: int, sources: list[str] | None = None
+    ) -> None:
         self.run_of_shard = run_of_shard
-        self.hists = np.zeros((runs, seq_len + 1), dtype=np.int64)
+        self.hists = np.zeros((runs, 1, seq_len + 1), dtype=np.int64)
         self.items = np.zeros(len(run_of_shard), dtype=np.int64)
         self.tokens = np.zeros(len(run_of_shard), dtype=np.int64)
+        self.source_of = list(sources) if sources is not None else [""] * len(run_of_shard)
+        """Each shard's input source."""
+        self.key_tokens = {s: np.zeros(BINS, dtype=np.int64) for s in sorted(set(self.source_of)) if s}
         self.stats = DocStats()
         self.documents = self.rejects = self.reused = 0
         self.rejected_records = 0
@@ -98,10 +144,14 @@ class Totals:
         self._seen[shard] = True
         lengths = np.asarray(row["lengths"], dtype=np.int64)
         counts = np.asarray(row["counts"], dtype=np.int64)
-        np.add.at(self.hists[self.run_of_shard[shard]], lengths, counts)
+        np.add.at(self.hists[self.run_of_shard[shard], 0], lengths, counts)
         stats = DocStats.from_json(row["stats"])
         self.items[shard], self.tokens[shard] = stats.items, stats.tokens
         self.stats = self.stats + stats
+        source = self.source_of[shard]
+        if source in self.key_tokens:
+            bins = np.asarray(row.get("key_bins", []), dtype=np.int64)
+            np.add.at(self.key_tokens[source], bins, np.asarray(row.get("key_tokens", []), dtype=np.int64))
         self.documents += int(row["documents"])
         self.rejects += int(row["rejects"])
         self.rejected_records += int(row["rejected_records"])
@@ -121,13 +171,28 @@ class Totals:
             missing = np.flatnonzero(~self._seen)
             raise RuntimeError(f"{len(missing)} shards (first: {missing[0]}) were never summarized")
 
+    def source_tokens(self) -> dict[str, int]:
+        """Each source's tokens as tokenized (before any selection)."""
+        return {s: int(t.sum()) for s, t in self.key_tokens.items()}
+
     def histogram(self) -> np.ndarray:
         """The global item histogram, int64[seq_len + 1]."""
-        return self.hists.sum(axis=0)
+        return self.hists.sum(axis=(0, 1))
+
+    @property
+    def layers(self) -> int:
+        return int(self.hists.shape[1])
 
     def rank_bases(self) -> Iterator[tuple[int, np.ndarray]]:
-        """(run, items of each length in earlier runs), run by run: one array alive at a time."""
-        running = np.zeros(self.hists.shape[1], dtype=np.int64)
+        """(run, items of each length ranked before the run's, a row a copy layer: every earlier
+        layer's, and its own layer's in earlier runs), run by run: one array alive at a time."""
+        layer_totals = self.hists.sum(axis=0)
+        running = np.cumsum(layer_totals, axis=0) - layer_totals  # earlier layers, every run
         for run in range(len(self.hists)):
             yield run, running.copy()
             running += self.hists[run]
+
+    def selected(self, hists: np.ndarray, stats: DocStats, items: np.ndarray, tokens: np.ndarray) -> None:
+        """Replace the tokenize stage's counts by a mixture's selection: hists (runs, layers,
+        seq_len + 1), the selected copies' stats, and each shard's items and tokens."""
+        self.hists, self.stats, self.items, self.tokens = hists, stats, items, tokens

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from raypack import __version__, schema
-from raypack.config import JobConfig, StorageConfig
+from raypack.config import InputConfig, JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.formats import INDEX_DIR, Settings, Spec, make_spec
 from raypack.formats.megatron import DATA_ARGS
@@ -48,7 +48,7 @@ from raypack.metrics import (
     finalize_metrics,
 )
 from raypack.packing import ALGORITHMS, Plan
-from raypack.pipeline.assign import Buckets, file_key
+from raypack.pipeline.assign import Buckets, TokenShard, file_key
 from raypack.pipeline.backends import Choice, choose_backend
 from raypack.pipeline.exchange import (
     ITEM_BYTES,
@@ -62,14 +62,14 @@ from raypack.pipeline.exchange import (
 )
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.materialize import data_file
-from raypack.pipeline.read import read_shard, scan_range, unit_entry, work_units
+from raypack.pipeline.read import input_files, read_shard, scan_range, unit_entry, work_units
+from raypack.pipeline.select import Selection, plan_selection, run_selection, source_table
 from raypack.pipeline.sharded import pack_groups
-from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_file, token_key, token_settings
+from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_key, token_settings
 from raypack.report.model import REPORT
 from raypack.storage import (
     Shard,
     exists,
-    expand_inputs,
     join,
     remove,
     remove_temporaries,
@@ -92,6 +92,10 @@ __all__ = [
 ]
 
 METRICS = "metrics.json"
+# How a mixture keys documents (raypack.mixture.document_keys), for the manifest's readers.
+MIXTURE_KEY = (
+    "splitmix64(blake2b-64(f'{seed}\\0{relpath}') + row × 0x9E3779B97F4A7C15); subset: key < threshold"
+)
 # Everything a job writes under its output (formats' own files included), removed before it starts.
 _OUTPUT_PARTS = (
     MANIFEST,
@@ -147,6 +151,8 @@ class JobResult:
     """Metrics of the plans of pack.compare (on the same histogram; not written)."""
     backend: dict[str, Any] = field(default_factory=dict)
     """What encoded (raypack.pipeline.backends): as the manifest's tokenizer.backend records it."""
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """A row a source (input.sources): asked, target, what it gave (raypack.pipeline.select)."""
     max_depth_cap: int | None = None
     """pack.max_depth: the cap the packs were made under (None: none)."""
     output_format: dict[str, Any] = field(default_factory=dict)
@@ -220,7 +226,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
             f"({tok.eos_id})"
         )
     spec = output_spec(cfg, tok.vocab_size, tok.eos_id)
-    inputs = expand_inputs(cfg.input.paths, cfg.input.root, storage)
+    inputs = input_files(cfg.input, storage)
     check_output(out, storage, overwrite)
     clear_output(out, storage)
     staging = join(out, "_staging")
@@ -229,13 +235,13 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
     choice = choose_backend(cfg.tokenizer.backend, tok, partial(_corpus_sample, shards, cfg))
     log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
-    settings = token_settings(cfg, tok, choice)
-    keys = tuple(token_key(s, settings) for s in shards)
+    settings = {n: token_settings(cfg, tok, choice, n) for n in sorted({s.source for s in shards})}
+    keys = tuple(token_key(s, settings[s.source]) for s in shards)
     width = _cluster_cpus()
     concurrency = cfg.tokenizer.concurrency or width
     runs = max(1, min(len(shards), width))
-    weights = _unit_bytes(shards, cfg.input.format)
-    totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len)
+    weights = _unit_bytes(shards, cfg.input)
+    totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [s.source for s in shards])
     rows = [
         {**dataclasses.asdict(s), "token_dir": token_dir, "key": k} for s, k in zip(shards, keys, strict=True)
     ]
@@ -257,9 +263,25 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     reused, documents, rejects, reasons = totals.reused, totals.documents, totals.rejects, totals.reasons
     lost = {"rejected_records": totals.rejected_records, "lost_files": totals.lost_files}
     _check_rejects(cfg, documents, totals.rejected_records, totals.lost_files, reasons, staging)
+    selection: Selection | None = None
+    sources: list[dict[str, Any]] = []
+    if cfg.input.mixture:
+        with _stage(timings, "select", log):
+            try:
+                selection = plan_selection(cfg, shards, totals)
+            except ConfigError:
+                remove(staging, storage)
+                raise
+            sources = source_table(selection, run_selection(cfg, shards, totals, selection))
+        log("[raypack] sources: " + "; ".join(f"{r['name']} {r['share']:.1%}" for r in sources))
 
     with _stage(timings, "histogram", log):
         hist, stats = totals.histogram(), totals.stats
+    if stats.items == 0 and selection is not None and not any(r["copies"] for r in sources):
+        remove(staging, storage)
+        raise JobError(
+            "nothing to pack: the mixture selected no document (every source's target is 0 tokens)"
+        )
     if stats.items == 0:  # only overflow: drop can place nothing (every document gives an item otherwise)
         remove(staging, storage)
         raise JobError(
@@ -283,14 +305,13 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         with _stage(timings, "compare", log):
             comparison = _compare(cfg, hist, stats)
 
+    token_shards = [TokenShard(token_dir, k, s.relpath, s.source) for s, k in zip(shards, keys, strict=True)]
     with _stage(timings, "assign+write", log):
         if cfg.pack.mode == "sharded":
-            files = _write_sharded(cfg, spec, [token_file(token_dir, k) for k in keys])
-            duplicates = _sharded_ids(cfg, totals, width) if cfg.input.id_field else Duplicates()
+            files = _write_sharded(cfg, spec, token_shards, selection)
+            duplicates = _sharded_ids(cfg, totals, width) if cfg.input.id_fields else Duplicates()
         else:
-            files, duplicates = _write_global(
-                cfg, spec, plan, totals, [(token_dir, k) for k in keys], width, log
-            )
+            files, duplicates = _write_global(cfg, spec, plan, totals, token_shards, width, log, selection)
     if duplicates.ids:
         log(f"[raypack] note: {duplicates.ids:,} ids are carried by {duplicates.documents:,} documents")
     files = sorted(files, key=lambda f: f["path"])
@@ -316,6 +337,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
                     "metrics": metrics.to_dict(),
                     "mode": cfg.pack.mode,
                     "format": spec.name,
+                    "sources": sources,
                     "global_bfd_efficiency": global_efficiency,
                     "stage_seconds": timings,
                     "shards": {"reused": reused, "tokenized": len(shards) - reused},
@@ -335,6 +357,8 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         output_format = write_dataset_files(files, spec, out, storage)
         manifest = _manifest(cfg, shards, tok, packs, files, documents, rejects, stats.items, stats.tokens)
         manifest["format"] = output_format
+        if selection is not None:
+            manifest["mixture"] = {"seed": selection.seed, "key": MIXTURE_KEY, "sources": sources}
         manifest["tokenizer"]["backend"] = backend
         manifest["counts"]["rejects_by_reason"] = dict(sorted(reasons.items()))
         manifest["counts"].update(lost)
@@ -361,6 +385,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         report=report,
         comparison=tuple(PackingMetrics.from_dict(c["metrics"]) for c in comparison),
         backend=backend,
+        sources=sources,
         max_depth_cap=cfg.pack.max_depth,
         output_format=output_format,
     )
@@ -451,12 +476,14 @@ def _scan(
         return scan_range(shard, start, stop, storage)
 
 
-def _unit_bytes(shards: list[Shard], fmt: str) -> list[int]:
+def _unit_bytes(shards: list[Shard], inputs: InputConfig) -> list[int]:
     """Input bytes of each work unit: a byte range's length, a Parquet unit's share of its file (its
     row groups' sizes are not kept), else the file's size."""
     units: Counter[str] = Counter(s.relpath for s in shards)
     return [
-        s.unit_stop - s.unit_start if s.split and fmt == "jsonl" else s.size // units[s.relpath]
+        s.unit_stop - s.unit_start
+        if s.split and inputs.of(s.source).format == "jsonl"
+        else s.size // units[s.relpath]
         for s in shards
     ]
 
@@ -596,22 +623,23 @@ def _write_global(
     spec: Spec,
     plan: Plan,
     totals: Totals,
-    shards: list[tuple[str, str]],
+    shards: list[TokenShard],
     width: int,
     log: Callable[[str], None],
+    selection: Selection | None = None,
 ) -> tuple[list[dict[str, Any]], Duplicates]:
     """Assign, exchange and write on Ray tasks of bounded fan-out (raypack.pipeline.exchange)."""
     keys, slots = _files(plan, cfg.output.shard_rows)
     shard_bytes = totals.tokens * 4 + totals.items * ITEM_BYTES
     runs = totals.hists.shape[0]
-    id_check = bool(cfg.input.id_field)
+    id_check = cfg.input.id_fields
     lay = layout(totals.run_of_shard, runs, shard_bytes, slots * 4, width, totals.documents, id_check)
     n = lay.counts()
     log(
         f"[raypack] exchange: {n['assign_tasks']} assign, {n['merge_tasks']} merge, {n['write_tasks']} "
         f"write tasks; {lay.hops} hop(s), {n['objects']:,} objects"
     )
-    done = run_exchange(cfg, plan, lay, totals, shards, keys, spec, _EXAMPLES)
+    done = run_exchange(cfg, plan, lay, totals, shards, keys, spec, _EXAMPLES, selection)
     if (done.items, done.tokens) != (totals.stats.items, totals.stats.tokens):
         raise RuntimeError(
             f"assign placed (items, tokens) = {(done.items, done.tokens)}, the histogram holds "
@@ -646,13 +674,15 @@ def _from_items(rows: list[dict[str, Any]]) -> Any:
     return ds
 
 
-def _write_sharded(cfg: JobConfig, spec: Spec, token_files: list[str]) -> list[dict[str, Any]]:
+def _write_sharded(
+    cfg: JobConfig, spec: Spec, shards: list[TokenShard], selection: Selection | None
+) -> list[dict[str, Any]]:
     per = cfg.pack.shards_per_group
     groups = [
-        {"group": g, "token_files": token_files[first : first + per]}
-        for g, first in enumerate(range(0, len(token_files), per))
+        {"group": g, "shards": [dataclasses.asdict(s) for s in shards[first : first + per]]}
+        for g, first in enumerate(range(0, len(shards), per))
     ]
-    fn = partial(pack_groups, cfg=cfg, spec=spec)
+    fn = partial(pack_groups, cfg=cfg, spec=spec, selection=selection)
     return list(_from_items(groups).map_batches(fn, batch_size=1).take_all())
 
 
@@ -729,7 +759,9 @@ def _manifest(
         "raypack_version": __version__,
         "config": cfg.to_dict(),
         "inputs": [
-            {"path": s.relpath, "size": s.size, "mtime_ns": s.mtime_ns} | unit_entry(s, cfg.input.format)
+            {"path": s.relpath, "size": s.size, "mtime_ns": s.mtime_ns}
+            | unit_entry(s, cfg.input.of(s.source).format)
+            | ({"source": s.source} if s.source else {})
             for s in shards
         ],
         "tokenizer": {

@@ -21,12 +21,13 @@ import pyarrow.parquet as pq
 
 from raypack.config import InputConfig, StorageConfig
 from raypack.errors import ConfigError
-from raypack.storage import Shard, resolve
+from raypack.storage import Shard, expand_inputs, resolve
 
 __all__ = [
     "COMPRESSED_SUFFIXES",
     "Batch",
     "Reject",
+    "input_files",
     "read_shard",
     "scan_range",
     "unit_entry",
@@ -90,6 +91,7 @@ def read_shard(
     becomes a Reject. A storage failure (network, permissions) is raised as the OSError it is: it
     says nothing about the data; the task that met it is retried (job._from_items), then the job fails."""
     fs, inner = resolve(shard.path, storage)
+    cfg = cfg.of(shard.source)  # a source's own format and fields
     if cfg.format == "jsonl":
         yield from _read_jsonl(fs, inner, shard, cfg, batch_size)
     elif cfg.format == "parquet":
@@ -102,6 +104,33 @@ def read_shard(
 
 # How pyarrow words a broken compressed stream (it raises OSError, as for a lost connection).
 _CORRUPT_STREAM = ("Truncated compressed stream", "inflate failed", "decompress", "Corrupt", "corrupt")
+
+
+def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[Shard]:
+    """Every input file, numbered in order: input.paths' (storage.expand_inputs), or each source's,
+    sources by name, a source's files relative to its root under `<name>/` (so ids never collide
+    and listing sources in another order changes nothing). A file two sources both match is a
+    ConfigError: its documents would be counted twice."""
+    if not cfg.sources:
+        return expand_inputs(cfg.paths, cfg.root, storage)
+    files: list[Shard] = []
+    owner: dict[str, str] = {}
+    for source in sorted(cfg.sources, key=lambda s: s.name):
+        one = cfg.of(source.name)
+        try:
+            found = expand_inputs(one.paths, one.root, storage)
+        except ConfigError as e:
+            raise ConfigError(f"input.sources[{source.name}]: {e}") from None
+        for f in found:
+            if f.path in owner:
+                raise ConfigError(
+                    f"{f.path} matches the paths of sources {owner[f.path]} and {source.name}: a file "
+                    "belongs to one source"
+                )
+            owner[f.path] = source.name
+            relpath = f"{source.name}/{f.relpath}"
+            files.append(dataclasses.replace(f, index=len(files), relpath=relpath, source=source.name))
+    return files
 
 
 def work_units(
@@ -132,7 +161,7 @@ def work_units(
     units: list[Shard] = []
     for shard in shards:
         pieces = [(0, -1, 0)]
-        if cfg.format == "parquet" and shard.size > cfg.unit_bytes:
+        if cfg.of(shard.source).format == "parquet" and shard.size > cfg.unit_bytes:
             pieces = _row_group_runs(shard, cfg.unit_bytes, storage) or pieces
         elif shard.index in nominal:
             pieces = _line_ranges(shard.size, nominal[shard.index], found[shard.index]) or pieces
@@ -192,7 +221,7 @@ _SCAN_CHUNK = 8 << 20  # one ranged read (a GET on S3) in scan_range; 8 MiB keep
 
 def _splits_by_bytes(shard: Shard, cfg: InputConfig) -> bool:
     compressed = shard.path.endswith(COMPRESSED_SUFFIXES)
-    return cfg.format == "jsonl" and shard.size > cfg.unit_bytes and not compressed
+    return cfg.of(shard.source).format == "jsonl" and shard.size > cfg.unit_bytes and not compressed
 
 
 def _nominal(size: int, unit_bytes: int) -> list[tuple[int, int]]:

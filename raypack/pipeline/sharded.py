@@ -14,23 +14,38 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.formats import Spec
 from raypack.packing import pack
-from raypack.pipeline.assign import items_table
+from raypack.pipeline.assign import TokenShard, items_table
 from raypack.pipeline.materialize import write_pack_files
+from raypack.pipeline.select import Selection
+from raypack.pipeline.tokenize import token_file
 from raypack.storage import resolve
 
 __all__ = ["pack_groups"]
 
 
-def pack_groups(batch: dict[str, np.ndarray], cfg: JobConfig, spec: Spec) -> pa.Table:
-    """map_batches function over group rows (group, token files of its shards) → WRITTEN rows."""
+def pack_groups(
+    batch: dict[str, np.ndarray], cfg: JobConfig, spec: Spec, selection: Selection | None = None
+) -> pa.Table:
+    """map_batches function over group rows (group, its shards as TokenShard dicts) → WRITTEN rows.
+    With a mixture's `selection`, a document comes as many times as it has copies: every first copy
+    of the group, then every second, ... (so that greedy, which keeps input order, does not put two
+    copies side by side)."""
     out = []
     p = cfg.pack
-    for group, files in zip(batch["group"], batch["token_files"], strict=True):
-        tables = []
-        for path in files:
-            fs, inner = resolve(str(path), cfg.storage)
+    for group, shards in zip(batch["group"], batch["shards"], strict=True):
+        layers = selection.layers if selection is not None else 1
+        by_layer: list[list[pa.Table]] = [[] for _ in range(layers)]
+        for shard in (TokenShard(**s) for s in shards):
+            fs, inner = resolve(token_file(shard.token_dir, shard.key), cfg.storage)
             with fs.open_input_file(inner) as f:
-                tables.append(pq.read_table(f))
+                table = pq.read_table(f)
+            if selection is None:
+                by_layer[0].append(table)
+                continue
+            n = selection.copies(shard.source, shard.relpath, table.column("row").to_numpy())
+            for c in range(layers):
+                by_layer[c].append(table.filter(pa.array(n > c)))
+        tables = [t for layer in by_layer for t in layer]  # every first copy, then every second...
         docs = pa.concat_tables(tables).combine_chunks()
         a = pack(
             docs.column("length").to_numpy(),

@@ -199,22 +199,26 @@ TOKEN_FORMAT = 3
 _DONE = b"raypack.rejects"
 
 
-def token_settings(cfg: JobConfig, tok: LoadedTokenizer, backend: Choice | None = None) -> dict[str, Any]:
+def token_settings(
+    cfg: JobConfig, tok: LoadedTokenizer, backend: Choice | None = None, source: str = ""
+) -> dict[str, Any]:
     """Everything besides the shard's bytes that decides its token file: a change in any of these must
     re-tokenize (a rebuild reuses a cached file only when all of them and the shard are unchanged).
     input.empty and input.max_document_bytes decide document or reject; PIECE_CHARS where a long
     text is cut for encoding (its tokens may differ at a cut with no space). The library that
     encodes, by name and version: an upgrade may change ids (a rebuild must not mix old and new);
-    the backend that encodes, by name and version."""
+    the backend that encodes, by name and version. `source`: the input source whose files these
+    are (its own format and fields; its name is in the files' relpath, hence in the key)."""
+    inputs = cfg.input.of(source)
     return {
         "token_format": TOKEN_FORMAT,
         "library": tokenizer_library(),
         "backend": backend.label if backend is not None else None,
-        "format": cfg.input.format,
-        "text_field": cfg.input.text_field,
-        "id_field": cfg.input.id_field,
-        "empty": cfg.input.empty,
-        "max_document_bytes": cfg.input.max_document_bytes,
+        "format": inputs.format,
+        "text_field": inputs.text_field,
+        "id_field": inputs.id_field,
+        "empty": inputs.empty,
+        "max_document_bytes": inputs.max_document_bytes,
         "piece_chars": PIECE_CHARS,
         "tokenizer_sha256": tok.sha256,
         "bos_id": tok.bos_id if cfg.tokenizer.add_bos else None,
@@ -308,6 +312,8 @@ class TokenizeShards:
             "lengths": [],
             "counts": [],
             "stats": [],
+            "key_bins": [],
+            "key_tokens": [],
             "node": [],
             "backend": [],
             "checked_texts": [],
@@ -343,6 +349,8 @@ class TokenizeShards:
             "lengths": out["lengths"],
             "counts": out["counts"],
             "stats": np.asarray(out["stats"], dtype=object),
+            "key_bins": out["key_bins"],
+            "key_tokens": out["key_tokens"],
             "node": np.asarray(out["node"], dtype=object),
             "backend": np.asarray(out["backend"], dtype=object),
             "checked_texts": np.asarray(out["checked_texts"], dtype=np.int64),
@@ -370,7 +378,7 @@ class TokenizeShards:
         doc_length = docs.column("length").to_numpy()
         summary = summarize_shard(
             self.cfg,
-            shard.index,
+            shard,
             docs.column("doc_id").combine_chunks(),
             docs.column("row").combine_chunks(),
             doc_length,

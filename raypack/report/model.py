@@ -81,6 +81,8 @@ class Report:
     """source, row, reason and the first characters of the record, for the first few rejects."""
     notes: tuple[str, ...] = ()
     dry_run: bool = False
+    sources: tuple[dict[str, Any], ...] = ()
+    """The mixture (input.sources), a row a source (raypack.pipeline.select.source_table)."""
 
 
 def length_distribution(lengths: np.ndarray) -> dict[int, int]:
@@ -153,6 +155,7 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
         rejects_by_reason=reasons,
         reject_examples=_reject_examples(dataset, storage) if counts["rejects"] else (),
         notes=_notes(doc, metrics, manifest),
+        sources=tuple(doc.get("sources", [])),
     )
 
 
@@ -174,10 +177,7 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
         algorithm += f" (buckets {', '.join(str(b['length']) for b in manifest.get('buckets', []))})"
     return (
         ("output", dataset),
-        (
-            "input",
-            ", ".join(cfg["input"]["paths"]) + f" ({cfg['input']['format']}, {counts['shards']:,} shards)",
-        ),
+        ("input", _inputs(cfg["input"], counts["shards"])),
         ("tokenizer", f"{tok['path']} (vocab {tok['vocab_size']:,}, sha256 {tok['sha256'][:12]})"),
         (
             "packing",
@@ -191,6 +191,15 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
         ("files", f"{len(files):,} {fmt['name']} files, {size / 2**20:,.1f} MiB"),
         ("raypack", str(manifest.get("raypack_version", "?"))),
     )
+
+
+def _inputs(inputs: dict[str, Any], shards: int) -> str:
+    """The input line: its paths and format, or its sources (input.sources)."""
+    sources = inputs.get("sources") or []
+    if sources:
+        names = ", ".join(s["name"] for s in sources)
+        return f"{len(sources)} sources: {names} ({shards:,} shards; the mixture is below)"
+    return ", ".join(inputs["paths"]) + f" ({inputs['format']}, {shards:,} shards)"
 
 
 def _notes(doc: dict[str, Any], metrics: PackingMetrics, manifest: dict[str, Any]) -> tuple[str, ...]:

@@ -9,8 +9,10 @@ import base64
 import html
 import struct
 from collections.abc import Sequence
+from typing import Any
 
 from raypack import __version__
+from raypack.mixture import SOURCE_HEADER
 from raypack.report import plots
 from raypack.report.model import Report, Run
 
@@ -47,6 +49,7 @@ def render(report: Report) -> str:
         f"<h1>{_e(report.title)}</h1>",
         _facts(report.facts),
         *(f'<p class="note">{_e(n)}</p>' for n in report.notes),
+        *(["<h2>Mixture</h2>", _sources_table(report.sources)] if report.sources else []),
         "<h2>Packing</h2>",
         _metrics_table(report.runs),
         _figure(
@@ -86,6 +89,41 @@ def render(report: Report) -> str:
         "</main></body></html>",
     ]
     return "\n".join(p for p in parts if p) + "\n"
+
+
+def _sources_table(sources: Sequence[dict[str, Any]]) -> str:
+    """A row a source: what the config asked, tokens in, target, tokens out, shares, repetition,
+    documents left out and truncated copies (summary.SOURCE_HEADER's columns, and truncations)."""
+    head = "".join(
+        f'<th class="{"num" if i >= 2 else ""}">{_e(h)}</th>'
+        for i, h in enumerate((*SOURCE_HEADER, "truncated"))
+    )
+    rows = []
+    for r in sources:
+        cells = [
+            r["name"],
+            r["asked"],
+            f"{r['documents']:,}",
+            f"{r['tokens']:,}",
+            f"{r['target']:,}",
+            f"{r['selected']:,}",
+            f"{100 * r['share']:.2f}%",
+            f"{100 * r['target_share']:.2f}%",
+            f"{r['repetition']:.2f}x",
+            f"{r['left_out']:,}",
+            f"{r['truncated']:,}",
+        ]
+        rows.append(
+            "<tr>"
+            + "".join(f'<td class="{"num" if i >= 2 else ""}">{_e(c)}</td>' for i, c in enumerate(cells))
+            + "</tr>"
+        )
+    caption = (
+        '<p class="note">Tokens are document tokens as tokenized, before any overflow cut; a source\'s '
+        "tokens out are within one document of its target (raypack.mixture). Repeat: tokens out / "
+        "tokens in.</p>"
+    )
+    return f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>{caption}'
 
 
 def _facts(facts: Sequence[tuple[str, str]]) -> str:
