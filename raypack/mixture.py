@@ -48,6 +48,7 @@ __all__ = [
     "cut",
     "document_keys",
     "rule_for",
+    "source_cells",
     "subset_goal",
     "targets",
     "token_bins",
@@ -66,6 +67,24 @@ SOURCE_HEADER = (
     "repeat",
     "left out",
 )
+
+
+def source_cells(row: dict[str, Any]) -> tuple[str, ...]:
+    """A source's row of the table (SOURCE_HEADER's columns), as text."""
+    return (
+        row["name"],
+        row["asked"],
+        f"{row['documents']:,}",
+        f"{row['tokens']:,}",
+        f"{row['target']:,}",
+        f"{row['selected']:,}",
+        f"{100 * row['share']:.2f}%",
+        f"{100 * row['target_share']:.2f}%",
+        f"{row['repetition']:.2f}x",
+        f"{row['left_out']:,}",
+    )
+
+
 KEY_BITS = 16
 BINS = 1 << KEY_BITS
 _SHIFT = np.uint64(64 - KEY_BITS)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from raypack.formats import total_bytes
-from raypack.mixture import SOURCE_HEADER
+from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
 
@@ -110,22 +110,9 @@ def sources_table(sources: list[dict[str, Any]]) -> str:
     """The mixture, a line a source: what the config asked, its tokens before and after selection
     (document tokens, before any overflow cut), its realized share against its target's, how many
     times its tokens were taken, and its documents left out."""
-    rows = [SOURCE_HEADER]
+    rows: list[tuple[str, ...]] = [SOURCE_HEADER]
     for r in sources:
-        rows.append(
-            (
-                r["name"],
-                r["asked"],
-                f"{r['documents']:,}",
-                f"{r['tokens']:,}",
-                f"{r['target']:,}",
-                f"{r['selected']:,}",
-                f"{100 * r['share']:.2f}%",
-                f"{100 * r['target_share']:.2f}%",
-                f"{r['repetition']:.2f}x",
-                f"{r['left_out']:,}",
-            )
-        )
+        rows.append(source_cells(r))
     widths = [max(len(row[i]) for row in rows) for i in range(len(SOURCE_HEADER))]
     return "\n".join(
         "  ".join(

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raypack import __version__
-from raypack.mixture import SOURCE_HEADER
+from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.report import plots
 from raypack.report.model import Report, Run
 
@@ -100,19 +100,7 @@ def _sources_table(sources: Sequence[dict[str, Any]]) -> str:
     )
     rows = []
     for r in sources:
-        cells = [
-            r["name"],
-            r["asked"],
-            f"{r['documents']:,}",
-            f"{r['tokens']:,}",
-            f"{r['target']:,}",
-            f"{r['selected']:,}",
-            f"{100 * r['share']:.2f}%",
-            f"{100 * r['target_share']:.2f}%",
-            f"{r['repetition']:.2f}x",
-            f"{r['left_out']:,}",
-            f"{r['truncated']:,}",
-        ]
+        cells = [*source_cells(r), f"{r['truncated']:,}"]
         rows.append(
             "<tr>"
             + "".join(f'<td class="{"num" if i >= 2 else ""}">{_e(c)}</td>' for i, c in enumerate(cells))
