@@ -35,7 +35,11 @@ __all__ = [
 
 INPUT_FORMATS = ("jsonl", "parquet", "text")
 TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")  # raypack.pipeline.backends
-OUTPUT_FORMATS = ("parquet", "megatron", "olmo", "mds")  # raypack.formats.FORMATS
+OUTPUT_FORMATS = ("parquet", "megatron", "olmo", "mds", "trl", "bridge")  # raypack.formats.FORMATS
+LOSS_POLICIES = ("assistant", "completion", "all")  # pack.loss (raypack.chat)
+# Formats that keep a per-token loss mask: the others refuse conversations (their trainers would train
+# every token).
+MASKED_FORMATS = ("parquet", "trl", "bridge")
 PACK_MODES = ("global", "sharded")
 # PackConfig field → the keyword option of the packers that take it.
 ALGORITHM_OPTION_FIELDS = {
@@ -84,6 +88,10 @@ class PackConfig:
     `shards_per_group` input shards is packed on its own by one task (bfd, ffd, greedy): no shuffle of
     tokens, a little less efficiency."""
     shards_per_group: int = 1
+    loss: str | None = None
+    """Conversations and prompt/completion pairs (input.messages_field, input.prompt_field): which
+    tokens are trained. assistant (messages; the default): the assistant turns' tokens; completion
+    (pairs; the default): the completion's; all: every token. Plain text trains every token."""
     compare: tuple[str, ...] = ()
     """Histogram packers to plan as well, on the same histogram, for the comparison table of metrics.json
     and the report (plans only: the data holds `algorithm`'s packs); ["all"]: every histogram packer."""
@@ -116,6 +124,8 @@ class PackConfig:
                 )
         if not 0.0 <= self.padding_threshold < 1.0:
             raise ConfigError(f"pack.padding_threshold must be in [0, 1), got {self.padding_threshold}")
+        if self.loss is not None and self.loss not in LOSS_POLICIES:
+            raise ConfigError(f"pack.loss must be one of {', '.join(LOSS_POLICIES)}, got {self.loss!r}")
         if self.mode not in PACK_MODES:
             raise ConfigError(f"pack.mode must be one of {', '.join(PACK_MODES)}, got {self.mode!r}")
         if self.shards_per_group < 1:
@@ -248,6 +258,14 @@ class InputConfig:
     empty: str = "reject"
     """Empty and whitespace-only documents: reject (recorded in rejects/) or keep (packed as the
     tokens they give, e.g. just EOS)."""
+    messages_field: str | None = None
+    """Chat data: the field (jsonl) or column (parquet) holding each conversation, a list of
+    {role, content, ...} messages, rendered with the chat template (tokenizer.chat_template) and
+    trained as pack.loss says (raypack.chat). Replaces text_field."""
+    prompt_field: str | None = None
+    """Instruction pairs: the prompt's field, with completion_field; the document is prompt +
+    completion (plain strings), trained on the completion (pack.loss)."""
+    completion_field: str | None = None
     max_document_bytes: int = 256 << 20
     """A record (jsonl line, text file, Parquet cell) larger than this is rejected unread. Below it,
     a long document is tokenized piece by piece and split into packs: 256 MiB is ~60M tokens."""
@@ -311,6 +329,21 @@ class InputConfig:
             raise ConfigError(f"input.format must be one of {', '.join(INPUT_FORMATS)}, got {self.format!r}")
         if not self.text_field:
             raise ConfigError("input.text_field must not be empty")
+        if self.messages_field is not None and (self.prompt_field or self.completion_field):
+            raise ConfigError("give input.messages_field or input.prompt_field/completion_field, not both")
+        if (self.prompt_field is None) != (self.completion_field is None):
+            raise ConfigError("input.prompt_field and input.completion_field go together: give both")
+        if self.chat and self.format == "text":
+            raise ConfigError("input.format text holds plain documents; conversations need jsonl or parquet")
+        if self.chat and self.sources:
+            raise ConfigError("input.sources mixes plain-text corpora; conversations take input.paths")
+
+    @property
+    def chat(self) -> str | None:
+        """ "messages" (conversations), "pairs" (prompt/completion) or None (plain text)."""
+        if self.messages_field is not None:
+            return "messages"
+        return "pairs" if self.prompt_field is not None else None
 
     def of(self, source: str) -> InputConfig:
         """The plain input config (paths, format, fields, root) of one source, with every shared
@@ -364,6 +397,9 @@ class TokenizerConfig:
     """Tokenizer actors; None: one per CPU of the cluster."""
     batch_size: int = 512
     """Documents per encode_batch call."""
+    chat_template: str | None = None
+    """A Jinja chat template file (local or s3://) for input.messages_field; None: the model
+    directory's chat_template.jinja, else its tokenizer_config.json `chat_template`."""
     backend: str = "auto"
     """What encodes: tokenizers (the reference), fastokens (exact and ×7-66 faster where it loads the
     tokenizer; a ConfigError where it cannot be used), or auto: fastokens when it loads the tokenizer
@@ -501,6 +537,43 @@ class JobConfig:
                 f"{BYTES_PER_FILE_POSITION * positions / 2**30:.0f} GiB for its write task): "
                 f"set output.shard_rows <= {most:,}"
             )
+
+        self._check_chat()
+
+    def _check_chat(self) -> None:
+        chat, loss = self.input.chat, self.pack.loss
+        if chat is None:
+            if loss not in (None, "all"):
+                raise ConfigError(
+                    f"pack.loss {loss} needs conversations or pairs (input.messages_field, or "
+                    "input.prompt_field and completion_field); plain text trains every token"
+                )
+            return
+        if chat == "messages" and loss == "completion":
+            raise ConfigError(
+                "pack.loss completion is for prompt/completion pairs; conversations take assistant or all"
+            )
+        if chat == "pairs" and loss == "assistant":
+            raise ConfigError(
+                "pack.loss assistant is for conversations; prompt/completion pairs take completion or all"
+            )
+        if self.pack.overflow == "split":
+            raise ConfigError(
+                "pack.overflow split would cut a conversation across packs (its turns then train without "
+                "their context): set pack.overflow: truncate (the end is cut, counted) or drop"
+            )
+        if self.output.format not in MASKED_FORMATS:
+            raise ConfigError(
+                f"output.format {self.output.format} keeps no loss mask, so its trainer would train every "
+                f"token of a conversation; use one of {', '.join(MASKED_FORMATS)}"
+            )
+
+    @property
+    def loss(self) -> str:
+        """pack.loss with its default: assistant (messages), completion (pairs), all (plain text)."""
+        if self.pack.loss is not None:
+            return self.pack.loss
+        return {"messages": "assistant", "pairs": "completion"}.get(self.input.chat or "", "all")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -76,6 +76,7 @@ def target_spec(manifest: dict[str, Any], name: str) -> Spec:
         vocab_size=int(manifest["tokenizer"]["vocab_size"]),
         pad_id=int(cfg["output"]["pad_id"]),
         shard_rows=int(cfg["output"]["shard_rows"]),
+        masked=spec_of(manifest).loss_mask,
     )
     return make_spec(name, settings)
 
@@ -157,11 +158,18 @@ def convert_files(
 
 
 def _repadded(packs: Packs, spec: Spec) -> Packs:
-    """The packs with spec's padding (megatron pads with EOS, the others with output.pad_id)."""
+    """The packs with spec's padding (megatron pads with EOS, the others with output.pad_id), and a
+    loss mask where spec keeps one: the source's, or (plain text) every token but each item's first."""
     num_tokens = packs.index.column("num_tokens").to_numpy()
     tokens = packs.input_ids.copy()
-    tokens[np.arange(packs.capacity)[None, :] >= num_tokens[:, None]] = spec.pad_id
-    return Packs(packs.stem, tokens, packs.index)
+    real = np.arange(packs.capacity)[None, :] < num_tokens[:, None]
+    tokens[~real] = spec.pad_id
+    mask = packs.loss_mask if spec.loss_mask else None
+    if spec.loss_mask and mask is None:
+        mask = real.astype(np.int8)
+        starts, _ = packs.item_bounds()
+        mask.reshape(-1)[starts] = 0
+    return Packs(packs.stem, tokens, packs.index, mask)
 
 
 def _check_one_to_one(files: list[dict[str, Any]], written: list[dict[str, Any]], spec: Spec) -> None:
@@ -169,7 +177,8 @@ def _check_one_to_one(files: list[dict[str, Any]], written: list[dict[str, Any]]
     if len(written) != len(files):
         raise RuntimeError(f"{len(files)} files read, {len(written)} written: refusing to commit")
     for src, new in zip(files, written, strict=True):
-        name = f"{str(src['path']).rsplit('.', 1)[0]}{spec.format.suffix}"
+        stem = str(src["path"]).removesuffix(".idx.parquet").rsplit(".", 1)[0]
+        name = f"{stem}{spec.format.suffix}"
         counts = all(int(src[k]) == int(new[k]) for k in ("rows", "tokens", "items", "bucket_length"))
         if new["path"] != name or not counts:
             raise RuntimeError(f"{src['path']} became {new['path']} with other counts: refusing to commit")

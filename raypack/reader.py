@@ -44,6 +44,8 @@ Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o
 - `labels` (B, L) int64, aligned with input_ids as Hugging Face models take them (they shift by one
   themselves): labels[t] = input_ids[t] when t-1 is in the same document, else -100 (every
   document's first token, and all padding): no loss across a boundary;
+  Chat data (a dataset with a loss_mask, docs/output-format.md): labels[t] = input_ids[t] only where
+  loss_mask[t] = 1 (a trained token: an assistant turn's, a completion's), else -100;
 - `shift_labels` (B, L) int64, the same targets already shifted, for loops that compute the loss
   themselves (torchtitan, Megatron style): shift_labels[t] = input_ids[t+1] when t+1 is in the same
   document, else -100. Never pass it as an HF model's `labels`: that trains token t+2;
@@ -394,6 +396,10 @@ def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, 
     shift_labels[same] = np.roll(input_ids, -1, axis=1)[same]
     labels = np.full((rows, length), IGNORE_INDEX, dtype=np.int64)
     labels[:, 1:] = shift_labels[:, :-1]
+    if "loss_mask" in table.column_names:  # chat data: only the trained targets carry a label
+        trained = table.column("loss_mask").combine_chunks().flatten().to_numpy().reshape(rows, length)
+        labels[trained == 0] = IGNORE_INDEX
+        shift_labels[:, :-1][trained[:, 1:] == 0] = IGNORE_INDEX
     if not np.array_equal(input_ids[~real], np.full(int((~real).sum()), pad_id)):
         raise ValueError("padding positions hold tokens other than pad_id: not a raypack dataset?")
     lengths = np.diff(cu_seqlens)

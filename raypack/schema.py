@@ -9,6 +9,7 @@ __all__ = [
     "DOCUMENTS",
     "FILES",
     "ITEMS",
+    "LOSS_MASK",
     "OUTPUT_SCHEMA_VERSION",
     "PACKED",
     "PACK_INDEX",
@@ -25,6 +26,8 @@ TOKENIZED = pa.schema(
         ("row", pa.int64()),  # line (jsonl, 1-based) or row (parquet, 0-based) in the input shard
         ("doc_id", pa.string()),
         ("length", pa.int64()),
+        # Chat data: a token that is not trained is stored as -(id + 1) (tokenize.untrained), here and
+        # in ITEMS, until the write stage makes it a loss_mask column.
         ("tokens", pa.list_(pa.int32())),
     ]
 )
@@ -103,6 +106,12 @@ WRITTEN = (
     FILES.append(pa.field("fill_percent", pa.list_(pa.int64())))
     .append(pa.field("stray_eos", pa.int64()))
     .append(pa.field("max_items", pa.int64()))  # the most items in one of its packs
+    .append(pa.field("longest_item", pa.int64()))  # tokens of its longest item
+    .append(pa.field("fewest_tokens", pa.int64()))  # tokens of its emptiest pack
+    # Trained tokens (labels not -100: the loss mask where the dataset keeps one, else every token
+    # but each item's first), and its packs by trained tokens in whole percent of their capacity.
+    .append(pa.field("trained", pa.int64()))
+    .append(pa.field("trained_percent", pa.list_(pa.int64())))
 )
 
 
@@ -124,6 +133,9 @@ PACKED = pa.schema(
         ("num_tokens", pa.int32()),
     ]
 )
+
+# Chat data's packs (Packs.loss_mask): 1 where the token is a trained target, labels[t] = input_ids[t].
+LOSS_MASK = pa.field("loss_mask", pa.list_(pa.int8()))
 
 # PACKED without its tokens: every format but parquet writes it beside its data (packs/*.parquet).
 PACK_INDEX = pa.schema([f for f in PACKED if f.name != "input_ids"])

@@ -200,6 +200,8 @@ def _check_files(
             )  # and the rows are still checked: they say what is missing
         schema_of = pq.read_schema(pa.BufferReader(index))
         expected = schema.PACKED if spec.format.holds_index else schema.PACK_INDEX
+        if spec.format.holds_index and spec.loss_mask:
+            expected = expected.append(schema.LOSS_MASK)
         if not schema_of.equals(expected):
             report.add(f"{f.get('index') or f['path']}: schema differs from the {spec.name} pack schema")
             continue
@@ -214,7 +216,7 @@ def _check_files(
         table = packs.table()
         tables.append(_check_rows(f["path"], table, int(f["bucket_length"]), spec.pad_id, report))
         if pieces:
-            _collect(table, pieces)
+            _collect(table, pieces, staged="chat" in manifest)
     if not tables:
         return None if manifest["files"] else pa.table({"doc_id": [], "chunk": [], "length": []})
     return pa.concat_tables(tables)
@@ -398,7 +400,9 @@ def _check_documents(per_id: pa.Table, items: pa.Table, report: VerifyReport) ->
             report.add(f"document {ids[i]!r}: chunks hold {int(total[i])} tokens, expected {int(placed[i])}")
 
 
-def _collect(table: pa.Table, pieces: dict[str, list[tuple[int, list[int]]]]) -> None:
+def _collect(table: pa.Table, pieces: dict[str, list[tuple[int, list[int]]]], staged: bool = False) -> None:
+    """Each wanted document's items, as (chunk, tokens); `staged` (chat data): tokens as the tokenize
+    stage stages them, untrained ones as -(id + 1), so the re-tokenized sample checks the mask too."""
     doc_ids = table.column("doc_ids").combine_chunks()
     hits = pc.is_in(doc_ids.flatten(), value_set=pa.array(list(pieces), pa.string()))
     positions = np.flatnonzero(hits.to_numpy(zero_copy_only=False))
@@ -413,6 +417,9 @@ def _collect(table: pa.Table, pieces: dict[str, list[tuple[int, list[int]]]]) ->
     token_start = ids.offsets.to_numpy()
     chunks = table.column("chunk_index").combine_chunks().flatten().to_numpy()
     names = doc_ids.flatten()
+    if staged:
+        mask = table.column("loss_mask").combine_chunks().flatten().to_numpy().astype(bool)
+        flat_ids = np.where(mask, flat_ids, -flat_ids.astype(np.int64) - 1)
     for pos in positions.tolist():
         row = int(np.searchsorted(item_start, pos, side="right") - 1)
         k = pos - item_start[row]
@@ -431,7 +438,7 @@ def _check_sample(
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
     from raypack.pipeline.read import input_files, read_shard, unit_from_entry
-    from raypack.pipeline.tokenize import encode_documents, load_tokenizer
+    from raypack.pipeline.tokenize import chat_template, encode_chat, encode_documents, load_tokenizer
 
     # The work units as the job cut them (the manifest lists them in order): cutting them again would
     # read every large JSONL file whole to count its lines.
@@ -464,6 +471,7 @@ def _check_sample(
             docs.column("doc_id")[i].as_py()
         )
     tok = load_tokenizer(config.tokenizer, config.storage)
+    template = chat_template(config, tok)
     expected: dict[str, list[int]] = {}
     for shard_index, rows in wanted.items():
         if shard_index not in shards:
@@ -473,7 +481,12 @@ def _check_sample(
             keep = [k for k, row in enumerate(batch.rows) if row in rows]
             if not keep:
                 continue
-            encoded = encode_documents(tok, config.tokenizer, [batch.texts[k] for k in keep])
+            if config.input.chat:  # the tokens and the mask: untrained tokens as -(id + 1), as staged
+                flat, lengths, _ = encode_chat(tok, config, template, [batch.texts[k] for k in keep])
+                ends = np.cumsum(lengths)
+                encoded = [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
+            else:
+                encoded = encode_documents(tok, config.tokenizer, [batch.texts[k] for k in keep])
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
     copies = Counter(docs.column("doc_id").filter(pc.greater_equal(docs.column("copy"), 0)).to_pylist())
@@ -487,11 +500,18 @@ def _check_sample(
         want = _kept(tokens, config.pack.overflow, config.pack.seq_len)
         if got != want:
             what = "are missing" if not got else "differ"
+            if config.input.chat and _ids(got) == _ids(want):
+                what = "are right but their loss mask differs"  # same ids, another sign somewhere
             report.add(
                 f"document {doc_id!r}: its tokens in the packs {what}: re-tokenizing the input gives "
                 f"{len(tokens):,} tokens, of which pack.overflow={config.pack.overflow} keeps {len(want):,}"
             )
         report.sampled += 1
+
+
+def _ids(staged: list[int]) -> list[int]:
+    """Staged tokens (untrained as -(id + 1)) as ids."""
+    return [t if t >= 0 else -t - 1 for t in staged]
 
 
 def _kept(tokens: list[int], overflow: str, seq_len: int) -> list[int]:

@@ -78,6 +78,8 @@ class Settings:
     vocab_size: int
     pad_id: int
     shard_rows: int
+    masked: bool = False
+    """Chat data: packs carry a loss mask (input.messages_field / prompt_field)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +92,8 @@ class Spec:
     dtype: str
     """Token dtype on disk (numpy name)."""
     eos_id: int | None
+    loss_mask: bool = False
+    """Packs carry a per-token loss mask (chat data; trl and bridge always write one)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -102,6 +106,12 @@ class Spec:
 def make_spec(name: str, settings: Settings) -> Spec:
     if name not in FORMATS:
         raise ConfigError(f"output.format must be one of {', '.join(FORMATS)}, got {name!r}")
+    if settings.masked and not FORMATS[name].keeps_mask:
+        keeping = ", ".join(n for n, f in FORMATS.items() if f.keeps_mask)
+        raise ConfigError(
+            f"output.format {name} keeps no loss mask, so its trainer would train every token of these "
+            f"conversations; use one of {keeping}"
+        )
     return FORMATS[name].spec(settings)
 
 
@@ -127,7 +137,9 @@ def spec_of(manifest: dict[str, Any]) -> Spec:
     if fmt is None:
         eos = manifest.get("tokenizer", {}).get("eos_id")
         return Spec("parquet", int(manifest["config"]["output"]["pad_id"]), "int32", eos)
-    return Spec(str(fmt["name"]), int(fmt["pad_id"]), str(fmt["dtype"]), fmt.get("eos_id"))
+    return Spec(
+        str(fmt["name"]), int(fmt["pad_id"]), str(fmt["dtype"]), fmt.get("eos_id"), bool(fmt.get("loss_mask"))
+    )
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,10 @@ class Packs:
     """(packs, capacity) int32, padding already the Spec's pad_id."""
     index: pa.Table
     """schema.PACK_INDEX, a row a pack."""
+    loss_mask: np.ndarray | None = None
+    """(packs, capacity) int8 where the dataset keeps a loss mask: 1 where the token is a trained
+    target (labels[t] = input_ids[t]), 0 elsewhere: untrained tokens, every item's first token,
+    padding."""
 
     @property
     def rows(self) -> int:
@@ -168,7 +184,11 @@ class Packs:
     def table(self) -> pa.Table:
         """schema.PACKED: the index with input_ids in front."""
         ids = pa.FixedSizeListArray.from_arrays(pa.array(self.input_ids.reshape(-1)), self.capacity)
-        return pa.table([ids.cast(pa.list_(pa.int32())), *self.index.columns], schema=schema.PACKED)
+        table = pa.table([ids.cast(pa.list_(pa.int32())), *self.index.columns], schema=schema.PACKED)
+        if self.loss_mask is None:
+            return table
+        mask = pa.FixedSizeListArray.from_arrays(pa.array(self.loss_mask.reshape(-1)), self.capacity)
+        return table.append_column(schema.LOSS_MASK, mask.cast(schema.LOSS_MASK.type))
 
 
 def total_bytes(files: Sequence[dict[str, Any]], dataset_files: Sequence[dict[str, Any]] = ()) -> int:
@@ -200,6 +220,8 @@ class Format(Protocol):
     """Its data file is itself the pack index (parquet): no packs/ file."""
     eos_bounded: bool
     """Its trainer finds document ends at EOS tokens (an EOS inside a document splits it there)."""
+    keeps_mask: bool
+    """It stores a per-token loss mask (chat data)."""
 
     def spec(self, settings: Settings) -> Spec:
         """The dataset's Spec; a ConfigError for settings its trainer cannot read right."""
@@ -218,6 +240,10 @@ class Format(Protocol):
 
     def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
         """Every pack of a whole data file's bytes: (packs, capacity) int32 (verify)."""
+        ...
+
+    def decode_mask(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray | None:
+        """The loss mask (Packs.loss_mask) of a whole data file's bytes; None: it keeps none."""
         ...
 
     def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
@@ -269,14 +295,21 @@ def read_rows(
     with fs.open_input_file(inner) as handle:
         parquet = pq.ParquetFile(handle)
         if spec.format.holds_index:
-            return parquet.read_row_group(group, columns=["input_ids", "doc_offsets", "num_tokens"])
+            mask = ["loss_mask"] if spec.loss_mask else []
+            return parquet.read_row_group(group, columns=["input_ids", "doc_offsets", "num_tokens", *mask])
         index = parquet.read_row_group(group, columns=["doc_offsets", "num_tokens"])
     capacity = int(entry["bucket_length"])
-    tokens = spec.format.read_tokens(
-        join(dataset, entry["path"]), spec, capacity, first, index.num_rows, storage
-    )
+    path = join(dataset, entry["path"])
+    tokens = spec.format.read_tokens(path, spec, capacity, first, index.num_rows, storage)
     ids = pa.FixedSizeListArray.from_arrays(pa.array(tokens.reshape(-1)), capacity)
-    return index.add_column(0, "input_ids", ids.cast(pa.list_(pa.int32())))
+    table = index.add_column(0, "input_ids", ids.cast(pa.list_(pa.int32())))
+    if spec.loss_mask:  # trl, bridge: from the same row groups as the tokens
+        mask = spec.format.read_mask(path, spec, capacity, first, index.num_rows, storage)  # type: ignore[attr-defined]
+        flat = pa.array(mask.reshape(-1))
+        table = table.append_column(
+            schema.LOSS_MASK, pa.FixedSizeListArray.from_arrays(flat, capacity).cast(schema.LOSS_MASK.type)
+        )
+    return table
 
 
 def read_packs(dataset: str, entry: dict[str, Any], spec: Spec, storage: Any) -> Packs:
@@ -293,18 +326,26 @@ def packs_of(files: dict[str, bytes], entry: dict[str, Any], spec: Spec) -> Pack
     capacity = int(entry["bucket_length"])
     table = pq.read_table(pa.BufferReader(files[_index_file(entry)]))
     tokens = spec.format.decode(files[entry["path"]], spec, capacity)
+    mask = spec.format.decode_mask(files[entry["path"]], spec, capacity) if spec.loss_mask else None
     if spec.format.holds_index:
-        table = table.drop_columns(["input_ids"])
+        table = table.select([f.name for f in schema.PACK_INDEX])
     if len(tokens) != table.num_rows:
         raise ValueError(f"{entry['path']}: {len(tokens)} packs of tokens, {table.num_rows} indexed")
-    stem = entry["path"].split("/", 1)[1].rsplit(".", 1)[0]
-    return Packs(stem, np.ascontiguousarray(tokens, dtype=np.int32), table.cast(schema.PACK_INDEX))
+    stem = entry["path"].split("/", 1)[1].removesuffix(spec.format.suffix)
+    return Packs(stem, np.ascontiguousarray(tokens, dtype=np.int32), table.cast(schema.PACK_INDEX), mask)
 
 
 def _formats() -> dict[str, Format]:
-    from raypack.formats import mds, megatron, olmo, parquet
+    from raypack.formats import bridge, mds, megatron, olmo, parquet, trl
 
-    return {"parquet": parquet.FORMAT, "megatron": megatron.FORMAT, "olmo": olmo.FORMAT, "mds": mds.FORMAT}
+    return {
+        "parquet": parquet.FORMAT,
+        "megatron": megatron.FORMAT,
+        "olmo": olmo.FORMAT,
+        "mds": mds.FORMAT,
+        "trl": trl.FORMAT,
+        "bridge": bridge.FORMAT,
+    }
 
 
 FORMATS: dict[str, Format] = _formats()

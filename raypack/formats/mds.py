@@ -111,6 +111,7 @@ class Mds:
     suffix = ".mds"
     holds_index = False
     eos_bounded = False
+    keeps_mask = False
 
     def spec(self, settings: Settings) -> Spec:
         worst = settings.shard_rows * (8 * settings.seq_len + _SAMPLE_OVERHEAD) + 4096
@@ -149,6 +150,9 @@ class Mds:
         if any(len(s["tokens"]) != capacity for s in samples):
             raise ValueError(f"a sample's tokens are not {capacity} long")
         return np.array([s["tokens"] for s in samples], dtype=np.int32).reshape(-1, capacity)
+
+    def decode_mask(self, data: bytes, spec: Spec, capacity: int) -> None:
+        return None
 
     def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
         """index.json of every directory of shards (one, or one a bucket length), as MDSWriter writes

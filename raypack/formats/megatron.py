@@ -74,6 +74,7 @@ class Megatron:
     suffix = ".bin"
     holds_index = False
     eos_bounded = True
+    keeps_mask = False
 
     def spec(self, settings: Settings) -> Spec:
         eos = require_one_length_and_eos(
@@ -112,6 +113,9 @@ class Megatron:
 
     def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
         return decode_flat(data, spec.dtype, capacity)
+
+    def decode_mask(self, data: bytes, spec: Spec, capacity: int) -> None:
+        return None
 
     def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
         """megatron_data_args.txt for `--data-args-path`: each pair's prefix (where the dataset is now;

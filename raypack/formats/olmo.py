@@ -52,6 +52,7 @@ class Olmo:
     suffix = ".npy"
     holds_index = False
     eos_bounded = True
+    keeps_mask = False
 
     def spec(self, settings: Settings) -> Spec:
         eos = require_one_length_and_eos(
@@ -76,6 +77,9 @@ class Olmo:
 
     def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
         return decode_flat(data, spec.dtype, capacity)
+
+    def decode_mask(self, data: bytes, spec: Spec, capacity: int) -> None:
+        return None
 
     def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
         return {}

@@ -20,9 +20,10 @@ class Parquet:
     suffix = ".parquet"
     holds_index = True
     eos_bounded = False
+    keeps_mask = True
 
     def spec(self, settings: Settings) -> Spec:
-        return Spec(self.name, settings.pad_id, "int32", settings.eos_id)
+        return Spec(self.name, settings.pad_id, "int32", settings.eos_id, settings.masked)
 
     def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
         sink = pa.BufferOutputStream()
@@ -43,6 +44,12 @@ class Parquet:
         if np.any(np.diff(ids.offsets.to_numpy()) != capacity):
             raise ValueError(f"a pack's input_ids is not {capacity} tokens long")
         return ids.flatten().to_numpy().reshape(-1, capacity)
+
+    def decode_mask(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray | None:
+        table = pq.read_table(pa.BufferReader(data))
+        if "loss_mask" not in table.column_names:
+            return None
+        return table.column("loss_mask").combine_chunks().flatten().to_numpy().reshape(-1, capacity)
 
     def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
         return {}

@@ -131,6 +131,8 @@ class Totals:
         """Units by what encoded them (a backend's name, or "cache")."""
         self.checked_texts = self.checked_bytes = 0
         """Texts (and their UTF-8 bytes) a fast backend's ids were re-checked on, with tokenizers."""
+        self.trained = 0
+        """Trained tokens the documents hold (all of plain text's; chat data's loss mask)."""
         self.failovers: list[str] = []
         self.reasons: Counter[str] = Counter()
         self._seen = np.zeros(len(run_of_shard), dtype=bool)
@@ -158,6 +160,7 @@ class Totals:
         self.lost_files += int(row["lost_files"])
         self.encoded_by[str(row.get("backend", "tokenizers"))] += 1
         self.checked_texts += int(row.get("checked_texts", 0))
+        self.trained += int(row.get("trained", row["tokens"]))
         self.checked_bytes += int(row.get("checked_bytes", 0))
         failover = str(row.get("failover", ""))
         if failover and failover not in self.failovers and len(self.failovers) < 20:

@@ -37,6 +37,7 @@ from raypack import __version__, schema
 from raypack.config import InputConfig, JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.formats import INDEX_DIR, Settings, Spec, make_spec
+from raypack.formats.bridge import METADATA as BRIDGE_METADATA
 from raypack.formats.megatron import DATA_ARGS
 from raypack.formats.olmo import MASK_DIR
 from raypack.metrics import (
@@ -105,6 +106,7 @@ _OUTPUT_PARTS = (
     INDEX_DIR,
     MASK_DIR,
     DATA_ARGS,
+    BRIDGE_METADATA,
     "index",
     "rejects",
     "_staging",
@@ -156,6 +158,9 @@ class JobResult:
     max_depth_cap: int | None = None
     """pack.max_depth: the cap the packs were made under (None: none)."""
     output_format: dict[str, Any] = field(default_factory=dict)
+    chat: dict[str, Any] | None = None
+    """Chat data (input.messages_field / prompt_field): the template, the mask, trained tokens in
+    and out, conversations truncated or dropped (chat_record)."""
     """The manifest's `format`: name, pad_id, dtype, eos_id, dataset-level files, stray_eos."""
 
 
@@ -233,7 +238,17 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     token_dir = cache if cache is not None else join(staging, "tokens")
     ensure_ray()
     shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
-    choice = choose_backend(cfg.tokenizer.backend, tok, partial(_corpus_sample, shards, cfg))
+    chat = _check_chat(cfg, tok, shards)
+    if chat is not None:
+        from raypack.pipeline.backends import TokenizersEncoder
+
+        version = TokenizersEncoder(tok.tokenizer).version
+        choice = Choice(
+            "tokenizers", version, "chat data: the loss mask needs each token's character offsets"
+        )
+        log(f"[raypack] chat template: {chat['template']} ({chat['mask']})")
+    else:
+        choice = choose_backend(cfg.tokenizer.backend, tok, partial(_corpus_sample, shards, cfg))
     log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
     settings = {n: token_settings(cfg, tok, choice, n) for n in sorted({s.source for s in shards})}
     keys = tuple(token_key(s, settings[s.source]) for s in shards)
@@ -328,6 +343,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     depth = max((int(f["max_items"]) for f in files), default=0)
     metrics = finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, packs, slots, depth)
     global_efficiency = stats.tokens / plan_slots if plan.num_packs else 1.0
+    chat_record = _chat_record(chat, totals, stats, files) if chat is not None else None
     with _stage(timings, "finalize", log):
         remove(staging, storage)
         write_bytes(
@@ -338,6 +354,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
                     "mode": cfg.pack.mode,
                     "format": spec.name,
                     "sources": sources,
+                    "chat": chat_record,
                     "global_bfd_efficiency": global_efficiency,
                     "stage_seconds": timings,
                     "shards": {"reused": reused, "tokenized": len(shards) - reused},
@@ -357,6 +374,8 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         output_format = write_dataset_files(files, spec, out, storage)
         manifest = _manifest(cfg, shards, tok, packs, files, documents, rejects, stats.items, stats.tokens)
         manifest["format"] = output_format
+        if chat_record is not None:
+            manifest["chat"] = {k: v for k, v in chat_record.items() if k != "trained_percent"}
         if selection is not None:
             manifest["mixture"] = {"seed": selection.seed, "key": MIXTURE_KEY, "sources": sources}
         manifest["tokenizer"]["backend"] = backend
@@ -386,6 +405,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
         comparison=tuple(PackingMetrics.from_dict(c["metrics"]) for c in comparison),
         backend=backend,
         sources=sources,
+        chat=chat_record,
         max_depth_cap=cfg.pack.max_depth,
         output_format=output_format,
     )
@@ -397,6 +417,7 @@ def output_spec(cfg: JobConfig, vocab_size: int, eos_id: int | None) -> Spec:
     settings = Settings(
         seq_len=cfg.pack.seq_len,
         bucketed=cfg.pack.mode == "global" and cfg.pack.algorithm == "bucket",
+        masked=cfg.input.chat is not None,
         add_eos=cfg.tokenizer.add_eos,
         eos_id=eos_id,
         vocab_size=vocab_size,
@@ -443,6 +464,66 @@ def _corpus_sample(shards: list[Shard], cfg: JobConfig) -> list[str]:
             if taken >= SAMPLE_CHARS:
                 break
     return texts
+
+
+def _chat_record(
+    chat: dict[str, Any], totals: Totals, stats: Any, files: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What a chat job reports: its template and mask, conversations truncated or dropped by
+    pack.overflow, trained tokens before packing and in the packs (the share lost), and the packs
+    by trained tokens in whole percent of their capacity (loss per pack follows it)."""
+    trained_out = sum(int(f["trained"]) for f in files)
+    per_pack = np.zeros(FILL_BINS, dtype=np.int64)
+    for f in files:
+        per_pack += np.asarray(f["trained_percent"], dtype=np.int64)
+    lost = totals.trained - trained_out
+    return chat | {
+        "conversations": stats.documents,
+        "truncated": stats.truncated,
+        "dropped": stats.documents - stats.documents_present,
+        "tokens_lost": stats.input_tokens - stats.tokens,
+        "trained_tokens": totals.trained,
+        "trained_tokens_packed": trained_out,
+        "trained_tokens_lost": lost,
+        "trained_share_lost": lost / totals.trained if totals.trained else 0.0,
+        "trained_percent": per_pack.tolist(),
+    }
+
+
+# Conversations of the corpus the chat self-check renders beside the probes: the first of each of up
+# to SAMPLE_UNITS work units.
+CHAT_SAMPLE = 32
+
+
+def _check_chat(cfg: JobConfig, tok: Any, shards: list[Shard]) -> dict[str, Any] | None:
+    """Chat data: load and compile the template, render the probes and a corpus sample as the job
+    will (a ConfigError, before any work, for a template that is not prefix-stable on any of them);
+    what the manifest and summary say of it. None for plain text."""
+    from raypack.chat import PROBES, check_template
+    from raypack.pipeline.tokenize import chat_template
+
+    if cfg.input.chat is None:
+        return None
+    template = chat_template(cfg, tok)
+    info: dict[str, Any] = {"kind": cfg.input.chat, "loss": cfg.loss}
+    if template is None:  # prompt/completion pairs: no template
+        return info | {"template": "none (prompt + completion)", "mask": f"pack.loss {cfg.loss}"}
+    sample: list[tuple[list[dict[str, Any]], Any]] = [(list(p), None) for p in PROBES]
+    picks = sorted({round(k * (len(shards) - 1) / max(SAMPLE_UNITS - 1, 1)) for k in range(SAMPLE_UNITS)})
+    for i in picks if shards else []:
+        for batch in read_shard(shards[i], cfg.input, CHAT_SAMPLE, cfg.storage):
+            sample += [(list(c.messages), c.tools) for c in batch.texts[:CHAT_SAMPLE]]
+            break
+    found = check_template(template, sample, cfg.loss)
+    if found.failure is not None:
+        raise ConfigError(found.failure)
+    if cfg.loss == "all":
+        mask = "pack.loss all: every token"
+    elif template.markers:
+        mask = "assistant tokens from its {% generation %} markers"
+    else:
+        mask = "assistant turns found by rendering growing prefixes (prefix-stable on the probes and sample)"
+    return info | {"template": template.origin, "mask": mask, "checked": found.rendered}
 
 
 def _backend_record(choice: Choice, totals: Totals) -> dict[str, Any]:
@@ -788,12 +869,15 @@ def _manifest(
 
 
 _FILE_KEYS = ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256", "index")
+# Kept in the manifest too: what bridge's pack_metadata.json is made from (and verify remakes it).
+_FILE_STATS = ("max_items", "longest_item", "fewest_tokens", "trained")
 
 
 def manifest_files(files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The manifest's `files`, from the write tasks' WRITTEN rows."""
     return [
         {k: f[k] for k in _FILE_KEYS}
+        | {k: int(f[k]) for k in _FILE_STATS if k in f}
         | {"row_groups": [int(n) for n in f["row_groups"]], "companions": list(f["companions"])}
         for f in files
     ]

@@ -114,8 +114,29 @@ def write_pack_file(
         schema=schema.PACK_INDEX,
     )
     stem = stem_of(capacity if bucketed else None, part, group)
-    packs = Packs(stem, input_ids.reshape(n_packs, capacity), index)
+    starts = dst[order]  # every item's first position, in pack order
+    loss_mask = loss_mask_of(input_ids.reshape(n_packs, capacity), starts, fill, spec, part)
+    packs = Packs(stem, input_ids.reshape(n_packs, capacity), index, loss_mask)
     return write_packs(packs, output, spec, storage)
+
+
+def loss_mask_of(
+    input_ids: np.ndarray, starts: np.ndarray, fill: np.ndarray, spec: Spec, part: int
+) -> np.ndarray | None:
+    """Turn staged ids (untrained tokens as -(id + 1), raypack.pipeline.tokenize.untrained) back into
+    ids, in place ((packs, capacity); `starts`: every item's first flat position; `fill`: tokens a
+    pack); the packs' loss mask when the dataset keeps one: 1 where the token is trained and
+    not an item's first (its label would be the previous item's), 0 elsewhere and on padding."""
+    untrained = input_ids < 0
+    if not spec.loss_mask:
+        if untrained.any():
+            raise RuntimeError(f"file {part}: masked tokens reached a dataset without a loss mask")
+        return None
+    input_ids[untrained] = -input_ids[untrained] - 1
+    real = np.arange(input_ids.shape[1])[None, :] < fill[:, None]
+    mask = (~untrained & real).astype(np.int8)
+    mask.reshape(-1)[starts] = 0
+    return mask
 
 
 def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | None = None) -> pa.Table:
@@ -134,6 +155,12 @@ def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | 
             companions.append({"path": path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
     fill = packs.index.column("num_tokens").to_numpy().astype(np.int64)
     per_pack = np.diff(packs.index.column("doc_ids").combine_chunks().offsets.to_numpy())
+    starts, ends = packs.item_bounds()
+    # Trained targets a pack: its loss mask's ones, or (no mask) every token but each item's first.
+    if packs.loss_mask is not None:
+        trained = packs.loss_mask.sum(axis=1, dtype=np.int64)
+    else:
+        trained = fill - per_pack
     return pa.table(
         {
             "path": [rel],
@@ -149,6 +176,10 @@ def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | 
             "fill_percent": [fill_percent_counts(fill, packs.capacity)],
             "stray_eos": [stray_eos(packs, spec.eos_id) if fmt.eos_bounded else 0],
             "max_items": [int(per_pack.max(initial=0))],
+            "longest_item": [int((ends - starts).max(initial=0))],
+            "fewest_tokens": [int(fill.min()) if len(fill) else 0],
+            "trained": [int(trained.sum())],
+            "trained_percent": [fill_percent_counts(trained, packs.capacity)],
         },
         schema=schema.WRITTEN,
     )

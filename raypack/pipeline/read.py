@@ -64,18 +64,21 @@ class Reject:
 class Batch:
     rows: list[int] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
+    texts: list[Any] = field(default_factory=list)
+    """Each document's text (str), or for chat data its Chat."""
     rejects: list[Reject] = field(default_factory=list)
     text_bytes: int = 0
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, row: int, doc_id: str, text: str) -> None:
+    def add(self, row: int, doc_id: str, text: Any, size: int | None = None) -> None:
+        """`text`: the document's text, or for chat data (input.messages_field / prompt_field) its
+        Chat record, rendered and masked by the tokenize stage (raypack.chat)."""
         self.rows.append(row)
         self.ids.append(doc_id)
         self.texts.append(text)
-        self.text_bytes += len(text)
+        self.text_bytes += len(text) if size is None else size
 
     def full(self, batch_size: int) -> bool:
         return len(self.rows) >= batch_size or self.text_bytes >= MAX_BATCH_BYTES
@@ -386,7 +389,7 @@ def _read_jsonl(
                 continue  # a blank line is not a record
             doc = _parse_json_line(line, lineno, cfg, shard.relpath, batch)
             if doc is not None:
-                batch.add(lineno, doc[0], doc[1])
+                batch.add(lineno, doc[0], doc[1], len(line))
             if batch.full(batch_size):
                 yield batch
                 batch = Batch()
@@ -420,10 +423,66 @@ def _parse_json_line(
     return _document(record, lineno, cfg, f"{relpath}:{lineno}", batch, decoded)
 
 
+@dataclass(frozen=True, slots=True)
+class Chat:
+    """One record of chat data: a conversation (messages, and the tools it may call) or a
+    prompt/completion pair."""
+
+    messages: tuple[dict[str, Any], ...] = ()
+    tools: Any = None
+    prompt: str = ""
+    completion: str = ""
+
+    def __len__(self) -> int:  # characters, for batch sizing
+        if self.messages:
+            return sum(len(str(m.get("content") or "")) for m in self.messages)
+        return len(self.prompt) + len(self.completion)
+
+
+def _chat(record: dict[str, object], row: int, cfg: InputConfig, batch: Batch, raw: str) -> Chat | None:
+    """The record's Chat, or None with a reject recorded (missing or mistyped fields, no messages)."""
+
+    def reject(reason: str) -> Chat | None:
+        batch.rejects.append(Reject(row, reason, _raw(raw)))
+        return None
+
+    if cfg.messages_field is not None:
+        field_name = cfg.messages_field
+        messages = record.get(field_name)
+        if messages is None:
+            return reject(f"missing messages field {field_name!r}")
+        if not isinstance(messages, list):
+            return reject(f"messages field {field_name!r} is {type(messages).__name__}, not a list")
+        if not messages:
+            return reject("empty conversation")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                return reject(f"message {i} of {field_name!r} is not an object with a string role")
+        tools = record.get("tools")
+        if isinstance(tools, str):
+            try:
+                tools = json.loads(tools)
+            except json.JSONDecodeError:
+                return reject("tools is a string but not JSON")
+        return Chat(messages=tuple(messages), tools=tools)
+    prompt, completion = record.get(cfg.prompt_field or ""), record.get(cfg.completion_field or "")
+    for name, value in ((cfg.prompt_field, prompt), (cfg.completion_field, completion)):
+        if value is None:
+            return reject(f"missing field {name!r}")
+        if not isinstance(value, str):
+            return reject(f"field {name!r} is {type(value).__name__}, not a string")
+    return Chat(prompt=str(prompt), completion=str(completion))
+
+
 def _document(
     record: dict[str, object], row: int, cfg: InputConfig, default_id: str, batch: Batch, raw: str
-) -> tuple[str, str] | None:
-    text_field, id_field = cfg.text_field, cfg.id_field
+) -> tuple[str, Any] | None:
+    text_field = cfg.text_field
+    if cfg.chat:
+        chat = _chat(record, row, cfg, batch, raw)
+        if chat is None:
+            return None
+        return _with_id(record, row, cfg, default_id, batch, raw, chat)
     if text_field not in record or record[text_field] is None:
         batch.rejects.append(Reject(row, f"missing text field {text_field!r}", _raw(raw)))
         return None
@@ -440,13 +499,20 @@ def _document(
         reason = f"text of {len(text)} characters, over input.max_document_bytes ({cfg.max_document_bytes})"
         batch.rejects.append(Reject(row, reason, _raw(raw)))
         return None
+    return _with_id(record, row, cfg, default_id, batch, raw, text)
+
+
+def _with_id(
+    record: dict[str, object], row: int, cfg: InputConfig, default_id: str, batch: Batch, raw: str, doc: Any
+) -> tuple[str, Any] | None:
+    id_field = cfg.id_field
     if id_field is None:
-        return default_id, text
+        return default_id, doc
     doc_id = record.get(id_field)
     if doc_id is None or isinstance(doc_id, (dict, list)):
         batch.rejects.append(Reject(row, f"missing or non-scalar id field {id_field!r}", _raw(raw)))
         return None
-    return str(doc_id), text
+    return str(doc_id), doc
 
 
 def _read_parquet(
@@ -471,23 +537,35 @@ def _read_parquet(
     meta = pf.metadata
     unit_rows = meta.num_rows if groups is None else sum(meta.row_group(g).num_rows for g in groups)
     names = pf.schema_arrow.names
-    missing = [c for c in (text_field, id_field) if c is not None and c not in names]
+    wanted = _chat_fields(cfg) if cfg.chat else [text_field]
+    missing = [c for c in (*wanted, id_field) if c is not None and c not in names]
     if missing:
         reason = f"Parquet file has no column {missing[0]!r} (columns: {', '.join(names)})"
         if first_unit:
             yield Batch(rejects=[Reject(-1, reason, "", records=max(1, meta.num_rows), lost_file=True)])
         return
-    text_type = pf.schema_arrow.field(text_field).type
-    if not _is_text(text_type):
-        if first_unit:
-            reason = f"column {text_field!r} is {text_type}, not a string"
-            yield Batch(rejects=[Reject(-1, reason, "", records=max(1, meta.num_rows), lost_file=True)])
-        return
-    columns = [text_field] + ([id_field] if id_field else [])
+    if not cfg.chat:
+        text_type = pf.schema_arrow.field(text_field).type
+        if not _is_text(text_type):
+            if first_unit:
+                reason = f"column {text_field!r} is {text_type}, not a string"
+                yield Batch(rejects=[Reject(-1, reason, "", records=max(1, meta.num_rows), lost_file=True)])
+            return
+    columns = wanted + ([id_field] if id_field else [])
+    if cfg.messages_field is not None and "tools" in names and "tools" not in columns:
+        columns.append("tools")
     row = shard.first_row
     try:
         for record_batch in pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups):
             batch = Batch()
+            if cfg.chat:  # conversations: a Python object a record (the template renders them anyway)
+                for rec in record_batch.to_pylist():
+                    doc = _document(rec, row, cfg, f"{shard.relpath}:{row}", batch, str(rec)[:1000])
+                    if doc is not None:
+                        batch.add(row, doc[0], doc[1])
+                    row += 1
+                yield batch
+                continue
             texts = record_batch.column(text_field)
             if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
                 texts = texts.cast(pa.large_string())  # dictionary-encoded or string_view (_is_text)
@@ -507,6 +585,12 @@ def _read_parquet(
         lost = max(1, shard.first_row + unit_rows - row)
         reason = f"unreadable Parquet data after row {row - 1}: {_one_line(e)}"
         yield Batch(rejects=[Reject(row, reason, "", records=lost, lost_file=True)])
+
+
+def _chat_fields(cfg: InputConfig) -> list[str]:
+    if cfg.messages_field is not None:
+        return [cfg.messages_field]
+    return [str(cfg.prompt_field), str(cfg.completion_field)]
 
 
 def _is_text(t: pa.DataType) -> bool:

@@ -27,16 +27,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack import schema
+from raypack.chat import ChatTemplate, RenderError, load_template, pair_spans, special_tokens, token_mask
 from raypack.config import JobConfig, TokenizerConfig
 from raypack.pipeline.backends import Choice, Encoder, FastokensEncoder, Mismatch, TokenizersEncoder
 from raypack.pipeline.histogram import summarize_shard
-from raypack.pipeline.read import Batch, read_shard, unit_entry
+from raypack.pipeline.read import Batch, Chat, read_shard, unit_entry
 from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
 from raypack.storage import Shard, atomic_output, exists, join, open_output, read_bytes, resolve, write_bytes
 
 __all__ = [
     "LoadedTokenizer",
     "TokenizeShards",
+    "chat_template",
+    "encode_chat",
     "encode_documents",
     "encode_flat",
     "load_tokenizer",
@@ -45,6 +48,7 @@ __all__ = [
     "token_file",
     "token_key",
     "token_settings",
+    "untrained",
 ]
 
 # A text longer than this is encoded piece by piece: an Encoding keeps ~100 bytes per token (ids,
@@ -136,6 +140,75 @@ def encode_flat(
     return out, length
 
 
+def untrained(ids: np.ndarray) -> np.ndarray:
+    """Token ids as staged, a token that is not trained stored as -(id + 1): the loss mask rides in
+    the sign bit through the token files, items and the exchange (no column of its own to carry,
+    sort and copy; a truncated item loses its mask with its tokens). Only the write stage
+    (raypack.pipeline.materialize) turns it back into ids and a loss_mask column."""
+    return -ids.astype(np.int32) - 1
+
+
+def chat_template(cfg: JobConfig, tok: LoadedTokenizer) -> ChatTemplate | None:
+    """The job's compiled chat template (conversations only; None otherwise)."""
+    if cfg.input.chat != "messages":
+        return None
+    source, origin = load_template(cfg.tokenizer, tok.configs, cfg.storage)
+    return ChatTemplate(source, origin, special_tokens(tok.configs))
+
+
+def encode_chat(
+    tok: LoadedTokenizer, cfg: JobConfig, template: ChatTemplate | None, docs: list[Chat]
+) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """Conversations or pairs → (staged ids of them all, trained ones as ids and the rest as
+    untrained(ids); tokens per document; per document None or why it is rejected). The text is
+    rendered (raypack.chat) and encoded whole with add_special_tokens off, by tokenizers: the
+    mask needs each token's character offsets. Pairs are framed by BOS (not trained) and EOS (trained
+    with the completion) as configured; a conversation by its template alone."""
+    loss = cfg.loss
+    texts: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    reasons: list[str | None] = []
+    for doc in docs:
+        try:
+            if template is not None:
+                text, trained = template.conversation(list(doc.messages), doc.tools, loss)
+            else:
+                text, trained = pair_spans(doc.prompt, doc.completion, loss)
+        except RenderError as e:
+            text, trained = "", []
+            reasons.append(str(e))
+        else:
+            reasons.append(None)
+        texts.append(text)
+        spans.append(trained)
+    encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
+    pairs = template is None
+    bos = tok.bos_id if pairs and cfg.tokenizer.add_bos else None
+    eos = tok.eos_id if pairs and cfg.tokenizer.add_eos else None
+    parts: list[np.ndarray] = []
+    lengths = np.zeros(len(docs), dtype=np.int64)
+    for i, enc in enumerate(encodings):
+        if reasons[i] is not None:
+            continue
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        mask = token_mask(offsets, spans[i], len(texts[i]))
+        if bos is not None:
+            ids, mask = np.r_[np.int32(bos), ids], np.r_[False, mask]
+        if eos is not None:
+            ids, mask = np.r_[ids, np.int32(eos)], np.r_[mask, True]
+        if len(mask):
+            mask[0] = False  # a document's first token is no target (nothing before it predicts it)
+        if not mask.any():
+            what = "assistant turn" if template is not None else "completion token"
+            reasons[i] = f"no trained token (pack.loss {loss}: no {what})"
+            continue
+        parts.append(np.where(mask, ids, untrained(ids)).astype(np.int32))
+        lengths[i] = len(ids)
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    return flat, lengths, reasons
+
+
 # The in-run check of a fast backend: re-encoding with tokenizers may take this share of the fast
 # encoder's own time, plus CHECK_FLOOR_S a unit (so a small unit is checked too: ~5 KB of text). At
 # ×60, checking 1% of the text would cost 60% more; a fifth of the time checks ~0.3% of it. A floor
@@ -210,7 +283,21 @@ def token_settings(
     the backend that encodes, by name and version. `source`: the input source whose files these
     are (its own format and fields; its name is in the files' relpath, hence in the key)."""
     inputs = cfg.input.of(source)
+    chat: dict[str, Any] | None = None
+    if inputs.chat:
+        # What decides the ids and the mask: the fields, pack.loss and the template's text.
+        template = ""
+        if inputs.chat == "messages":
+            template = load_template(cfg.tokenizer, tok.configs, cfg.storage)[0]
+        chat = {
+            "messages_field": inputs.messages_field,
+            "prompt_field": inputs.prompt_field,
+            "completion_field": inputs.completion_field,
+            "loss": cfg.loss,
+            "template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+        }
     return {
+        "chat": chat,
         "token_format": TOKEN_FORMAT,
         "library": tokenizer_library(),
         "backend": backend.label if backend is not None else None,
@@ -221,8 +308,8 @@ def token_settings(
         "max_document_bytes": inputs.max_document_bytes,
         "piece_chars": PIECE_CHARS,
         "tokenizer_sha256": tok.sha256,
-        "bos_id": tok.bos_id if cfg.tokenizer.add_bos else None,
-        "eos_id": tok.eos_id if cfg.tokenizer.add_eos else None,
+        "bos_id": tok.bos_id if cfg.tokenizer.add_bos and inputs.chat != "messages" else None,
+        "eos_id": tok.eos_id if cfg.tokenizer.add_eos and inputs.chat != "messages" else None,
     }
 
 
@@ -298,6 +385,10 @@ class TokenizeShards:
                 self.failover = f"fastokens did not load on this node ({str(e).splitlines()[0]})"
         self.marker = failover_marker(cfg.output.path)
         self._checker: Checker | None = None
+        self._trained = 0
+        self.template = chat_template(cfg, self.tok)
+        if cfg.input.chat:  # the mask needs token offsets: tokenizers encodes chat data
+            self.encoder = self.reference
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
         out: dict[str, list[Any]] = {
@@ -319,6 +410,7 @@ class TokenizeShards:
             "checked_texts": [],
             "checked_bytes": [],
             "failover": [],
+            "trained": [],
         }
         node = _node_id()
         for i in range(len(batch["index"])):
@@ -356,6 +448,7 @@ class TokenizeShards:
             "checked_texts": np.asarray(out["checked_texts"], dtype=np.int64),
             "checked_bytes": np.asarray(out["checked_bytes"], dtype=np.int64),
             "failover": np.asarray(out["failover"], dtype=object),
+            "trained": np.asarray(out["trained"], dtype=np.int64),
         }
 
     def tokenize_shard(self, shard: Shard, token_dir: str, key: str) -> dict[str, Any]:
@@ -391,6 +484,9 @@ class TokenizeShards:
             "rejected_records": lost["records"],
             "lost_files": lost["lost_files"],
             "reasons": json.dumps(reason_counts(reasons)),
+            # Trained tokens (chat data's loss mask; every token of plain text): a file written
+            # before the count was kept trains every token it holds.
+            "trained": int(lost.get("trained", doc_length.sum())),
             **summary,
             **self._backend_summary(cached),
         }
@@ -458,6 +554,7 @@ class TokenizeShards:
         cfg = self.cfg
         rejects: list[dict[str, Any]] = []
         docs: list[pa.Table] = []
+        self._trained = 0
         # The rejects count is known only at the end: it goes into the footer's key-value metadata.
         with open_output(path, self.storage) as sink, pq.ParquetWriter(sink, schema.TOKENIZED) as writer:
             for batch in read_shard(shard, cfg.input, cfg.tokenizer.batch_size, self.storage):
@@ -488,6 +585,7 @@ class TokenizeShards:
                 "rejects": len(rejects),
                 "records": sum(r["records"] for r in rejects),
                 "lost_files": sum(r["lost_file"] for r in rejects),
+                "trained": self._trained,
             }
             writer.add_key_value_metadata({_DONE.decode(): json.dumps(lost)})
         empty = schema.TOKENIZED.empty_table().select(["row", "doc_id", "length"])
@@ -495,17 +593,24 @@ class TokenizeShards:
 
     def _encode(self, batch: Batch, relpath: str, rejects: list[dict[str, Any]]) -> pa.Table:
         checker = self._checker
-        flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts, self.encoder, checker)
+        why: list[str | None]
+        if self.cfg.input.chat:
+            flat, lengths, why = encode_chat(self.tok, self.cfg, self.template, batch.texts)
+            self._trained += int(np.count_nonzero(flat >= 0))
+        else:
+            flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts, self.encoder, checker)
+            why = [None] * len(lengths)
+            self._trained += len(flat)
         empty = np.flatnonzero(lengths == 0)
-        if empty.size:  # only possible without BOS/EOS: text the tokenizer maps to nothing
+        if empty.size:  # plain text without BOS/EOS that the tokenizer maps to nothing; chat rejects
             for i in empty.tolist():
-                reason = "tokenizes to zero tokens"
+                reason = why[i] or "tokenizes to zero tokens"
                 rejects.append(
                     {
                         "source": relpath,
                         "row": batch.rows[i],
                         "reason": reason,
-                        "raw": batch.texts[i][:200],
+                        "raw": str(batch.texts[i])[:200],
                         "records": 1,
                         "lost_file": False,
                     }

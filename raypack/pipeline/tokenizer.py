@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -47,6 +47,9 @@ class LoadedTokenizer:
     eos_source: str = ""
     json: str = ""
     """tokenizer.json's text: what another backend (raypack.pipeline.backends) loads."""
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """A model directory's tokenizer_config.json and special_tokens_map.json, parsed (the chat
+    template and the special tokens a template sees come from them)."""
 
 
 def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> LoadedTokenizer:
@@ -90,6 +93,7 @@ def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -
         bos_source=found["bos"][1],
         eos_source=found["eos"][1],
         json=raw.decode("utf-8"),
+        configs=configs,
     )
 
 

@@ -1,0 +1,412 @@
+"""Chat and instruction data end to end, checked against the real clients: transformers'
+apply_chat_template (ids and assistant masks), TRL 1.16's collator and trainer (a tiny random Llama
+trained on raypack's packed rows), Megatron-Bridge's packed-sequence collate, and raypack's own
+reader. Conversations carry system prompts, tool calls, empty assistant turns and multi-byte text;
+some records are bad (rejects with reasons); a template that is not prefix-stable is refused."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from raypack.chat import ChatTemplate, token_mask
+from raypack.cli import main
+from raypack.config import from_dict, JobConfig, load_config
+from raypack.errors import ConfigError
+from raypack.pipeline.job import run_job
+from raypack.pipeline.read import Chat
+from raypack.pipeline.tokenize import encode_chat, load_tokenizer
+from raypack.reader import batch_fields
+from raypack.verify import verify
+from tests.chatdata import CHATML, CHATML_MARKED, DROPS_REASONING, chat_model, conversation, words
+from tests.conftest import write_jsonl, write_parquet
+
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+SEQ = 256
+quiet = {"log": lambda _: None}
+N = 90  # conversations a jsonl shard
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return chat_model(tmp_path_factory.mktemp("chat") / "model")
+
+
+@pytest.fixture(scope="module")
+def hf(model: Path) -> Any:
+    return transformers.AutoTokenizer.from_pretrained(str(model))
+
+
+def conversations(seed: int, n: int) -> list[list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    return [conversation(rng, i) for i in range(n)]
+
+
+BAD = [
+    {"messages": "not a list"},
+    {"text": "no messages field"},
+    {"messages": []},
+    {"messages": [{"content": "no role"}]},
+    {"messages": [{"role": "user", "content": "a question nobody answers"}]},  # no trained token
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("chatcorpus")
+    write_jsonl(root / "a.jsonl", [{"messages": m} for m in conversations(1, N)] + BAD)
+    write_jsonl(root / "b.jsonl", [{"messages": m} for m in conversations(2, N)])
+    # A parquet shard: messages as list<struct> (the tool-call turns stay in the jsonl shards)
+    plain = [m for m in conversations(3, 60) if not any("tool_calls" in x for x in m)]
+    rows = [[{"role": x["role"], "content": x["content"]} for x in m] for m in plain]
+    write_parquet(root / "c.parquet", {"messages": rows})
+    return root
+
+
+def job(tmp: Path, corpus: Path, model: Path, name: str, **sections: Any) -> JobConfig:
+    data: dict[str, Any] = {
+        "input": {"paths": [f"{corpus}/*.jsonl"], "messages_field": "messages", "max_reject_ratio": 0.1},
+        "tokenizer": {"path": str(model), "concurrency": 1},
+        "pack": {"seq_len": SEQ, "overflow": "truncate"},
+        "output": {"path": str(tmp / name), "shard_rows": 16},
+    }
+    for key, values in sections.items():
+        data[key] = {**data.get(key, {}), **values}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_config(str(path))
+
+
+def cfg_of(model: Path, **inputs: Any) -> JobConfig:
+    return from_dict(
+        JobConfig,
+        {
+            "input": {"paths": ["/nonexistent/*"], "messages_field": "messages", **inputs},
+            "tokenizer": {"path": str(model)},
+            "pack": {"seq_len": SEQ, "overflow": "truncate"},
+            "output": {"path": "/tmp/unused"},
+        },
+    )
+
+
+def ours(
+    model: Path, template: ChatTemplate | None, docs: list[Chat], **inputs: Any
+) -> list[tuple[list[int], list[bool]]]:
+    """Each conversation's ids and trained-token mask as the tokenize stage stages them."""
+    cfg = cfg_of(model, **inputs)
+    flat, lengths, reasons = encode_chat(load_tokenizer(cfg.tokenizer), cfg, template, docs)
+    assert reasons == [None] * len(docs)
+    ends = np.cumsum(lengths)
+    staged = [flat[e - n : e] for e, n in zip(ends, lengths, strict=True)]
+    return [(np.where(s < 0, -s - 1, s).tolist(), (s >= 0).tolist()) for s in staged]
+
+
+def test_ids_and_masks_equal_transformers_with_generation_markers(model: Path, hf: Any) -> None:
+    template = ChatTemplate(
+        CHATML_MARKED, "marked", {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    )
+    convs = conversations(7, 60)
+    got = ours(model, template, [Chat(messages=tuple(m)) for m in convs])
+    for messages, (ids, mask) in zip(convs, got, strict=True):
+        want = hf.apply_chat_template(
+            messages,
+            chat_template=CHATML_MARKED,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        assert ids == list(want["input_ids"])
+        assert [int(m) for m in mask] == list(want["assistant_masks"])
+        assert any(mask)
+
+
+def test_a_derived_mask_is_exactly_each_assistant_turn(model: Path, hf: Any) -> None:
+    """No markers (the model directory's ChatML): the ids are apply_chat_template's, and the trained
+    tokens decode to exactly the text each assistant turn adds to the rendering."""
+    template = ChatTemplate(CHATML, "chatml", {})
+    convs = conversations(8, 60)
+    got = ours(model, template, [Chat(messages=tuple(m)) for m in convs])
+    for messages, (ids, mask) in zip(convs, got, strict=True):
+        assert ids == list(hf.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+        turns = []
+        for i, m in enumerate(messages):
+            if m["role"] == "assistant":
+                before = hf.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+                through = hf.apply_chat_template(messages[: i + 1], tokenize=False)
+                turns.append(through[len(before) :])
+        runs, run = [], []
+        for t, m in zip(ids, mask, strict=True):
+            if m:
+                run.append(t)
+            elif run:
+                runs.append(run)
+                run = []
+        runs += [run] if run else []
+        assert [hf.decode(r) for r in runs] == turns
+
+
+def test_token_mask_follows_char_to_token(hf: Any) -> None:
+    """token_mask against the Encoding's own char_to_token on multi-byte text, where byte-level BPE
+    gives several tokens one character."""
+    text = "ab 日本語 🙂 cd <|im_end|> ü"
+    enc = hf(text, add_special_tokens=False)
+    offsets = np.asarray(
+        enc["offset_mapping"]
+        if "offset_mapping" in enc
+        else hf(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    )
+    for s, e in [(0, 2), (3, 6), (7, 8), (3, len(text)), (9, 9), (0, len(text))]:
+        mask = token_mask(offsets, [(s, e)], len(text))
+        first, last = enc.char_to_token(s) if s < len(text) else None, enc.char_to_token(e - 1)
+        want = np.zeros(len(offsets), dtype=bool)
+        if first is not None:
+            want[first : last + 1 if last else len(offsets)] = True
+        assert mask.tolist() == want.tolist(), (s, e)
+
+
+def test_pairs_train_the_completion_and_eos(model: Path, hf: Any) -> None:
+    docs = [
+        Chat(prompt="Q: " + words(random.Random(i), 5) + "\nA:", completion=" " + words(random.Random(-i), 9))
+        for i in range(20)
+    ]
+    got = ours(model, None, docs, messages_field=None, prompt_field="prompt", completion_field="completion")
+    eos = hf.convert_tokens_to_ids("<|im_end|>")
+    for doc, (ids, mask) in zip(docs, got, strict=True):
+        assert ids[:-1] == hf(doc.prompt + doc.completion, add_special_tokens=False)["input_ids"]
+        assert ids[-1] == eos and mask[-1]
+        trained = [t for t, m in zip(ids[:-1], mask[:-1], strict=True) if m]
+        assert hf.decode(trained) == doc.completion
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory, corpus: Path, model: Path) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("chatjobs")
+    out = {}
+    for fmt in ("parquet", "trl", "bridge"):
+        cfg = job(tmp, corpus, model, fmt, output={"format": fmt})
+        result = run_job(cfg, **quiet)
+        assert result.chat is not None
+        out[fmt] = tmp / fmt
+        CONFIGS[fmt] = cfg
+    return out
+
+
+CONFIGS: dict[str, JobConfig] = {}
+
+
+def expected(model: Path, corpus: Path) -> dict[str, tuple[list[int], list[bool]]]:
+    """Each jsonl conversation's ids and mask by transformers (rendering the prefixes for the mask),
+    keyed by document id (path:line)."""
+    hf = transformers.AutoTokenizer.from_pretrained(str(model))
+    want = {}
+    for name in ("a.jsonl", "b.jsonl"):
+        for line, raw in enumerate((corpus / name).read_text().splitlines(), start=1):
+            messages = json.loads(raw).get("messages")
+            if not isinstance(messages, list) or not messages or not all("role" in m for m in messages):
+                continue
+            text = hf.apply_chat_template(messages, tokenize=False)
+            enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
+            spans = []
+            for i, m in enumerate(messages):
+                if m["role"] == "assistant":
+                    before = hf.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+                    through = hf.apply_chat_template(messages[: i + 1], tokenize=False)
+                    spans.append((len(before), len(through)))
+            mask = token_mask(np.asarray(enc["offset_mapping"]), spans, len(text))
+            mask[0] = False
+            want[f"{name}:{line}"] = (list(enc["input_ids"]), mask.tolist())
+    return want
+
+
+def packed_conversations(out: Path) -> dict[str, tuple[list[int], list[bool]]]:
+    got = {}
+    for f in sorted((out / "data").glob("*.parquet")):
+        table = pq.read_table(f)
+        for row in table.to_pylist():
+            for k, doc in enumerate(row["doc_ids"]):
+                s, e = row["doc_offsets"][k], row["doc_offsets"][k + 1]
+                assert doc not in got, f"{doc} packed twice"
+                got[doc] = (row["input_ids"][s:e], [bool(m) for m in row["loss_mask"][s:e]])
+    return got
+
+
+def test_every_conversation_is_packed_whole_or_truncated_or_rejected(
+    packed: dict[str, Path], corpus: Path, model: Path
+) -> None:
+    out = packed["parquet"]
+    want = expected(model, corpus)
+    got = packed_conversations(out)
+    rejects = pq.read_table(out / "rejects").to_pylist()
+    reasons = {f"{r['source']}:{r['row']}": r["reason"] for r in rejects}
+    assert set(got) | set(reasons) >= {f"a.jsonl:{i}" for i in range(1, N + len(BAD) + 1)}
+    assert not set(got) & set(reasons)
+    assert "no trained token" in reasons[f"a.jsonl:{N + 5}"]
+    assert "not a list" in reasons[f"a.jsonl:{N + 1}"] and "missing messages" in reasons[f"a.jsonl:{N + 2}"]
+    truncated = 0
+    for doc, (ids, mask) in want.items():
+        if doc in reasons:
+            continue
+        got_ids, got_mask = got[doc]
+        keep = min(len(ids), SEQ)
+        truncated += keep < len(ids)
+        assert got_ids == ids[:keep], doc
+        assert got_mask == mask[:keep], doc
+    chat = json.loads((out / "metrics.json").read_text())["chat"]
+    assert truncated > 0 and chat["truncated"] == truncated
+    trained_out = sum(sum(m) for _, m in got.values())
+    assert chat["trained_tokens_packed"] == trained_out
+    assert chat["trained_tokens"] - chat["trained_tokens_lost"] == trained_out
+    trained_in = sum(sum(m) for d, (_, m) in want.items() if d not in reasons)
+    assert chat["trained_tokens"] == trained_in  # the jsonl shards only: the job reads *.jsonl
+    assert 0 < chat["trained_share_lost"] < 0.5
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format"]["loss_mask"] and manifest["chat"]["trained_tokens_packed"] == trained_out
+    report = verify(str(out), CONFIGS["parquet"], sample=60)
+    assert report.ok, report.problems
+    assert report.sampled > 0
+
+
+def test_verify_finds_a_flipped_mask_bit(packed: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "copy"
+    shutil.copytree(packed["parquet"], out)
+    f = sorted((out / "data").glob("*.parquet"))[0]
+    table = pq.read_table(f)
+    rows = table.to_pylist()
+    trained = rows[0]["loss_mask"].index(1)
+    rows[0]["loss_mask"][trained] = 0
+    pq.write_table(type(table).from_pylist(rows, schema=table.schema), f)
+    manifest = json.loads((out / "manifest.json").read_text())
+    import hashlib
+
+    for entry in manifest["files"]:
+        if entry["path"] == f"data/{f.name}":
+            data = f.read_bytes()
+            entry["bytes"], entry["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    report = verify(str(out), CONFIGS["parquet"], sample=10_000)
+    assert not report.ok
+    assert any("loss mask differs" in p for p in report.problems)
+
+
+def test_reader_labels_train_exactly_the_masked_tokens(packed: dict[str, Path]) -> None:
+    for f in sorted((packed["parquet"] / "data").glob("*.parquet")):
+        table = pq.read_table(f, columns=["input_ids", "doc_offsets", "num_tokens", "loss_mask"])
+        b = batch_fields(table, SEQ, 0)
+        mask = np.asarray(table.column("loss_mask").to_pylist())
+        assert np.array_equal(b["labels"] != -100, mask == 1)
+        assert np.array_equal(b["labels"][mask == 1], b["input_ids"][mask == 1])
+        assert np.array_equal(b["shift_labels"][:, :-1], b["labels"][:, 1:])
+
+
+def test_trl_and_bridge_hold_the_same_packs_and_masks(packed: dict[str, Path]) -> None:
+    base = {}
+    for f in sorted((packed["parquet"] / "data").glob("*.parquet")):
+        for row in pq.read_table(f).to_pylist():
+            n = row["num_tokens"]
+            base.setdefault(f.stem, []).append(
+                (row["input_ids"][:n], row["loss_mask"][:n], row["doc_offsets"])
+            )
+    for stem, rows in base.items():
+        trl = pq.read_table(packed["trl"] / "data" / f"{stem}.parquet").to_pylist()
+        bridge = pq.read_table(packed["bridge"] / "data" / f"{stem}.idx.parquet").to_pylist()
+        for (ids, mask, offsets), t, b in zip(rows, trl, bridge, strict=True):
+            assert t["input_ids"] == ids and b["input_ids"] == ids
+            assert t["labels"] == [i if m else -100 for i, m in zip(ids, mask, strict=True)]
+            assert t["seq_lengths"] == np.diff(offsets).tolist()
+            assert b["seq_start_id"] == offsets[:-1]
+            assert b["loss_mask"] == mask[1:] + [0]  # Bridge's belongs to the label (the next token)
+    for fmt in ("trl", "bridge"):
+        report = verify(str(packed[fmt]), CONFIGS[fmt], sample=30)
+        assert report.ok, report.problems
+        assert report.sampled == 30
+    meta = json.loads((packed["bridge"] / "pack_metadata.json").read_text())
+    assert meta[0]["pack_size"] == SEQ and 1 <= meta[0]["max_samples_per_bin"] <= SEQ
+
+
+def test_two_actors_and_a_rerun_write_the_same_bytes(
+    packed: dict[str, Path], corpus: Path, model: Path, tmp_path: Path
+) -> None:
+    run_job(job(tmp_path, corpus, model, "two", tokenizer={"concurrency": 2}), **quiet)
+    for f in sorted((packed["parquet"] / "data").glob("*.parquet")):
+        assert (tmp_path / "two" / "data" / f.name).read_bytes() == f.read_bytes()
+
+
+def test_a_parquet_messages_column_and_pairs(corpus: Path, model: Path, tmp_path: Path) -> None:
+    result = run_job(
+        job(tmp_path, corpus, model, "pq", input={"paths": [f"{corpus}/*.parquet"], "format": "parquet"}),
+        **quiet,
+    )
+    assert result.documents > 0 and result.chat["trained_tokens_packed"] > 0
+    pairs = tmp_path / "pairs-in"
+    pairs.mkdir()
+    rng = random.Random(5)
+    write_jsonl(
+        pairs / "p.jsonl", [{"prompt": words(rng, 20), "completion": " " + words(rng, 30)} for _ in range(50)]
+    )
+    cfg = job(
+        tmp_path,
+        pairs,
+        model,
+        "pairs",
+        input={"messages_field": None, "prompt_field": "prompt", "completion_field": "completion"},
+    )
+    result = run_job(cfg, **quiet)
+    assert result.chat["kind"] == "pairs" and result.chat["trained_tokens_lost"] == 0
+    report = verify(str(tmp_path / "pairs"), cfg, sample=50)
+    assert report.ok and report.sampled == 50, report.problems
+
+
+def test_a_template_that_is_not_prefix_stable_is_refused(model: Path, tmp_path: Path) -> None:
+    corpus = tmp_path / "reasoning"
+    corpus.mkdir()
+    convs = [
+        [
+            {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "a1", "reasoning_content": "thought one"},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "a2", "reasoning_content": "thought two"},
+        ]
+    ] * 4
+    write_jsonl(corpus / "r.jsonl", [{"messages": m} for m in convs])
+    template = tmp_path / "qwen-like.jinja"
+    template.write_text(DROPS_REASONING)
+    cfg = job(tmp_path, corpus, model, "refused", tokenizer={"chat_template": str(template)})
+    with pytest.raises(ConfigError, match=r"qwen-like\.jinja is not prefix-stable"):
+        run_job(cfg, **quiet)
+    assert main(["pack", str(tmp_path / "refused.yaml")]) == 2
+    # pack.loss all needs no turn boundaries: the same template packs
+    cfg = job(
+        tmp_path, corpus, model, "all", tokenizer={"chat_template": str(template)}, pack={"loss": "all"}
+    )
+    assert run_job(cfg, **quiet).chat["trained_tokens_packed"] > 0
+
+
+def test_chat_config_mistakes_are_clear(model: Path) -> None:
+    base = {"paths": ["/x/*"], "messages_field": "messages"}
+    for inputs, pack, output, match in [
+        (base, {"overflow": "split"}, {}, "overflow split would cut a conversation"),
+        (base, {"overflow": "truncate"}, {"format": "megatron"}, "keeps no loss mask"),
+        (base, {"overflow": "truncate", "loss": "completion"}, {}, "completion is for prompt/completion"),
+        ({"paths": ["/x/*"], "prompt_field": "p"}, {"overflow": "truncate"}, {}, "go together"),
+        ({"paths": ["/x/*"]}, {"loss": "assistant"}, {}, "needs conversations or pairs"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            from_dict(
+                JobConfig,
+                {
+                    "input": inputs,
+                    "tokenizer": {"path": str(model)},
+                    "pack": pack,
+                    "output": {"path": "/tmp/o", **output},
+                },
+            )
