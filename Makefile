@@ -16,6 +16,10 @@ $(BIN)/raypack: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# Megatron-Bridge collates output.format bridge in tests/test_chat.py: 0.3.1 is its newest for
+	# Python 3.11; without its dependencies (Transformer Engine, NeMo...), which its data module
+	# does not need.
+	$(BIN)/python -m pip install --quiet --no-deps "megatron-bridge==0.3.1"
 	$(BIN)/python -m raypack.packing.warmup
 	touch $@
 
