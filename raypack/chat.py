@@ -46,6 +46,8 @@ __all__ = [
     "ChatTemplate",
     "NotPrefixStable",
     "RenderError",
+    "chat_rows",
+    "check_template",
     "load_template",
     "pair_spans",
     "special_tokens",
@@ -342,3 +344,25 @@ def check_template(
             continue
         rendered += 1
     return Check(rendered, None)
+
+
+def chat_rows(chat: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's lines for chat data: its template and mask, trained tokens, what overflow cost."""
+    per_pack = np.asarray(chat["trained_percent"], dtype=np.int64)
+    packs = int(per_pack.sum())
+    median = int(np.searchsorted(np.cumsum(per_pack), (packs + 1) / 2)) if packs else 0
+    lost = chat["trained_tokens_lost"]
+    return [
+        ("chat template", f"{chat['template']}: {chat['mask']}"),
+        (
+            "trained tokens",
+            f"{chat['trained_tokens_packed']:,} of {chat['trained_tokens']:,} (pack.loss {chat['loss']}; "
+            f"{lost:,} = {chat['trained_share_lost']:.2%} lost to pack.overflow); a median pack trains "
+            f"{median}% of its positions",
+        ),
+        (
+            "conversations",
+            f"{chat['conversations']:,}: {chat['truncated']:,} truncated, {chat['dropped']:,} dropped "
+            f"({chat['tokens_lost']:,} tokens lost)",
+        ),
+    ]

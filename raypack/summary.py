@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
+from raypack.chat import chat_rows
 from raypack.formats import total_bytes
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
@@ -108,28 +107,6 @@ def format_summary(result: JobResult) -> str:
     width = max(len(k) for k, _ in rows)
     text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
     return text + ("\n" + sources_table(result.sources) if result.sources else "")
-
-
-def chat_rows(chat: dict[str, Any]) -> list[tuple[str, str]]:
-    """The summary's lines for chat data: its template and mask, trained tokens, what overflow cost."""
-    per_pack = np.asarray(chat["trained_percent"], dtype=np.int64)
-    packs = int(per_pack.sum())
-    median = int(np.searchsorted(np.cumsum(per_pack), (packs + 1) / 2)) if packs else 0
-    lost = chat["trained_tokens_lost"]
-    return [
-        ("chat template", f"{chat['template']}: {chat['mask']}"),
-        (
-            "trained tokens",
-            f"{chat['trained_tokens_packed']:,} of {chat['trained_tokens']:,} (pack.loss {chat['loss']}; "
-            f"{lost:,} = {chat['trained_share_lost']:.2%} lost to pack.overflow); a median pack trains "
-            f"{median}% of its positions",
-        ),
-        (
-            "conversations",
-            f"{chat['conversations']:,}: {chat['truncated']:,} truncated, {chat['dropped']:,} dropped "
-            f"({chat['tokens_lost']:,} tokens lost)",
-        ),
-    ]
 
 
 def sources_table(sources: list[dict[str, Any]]) -> str:

@@ -596,3 +596,57 @@ def test_megatron_bridge_collates_the_packs_with_our_masks(
         assert batch["loss_mask"][r, :n].tolist() == want
         key = "cu_seqlens_q" if "cu_seqlens_q" in batch else "cu_seqlens"  # its name before 0.4
         assert batch[key][r, : len(offsets)].tolist() == [o - i for i, o in enumerate(offsets)]
+
+
+NO_SYSTEM = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_conversation_the_template_refuses_is_a_reject_and_the_report_counts_trained_tokens(
+    model: Path, tmp_path: Path
+) -> None:
+    corpus = tmp_path / "refuses"
+    corpus.mkdir()
+    rng = random.Random(11)  # kinds without a system prompt or a tool call: plain, empty turn, multi-byte
+    convs = [conversation(rng, i) for i in (0, 3, 4, 5, 8, 9, 10, 13, 14, 15, 18, 19)]
+    convs[3] = [{"role": "system", "content": "be brief"}, *convs[3]]
+    write_jsonl(corpus / "r.jsonl", [{"messages": m} for m in convs])
+    template = tmp_path / "no-system.jinja"
+    template.write_text(NO_SYSTEM)
+    cfg = job(
+        tmp_path,
+        corpus,
+        model,
+        "refuses-out",
+        input={"max_reject_ratio": 0.2},
+        tokenizer={"chat_template": str(template)},
+    )
+    result = run_job(cfg, **quiet)
+    rejects = pq.read_table(tmp_path / "refuses-out" / "rejects").to_pylist()
+    assert [(r["row"], r["reason"]) for r in rejects] == [
+        (4, "chat template " + str(template) + ": System role not supported")
+    ]
+    assert result.documents == 11
+    page = (tmp_path / "refuses-out" / "report.html").read_text()
+    assert "Chat data" in page and f"{result.chat['trained_tokens_packed']:,} of" in page
+    missing = job(
+        tmp_path, corpus, model, "missing", tokenizer={"chat_template": str(tmp_path / "nope.jinja")}
+    )
+    with pytest.raises(ConfigError, match="chat_template: file not found"):
+        run_job(missing, **quiet)
+
+
+def test_sharded_mode_keeps_the_masks(corpus: Path, model: Path, tmp_path: Path) -> None:
+    cfg = job(tmp_path, corpus, model, "sharded", pack={"mode": "sharded", "algorithm": "ffd"})
+    result = run_job(cfg, **quiet)
+    report = verify(str(tmp_path / "sharded"), cfg, sample=40)
+    assert report.ok and report.sampled == 40, report.problems
+    assert (
+        result.chat["trained_tokens"] - result.chat["trained_tokens_lost"]
+        == result.chat["trained_tokens_packed"]
+    )

@@ -83,6 +83,8 @@ class Report:
     dry_run: bool = False
     sources: tuple[dict[str, Any], ...] = ()
     """The mixture (input.sources), a row a source (raypack.pipeline.select.source_table)."""
+    chat: dict[str, Any] | None = None
+    """Chat data: metrics.json's `chat` (template, mask, trained tokens, truncated conversations)."""
 
 
 def length_distribution(lengths: np.ndarray) -> dict[int, int]:
@@ -156,6 +158,7 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
         reject_examples=_reject_examples(dataset, storage) if counts["rejects"] else (),
         notes=_notes(doc, metrics, manifest),
         sources=tuple(doc.get("sources", [])),
+        chat=doc.get("chat"),
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raypack import __version__
+from raypack.chat import chat_rows
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.report import plots
 from raypack.report.model import Report, Run
@@ -50,6 +51,7 @@ def render(report: Report) -> str:
         _facts(report.facts),
         *(f'<p class="note">{_e(n)}</p>' for n in report.notes),
         *(["<h2>Mixture</h2>", _sources_table(report.sources)] if report.sources else []),
+        *(["<h2>Chat data</h2>", _facts(chat_rows(report.chat))] if report.chat else []),
         "<h2>Packing</h2>",
         _metrics_table(report.runs),
         _figure(
