@@ -650,3 +650,19 @@ def test_sharded_mode_keeps_the_masks(corpus: Path, model: Path, tmp_path: Path)
         result.chat["trained_tokens"] - result.chat["trained_tokens_lost"]
         == result.chat["trained_tokens_packed"]
     )
+
+
+def test_convert_moves_the_masks_between_forms_and_refuses_maskless_formats(
+    packed: dict[str, Path], tmp_path: Path
+) -> None:
+    from raypack.convert import convert
+
+    for fmt in ("trl", "bridge"):
+        convert(str(packed["parquet"]), fmt, str(tmp_path / fmt), log=lambda _: None)
+        for f in sorted((packed[fmt] / "data").glob("*")):
+            assert (tmp_path / fmt / "data" / f.name).read_bytes() == f.read_bytes(), (fmt, f.name)
+    convert(str(packed["bridge"]), "parquet", str(tmp_path / "back"), log=lambda _: None)
+    for f in sorted((packed["parquet"] / "data").glob("*.parquet")):
+        assert pq.read_table(tmp_path / "back" / "data" / f.name).equals(pq.read_table(f))
+    with pytest.raises(ConfigError, match="keeps no loss mask"):
+        convert(str(packed["parquet"]), "megatron", str(tmp_path / "megatron"), log=lambda _: None)

@@ -1,0 +1,178 @@
+"""Chat data: `raypack pack` (render, tokenize with masks, pack, write TRL rows) against TRL's own
+preparation of the same conversations (SFTTrainer: apply_chat_template with assistant masks, labels,
+bfd packing), on the same cores, in one run.
+
+    python benchmarks/bench_chat.py                  # 40 MB of conversations, 2 processes each
+    python benchmarks/bench_chat.py --mb 10
+
+Conversations: real source text (bench_job's corpus) cut into turns of 200-1,500 characters, 1-3
+user/assistant turns each, a system prompt in one of four; JSONL shards of ~6 MB. Tokenizer: a
+byte-level BPE (8,192) trained on that text, with ChatML's special tokens, in a model directory whose
+template marks assistant text with {% generation %} (TRL's assistant_only_loss needs the markers).
+Both prepare packs of 4,096 tokens, a conversation never split (raypack: overflow truncate; TRL:
+bfd, which truncates too). raypack runs twice: with the markers, and with the same template without
+them (masks from growing prefixes: more renders). TRL runs in a process of its own with
+dataset_num_proc = the cores; its time is SFTTrainer's constructor (the dataset preparation; the
+tiny model takes milliseconds). Trained tokens are compared: the masks must agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_job import source_texts
+
+from raypack.demo import train_byte_level_bpe
+
+SEQ = 4096
+SHARD_BYTES = 6_000_000
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MARKED = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+    "{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+PLAIN = MARKED.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+
+TRL_SCRIPT = """
+import json, sys, time, glob
+import datasets, transformers, trl
+model_dir, corpus, seq, procs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+files = sorted(glob.glob(corpus + "/*.jsonl"))
+tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+cfg = transformers.LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
+    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=seq)
+model = transformers.LlamaForCausalLM(cfg)
+t0 = time.perf_counter()
+ds = datasets.load_dataset("json", data_files=files, split="train")
+args = trl.SFTConfig(output_dir=model_dir + "/trl-out", max_length=seq, packing=True,
+    packing_strategy="bfd", assistant_only_loss=True, dataset_num_proc=procs, report_to=[],
+    use_cpu=True)
+trainer = trl.SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
+seconds = time.perf_counter() - t0
+packed = trainer.train_dataset
+trained = sum(sum(1 for x in labels if x != -100) for labels in packed["labels"])
+print(json.dumps({"seconds": seconds, "packs": len(packed), "trained": trained}))
+"""
+
+
+def conversations(mb: int, seed: int = 0) -> list[dict[str, object]]:
+    rng = random.Random(seed)
+    out, total, turns = [], 0, []
+    for text in source_texts():
+        at = 0
+        while at < len(text):
+            n = rng.randint(200, 1500)
+            turns.append(text[at : at + n])
+            at += n
+        while len(turns) >= 6:
+            messages = [{"role": "system", "content": "Answer as the code's author."}] if rng.random() < 0.25 else []
+            for _ in range(rng.randint(1, 3)):
+                messages += [
+                    {"role": "user", "content": turns.pop()},
+                    {"role": "assistant", "content": turns.pop()},
+                ]
+            out.append({"messages": messages})
+            total += sum(len(m["content"].encode()) for m in messages)
+        if total >= mb * 10**6:
+            break
+    return out
+
+
+def write_shards(records: list[dict[str, object]], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    shard, size, index = [], 0, 0
+    for record in records:
+        line = json.dumps(record) + "\n"
+        shard.append(line)
+        size += len(line)
+        if size >= SHARD_BYTES:
+            (folder / f"part-{index:04d}.jsonl").write_text("".join(shard))
+            shard, size, index = [], 0, index + 1
+    if shard:
+        (folder / f"part-{index:04d}.jsonl").write_text("".join(shard))
+
+
+def model_dir(folder: Path, records: list[dict[str, object]]) -> Path:
+    texts = (m["content"] for r in records[:3000] for m in r["messages"])  # type: ignore[attr-defined]
+    tok = train_byte_level_bpe(texts, 8192, SPECIALS)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": MARKED,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "plain.jinja").write_text(PLAIN)
+    return folder
+
+
+def raypack(work: Path, corpus: Path, model: Path, name: str, template: str | None) -> tuple[float, dict]:
+    cfg = {
+        "input": {"paths": [f"{corpus}/*.jsonl"], "messages_field": "messages"},
+        "tokenizer": {"path": str(model), **({"chat_template": template} if template else {})},
+        "pack": {"seq_len": SEQ, "overflow": "truncate"},
+        "output": {"path": str(work / name), "format": "trl", "shard_rows": 2000},
+    }
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "raypack.cli", "pack", str(path), "--overwrite"], check=True, capture_output=True)
+    seconds = time.perf_counter() - t0
+    return seconds, json.loads((work / name / "metrics.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, default=40)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-chat")
+    args = parser.parse_args()
+    cores = os.cpu_count() or 1
+    records = conversations(args.mb)
+    corpus = args.work / f"chat-{args.mb}mb"
+    if not corpus.exists():
+        write_shards(records, corpus)
+    model = model_dir(args.work / "model", records)
+    mb = sum(f.stat().st_size for f in corpus.glob("*.jsonl")) / 1e6
+    print(f"{len(records):,} conversations, {mb:.1f} MB of JSONL, {cores} cores, seq_len {SEQ}")
+    marked_s, marked = raypack(args.work, corpus, model, "marked", None)
+    with tempfile.TemporaryDirectory() as cache:  # a fresh datasets cache: its map results are cached
+        trl = subprocess.run(
+            [sys.executable, "-c", TRL_SCRIPT, str(model), str(corpus), str(SEQ), str(cores)],
+            check=True,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_DATASETS_CACHE": cache},
+        )
+    theirs = json.loads(trl.stdout.strip().splitlines()[-1])
+    plain_s, plain = raypack(args.work, corpus, model, "prefixes", str(model / "plain.jinja"))
+    rows = [
+        ("raypack, {% generation %} markers", marked_s, marked["metrics"]["packs"], marked["chat"]["trained_tokens_packed"]),
+        ("raypack, masks from prefixes", plain_s, plain["metrics"]["packs"], plain["chat"]["trained_tokens_packed"]),
+        ("TRL SFTTrainer (assistant_only_loss, bfd)", theirs["seconds"], theirs["packs"], theirs["trained"]),
+    ]
+    print("| preparation | seconds | MB/s | packs | trained tokens | vs TRL |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, seconds, packs, trained in rows:
+        print(f"| {name} | {seconds:.1f} | {mb / seconds:.2f} | {packs:,} | {trained:,} | ×{theirs['seconds'] / seconds:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
