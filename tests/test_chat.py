@@ -516,27 +516,35 @@ def test_trl_trains_on_the_rows_with_the_within_conversation_assistant_loss(
 
 
 def test_reader_labels_give_a_hugging_face_model_the_assistant_only_loss(packed: dict[str, Path]) -> None:
+    """With the README's mask (block_causal_mask of the reader's document_ids) every conversation's
+    logits in a pack are its logits alone, and the model's loss with the reader's labels is the
+    assistant-only loss computed from each conversation alone."""
     torch = need("torch")
     from raypack.reader import block_causal_mask, iter_batches
 
     model = llama().eval()
-    batch = next(iter_batches(str(packed["parquet"]), batch_size=2, seed=1))
+    batch = next(
+        b for b in iter_batches(str(packed["parquet"]), batch_size=2, seed=1) if b["document_ids"].max() >= 1
+    )
     t = {k: torch.from_numpy(v) for k, v in batch.items() if isinstance(v, np.ndarray)}
     with torch.no_grad():
-        loss = model(
+        out = model(
             t["input_ids"],
             labels=t["labels"],
             position_ids=t["position_ids"],
             attention_mask=block_causal_mask(t["document_ids"], torch.float32),
-        ).loss
-    conversations = []
-    for r in range(2):
-        doc = batch["document_ids"][r]
-        for d in sorted(set(doc.tolist()) - {-1}):
-            where = np.flatnonzero(doc == d)
-            s, e = int(where[0]), int(where[-1]) + 1
-            conversations.append((batch["input_ids"][r, s:e].tolist(), batch["labels"][r, s:e].tolist()))
-    assert float(loss) == pytest.approx(loss_by_hand(model, conversations), rel=1e-4)
+        )
+        conversations, worst = [], 0.0
+        for r in range(2):
+            doc = batch["document_ids"][r]
+            for d in sorted(set(doc.tolist()) - {-1}):
+                where = np.flatnonzero(doc == d)
+                s, e = int(where[0]), int(where[-1]) + 1
+                conversations.append((batch["input_ids"][r, s:e].tolist(), batch["labels"][r, s:e].tolist()))
+                alone = model(t["input_ids"][r : r + 1, s:e]).logits[0]
+                worst = max(worst, float((alone - out.logits[r, s:e]).abs().max()))
+    assert len(conversations) >= 3 and worst < 1e-4
+    assert float(out.loss) == pytest.approx(loss_by_hand(model, conversations), rel=1e-4)
 
 
 def bridge_dataset_class() -> Any:
