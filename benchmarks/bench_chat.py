@@ -81,7 +81,9 @@ def conversations(mb: int, seed: int = 0) -> list[dict[str, object]]:
             turns.append(text[at : at + n])
             at += n
         while len(turns) >= 6:
-            messages = [{"role": "system", "content": "Answer as the code's author."}] if rng.random() < 0.25 else []
+            messages = (
+                [{"role": "system", "content": "Answer as the code's author."}] if rng.random() < 0.25 else []
+            )
             for _ in range(rng.randint(1, 3)):
                 messages += [
                     {"role": "user", "content": turns.pop()},
@@ -134,13 +136,19 @@ def raypack(work: Path, corpus: Path, model: Path, name: str, template: str | No
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "raypack.cli", "pack", str(path), "--overwrite"], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "raypack.cli", "pack", str(path), "--overwrite"],
+        check=True,
+        capture_output=True,
+    )
     seconds = time.perf_counter() - t0
     return seconds, json.loads((work / name / "metrics.json").read_text())
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mb", type=int, default=40)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-chat")
     args = parser.parse_args()
@@ -164,14 +172,25 @@ def main() -> None:
     theirs = json.loads(trl.stdout.strip().splitlines()[-1])
     plain_s, plain = raypack(args.work, corpus, model, "prefixes", str(model / "plain.jinja"))
     rows = [
-        ("raypack, {% generation %} markers", marked_s, marked["metrics"]["packs"], marked["chat"]["trained_tokens_packed"]),
-        ("raypack, masks from prefixes", plain_s, plain["metrics"]["packs"], plain["chat"]["trained_tokens_packed"]),
+        (
+            "raypack, {% generation %} markers",
+            marked_s,
+            marked["metrics"]["packs"],
+            marked["chat"]["trained_tokens_packed"],
+        ),
+        (
+            "raypack, masks from prefixes",
+            plain_s,
+            plain["metrics"]["packs"],
+            plain["chat"]["trained_tokens_packed"],
+        ),
         ("TRL SFTTrainer (assistant_only_loss, bfd)", theirs["seconds"], theirs["packs"], theirs["trained"]),
     ]
     print("| preparation | seconds | MB/s | packs | trained tokens | vs TRL |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, seconds, packs, trained in rows:
-        print(f"| {name} | {seconds:.1f} | {mb / seconds:.2f} | {packs:,} | {trained:,} | ×{theirs['seconds'] / seconds:.2f} |")
+        ratio = theirs["seconds"] / seconds
+        print(f"| {name} | {seconds:.1f} | {mb / seconds:.2f} | {packs:,} | {trained:,} | ×{ratio:.2f} |")
 
 
 if __name__ == "__main__":
