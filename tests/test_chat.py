@@ -674,3 +674,28 @@ def test_convert_moves_the_masks_between_forms_and_refuses_maskless_formats(
         assert pq.read_table(tmp_path / "back" / "data" / f.name).equals(pq.read_table(f))
     with pytest.raises(ConfigError, match="keeps no loss mask"):
         convert(str(packed["parquet"]), "megatron", str(tmp_path / "megatron"), log=lambda _: None)
+
+
+def test_reading_chat_records_rejects_what_is_not_a_conversation(corpus: Path) -> None:
+    """read_shard alone: every record of a shard becomes a Chat or a reject with its reason, a parquet
+    cell over input.max_document_bytes included."""
+    from raypack.config import InputConfig
+    from raypack.pipeline.read import input_files, read_shard
+
+    by_file: dict[str, tuple[int, list[str]]] = {}
+    for pattern, fmt in (("*.jsonl", "jsonl"), ("*.parquet", "parquet")):
+        cfg = InputConfig(
+            paths=(f"{corpus}/{pattern}",), format=fmt, messages_field="messages", max_document_bytes=600
+        )
+        for shard in input_files(cfg):
+            docs, reasons = 0, []
+            for batch in read_shard(shard, cfg, 64):
+                assert all(isinstance(d, Chat) and d.messages for d in batch.texts)
+                docs += len(batch)
+                reasons += [r.reason for r in batch.rejects]
+            by_file[shard.relpath] = (docs, reasons)
+    jsonl_docs, jsonl_reasons = by_file["a.jsonl"]
+    assert jsonl_docs + len(jsonl_reasons) == N + len(BAD)  # jsonl lines over the limit are rejected unread
+    parquet_docs, parquet_reasons = by_file["c.parquet"]
+    assert parquet_reasons and all("over input.max_document_bytes (600)" in r for r in parquet_reasons)
+    assert parquet_docs + len(parquet_reasons) == pq.read_metadata(corpus / "c.parquet").num_rows

@@ -482,6 +482,11 @@ def _document(
         chat = _chat(record, row, cfg, batch, raw)
         if chat is None:
             return None
+        if len(chat) > cfg.max_document_bytes:  # parquet: a cell over the limit (jsonl lines never get here)
+            limit = cfg.max_document_bytes
+            why = f"conversation of {len(chat)} characters, over input.max_document_bytes ({limit})"
+            batch.rejects.append(Reject(row, why, _raw(raw)))
+            return None
         return _with_id(record, row, cfg, default_id, batch, raw, chat)
     if text_field not in record or record[text_field] is None:
         batch.rejects.append(Reject(row, f"missing text field {text_field!r}", _raw(raw)))
