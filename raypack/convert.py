@@ -39,7 +39,7 @@ from raypack.pipeline.job import (
     write_dataset_files,
     write_report_safely,
 )
-from raypack.pipeline.materialize import write_packs
+from raypack.pipeline.materialize import loss_mask_of, write_packs
 from raypack.reader import pin
 from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic
 from raypack.versions import MANIFEST
@@ -165,10 +165,8 @@ def _repadded(packs: Packs, spec: Spec) -> Packs:
     real = np.arange(packs.capacity)[None, :] < num_tokens[:, None]
     tokens[~real] = spec.pad_id
     mask = packs.loss_mask if spec.loss_mask else None
-    if spec.loss_mask and mask is None:
-        mask = real.astype(np.int8)
-        starts, _ = packs.item_bounds()
-        mask.reshape(-1)[starts] = 0
+    if spec.loss_mask and mask is None:  # the write stage's mask of tokens that are all trained
+        mask = loss_mask_of(tokens, packs.item_bounds()[0], num_tokens, spec, 0)
     return Packs(packs.stem, tokens, packs.index, mask)
 
 

@@ -10,8 +10,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
+from raypack.demo import train_byte_level_bpe
 from tests.conftest import WORDS
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -62,16 +61,7 @@ def chat_model(root: Path) -> Path:
     naming them and holding CHATML."""
     rng = random.Random(1)
     texts = [" ".join(rng.choice(WORDS) for _ in range(200)) for _ in range(200)]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok = train_byte_level_bpe(texts, 600, SPECIALS)
     root.mkdir(parents=True, exist_ok=True)
     tok.save(str(root / "tokenizer.json"))
     config = {

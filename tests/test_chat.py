@@ -431,19 +431,12 @@ def need(module: str) -> Any:
         pytest.skip(f"{module} is not installed")
 
 
-def llama(attn: str = "sdpa") -> Any:
-    torch = need("torch")
-    config = transformers.LlamaConfig(
-        vocab_size=600,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=SEQ,
-    )
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM._from_config(config, attn_implementation=attn)
+def llama() -> Any:
+    """test_clients' tiny random Llama, for the chat model's 600 ids and packs of SEQ."""
+    need("torch")
+    from tests.test_clients import llama as tiny_llama
+
+    return tiny_llama("sdpa", vocab=600, positions=SEQ)
 
 
 def items_of(trl_rows: list[dict[str, Any]]) -> list[tuple[list[int], list[int]]]:
@@ -505,7 +498,7 @@ def test_trl_trains_on_the_rows_with_the_within_conversation_assistant_loss(
     rows = rows.select(shared[:ROWS])
     conversations = items_of(list(rows))
     assert len(rows) == ROWS and len(conversations) >= 2 * ROWS
-    want = loss_by_hand(llama().eval(), conversations)
+    want = loss_by_hand(llama(), conversations)
     assert trl_step_loss(rows, hf) == pytest.approx(want, rel=1e-4)
     # TRL's own packing of the same conversations (its bfd) trains the same targets: the same loss.
     theirs = datasets.Dataset.from_dict(
@@ -522,7 +515,7 @@ def test_reader_labels_give_a_hugging_face_model_the_assistant_only_loss(packed:
     torch = need("torch")
     from raypack.reader import block_causal_mask, iter_batches
 
-    model = llama().eval()
+    model = llama()
     batch = next(
         b for b in iter_batches(str(packed["parquet"]), batch_size=2, seed=1) if b["document_ids"].max() >= 1
     )

@@ -38,15 +38,16 @@ def packed(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path, ray_s
     return tmp / "out"
 
 
-def llama(attn: str) -> Any:
+def llama(attn: str, vocab: int = VOCAB, positions: int = SEQ_LEN) -> Any:
+    """A tiny random Llama (nothing downloaded), seeded, in eval mode (tests/test_chat.py uses it too)."""
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
+        vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=SEQ_LEN,
+        max_position_embeddings=positions,
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM._from_config(config, attn_implementation=attn).eval()

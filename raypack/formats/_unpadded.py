@@ -10,12 +10,42 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack.formats import PARQUET_SETTINGS, Packs
+from raypack.formats import PARQUET_SETTINGS, Packs, Settings, Spec
 from raypack.storage import resolve
 
 ROW_GROUP = int(str(PARQUET_SETTINGS["row_group_size"]))
 
-__all__ = ["item_starts", "padded", "read_group", "table_bytes", "unpadded"]
+__all__ = ["Unpadded", "item_starts", "padded", "per_item", "read_group", "table_bytes", "unpadded"]
+
+
+class Unpadded:
+    """What trl and bridge share as formats: a mask always, `input_ids` unpadded in the data file,
+    read back padded with the Spec's pad_id. A subclass names itself and writes its own columns."""
+
+    name: str
+    holds_index = False
+    eos_bounded = False
+    keeps_mask = True
+
+    def spec(self, settings: Settings) -> Spec:
+        return Spec(self.name, settings.pad_id, "int32", settings.eos_id, loss_mask=True)
+
+    def read_tokens(
+        self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any
+    ) -> np.ndarray:
+        table = read_group(path, first, count, ["input_ids"], storage)
+        return padded(table.column("input_ids"), capacity, spec.pad_id)
+
+    def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
+        table = pq.read_table(pa.BufferReader(data), columns=["input_ids"])
+        return padded(table.column("input_ids"), capacity, spec.pad_id)
+
+
+def per_item(packs: Packs, values: np.ndarray) -> pa.ListArray:
+    """A list a pack of one int32 value per item (values in pack order, as Packs.item_bounds)."""
+    per_pack = np.diff(packs.index.column("doc_ids").combine_chunks().offsets.to_numpy())
+    offsets = np.r_[0, np.cumsum(per_pack)].astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int32()))
 
 
 def unpadded(packs: Packs, values: np.ndarray, dtype: pa.DataType) -> pa.ListArray:

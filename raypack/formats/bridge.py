@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack.formats import Packs, Settings, Spec, _unpadded
+from raypack.formats import Packs, Spec, _unpadded
 
 __all__ = ["FORMAT", "METADATA", "to_label_mask"]
 
@@ -43,43 +43,23 @@ def from_label_mask(label_mask: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return flat.reshape(label_mask.shape)
 
 
-class Bridge:
+class Bridge(_unpadded.Unpadded):
     name = "bridge"
     suffix = ".idx.parquet"
-    holds_index = False
-    eos_bounded = False
-    keeps_mask = True
-
-    def spec(self, settings: Settings) -> Spec:
-        return Spec(self.name, settings.pad_id, "int32", settings.eos_id, loss_mask=True)
 
     def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
         if packs.loss_mask is None:
             raise ValueError("bridge packs need a loss mask")
         starts, _ = packs.item_bounds()
         label_mask = to_label_mask(packs.loss_mask, starts)
-        offsets = packs.index.column("doc_offsets").combine_chunks()
-        per_pack = np.diff(offsets.offsets.to_numpy()) - 1
-        first_of = np.r_[0, np.cumsum(per_pack + 1)[:-1]]
-        keep = np.ones(len(offsets.values), dtype=bool)
-        keep[first_of + per_pack] = False  # each pack's closing offset (num_tokens) is no start
         table = pa.table(
             {
                 "input_ids": _unpadded.unpadded(packs, packs.input_ids, pa.int32()),
                 "loss_mask": _unpadded.unpadded(packs, label_mask, pa.int8()),
-                "seq_start_id": pa.ListArray.from_arrays(
-                    pa.array(np.r_[0, np.cumsum(per_pack)].astype(np.int32)),
-                    pa.array(offsets.values.to_numpy()[keep], pa.int32()),
-                ),
+                "seq_start_id": _unpadded.per_item(packs, starts % packs.capacity),
             }
         )
         return {f"data/{packs.stem}.idx.parquet": _unpadded.table_bytes(table)}
-
-    def read_tokens(
-        self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any
-    ) -> np.ndarray:
-        table = _unpadded.read_group(path, first, count, ["input_ids"], storage)
-        return _unpadded.padded(table.column("input_ids"), capacity, spec.pad_id)
 
     def read_mask(
         self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any
@@ -87,10 +67,6 @@ class Bridge:
         return self._mask(
             _unpadded.read_group(path, first, count, ["loss_mask", "seq_start_id"], storage), capacity
         )
-
-    def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
-        table = pq.read_table(pa.BufferReader(data), columns=["input_ids"])
-        return _unpadded.padded(table.column("input_ids"), capacity, spec.pad_id)
 
     def decode_mask(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
         return self._mask(

@@ -13,61 +13,38 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack.formats import Packs, Settings, Spec, _unpadded
+from raypack.formats import Packs, Spec, _unpadded
 
 __all__ = ["FORMAT", "IGNORE"]
 
 IGNORE = -100  # the label of an untrained position (TRL's, and PyTorch cross_entropy's ignore_index)
 
 
-class Trl:
+class Trl(_unpadded.Unpadded):
     name = "trl"
     suffix = ".parquet"
-    holds_index = False
-    eos_bounded = False
-    keeps_mask = True
-
-    def spec(self, settings: Settings) -> Spec:
-        return Spec(self.name, settings.pad_id, "int32", settings.eos_id, loss_mask=True)
 
     def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
         if packs.loss_mask is None:
             raise ValueError("trl packs need a loss mask")
         labels = np.where(packs.loss_mask.astype(bool), packs.input_ids, IGNORE).astype(np.int32)
-        offsets = packs.index.column("doc_offsets").combine_chunks()
-        lengths = np.diff(offsets.flatten().to_numpy())
-        per_pack = np.diff(offsets.offsets.to_numpy()) - 1  # items a pack: its offsets less one
+        starts, ends = packs.item_bounds()
         table = pa.table(
             {
                 "input_ids": _unpadded.unpadded(packs, packs.input_ids, pa.int32()),
                 "labels": _unpadded.unpadded(packs, labels, pa.int32()),
-                "seq_lengths": pa.ListArray.from_arrays(
-                    pa.array(np.r_[0, np.cumsum(per_pack)].astype(np.int32)),
-                    pa.array(_item_lengths(lengths, per_pack), pa.int32()),
-                ),
+                "seq_lengths": _unpadded.per_item(packs, ends - starts),
             }
         )
         return {f"data/{packs.stem}.parquet": _unpadded.table_bytes(table)}
 
-    def read_tokens(
-        self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any
-    ) -> np.ndarray:
-        table = _unpadded.read_group(path, first, count, ["input_ids"], storage)
-        return _unpadded.padded(table.column("input_ids"), capacity, spec.pad_id)
-
     def read_mask(
         self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any
     ) -> np.ndarray:
-        table = _unpadded.read_group(path, first, count, ["labels"], storage)
-        return (_unpadded.padded(table.column("labels"), capacity, IGNORE) != IGNORE).astype(np.int8)
-
-    def decode(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
-        table = pq.read_table(pa.BufferReader(data), columns=["input_ids"])
-        return _unpadded.padded(table.column("input_ids"), capacity, spec.pad_id)
+        return _trained(_unpadded.read_group(path, first, count, ["labels"], storage), capacity)
 
     def decode_mask(self, data: bytes, spec: Spec, capacity: int) -> np.ndarray:
-        table = pq.read_table(pa.BufferReader(data), columns=["labels"])
-        return (_unpadded.padded(table.column("labels"), capacity, IGNORE) != IGNORE).astype(np.int8)
+        return _trained(pq.read_table(pa.BufferReader(data), columns=["labels"]), capacity)
 
     def dataset_files(self, files: list[dict[str, Any]], spec: Spec, dataset: str) -> dict[str, bytes]:
         return {}
@@ -82,13 +59,9 @@ class Trl:
         return []
 
 
-def _item_lengths(bounds_diff: np.ndarray, per_pack: np.ndarray) -> np.ndarray:
-    """Items' lengths from the flattened doc_offsets' differences, dropping the step from one pack's
-    last offset to the next pack's 0."""
-    keep = np.ones(len(bounds_diff), dtype=bool)
-    ends = np.cumsum(per_pack + 1) - 1  # index of each pack's last offset in the flat list
-    keep[ends[:-1]] = False
-    return bounds_diff[keep]
+def _trained(table: pa.Table, capacity: int) -> np.ndarray:
+    """Packs.loss_mask from the labels column: 1 where a label is not IGNORE."""
+    return (_unpadded.padded(table.column("labels"), capacity, IGNORE) != IGNORE).astype(np.int8)
 
 
 FORMAT = Trl()

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from raypack import __version__, schema
+from raypack.chat import ChatTemplate
 from raypack.config import InputConfig, JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.formats import INDEX_DIR, Settings, Spec, make_spec
@@ -66,7 +67,7 @@ from raypack.pipeline.materialize import data_file
 from raypack.pipeline.read import input_files, read_shard, scan_range, unit_entry, work_units
 from raypack.pipeline.select import Selection, plan_selection, run_selection, source_table
 from raypack.pipeline.sharded import pack_groups
-from raypack.pipeline.tokenize import TokenizeShards, load_tokenizer, token_key, token_settings
+from raypack.pipeline.tokenize import TokenizeShards, chat_template, load_tokenizer, token_key, token_settings
 from raypack.report.model import REPORT
 from raypack.storage import (
     Shard,
@@ -238,7 +239,8 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     token_dir = cache if cache is not None else join(staging, "tokens")
     ensure_ray()
     shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
-    chat = _check_chat(cfg, tok, shards)
+    template = chat_template(cfg, tok)  # conversations only: compiled once, checked, keyed
+    chat = _check_chat(cfg, template, shards)
     if chat is not None:
         from raypack.pipeline.backends import TokenizersEncoder
 
@@ -250,7 +252,7 @@ def _run_job(cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[
     else:
         choice = choose_backend(cfg.tokenizer.backend, tok, partial(_corpus_sample, shards, cfg))
     log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
-    settings = {n: token_settings(cfg, tok, choice, n) for n in sorted({s.source for s in shards})}
+    settings = {n: token_settings(cfg, tok, choice, n, template) for n in sorted({s.source for s in shards})}
     keys = tuple(token_key(s, settings[s.source]) for s in shards)
     width = _cluster_cpus()
     concurrency = cfg.tokenizer.concurrency or width
@@ -447,15 +449,20 @@ SAMPLE_UNITS = 4
 SAMPLE_CHARS = 128 << 10
 
 
-def _corpus_sample(shards: list[Shard], cfg: JobConfig) -> list[str]:
-    """Texts of the corpus for the backend self-check."""
+def _sample_units(shards: list[Shard]) -> list[Shard]:
+    """Up to SAMPLE_UNITS work units spread evenly over the corpus, first and last included."""
     if not shards:
         return []
     picks = sorted({round(k * (len(shards) - 1) / max(SAMPLE_UNITS - 1, 1)) for k in range(SAMPLE_UNITS)})
+    return [shards[i] for i in picks]
+
+
+def _corpus_sample(shards: list[Shard], cfg: JobConfig) -> list[str]:
+    """Texts of the corpus for the backend self-check."""
     texts: list[str] = []
-    for i in picks:
+    for shard in _sample_units(shards):
         taken = 0
-        for batch in read_shard(shards[i], cfg.input, 64, cfg.storage):
+        for batch in read_shard(shard, cfg.input, 64, cfg.storage):
             for text in batch.texts:
                 if taken >= SAMPLE_CHARS:
                     break
@@ -495,23 +502,20 @@ def _chat_record(
 CHAT_SAMPLE = 32
 
 
-def _check_chat(cfg: JobConfig, tok: Any, shards: list[Shard]) -> dict[str, Any] | None:
-    """Chat data: load and compile the template, render the probes and a corpus sample as the job
-    will (a ConfigError, before any work, for a template that is not prefix-stable on any of them);
-    what the manifest and summary say of it. None for plain text."""
+def _check_chat(cfg: JobConfig, template: ChatTemplate | None, shards: list[Shard]) -> dict[str, Any] | None:
+    """Chat data: render the probes and a corpus sample with the template as the job will (a
+    ConfigError, before any work, for a template that is not prefix-stable on any of them); what the
+    manifest and summary say of it. None for plain text."""
     from raypack.chat import PROBES, check_template
-    from raypack.pipeline.tokenize import chat_template
 
     if cfg.input.chat is None:
         return None
-    template = chat_template(cfg, tok)
     info: dict[str, Any] = {"kind": cfg.input.chat, "loss": cfg.loss}
     if template is None:  # prompt/completion pairs: no template
         return info | {"template": "none (prompt + completion)", "mask": f"pack.loss {cfg.loss}"}
     sample: list[tuple[list[dict[str, Any]], Any]] = [(list(p), None) for p in PROBES]
-    picks = sorted({round(k * (len(shards) - 1) / max(SAMPLE_UNITS - 1, 1)) for k in range(SAMPLE_UNITS)})
-    for i in picks if shards else []:
-        for batch in read_shard(shards[i], cfg.input, CHAT_SAMPLE, cfg.storage):
+    for shard in _sample_units(shards):
+        for batch in read_shard(shard, cfg.input, CHAT_SAMPLE, cfg.storage):
             sample += [(list(c.messages), c.tools) for c in batch.texts[:CHAT_SAMPLE]]
             break
     found = check_template(template, sample, cfg.loss)

@@ -273,7 +273,11 @@ _DONE = b"raypack.rejects"
 
 
 def token_settings(
-    cfg: JobConfig, tok: LoadedTokenizer, backend: Choice | None = None, source: str = ""
+    cfg: JobConfig,
+    tok: LoadedTokenizer,
+    backend: Choice | None = None,
+    source: str = "",
+    template: ChatTemplate | None = None,
 ) -> dict[str, Any]:
     """Everything besides the shard's bytes that decides its token file: a change in any of these must
     re-tokenize (a rebuild reuses a cached file only when all of them and the shard are unchanged).
@@ -281,20 +285,21 @@ def token_settings(
     text is cut for encoding (its tokens may differ at a cut with no space). The library that
     encodes, by name and version: an upgrade may change ids (a rebuild must not mix old and new);
     the backend that encodes, by name and version. `source`: the input source whose files these
-    are (its own format and fields; its name is in the files' relpath, hence in the key)."""
+    are (its own format and fields; its name is in the files' relpath, hence in the key). Chat
+    data: the fields, pack.loss and `template`'s text (the job's chat_template, for conversations)
+    decide the ids and the mask."""
     inputs = cfg.input.of(source)
     chat: dict[str, Any] | None = None
     if inputs.chat:
-        # What decides the ids and the mask: the fields, pack.loss and the template's text.
-        template = ""
-        if inputs.chat == "messages":
-            template = load_template(cfg.tokenizer, tok.configs, cfg.storage)[0]
+        if inputs.chat == "messages" and template is None:
+            raise ValueError("token_settings for conversations needs the job's chat template")
+        source_text = template.source if template is not None else ""
         chat = {
             "messages_field": inputs.messages_field,
             "prompt_field": inputs.prompt_field,
             "completion_field": inputs.completion_field,
             "loss": cfg.loss,
-            "template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+            "template_sha256": hashlib.sha256(source_text.encode()).hexdigest(),
         }
     return {
         "chat": chat,
