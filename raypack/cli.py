@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from functools import partial
 from typing import TYPE_CHECKING, NoReturn
 
 from raypack import __version__
@@ -219,7 +220,8 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     from raypack.summary import format_summary
 
     cfg = load_config(args.config, _job_overrides(args))
-    result = run_job(cfg, overwrite=args.overwrite, log=lambda msg: print(msg, file=sys.stderr))
+    log = partial(print, file=sys.stderr)
+    result = run_job(cfg, overwrite=args.overwrite, log=log, release_ray=True)
     print(format_summary(result))
     return 0
 

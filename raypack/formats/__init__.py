@@ -57,9 +57,13 @@ __all__ = [
 ]
 
 # Fixed Parquet writer settings (data files and pack indexes): the same rows give the same bytes.
+# No dictionary: a 128k vocabulary's ids fit one (17-bit indexes), but building it costs more than
+# zstd gains from it. 10,000 packs of 8,192 tokens (128k BPE): 2.14 s and 73.5 MB with a dictionary,
+# 1.55 s and 74.9 MB without (+2% bytes, -28% time; the list encoding alone takes 1.28 s).
 PARQUET_SETTINGS = {
     "compression": "zstd",
     "compression_level": 3,
+    "use_dictionary": False,
     "row_group_size": 1024,
     "write_statistics": True,
 }

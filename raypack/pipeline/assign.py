@@ -133,13 +133,20 @@ def items_table(
     slot: np.ndarray,
     capacity: np.ndarray,
 ) -> pa.Table:
-    """Item rows (schema.ITEMS) with each item's slice of its document's tokens."""
+    """Item rows (schema.ITEMS) with each item's slice of its document's tokens, in file_key order
+    (stable): the exchange then splits a batch's items among writers by slicing, where a take of
+    the table would copy every token again (0.7 s of an assign task's 2.9 s at 68M tokens)."""
     doc_of_item = items.doc_of_item()
+    chunk = items.chunk_index()
     tokens = docs.column("tokens").combine_chunks()
     flat = tokens.flatten().to_numpy()
     doc_token_start = tokens.offsets.to_numpy()[:-1].astype(np.int64)
     start = doc_token_start[doc_of_item] + items.start_in_doc()
     length = items.length.astype(np.int64)
+    if np.any(keys[1:] < keys[:-1]):  # the gather below writes the items in this order
+        order = np.argsort(keys, kind="stable")
+        keys, pack, slot, capacity = keys[order], pack[order], slot[order], capacity[order]
+        doc_of_item, chunk, start, length = doc_of_item[order], chunk[order], start[order], length[order]
     out_offsets = np.concatenate(([0], np.cumsum(length)))
     # Every item's tokens, a run of its document's, back to back (numba: no per-token index arrays).
     values = np.empty(int(out_offsets[-1]), dtype=flat.dtype)
@@ -152,7 +159,7 @@ def items_table(
             "slot": slot.astype(np.int32),
             "capacity": capacity.astype(np.int32),
             "doc_id": docs.column("doc_id").take(pa.array(doc_of_item)),
-            "chunk": items.chunk_index(),
+            "chunk": chunk,
             "tokens": item_tokens,
         },
         schema=schema.ITEMS,

@@ -65,6 +65,18 @@ def summarize_shard(
     return summary
 
 
+def summarize_shard_warm(cfg: JobConfig) -> None:
+    """summarize_shard's compiled functions loaded (numba reads them from its cache on first use), on
+    three made-up documents, with no file written: a tokenize actor does this as it starts."""
+    lengths = np.asarray([1, cfg.pack.seq_len, cfg.pack.seq_len + 1], dtype=np.int64)
+    items = make_items(lengths, cfg.pack.seq_len, cfg.pack.overflow)
+    item_histogram(items.length, cfg.pack.seq_len)
+    items.placed_per_doc()
+    DocStats.from_items(items)
+    if cfg.input.mixture:
+        token_bins(document_keys(cfg.pack.seed, "warm", np.arange(3)), lengths)
+
+
 def write_index(
     cfg: JobConfig,
     shard: Shard,

@@ -127,11 +127,11 @@ def loss_mask_of(
     ids, in place ((packs, capacity); `starts`: every item's first flat position; `fill`: tokens a
     pack); the packs' loss mask when the dataset keeps one: 1 where the token is trained and
     not an item's first (its label would be the previous item's), 0 elsewhere and on padding."""
-    untrained = input_ids < 0
-    if not spec.loss_mask:
-        if untrained.any():
+    if not spec.loss_mask:  # a min, not a boolean array of the packs: 0.05 s, not 0.2, at 82M tokens
+        if input_ids.size and int(input_ids.min()) < 0:
             raise RuntimeError(f"file {part}: masked tokens reached a dataset without a loss mask")
         return None
+    untrained = input_ids < 0
     input_ids[untrained] = -input_ids[untrained] - 1
     real = np.arange(input_ids.shape[1])[None, :] < fill[:, None]
     mask = (~untrained & real).astype(np.int8)

@@ -116,7 +116,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) ->
 @pytest.mark.parametrize(
     "victim",
     [
-        "MapBatches(TokenizeShards)",  # an actor holding a tokenizer, mid-shard
+        "TokenizeWorker",  # an actor holding a tokenizer, mid-shard
         "write_files",  # a task writing output files
     ],
 )
