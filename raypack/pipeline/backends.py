@@ -188,11 +188,17 @@ class Choice:
         return f"{self.backend} {self.version}"
 
 
-def choose_backend(requested: str, tok: Any, corpus_sample: Callable[[], list[str]]) -> Choice:
+def choose_backend(
+    requested: str,
+    tok: Any,
+    corpus_sample: Callable[[], list[str]],
+    fast_encoder: Callable[[], Encoder] | None = None,
+) -> Choice:
     """The backend to tokenize with, for `tokenizer.backend` = `requested` (BACKENDS). ConfigError
     when `fastokens` was asked for and cannot be used exactly; `auto` falls back with the reason.
     `corpus_sample` is called (it reads the corpus) only once fastokens has loaded and passed the
-    probes."""
+    probes. `fast_encoder`: fastokens' encoder of tok (an exception when it refuses it); default one
+    loaded here (the job's: a tokenize actor's, raypack.pipeline.tokenize_pool)."""
     from raypack.errors import ConfigError
 
     reference = TokenizersEncoder(tok.tokenizer)
@@ -207,7 +213,7 @@ def choose_backend(requested: str, tok: Any, corpus_sample: Callable[[], list[st
     if fastokens_version() is None:
         return refuse("fastokens is not installed (no wheel for this platform?)")
     try:
-        fast = FastokensEncoder(tok.json)
+        fast = fast_encoder() if fast_encoder is not None else FastokensEncoder(tok.json)
     except Exception as e:  # fastokens raises ValueError for what it does not support
         return refuse(f"fastokens {fastokens_version()} refuses this tokenizer ({str(e).splitlines()[0]})")
     probe_texts = probes(tok.tokenizer)

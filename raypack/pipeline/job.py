@@ -1,8 +1,8 @@
-"""The job: the one module that wires the job's Ray stages together (raypack.reader's read_packed is
-the other user of Ray Data, for reading a finished dataset).
+"""The job: the one module that wires the job's Ray stages together (raypack.pipeline.tokenize_pool
+runs the tokenize actors; raypack.reader's read_packed reads a finished dataset with Ray Data).
 
     input files ─work_units (large JSONL: scan tasks count lines)─▶ shards (files, or units of one)
-    shards ─map_batches(TokenizeShards actors)─▶ token files + per-shard histograms (tokenize, once)
+    shards ─TokenizeShards on TokenizePool's actors─▶ token files + per-shard histograms (tokenize, once)
     per-shard histograms ─folded as they arrive (driver)─▶ one histogram per run of shards ─▶ plan
     runs of shards ─assign tasks─▶ pieces ─(merge tasks)─▶ write tasks, a range of files each ─▶ data/
         (raypack.pipeline.exchange: Ray tasks of bounded fan-out, the duplicate-id check folded in)
@@ -248,13 +248,15 @@ def _run_job(
     staging = join(out, "_staging")
     token_dir = cache if cache is not None else join(staging, "tokens")
     ensure_ray()
-    # The tokenize actors start loading now, beside the driver's listing and checks below.
+    # Work units first: a large JSONL file's line-count scan runs on Ray tasks of a CPU each, which
+    # would wait forever behind actors holding every CPU.
+    shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
+    # The tokenize actors start loading now, beside the driver's checks below.
     concurrency = cfg.tokenizer.concurrency or _cluster_cpus()
     fast = cfg.tokenizer.backend != "tokenizers" and not cfg.input.chat  # chat data: tokenizers
-    pool = TokenizePool(cfg, min(concurrency, len(inputs)), fast)
+    pool = TokenizePool(cfg, min(concurrency, len(shards)), fast)
     try:
-        stages = (cfg, tok, spec, inputs, token_dir, pool, concurrency, cache, timings, log)
-        return _run_stages(*stages, release_ray)
+        return _run_stages(cfg, tok, spec, shards, token_dir, pool, timings, log, release_ray)
     finally:
         pool.close()
 
@@ -263,18 +265,15 @@ def _run_stages(
     cfg: JobConfig,
     tok: LoadedTokenizer,
     spec: Spec,
-    inputs: list[Shard],
+    shards: list[Shard],
     token_dir: str,
     pool: TokenizePool,
-    concurrency: int,
-    cache: str | None,
     timings: dict[str, float],
     log: Callable[[str], None],
     release_ray: bool,
 ) -> JobResult:
     out, storage = cfg.output.path, cfg.storage
     staging = join(out, "_staging")
-    shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
     template = chat_template(cfg, tok)  # conversations only: compiled once, checked, keyed
     chat = _check_chat(cfg, template, shards)
     if chat is not None:
@@ -286,7 +285,8 @@ def _run_stages(
         )
         log(f"[raypack] chat template: {chat['template']} ({chat['mask']})")
     else:
-        choice = choose_backend(cfg.tokenizer.backend, tok, partial(_corpus_sample, shards, cfg))
+        sample = partial(_corpus_sample, shards, cfg)
+        choice = choose_backend(cfg.tokenizer.backend, tok, sample, pool.fast_encoder)
     log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
     settings = {n: token_settings(cfg, tok, choice, n, template) for n in sorted({s.source for s in shards})}
     keys = tuple(token_key(s, settings[s.source]) for s in shards)
@@ -302,7 +302,6 @@ def _run_stages(
     ordered = [rows[i] for i in sorted(range(len(rows)), key=lambda i: -weights[i])]
 
     with _stage(timings, "tokenize", log):
-        pool.grow(min(concurrency, len(shards)))
         # Summaries are folded as they arrive: no list of every shard's histogram.
         pool.run(ordered, TokenizeShards, choice.backend, totals.add)
         pool.close()
