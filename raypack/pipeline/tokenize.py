@@ -406,6 +406,11 @@ def preload(cfg: JobConfig, fast: bool) -> Preloaded:
     return loaded
 
 
+def forget() -> None:
+    """Drop the preloaded tokenizers of this process."""
+    _PRELOADED.clear()
+
+
 class TokenizeShards:
     """map_batches callable: each input row names a shard and its token file; each output row
     summarizes the shard. A token file that exists already (a rebuild's cache) is reused, not redone."""

@@ -116,7 +116,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) ->
 @pytest.mark.parametrize(
     "victim",
     [
-        "TokenizeWorker",  # an actor holding a tokenizer, mid-shard
+        "tokenize_unit",  # a worker holding a tokenizer, mid-shard
         "write_files",  # a task writing output files
     ],
 )
