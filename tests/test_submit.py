@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,15 +20,10 @@ import pytest
 from raypack.config import load_config
 from raypack.verify import verify
 from tests.conftest import job_config, make_corpus
+from tests.s3server import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the environment's `ray`, and the `python` the job's entrypoint runs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ray_cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -58,12 +52,21 @@ def head() -> Iterator[tuple[str, dict[str, str]]]:
         RAY_AUTH_MODE="token",
         RAY_AUTH_TOKEN=secrets.token_hex(16),
     )
-    dashboard = free_port()
+    names = (
+        "dashboard-agent-listen-port",
+        "dashboard-agent-grpc-port",
+        "metrics-export-port",
+        "runtime-env-agent-port",
+        "ray-client-server-port",
+        "node-manager-port",
+        "object-manager-port",
+    )
+    gcs, dashboard, *ports = free_ports(2 + len(names))
     started = ray_cli(
         "start",
         "--head",
         "--node-ip-address=127.0.0.1",
-        f"--port={free_port()}",
+        f"--port={gcs}",
         "--dashboard-host=127.0.0.1",
         f"--dashboard-port={dashboard}",
         "--include-dashboard=true",
@@ -72,18 +75,7 @@ def head() -> Iterator[tuple[str, dict[str, str]]]:
         f"--temp-dir={temp}",
         # Ports of its own: the test session's Ray (ray_session) holds the defaults, e.g. its
         # dashboard agent's 52365, and a head whose agent cannot bind never takes a job.
-        *(
-            f"--{name}={free_port()}"
-            for name in (
-                "dashboard-agent-listen-port",
-                "dashboard-agent-grpc-port",
-                "metrics-export-port",
-                "runtime-env-agent-port",
-                "ray-client-server-port",
-                "node-manager-port",
-                "object-manager-port",
-            )
-        ),
+        *(f"--{name}={port}" for name, port in zip(names, ports, strict=True)),
         env=env,
         timeout=180,
     )
