@@ -394,7 +394,7 @@ class TokenizerConfig:
     eos_id: int | None = None
     """EOS token id; None: found as bos_id is (eos_token, the template, </s>, <|endoftext|>, ...)."""
     concurrency: int | None = None
-    """Tokenizer actors; None: one per CPU of the cluster."""
+    """Units tokenized at once (a Ray task of one CPU each); None: one per CPU of the cluster."""
     batch_size: int = 512
     """Documents per encode_batch call."""
     chat_template: str | None = None

@@ -252,9 +252,10 @@ def _run_job(
     # would wait forever behind actors holding every CPU.
     shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
     # The tokenize actors start loading now, beside the driver's checks below.
-    concurrency = cfg.tokenizer.concurrency or _cluster_cpus()
+    cpus = _cluster_cpus()
+    concurrency = cfg.tokenizer.concurrency or cpus
     fast = cfg.tokenizer.backend != "tokenizers" and not cfg.input.chat  # chat data: tokenizers
-    pool = TokenizePool(cfg, min(concurrency, len(shards)), fast)
+    pool = TokenizePool(cfg, min(concurrency, len(shards)), fast, capped=concurrency < cpus)
     try:
         return _run_stages(cfg, tok, spec, shards, token_dir, pool, timings, log, release_ray)
     finally:

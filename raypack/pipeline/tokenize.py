@@ -406,9 +406,11 @@ def preload(cfg: JobConfig, fast: bool) -> Preloaded:
     return loaded
 
 
-def forget() -> None:
-    """Drop the preloaded tokenizers of this process."""
+def forget() -> bool:
+    """Drop the preloaded tokenizers of this process; whether there were any."""
+    held = bool(_PRELOADED)
     _PRELOADED.clear()
+    return held
 
 
 class TokenizeShards:

@@ -27,6 +27,8 @@ same token file.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import uuid
 from collections.abc import Callable
@@ -34,6 +36,7 @@ from contextlib import suppress
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from raypack.config import JobConfig
 from raypack.pipeline.exchange import task_options, transient
@@ -106,7 +109,19 @@ def forget() -> None:
     from raypack.pipeline import tokenize
 
     _SHARDS.clear()
-    tokenize.forget()
+    if tokenize.forget():
+        gc.collect()
+        _trim_heap()
+
+
+def _trim_heap() -> None:
+    """Give freed memory back to the system: Arrow's pool keeps what the units' buffers used, and
+    glibc what the tokenizers' Rust allocations did (through malloc); the next task's peak would
+    sit on top of both (measured: 429 MiB after preloading a 128k BPE with fastokens, 218 MiB after
+    forget)."""
+    pa.default_memory_pool().release_unused()
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class RemoteFast:
@@ -136,10 +151,13 @@ class TokenizePool:
     once (preload, from the moment the pool is made) and that Ray reuses from unit to unit and then
     for the assign and write tasks."""
 
-    def __init__(self, cfg: JobConfig, size: int, fast: bool) -> None:
+    def __init__(self, cfg: JobConfig, size: int, fast: bool, capped: bool = False) -> None:
+        """`size` tasks at once; `capped`: size is below the cluster's CPUs (tokenizer.concurrency),
+        so no unit is submitted beyond it (else IN_FLIGHT a CPU, Ray's CPUs being the cap)."""
         import ray
 
         self.cfg, self.size = cfg, size
+        self.window = size if capped else IN_FLIGHT * size
         self.patterns, self.options = task_options()
         self.run_id = uuid.uuid4().hex
         self.preloads = [ray.remote(preload_task).options(num_cpus=1).remote(cfg, fast) for _ in range(size)]
@@ -155,7 +173,7 @@ class TokenizePool:
         backend: str,
         on_summary: Callable[[dict[str, Any]], None],
     ) -> None:
-        """Tokenize every row's unit, submitted in the given order, IN_FLIGHT a CPU at a time;
+        """Tokenize every row's unit, submitted in the given order, `window` at a time;
         `on_summary` gets each summary as it arrives. An error that Ray's retries did not cure is
         raised as Ray raises it."""
         import ray
@@ -170,7 +188,7 @@ class TokenizePool:
                 running.append(task.remote(self.run_id, self.cfg, cls, backend, self.patterns, row))
             return row is not None
 
-        while len(running) < IN_FLIGHT * self.size and submit():
+        while len(running) < self.window and submit():
             pass
         while running:
             [done], rest = ray.wait(running, num_returns=1)
