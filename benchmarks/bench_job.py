@@ -103,7 +103,13 @@ def make_corpus(work: Path, mb: int) -> tuple[Path, list[str]]:
             break
     if total < mb * 10**6:
         print(f"note: this machine has {total / 1e6:.0f} MB of distinct source text, not {mb} MB")
-    if not (corpus / "done").exists():
+    # The texts' digest marks a finished corpus: site-packages change between runs (a package
+    # installed), and a corpus of other texts than the baselines encode would compare nothing.
+    digest = hashlib.sha256("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
+    done = corpus / "done"
+    if not done.exists() or done.read_text() != digest:
+        for old in corpus.glob("part-*.jsonl.gz"):
+            old.unlink()
         corpus.mkdir(parents=True, exist_ok=True)
         shards: list[list[str]] = [[]]
         size = 0
@@ -116,7 +122,7 @@ def make_corpus(work: Path, mb: int) -> tuple[Path, list[str]]:
         for i, lines in enumerate(shards):
             with gzip.open(corpus / f"part-{i:05d}.jsonl.gz", "wt", compresslevel=1) as out:
                 out.writelines(lines)
-        (corpus / "done").write_text("")
+        done.write_text(digest)
     return corpus, texts
 
 
