@@ -30,6 +30,9 @@ def pack_groups(
     With a mixture's `selection`, a document comes as many times as it has copies: every first copy
     of the group, then every second, ... (so that greedy, which keeps input order, does not put two
     copies side by side)."""
+    from raypack.pipeline.tokenize_pool import forget
+
+    forget()  # a process that tokenized (Ray reuses them) drops its tokenizers first
     out = []
     p = cfg.pack
     for group, shards in zip(batch["group"], batch["shards"], strict=True):
