@@ -77,7 +77,7 @@ class FastokensEncoder:
     name = "fastokens"
 
     def __init__(self, tokenizer_json: str) -> None:
-        # One thread per actor, as for tokenizers' rayon pool: N actors × N threads on N cores lose
+        # One thread per worker, as for tokenizers' rayon pool: N workers × N threads on N cores lose
         # ~19% (measured for tokenizers). A value the user set wins.
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         import fastokens
@@ -198,7 +198,7 @@ def choose_backend(
     when `fastokens` was asked for and cannot be used exactly; `auto` falls back with the reason.
     `corpus_sample` is called (it reads the corpus) only once fastokens has loaded and passed the
     probes. `fast_encoder`: fastokens' encoder of tok (an exception when it refuses it); default one
-    loaded here (the job's: a tokenize actor's, raypack.pipeline.tokenize_pool)."""
+    loaded here (the job's: a tokenize worker's, raypack.pipeline.tokenize_pool)."""
     from raypack.errors import ConfigError
 
     reference = TokenizersEncoder(tok.tokenizer)

@@ -48,6 +48,7 @@ from raypack.packing import Plan
 from raypack.pipeline.assign import TokenShard, assign_items
 from raypack.pipeline.histogram import Totals, index_path
 from raypack.pipeline.materialize import write_pack_file
+from raypack.pipeline.tokenize import forget
 from raypack.storage import resolve
 
 if TYPE_CHECKING:
@@ -269,13 +270,6 @@ def task_options() -> tuple[tuple[str, ...], dict[str, Any]]:
     return patterns, options
 
 
-def _forget_tokenizers() -> None:
-    """A process that tokenized before (Ray reuses the tokenize stage's workers) drops its tokenizers."""
-    from raypack.pipeline.tokenize_pool import forget
-
-    forget()
-
-
 def _hash_parts(ids: pa.Array, parts: int) -> np.ndarray:
     """A part for each id by a stable hash of its text (pandas' siphash with its fixed key: the same
     on every worker and every run, unlike Python's hash())."""
@@ -302,7 +296,7 @@ def assign_run(
     since the last round (a run with no items: one round of id pieces alone), then its counts. Ids
     ride with the rounds so that the task never holds more than a round's: all of a run's ids (at
     40 bytes each, 200 MB for 5M documents) was the task's largest object."""
-    _forget_tokenizers()
+    forget()  # a process that tokenized (Ray reuses them) drops its tokenizers first
     with transient(patterns):
         parts = len(part_first_key)
         pending: list[list[pa.Table]] = [[] for _ in range(parts)]
@@ -373,7 +367,7 @@ def write_files(
 ) -> pa.Table:
     """Ray task: the files of `keys` (ascending), one at a time, from pieces sorted by file_key (read
     in place from the object store: the heap holds one file). One WRITTEN row a file."""
-    _forget_tokenizers()
+    forget()
     with transient(patterns):
         pieces = tuple(p for p in pieces if p.num_rows)
         starts = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="left") for p in pieces]

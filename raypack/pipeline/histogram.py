@@ -35,7 +35,7 @@ def summarize_shard(
     cfg: JobConfig, shard: Shard, doc_ids: pa.Array, rows: pa.Array, doc_length: np.ndarray
 ) -> dict[str, Any]:
     """The shard's sparse item histogram and document counts (for the driver's reduce), and its
-    documents index file. Called by the tokenizer actor as soon as the shard is tokenized, so the
+    documents index file. Called by the tokenize worker as soon as the shard is tokenized, so the
     lengths are never read back. In a mixture, also its tokens by key bin (raypack.mixture), from
     which the driver places each source's cut."""
     items = make_items(doc_length, cfg.pack.seq_len, cfg.pack.overflow)
@@ -67,7 +67,7 @@ def summarize_shard(
 
 def summarize_shard_warm(cfg: JobConfig) -> None:
     """summarize_shard's compiled functions loaded (numba reads them from its cache on first use), on
-    three made-up documents, with no file written: a tokenize actor does this as it starts."""
+    three made-up documents, with no file written: tokenize.preload does this in each worker."""
     lengths = np.asarray([1, cfg.pack.seq_len, cfg.pack.seq_len + 1], dtype=np.int64)
     items = make_items(lengths, cfg.pack.seq_len, cfg.pack.overflow)
     item_histogram(items.length, cfg.pack.seq_len)

@@ -1,8 +1,8 @@
 """The job: the one module that wires the job's Ray stages together (raypack.pipeline.tokenize_pool
-runs the tokenize actors; raypack.reader's read_packed reads a finished dataset with Ray Data).
+runs the tokenize tasks; raypack.reader's read_packed reads a finished dataset with Ray Data).
 
     input files ─work_units (large JSONL: scan tasks count lines)─▶ shards (files, or units of one)
-    shards ─TokenizeShards on TokenizePool's actors─▶ token files + per-shard histograms (tokenize, once)
+    shards ─TokenizeShards on TokenizePool's tasks─▶ token files + per-shard histograms (tokenize, once)
     per-shard histograms ─folded as they arrive (driver)─▶ one histogram per run of shards ─▶ plan
     runs of shards ─assign tasks─▶ pieces ─(merge tasks)─▶ write tasks, a range of files each ─▶ data/
         (raypack.pipeline.exchange: Ray tasks of bounded fan-out, the duplicate-id check folded in)
@@ -183,7 +183,7 @@ def _stage(timings: dict[str, float], name: str, log: Callable[[str], None]) -> 
 
 
 def _cluster_cpus() -> int:
-    """The cluster's CPUs: the tokenizer actors' default count and the exchange's width."""
+    """The cluster's CPUs: the tokenize tasks' default count and the exchange's width."""
     import ray
 
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -249,15 +249,15 @@ def _run_job(
     token_dir = cache if cache is not None else join(staging, "tokens")
     ensure_ray()
     # Work units first: a large JSONL file's line-count scan runs on Ray tasks of a CPU each, which
-    # would wait forever behind actors holding every CPU.
+    # would queue behind the preload tasks (with actors holding every CPU, forever: test_s3 hung).
     shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
-    # The tokenize actors start loading now, beside the driver's checks below.
-    cpus = _cluster_cpus()
-    concurrency = cfg.tokenizer.concurrency or cpus
+    # The tokenize workers start loading now, beside the driver's checks below.
+    width = _cluster_cpus()
+    concurrency = cfg.tokenizer.concurrency or width
     fast = cfg.tokenizer.backend != "tokenizers" and not cfg.input.chat  # chat data: tokenizers
-    pool = TokenizePool(cfg, min(concurrency, len(shards)), fast, capped=concurrency < cpus)
+    pool = TokenizePool(cfg, min(concurrency, len(shards)), fast, capped=concurrency < width)
     try:
-        return _run_stages(cfg, tok, spec, shards, token_dir, pool, timings, log, release_ray)
+        return _run_stages(cfg, tok, spec, shards, token_dir, pool, width, timings, log, release_ray)
     finally:
         pool.close()
 
@@ -269,6 +269,7 @@ def _run_stages(
     shards: list[Shard],
     token_dir: str,
     pool: TokenizePool,
+    width: int,
     timings: dict[str, float],
     log: Callable[[str], None],
     release_ray: bool,
@@ -291,21 +292,19 @@ def _run_stages(
     log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
     settings = {n: token_settings(cfg, tok, choice, n, template) for n in sorted({s.source for s in shards})}
     keys = tuple(token_key(s, settings[s.source]) for s in shards)
-    width = _cluster_cpus()
     runs = max(1, min(len(shards), width))
     weights = _unit_bytes(shards, cfg.input)
     totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [s.source for s in shards])
     rows = [
         {**dataclasses.asdict(s), "token_dir": token_dir, "key": k} for s, k in zip(shards, keys, strict=True)
     ]
-    # Largest first: the last units to start are the shortest, so actors finish close together (the
+    # Largest first: the last units to start are the shortest, so workers finish close together (the
     # summaries are folded in any order; nothing downstream depends on it).
     ordered = [rows[i] for i in sorted(range(len(rows)), key=lambda i: -weights[i])]
 
     with _stage(timings, "tokenize", log):
         # Summaries are folded as they arrive: no list of every shard's histogram.
         pool.run(ordered, TokenizeShards, choice.backend, totals.add)
-        pool.close()
     totals.check_complete()
     reused, documents, rejects, reasons = totals.reused, totals.documents, totals.rejects, totals.reasons
     lost = {"rejected_records": totals.rejected_records, "lost_files": totals.lost_files}

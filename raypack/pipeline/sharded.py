@@ -17,7 +17,7 @@ from raypack.packing import pack
 from raypack.pipeline.assign import TokenShard, items_table
 from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.select import Selection
-from raypack.pipeline.tokenize import token_file
+from raypack.pipeline.tokenize import forget, token_file
 from raypack.storage import resolve
 
 __all__ = ["pack_groups"]
@@ -30,8 +30,6 @@ def pack_groups(
     With a mixture's `selection`, a document comes as many times as it has copies: every first copy
     of the group, then every second, ... (so that greedy, which keeps input order, does not put two
     copies side by side)."""
-    from raypack.pipeline.tokenize_pool import forget
-
     forget()  # a process that tokenized (Ray reuses them) drops its tokenizers first
     out = []
     p = cfg.pack

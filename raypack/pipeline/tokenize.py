@@ -1,17 +1,21 @@
-"""Stage 2, tokenize: a Ray Data actor that loads the tokenizer once and turns whole shards into staged
-token files (one Parquet file per input shard, schema.TOKENIZED), plus a rejects file when needed.
+"""Stage 2, tokenize: TokenizeShards turns whole work units into staged token files (one Parquet file
+per unit, schema.TOKENIZED), plus a rejects file when needed. It runs on Ray tasks
+(raypack.pipeline.tokenize_pool) in worker processes that load the tokenizer once (preload) and keep
+one TokenizeShards from one unit of a run to the next (shards_for).
 
 Documents are encoded by the backend the driver chose (raypack.pipeline.backends): `tokenizers`'
 `encode_batch_fast(..., add_special_tokens=False)`, or fastokens where it proved the same ids. With
 fastokens, a Checker re-encodes a seeded sample of each unit's pieces with `tokenizers` within a
 fifth of the fast encoder's own time; a difference re-tokenizes the unit with `tokenizers`, and
-every actor finishes the job on it (a marker in the staging area). The tokenizer's own template
+every worker finishes the job on it (a marker in the staging area). The tokenizer's own template
 (which may add BOS, CLS/SEP, ...) is off, so `add_bos` / `add_eos` alone decide what frames a document.
 Tokens are computed once here; later stages only read these files.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 import itertools
 import json
@@ -20,6 +24,7 @@ import random
 import re
 import time
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,9 +48,12 @@ __all__ = [
     "encode_chat",
     "encode_documents",
     "encode_flat",
+    "forget",
     "load_tokenizer",
+    "preload",
     "reason_counts",
     "rejects_path",
+    "shards_for",
     "token_file",
     "token_key",
     "token_settings",
@@ -54,7 +62,7 @@ __all__ = [
 
 # A text longer than this is encoded piece by piece: an Encoding keeps ~100 bytes per token (ids,
 # offsets, token strings, masks) and `.ids` is a Python list (~36 bytes per token), so one 50M-token
-# document encoded whole would need ~7 GB in the actor. 1M characters ≈ 250k tokens ≈ 35 MB.
+# document encoded whole would need ~7 GB in the worker. 1M characters ≈ 250k tokens ≈ 35 MB.
 PIECE_CHARS = 1 << 20
 # Pieces are encoded in groups of at most this much text, so that few Encodings are alive at once
 # (the reader's batches are bounded alike: read.MAX_BATCH_BYTES).
@@ -356,7 +364,7 @@ def reason_counts(reasons: list[str]) -> dict[str, int]:
 
 
 def failover_marker(output: str) -> str:
-    """Written by the first tokenize actor whose check found a difference: the others then go on with
+    """Written by the first tokenize worker whose check found a difference: the others then go on with
     tokenizers too (it lives in the staging area, removed with it)."""
     return join(output, "_staging", "backend-failover")
 
@@ -366,7 +374,7 @@ def rejects_path(output: str, shard: int) -> str:
 
 
 def _node_id() -> str:
-    """The Ray node this actor runs on ("" outside Ray): metrics.json reports how many nodes tokenized
+    """The Ray node this worker runs on ("" outside Ray): metrics.json reports how many nodes tokenized
     each split file."""
     import ray
 
@@ -375,7 +383,7 @@ def _node_id() -> str:
 
 @dataclass
 class Preloaded:
-    """What a tokenize actor loads once, before it is given work (raypack.pipeline.tokenize_pool)."""
+    """What a tokenize worker process loads once, before it is given units."""
 
     cfg: JobConfig
     tok: LoadedTokenizer
@@ -385,13 +393,21 @@ class Preloaded:
 
 
 _PRELOADED: list[Preloaded] = []
+# The process's TokenizeShards, kept from one unit of a run to the next (it holds the tokenizer
+# and, once a check found a difference, the failover to tokenizers): (run, cls, backend) and it.
+_SHARDS: list[tuple[tuple[str, type[TokenizeShards], str], TokenizeShards]] = []
 
 
 def preload(cfg: JobConfig, fast: bool) -> Preloaded:
-    """The tokenizer of cfg (and fastokens' copy of it when `fast`), loaded once a process: a tokenize
-    actor loads them as it starts, while the driver still checks the backend, and every unit it
-    is then given finds them here. 128k BPE: fastokens 1.1 s, tokenizers 0.4 s to load. Numba's
+    """The tokenizer of cfg (and fastokens' copy of it when `fast`), loaded once a process: a worker
+    loads them as the job starts, while the driver still checks the backend, and every unit it is
+    then given finds them here. 128k BPE: fastokens 1.1 s, tokenizers 0.4 s to load. Numba's
     functions of the summary are loaded too (0.5-0.75 s on a unit otherwise)."""
+    # Each task holds one CPU (num_cpus=1), but tokenizers' thread pool takes every core of the
+    # machine: N workers × N threads on N cores. Two processes on 2 cores encode the demo corpus in
+    # 6.7-6.8 s each with the default pool, 5.6-5.7 s each with one thread. Set before the first
+    # encode, which builds the pool; a value the user set wins (fastokens: FastokensEncoder).
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
     key = (cfg.tokenizer, cfg.storage)
     if not _PRELOADED or (_PRELOADED[0].cfg.tokenizer, _PRELOADED[0].cfg.storage) != key:
         _PRELOADED[:] = [Preloaded(cfg, load_tokenizer(cfg.tokenizer, cfg.storage))]
@@ -399,30 +415,43 @@ def preload(cfg: JobConfig, fast: bool) -> Preloaded:
     loaded = _PRELOADED[0]
     if fast and not loaded.fast_tried:
         loaded.fast_tried = True
-        try:  # fastokens objects do not pickle: each actor builds its own
+        try:  # fastokens objects do not pickle: each process builds its own
             loaded.fast = FastokensEncoder(loaded.tok.json)
         except Exception as e:
             loaded.fast_error = str(e).splitlines()[0] if str(e) else type(e).__name__
     return loaded
 
 
-def forget() -> bool:
-    """Drop the preloaded tokenizers of this process; whether there were any."""
-    held = bool(_PRELOADED)
+def shards_for(run: str, cls: type[TokenizeShards], cfg: JobConfig, backend: str) -> TokenizeShards:
+    """The process's TokenizeShards for this job run (`run`: a worker that served another run, a later
+    job of the same Ray session, starts afresh)."""
+    key = (run, cls, backend)
+    if not _SHARDS or _SHARDS[0][0] != key:
+        _SHARDS[:] = [(key, cls(cfg, backend))]
+    return _SHARDS[0][1]
+
+
+def forget() -> None:
+    """Drop this process's tokenizers: the assign, write and sharded-group tasks call it, as Ray
+    reuses the tokenize stage's processes for them (a 128k vocabulary loaded twice is ~0.2-0.3 GB
+    they would otherwise keep), and give the freed memory back to the system: Arrow's pool keeps
+    what the units' buffers used, glibc what the tokenizers' Rust allocations did (through malloc).
+    Measured: 429 MiB after preloading a 128k BPE with fastokens, 218 MiB after forget."""
+    if not (_PRELOADED or _SHARDS):
+        return
+    _SHARDS.clear()
     _PRELOADED.clear()
-    return held
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    with suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class TokenizeShards:
-    """map_batches callable: each input row names a shard and its token file; each output row
-    summarizes the shard. A token file that exists already (a rebuild's cache) is reused, not redone."""
+    """Tokenizes work units one at a time (unit): each names a shard and its token file, and gives the
+    shard's summary. A token file that exists already (a rebuild's cache) is reused, not redone."""
 
     def __init__(self, cfg: JobConfig, backend: str = "tokenizers") -> None:
-        # Each actor holds one CPU (num_cpus=1), but tokenizers' thread pool takes every core of the
-        # machine: N actors × N threads on N cores. Two processes on 2 cores encode the demo corpus
-        # in 6.7-6.8 s each with the default pool, 5.6-5.7 s each with one thread. Set before the
-        # first encode, which builds the pool; a value the user set wins.
-        os.environ.setdefault("RAYON_NUM_THREADS", "1")
         self.cfg = cfg
         self.storage = cfg.storage
         loaded = preload(cfg, fast=backend == "fastokens")
@@ -430,7 +459,7 @@ class TokenizeShards:
         self.reference = TokenizersEncoder(self.tok.tokenizer)
         self.encoder: Encoder = self.reference
         self.failover = ""
-        """Why this actor went back to tokenizers ("" while it has not)."""
+        """Why this worker went back to tokenizers ("" while it has not)."""
         if backend == "fastokens":
             if loaded.fast is not None:
                 self.encoder = loaded.fast
@@ -443,66 +472,21 @@ class TokenizeShards:
         if cfg.input.chat:  # the mask needs token offsets: tokenizers encodes chat data
             self.encoder = self.reference
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        out: dict[str, list[Any]] = {
-            "shard": [],
-            "cached": [],
-            "documents": [],
-            "tokens": [],
-            "rejects": [],
-            "rejected_records": [],
-            "lost_files": [],
-            "reasons": [],
-            "lengths": [],
-            "counts": [],
-            "stats": [],
-            "key_bins": [],
-            "key_tokens": [],
-            "node": [],
-            "backend": [],
-            "checked_texts": [],
-            "checked_bytes": [],
-            "failover": [],
-            "trained": [],
-        }
-        node = _node_id()
-        for i in range(len(batch["index"])):
-            shard = Shard(
-                index=int(batch["index"][i]),
-                path=str(batch["path"][i]),
-                relpath=str(batch["relpath"][i]),
-                size=int(batch["size"][i]),
-                mtime_ns=int(batch["mtime_ns"][i]),
-                unit_start=int(batch["unit_start"][i]),
-                unit_stop=int(batch["unit_stop"][i]),
-                first_row=int(batch["first_row"][i]),
-            )
-            summary = self.tokenize_shard(shard, str(batch["token_dir"][i]), str(batch["key"][i]))
-            for key, value in summary.items():
-                out[key].append(value)
-            out["shard"].append(shard.index)
-            out["node"].append(node)
-        return {
-            "shard": np.asarray(out["shard"], dtype=np.int64),
-            "cached": np.asarray(out["cached"], dtype=bool),
-            "documents": np.asarray(out["documents"], dtype=np.int64),
-            "tokens": np.asarray(out["tokens"], dtype=np.int64),
-            "rejects": np.asarray(out["rejects"], dtype=np.int64),
-            "rejected_records": np.asarray(out["rejected_records"], dtype=np.int64),
-            "lost_files": np.asarray(out["lost_files"], dtype=np.int64),
-            "reasons": np.asarray(out["reasons"], dtype=object),
-            "lengths": out["lengths"],
-            "counts": out["counts"],
-            "stats": np.asarray(out["stats"], dtype=object),
-            "key_bins": out["key_bins"],
-            "key_tokens": out["key_tokens"],
-            "node": np.asarray(out["node"], dtype=object),
-            "backend": np.asarray(out["backend"], dtype=object),
-            "checked_texts": np.asarray(out["checked_texts"], dtype=np.int64),
-            "checked_bytes": np.asarray(out["checked_bytes"], dtype=np.int64),
-            "failover": np.asarray(out["failover"], dtype=object),
-            "trained": np.asarray(out["trained"], dtype=np.int64),
-        }
+    def unit(self, row: dict[str, Any]) -> dict[str, Any]:
+        """One work unit (a job row: the Shard's fields, its token_dir and key) → its summary, the
+        row histogram.Totals.add folds."""
+        shard = Shard(
+            index=int(row["index"]),
+            path=str(row["path"]),
+            relpath=str(row["relpath"]),
+            size=int(row["size"]),
+            mtime_ns=int(row["mtime_ns"]),
+            unit_start=int(row["unit_start"]),
+            unit_stop=int(row["unit_stop"]),
+            first_row=int(row["first_row"]),
+        )
+        summary = self.tokenize_shard(shard, str(row["token_dir"]), str(row["key"]))
+        return {"shard": shard.index, "node": _node_id(), **summary}
 
     def tokenize_shard(self, shard: Shard, token_dir: str, key: str) -> dict[str, Any]:
         """Make sure the shard's token file exists (tokenizing only when it does not), write its index

@@ -5,8 +5,8 @@ As soon as the work units are known, one preload task a CPU makes a worker proce
 tokenizer and fastokens' copy of it (tokenize.preload), while the driver still checks the chat
 template and the backend; the backend's self-check encodes its probes and corpus sample with a
 worker's fastokens (RemoteFast), so the driver never loads fastokens itself. Then each unit is one
-task (tokenize_unit: TokenizeShards on a batch of one row, the TokenizeShards kept in the process
-from one unit of the run to the next); the driver keeps IN_FLIGHT units a CPU submitted, largest
+task (tokenize_unit: TokenizeShards.unit, the TokenizeShards kept in the process from one unit
+of the run to the next); the driver keeps IN_FLIGHT units a CPU submitted, largest
 first, and folds each summary as it arrives.
 
 Why not Ray Data's actor pool (what this stage was until issue 20): its actors start only when the
@@ -27,20 +27,16 @@ same token file.
 
 from __future__ import annotations
 
-import ctypes
-import gc
-import os
 import uuid
 from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from raypack.config import JobConfig
 from raypack.pipeline.exchange import task_options, transient
-from raypack.pipeline.tokenize import TokenizeShards, preload
+from raypack.pipeline.tokenize import TokenizeShards, preload, shards_for
 
 __all__ = ["IN_FLIGHT", "RemoteFast", "TokenizePool", "tokenize_unit"]
 
@@ -49,38 +45,23 @@ __all__ = ["IN_FLIGHT", "RemoteFast", "TokenizePool", "tokenize_unit"]
 IN_FLIGHT = 2
 
 
-def _one_thread() -> None:
-    # As TokenizeShards does, before anything loads: one encoder thread a task (N workers × N
-    # threads on N cores lose ~19%, measured for tokenizers). A value the user set wins.
-    os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
-
-
 def preload_task(cfg: JobConfig, fast: bool) -> None:
     """Ray task: this worker process loads the tokenizer (and fastokens' copy) for the units to come."""
-    _one_thread()
     preload(cfg, fast)
 
 
 def fast_status(cfg: JobConfig) -> tuple[str, str]:
     """Ray task: fastokens' version on this worker, and why it did not load ("" when it did)."""
-    _one_thread()
     loaded = preload(cfg, fast=True)
     return (loaded.fast.version if loaded.fast is not None else "", loaded.fast_error)
 
 
 def fast_encode(cfg: JobConfig, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Ray task: fastokens' ids of `texts` (the driver's self-check compares them with tokenizers')."""
-    _one_thread()
     loaded = preload(cfg, fast=True)
     if loaded.fast is None:
         raise ValueError(loaded.fast_error)
     return loaded.fast.encode(texts)
-
-
-# The worker's TokenizeShards, kept from one unit of a run to the next (it holds the tokenizer and,
-# once a check found a difference, the failover to tokenizers): (run, cls, backend) and it.
-_SHARDS: list[tuple[tuple[str, type[TokenizeShards], str], TokenizeShards]] = []
 
 
 def tokenize_unit(
@@ -91,37 +72,10 @@ def tokenize_unit(
     patterns: tuple[str, ...],
     row: dict[str, Any],
 ) -> dict[str, Any]:
-    """Ray task: one unit tokenized (TokenizeShards on a batch of one row); its summary row. `run`
-    identifies the job run, so a worker that served another run (a later job of the same Ray
-    session) starts afresh."""
-    _one_thread()
+    """Ray task: one unit tokenized (tokenize.shards_for's TokenizeShards); its summary row. `run`
+    identifies the job run (TokenizePool.run_id)."""
     with transient(patterns):
-        key = (run, cls, backend)
-        if not _SHARDS or _SHARDS[0][0] != key:
-            _SHARDS[:] = [(key, cls(cfg, backend))]
-        out = _SHARDS[0][1]({k: np.asarray([v]) for k, v in row.items()})
-        return {k: v[0] for k, v in out.items()}
-
-
-def forget() -> None:
-    """Drop this worker's tokenizers (the assign and write tasks that reuse the process call it: a
-    128k vocabulary loaded twice is ~0.3-0.6 GB they would otherwise keep)."""
-    from raypack.pipeline import tokenize
-
-    _SHARDS.clear()
-    if tokenize.forget():
-        gc.collect()
-        _trim_heap()
-
-
-def _trim_heap() -> None:
-    """Give freed memory back to the system: Arrow's pool keeps what the units' buffers used, and
-    glibc what the tokenizers' Rust allocations did (through malloc); the next task's peak would
-    sit on top of both (measured: 429 MiB after preloading a 128k BPE with fastokens, 218 MiB after
-    forget)."""
-    pa.default_memory_pool().release_unused()
-    with suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return shards_for(run, cls, cfg, backend).unit(row)
 
 
 class RemoteFast:

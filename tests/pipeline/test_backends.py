@@ -214,7 +214,7 @@ def test_jobs_on_either_backend_write_the_same_bytes_and_a_difference_in_the_run
     # The self-check passes (patched here in the driver); the actors' encoder differs on "histogram".
     from raypack.pipeline.tokenize import TokenizeShards
 
-    class Differs(TokenizeShards):  # defined here, so Ray ships it by value to the actors
+    class Differs(TokenizeShards):  # defined here, so Ray ships it by value to the workers
         def __init__(self, cfg: Any, backend: str = "tokenizers") -> None:
             super().__init__(cfg, backend)
             if self.encoder is not self.reference:
