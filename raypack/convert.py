@@ -145,7 +145,7 @@ def convert_files(
     spec: Spec,
     out: str,
     storage: StorageConfig,
-    patterns: tuple[str, ...],
+    patterns: tuple[str, ...] | None,
 ) -> pa.Table:
     """Ray task: each file's packs read through `source`'s format, written through `spec`'s; their
     WRITTEN rows."""

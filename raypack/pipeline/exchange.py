@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -100,10 +101,14 @@ class TransientStorageError(OSError):
 
 
 @contextmanager
-def transient(patterns: tuple[str, ...]) -> Iterator[None]:
+def transient(patterns: tuple[str, ...] | None) -> Iterator[None]:
+    """An OSError whose text holds one of `patterns` (None: Ray Data's defaults, read only when an
+    OSError is met) leaves as a TransientStorageError, after a pause: Ray retries the task."""
     try:
         yield
     except OSError as e:
+        if patterns is None:
+            patterns = _retried_io_errors()
         if isinstance(e, TransientStorageError) or not any(p in str(e) for p in patterns):
             raise
         time.sleep(random.uniform(*_PAUSE_S))  # backoff before Ray's retry (it has none of its own)
@@ -260,14 +265,24 @@ def _add_ids(parts: list[list[pa.Array]], ids: pa.Array) -> None:
             found.append(ids.filter(pa.array(part == p)))
 
 
-def task_options() -> tuple[tuple[str, ...], dict[str, Any]]:
-    """The transient storage errors' patterns (Ray Data's own list), and the options of every task
-    that touches storage: one CPU, retried on a killed worker and on a TransientStorageError."""
-    import ray.data
-
-    patterns = tuple(ray.data.DataContext.get_current().retried_io_errors)
+def task_options() -> tuple[tuple[str, ...] | None, dict[str, Any]]:
+    """The transient storage errors' patterns, and the options of every task that touches storage:
+    one CPU, retried on a killed worker and on a TransientStorageError. The patterns are Ray Data's
+    list: the driver's DataContext's where the driver has imported Ray Data (a user may have
+    changed it), else None, for `transient` to read Ray Data's defaults on an error. Importing
+    ray.data (and pandas) only to read that list cost the driver 0.6-0.75 s, at the moment the
+    tokenize workers were being started."""
+    patterns = None
+    if "ray.data" in sys.modules:
+        patterns = _retried_io_errors()
     options = {"num_cpus": 1, "max_retries": RETRIES, "retry_exceptions": [TransientStorageError]}
     return patterns, options
+
+
+def _retried_io_errors() -> tuple[str, ...]:
+    import ray.data
+
+    return tuple(ray.data.DataContext.get_current().retried_io_errors)
 
 
 def _hash_parts(ids: pa.Array, parts: int) -> np.ndarray:
@@ -288,7 +303,7 @@ def assign_run(
     round_ends: np.ndarray,
     part_first_key: np.ndarray,
     id_parts: int,
-    patterns: tuple[str, ...],
+    patterns: tuple[str, ...] | None,
     selection: Selection | None = None,
 ) -> Iterator[Any]:
     """Ray task (a generator: each value is stored as it is yielded): `rounds` rounds, each one piece
@@ -334,7 +349,7 @@ def assign_run(
 
 
 def merge_pieces(
-    writer_first_key: np.ndarray, patterns: tuple[str, ...], *pieces: pa.Table
+    writer_first_key: np.ndarray, patterns: tuple[str, ...] | None, *pieces: pa.Table
 ) -> Iterator[pa.Table]:
     """Ray task (second hop; a generator): pieces of one partition, each sorted by file_key → one
     piece per writer of the partition, made and yielded one at a time from slices of the inputs
@@ -350,7 +365,9 @@ def merge_pieces(
             yield _sorted([p for p in parts if p.num_rows])
 
 
-def merge_piece(writer_first_key: np.ndarray, patterns: tuple[str, ...], *pieces: pa.Table) -> pa.Table:
+def merge_piece(
+    writer_first_key: np.ndarray, patterns: tuple[str, ...] | None, *pieces: pa.Table
+) -> pa.Table:
     """merge_pieces for a partition of one writer (a Ray generator task needs two returns or more)."""
     (piece,) = merge_pieces(writer_first_key, patterns, *pieces)
     return piece
@@ -362,7 +379,7 @@ def write_files(
     spec: Spec,
     bucketed: bool,
     storage: Any,
-    patterns: tuple[str, ...],
+    patterns: tuple[str, ...] | None,
     *pieces: pa.Table,
 ) -> pa.Table:
     """Ray task: the files of `keys` (ascending), one at a time, from pieces sorted by file_key (read
@@ -528,7 +545,7 @@ def run_exchange(
 
 
 def index_ids(
-    output: str, storage: Any, shards: list[int], parts: int, patterns: tuple[str, ...]
+    output: str, storage: Any, shards: list[int], parts: int, patterns: tuple[str, ...] | None
 ) -> tuple[pa.Table, ...] | pa.Table:
     """Ray task (sharded mode, whose groups write without an exchange): the ids of a run of shards'
     index files (one a document, not a copy), hashed into `parts` pieces."""

@@ -76,7 +76,7 @@ def _read_staged(cfg: JobConfig, shard: Shard) -> pa.Table:
 
 
 def boundary_documents(
-    cfg: JobConfig, shards: list[Shard], bins: dict[str, int], patterns: tuple[str, ...]
+    cfg: JobConfig, shards: list[Shard], bins: dict[str, int], patterns: tuple[str, ...] | None
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Ray task: for each source in `bins`, the keys and lengths of its documents (in these shards)
     whose key falls in its boundary bin."""
@@ -133,7 +133,7 @@ def _runs(shards: list[Shard], totals: Totals, sources: set[str] | None = None) 
 
 
 def select_run(
-    cfg: JobConfig, selection: Selection, shards: list[Shard], patterns: tuple[str, ...]
+    cfg: JobConfig, selection: Selection, shards: list[Shard], patterns: tuple[str, ...] | None
 ) -> dict[str, Any]:
     """Ray task: the final index of each shard of a run (a row a copy of each document, in document
     order then copy order; -1 for a document left out), and the run's item histogram by copy layer,

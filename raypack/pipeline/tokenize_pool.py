@@ -69,7 +69,7 @@ def tokenize_unit(
     cfg: JobConfig,
     cls: type[TokenizeShards],
     backend: str,
-    patterns: tuple[str, ...],
+    patterns: tuple[str, ...] | None,
     row: dict[str, Any],
 ) -> dict[str, Any]:
     """Ray task: one unit tokenized (tokenize.shards_for's TokenizeShards); its summary row. `run`

@@ -262,3 +262,20 @@ def test_a_large_file_split_into_units_packs_the_same_bytes(
     rejected = rows(whole, "rejects", ["source", "row", "reason"])
     assert rows(split, "rejects", ["source", "row", "reason"]) == rejected
     assert len(rejected) == len(texts[7::50]) + (fmt == "jsonl")
+
+
+def test_transient_storage_errors_are_told_apart_without_the_drivers_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Patterns None (the driver never imported Ray Data): Ray Data's own list is read when an
+    OSError is met, so a throttled request is retried and a missing file is not."""
+    monkeypatch.setattr(exchange, "_PAUSE_S", (0.0, 0.0))
+    with pytest.raises(exchange.TransientStorageError, match="SLOW_DOWN"), exchange.transient(None):
+        raise OSError("When reading information for key 'a': AWS Error SLOW_DOWN during HeadObject")
+    with pytest.raises(FileNotFoundError) as caught, exchange.transient(None):
+        raise FileNotFoundError("s3://bucket/part-0.jsonl")
+    assert not isinstance(caught.value, exchange.TransientStorageError)
+    # A list of the driver's own wins.
+    with pytest.raises(OSError, match="SLOW_DOWN") as other, exchange.transient(("PERMISSION",)):
+        raise OSError("AWS Error SLOW_DOWN")
+    assert not isinstance(other.value, exchange.TransientStorageError)
