@@ -72,10 +72,12 @@ def write_pack_file(
     capacity = int(items.column("capacity")[0].as_py())
     pack = items.column("pack").to_numpy()
     order = np.lexsort((items.column("slot").to_numpy(), pack))  # items in (pack, slot) order
-    tokens = items.column("tokens").combine_chunks()
-    src = tokens.offsets.to_numpy().astype(np.int64)
-    values = tokens.values.to_numpy()[src[0] : src[-1]]
-    length = np.diff(src)
+    # The token column stays in its chunks (a piece per assign task and round): each chunk's runs
+    # are copied from where they lie. combine_chunks copied all of them first, into fresh memory:
+    # 0.4-0.6 s of a 10,000 × 8192 file's ~3 s, mostly the kernel's page faults.
+    chunks = items.column("tokens").chunks
+    offsets = [c.offsets.to_numpy().astype(np.int64) for c in chunks]
+    length = np.concatenate([np.diff(o) for o in offsets]) if chunks else np.zeros(0, np.int64)
     pack, length = pack[order], length[order]
     first = np.flatnonzero(np.r_[True, pack[1:] != pack[:-1]])
     n_packs = len(first)
@@ -93,7 +95,11 @@ def write_pack_file(
     dst = np.empty(len(order), dtype=np.int64)
     dst[order] = row_of_item * capacity + offset
     input_ids = np.full(n_packs * capacity, spec.pad_id, dtype=np.int32)
-    copy_runs(input_ids, dst, values, src[:-1] - src[0], np.diff(src))
+    row = 0
+    for chunk, src in zip(chunks, offsets, strict=True):  # src: into the chunk's whole value buffer
+        n = len(chunk)
+        copy_runs(input_ids, dst[row : row + n], chunk.values.to_numpy(), src[:-1], np.diff(src))
+        row += n
     # doc_offsets per pack: 0, then the end of each item (cu_seqlens).
     ends = (offset + length).astype(np.int32)
     offsets_values = np.insert(ends, first, np.zeros(n_packs, dtype=np.int32))
