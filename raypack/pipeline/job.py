@@ -77,6 +77,7 @@ from raypack.pipeline.tokenize import (
     token_settings,
 )
 from raypack.pipeline.tokenize_pool import TokenizePool
+from raypack.pipeline.tokenizer import tokenizer_files
 from raypack.report.model import REPORT
 from raypack.storage import (
     Shard,
@@ -232,8 +233,17 @@ def _run_job(
     timings: dict[str, float] = {}
     cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
     out, storage = cfg.output.path, cfg.storage
-    # Everything that can be wrong with the config or the environment fails here, before any work.
-    tok = load_tokenizer(cfg.tokenizer, storage)
+    # Everything that can be wrong with the config or the environment fails here, before any work:
+    # the missing tokenizer, inputs or output (the common mistakes) before Ray starts, the rest as
+    # the tokenizer is parsed, beside Ray's start (3-4 s, mostly waiting on its processes; a 128k
+    # vocabulary takes 0.3-0.5 s to parse).
+    tokenizer = tokenizer_files(cfg.tokenizer, storage)
+    inputs = input_files(cfg.input, storage)
+    check_output(out, storage, overwrite)
+    with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
+        loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer)
+        ensure_ray()
+        tok = loading.result()
     if cfg.output.pad_id >= tok.vocab_size:
         # An embedding lookup of pad_id would fail (or read past the table) in the trainer.
         raise ConfigError(
@@ -242,12 +252,9 @@ def _run_job(
             f"({tok.eos_id})"
         )
     spec = output_spec(cfg, tok.vocab_size, tok.eos_id)
-    inputs = input_files(cfg.input, storage)
-    check_output(out, storage, overwrite)
     clear_output(out, storage)
     staging = join(out, "_staging")
     token_dir = cache if cache is not None else join(staging, "tokens")
-    ensure_ray()
     # Work units first: a large JSONL file's line-count scan runs on Ray tasks of a CPU each, which
     # would queue behind the preload tasks (with actors holding every CPU, forever: test_s3 hung).
     shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
@@ -594,7 +601,7 @@ def _scan_ranges(ranges: list[tuple[Shard, int, int]], storage: StorageConfig) -
 
 
 def _scan(
-    shard: Shard, start: int, stop: int, storage: StorageConfig, patterns: tuple[str, ...]
+    shard: Shard, start: int, stop: int, storage: StorageConfig, patterns: tuple[str, ...] | None
 ) -> tuple[int, int]:
     with transient(patterns):
         return scan_range(shard, start, stop, storage)

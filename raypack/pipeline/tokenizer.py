@@ -26,7 +26,7 @@ from raypack.config import StorageConfig, TokenizerConfig
 from raypack.errors import ConfigError
 from raypack.storage import join, read_bytes, resolve
 
-__all__ = ["BOS_NAMES", "EOS_NAMES", "LoadedTokenizer", "load_tokenizer"]
+__all__ = ["BOS_NAMES", "EOS_NAMES", "LoadedTokenizer", "load_tokenizer", "tokenizer_files"]
 
 BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
@@ -52,10 +52,19 @@ class LoadedTokenizer:
     template and the special tokens a template sees come from them)."""
 
 
-def load_tokenizer(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> LoadedTokenizer:
-    """Load and check the tokenizer; ConfigError naming the problem (missing file, not a tokenizer
-    JSON, no EOS token when add_eos is on...)."""
-    files = _read_files(cfg.path, storage)
+def tokenizer_files(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> dict[str, bytes]:
+    """The tokenizer's files, read (load_tokenizer's first step, apart for a job to fail fast on a
+    missing one and parse it beside Ray's start); ConfigError when there are none."""
+    return _read_files(cfg.path, storage)
+
+
+def load_tokenizer(
+    cfg: TokenizerConfig, storage: StorageConfig | None = None, files: dict[str, bytes] | None = None
+) -> LoadedTokenizer:
+    """Load and check the tokenizer (`files`: tokenizer_files' when already read); ConfigError naming
+    the problem (missing file, not a tokenizer JSON, no EOS token when add_eos is on...)."""
+    if files is None:
+        files = _read_files(cfg.path, storage)
     raw = files[TOKENIZER_FILE]
     try:
         tok = Tokenizer.from_str(raw.decode("utf-8"))
