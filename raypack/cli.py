@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import _thread
 import argparse
+import atexit
 import json
 import os
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from contextlib import suppress
 from functools import partial
 from typing import TYPE_CHECKING, NoReturn
 
@@ -22,7 +24,7 @@ from raypack.packing import ALGORITHMS
 if TYPE_CHECKING:
     from raypack.verify import VerifyReport
 
-__all__ = ["main"]
+__all__ = ["main", "run"]
 
 EXIT_USAGE = 2
 
@@ -362,6 +364,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous)
 
 
+def run() -> NoReturn:
+    """The `raypack` console script: main(), then the exit without the interpreter's teardown. What
+    a normal exit does for the user still happens (atexit's handlers, temporary files among them;
+    stdout and stderr flushed); what is skipped is freeing every module and what the native
+    libraries hold, 0.6-1.0 s after a 500 MB pack on 2 cores (0.05 s so). An exception out of
+    main() (a bug: it keeps its traceback) exits the usual way."""
+    code = main()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with suppress(Exception):  # a closed pipe: nothing left to say
+            stream.flush()
+    os._exit(code)
+
+
 def _main(argv: Sequence[str] | None) -> int:
     commands = {
         "plan": _cmd_plan,
@@ -395,4 +411,4 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -127,3 +127,31 @@ def test_console_script_exits_2_without_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"raypack: error: lengths file not found: {tmp_path / 'missing.txt'}"
     assert proc.stdout == ""
+
+
+def test_console_script_output_and_exit_handlers_survive_its_fast_exit(tmp_path: Path) -> None:
+    """The console script ends without the interpreter's teardown (os._exit): what it printed into a
+    pipe (block-buffered) is all there, and atexit's handlers (a temporary directory's clean-up
+    among them) still run."""
+    lengths = tmp_path / "l.txt"
+    lengths.write_text("\n".join(str(n) for n in range(1, 3000)) + "\n")
+    marker = tmp_path / "atexit-ran"
+    script = (
+        "import atexit, pathlib, sys, tempfile\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+        "kept = tempfile.TemporaryDirectory(dir=sys.argv[1])\n"
+        "sys.argv[1:] = ['plan', '--lengths', sys.argv[2], '--seq-len', '64', '128', '--json']\n"
+        "from raypack.cli import run\n"
+        "run()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path), str(lengths)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["seq_len"] for r in records] == [64, 128] and records[0]["documents"] == 2999
+    assert marker.read_text() == "yes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit-ran", "l.txt"]  # the directory went
