@@ -80,6 +80,65 @@ def test_every_bad_line_is_a_recorded_reject(tmp_path: Path) -> None:
     assert reasons[7] == "not a JSON object but list"
 
 
+# Lines where orjson and json disagree or refuse (raypack.pipeline.read._parse_json_line): big
+# integers (orjson: a float), NaN/Infinity, lone surrogate escapes, deep nesting, a BOM, control
+# characters, non-objects, duplicate keys, ids of every scalar type.
+ODD_LINES = [
+    b'{"text": "plain", "id": "a"}',
+    b'{"text": "big id", "id": 123456789012345678901234567890}',
+    b'{"text": "u64 id", "id": 18446744073709551615}',
+    b'{"text": "float id", "id": 1.5}',
+    b'{"text": "exp id", "id": 1e400}',
+    b'{"text": "nan id", "id": NaN}',
+    b'{"text": 123456789012345678901234567890, "id": "t"}',
+    b'{"text": 2.5, "id": "t"}',
+    b'{"text": "lone \\ud800 surrogate", "id": "s"}',
+    b'{"text": "pair \\ud83d\\ude00", "id": "p"}',
+    b'{"text": "nul \\u0000 and tab\\t", "id": true}',
+    b'{"text": "x", "id": null}',
+    b'{"text": "x", "id": [1]}',
+    b'{"text": "dup", "text": "last", "id": -0}',
+    b'\xef\xbb\xbf{"text": "bom", "id": 1}',
+    b'{"text": "ctrl \x01 raw", "id": 1}',
+    b'{"text": "caf\xe9", "id": 1}',
+    b"[" * 1500 + b"]" * 1500,
+    b'{"text": ' + b"[" * 1500 + b"]" * 1500 + b', "id": 1}',
+    b"123456789012345678901234567890",
+    b'"a string"',
+    b'{"text": "trailing"} x',
+    b'  {"text": "spaced", "id": 0}  \r',
+]
+
+
+@pytest.mark.parametrize("id_field", [None, "id"])
+def test_orjson_reads_every_line_as_json_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, id_field: str | None
+) -> None:
+    """The same documents, ids and rejects (with their reasons) whether orjson read the lines or
+    json alone did (orjson made to refuse every line)."""
+    from raypack.pipeline import read as read_module
+
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes(b"\n".join(ODD_LINES) + b"\n")
+    fast = read_all(path, id_field=id_field)
+
+    def refuse(line: bytes) -> None:
+        raise read_module.orjson.JSONDecodeError("refused", "", 0)
+
+    monkeypatch.setattr(read_module.orjson, "loads", refuse)
+    assert fast == read_all(path, id_field=id_field)
+    docs, rejects = fast
+    assert len(docs) + len(rejects) == len(ODD_LINES)
+    ids = {text: doc_id for _, doc_id, text in docs}
+    if id_field:
+        assert ids["big id"] == "123456789012345678901234567890" and ids["u64 id"] == "18446744073709551615"
+        assert ids["float id"] == "1.5" and ids["exp id"] == "inf" and ids["nan id"] == "nan"
+    assert ids["lone \ud800 surrogate"] and "last" in ids and "dup" not in ids
+    reasons = [reason for _, reason in rejects]
+    assert "malformed JSON: nested too deeply" in reasons  # json's RecursionError, not a crash
+    assert "text field 'text' is int, not a string" in reasons  # not float, as orjson would read it
+
+
 def test_id_field(tmp_path: Path) -> None:
     path = tmp_path / "ids.jsonl"
     write_jsonl(path, [{"text": "a", "id": "x-1"}, {"text": "b", "id": 7}, {"text": "c"}])
@@ -217,6 +276,59 @@ def test_empty_documents_are_rejected_or_kept_as_configured(tmp_path: Path) -> N
     assert rejects == [(1, "empty document"), (2, "whitespace-only document")]
     docs, rejects = read_all(path, empty="keep")
     assert [d[2] for d in docs] == ["", " \n\t ", "x"] and rejects == []
+
+
+@pytest.mark.parametrize("kind", ["members", "bomb", "cut", "garbage after", "empty"])
+def test_gzip_is_inflated_as_arrow_inflates_it(tmp_path: Path, kind: str) -> None:
+    """gzip shards go through ISA-L (read._gunzip), not Arrow's zlib stream: the same bytes for
+    every member of a multi-member file, at most _CHUNK held for a highly compressed one, and a
+    damaged file an error where Arrow's would be one (a reject, with what came before kept)."""
+    import pyarrow.fs as pafs
+
+    from raypack.pipeline import read as read_module
+
+    lines = b"".join(json.dumps({"text": f"doc {i} " * 20}).encode() + b"\n" for i in range(3000))
+    data = {
+        "members": gzip.compress(lines[:5000]) + gzip.compress(lines[5000:]) + gzip.compress(b""),
+        "bomb": gzip.compress(b'{"text": "' + b"a" * (20 << 20) + b'"}\n' + lines),
+        "cut": gzip.compress(lines)[:-5000],
+        "garbage after": gzip.compress(lines) + b"\x00" * 40,
+        "empty": b"",
+    }[kind]
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(data)
+    fs = pafs.LocalFileSystem()
+
+    def inflate(reader: Any) -> tuple[bytes, str | None]:
+        out = []
+        try:
+            for piece in reader():
+                assert len(piece) <= read_module._CHUNK
+                out.append(piece)
+        except OSError as e:
+            return b"".join(out), str(e)
+        return b"".join(out), None
+
+    def arrow() -> Any:
+        with fs.open_input_stream(str(path), compression="detect") as stream:
+            while piece := stream.read(read_module._CHUNK):
+                yield piece
+
+    def isal() -> Any:
+        with fs.open_input_stream(str(path), compression=None) as stream:
+            yield from read_module._gunzip(stream)
+
+    (ours, our_error), (theirs, their_error) = inflate(isal), inflate(arrow)
+    assert (our_error is None) == (their_error is None), (our_error, their_error)
+    if our_error is None:
+        assert ours == theirs
+    else:
+        assert theirs.startswith(ours) or ours.startswith(theirs)  # each stops where its reads did
+        assert read_module._is_bad_data(OSError(our_error))
+        docs, rejects = read_all(path, batch=100)
+        ((row, reason),) = rejects
+        assert reason.startswith(f"unreadable shard after line {row - 1}: ")
+        assert [d[0] for d in docs] == list(range(1, row))  # what came before the damage is kept
 
 
 @pytest.mark.parametrize("damage", ["truncated zstd", "corrupt gzip"])
