@@ -15,13 +15,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.packing import Items, PackPermutation, Plan, copy_runs, expand, item_histogram, make_items
-from raypack.pipeline.tokenize import token_file
-from raypack.storage import resolve
+from raypack.pipeline.tokenize import token_batches, token_file
 
 if TYPE_CHECKING:
     from raypack.pipeline.select import Selection
@@ -99,30 +97,28 @@ def assign_items(
     seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
     base = np.atleast_2d(rank_base).astype(np.int64, copy=True)
     for shard in shards:
-        fs, inner = resolve(token_file(shard.token_dir, shard.key), cfg.storage)
-        with fs.open_input_file(inner) as f:
-            for record_batch in pq.ParquetFile(f).iter_batches(batch_size=cfg.tokenizer.batch_size):
-                batch = pa.Table.from_batches([record_batch])
-                if on_docs is not None:
-                    on_docs(batch.column("doc_id").combine_chunks())
-                n = None
-                if selection is not None:
-                    n = selection.copies(shard.source, shard.relpath, batch.column("row").to_numpy())
-                for layer in range(len(base)):
-                    docs = batch if n is None else batch.filter(pa.array(n > layer))
-                    if not docs.num_rows:
-                        continue
-                    items = make_items(docs.column("length").to_numpy(), seq_len, overflow)
-                    pack, slot, _ = expand(plan, items.length, base[layer])
-                    base[layer] += item_histogram(items.length, seq_len)
-                    bucket, local = buckets.locate(pack.astype(np.int64))
-                    for b, perm in enumerate(perms):
-                        if perm is not None:
-                            mask = bucket == b
-                            local[mask] = perm(local[mask])
-                    keys = file_key(bucket, local // rows)
-                    capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
-                    yield items_table(docs, items, keys, local, slot, capacity)
+        for record_batch in token_batches(token_file(shard.token_dir, shard.key), cfg.storage):
+            batch = pa.Table.from_batches([record_batch])
+            if on_docs is not None:
+                on_docs(batch.column("doc_id").combine_chunks())
+            n = None
+            if selection is not None:
+                n = selection.copies(shard.source, shard.relpath, batch.column("row").to_numpy())
+            for layer in range(len(base)):
+                docs = batch if n is None else batch.filter(pa.array(n > layer))
+                if not docs.num_rows:
+                    continue
+                items = make_items(docs.column("length").to_numpy(), seq_len, overflow)
+                pack, slot, _ = expand(plan, items.length, base[layer])
+                base[layer] += item_histogram(items.length, seq_len)
+                bucket, local = buckets.locate(pack.astype(np.int64))
+                for b, perm in enumerate(perms):
+                    if perm is not None:
+                        mask = bucket == b
+                        local[mask] = perm(local[mask])
+                keys = file_key(bucket, local // rows)
+                capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
+                yield items_table(docs, items, keys, local, slot, capacity)
 
 
 def items_table(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig
@@ -17,8 +16,7 @@ from raypack.packing import pack
 from raypack.pipeline.assign import TokenShard, items_table
 from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.select import Selection
-from raypack.pipeline.tokenize import forget, token_file
-from raypack.storage import resolve
+from raypack.pipeline.tokenize import forget, read_tokens, token_file
 
 __all__ = ["pack_groups"]
 
@@ -37,9 +35,7 @@ def pack_groups(
         layers = selection.layers if selection is not None else 1
         by_layer: list[list[pa.Table]] = [[] for _ in range(layers)]
         for shard in (TokenShard(**s) for s in shards):
-            fs, inner = resolve(token_file(shard.token_dir, shard.key), cfg.storage)
-            with fs.open_input_file(inner) as f:
-                table = pq.read_table(f)
+            table = read_tokens(token_file(shard.token_dir, shard.key), cfg.storage)
             if selection is None:
                 by_layer[0].append(table)
                 continue

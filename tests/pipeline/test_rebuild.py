@@ -8,7 +8,7 @@ import os
 import random
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import pyarrow as pa
 import pytest
 import yaml
 
@@ -73,7 +73,7 @@ def test_incremental_rebuild_equals_a_fresh_run(tmp_path: Path, tokenizer_path: 
     assert second.job.documents == 30 + 25 + 30 + 12
     # Exactly the current corpus's token files stay in the cache (and no temporary ones).
     cached = sorted(p.name for p in (root / "_cache" / "tokens").iterdir())
-    assert cached == sorted(f"{k}.parquet" for k in second.job.token_keys)
+    assert cached == sorted(f"{k}.arrow" for k in second.job.token_keys)
     assert second.cache_entries_removed == 2
 
     fresh = scratch(tmp_path, cfg, "fresh")
@@ -205,9 +205,13 @@ def test_an_unfinished_token_file_is_tokenized_again(tmp_path: Path, tokenizer_p
     first = run_rebuild(cfg, **quiet)
     cache = tmp_path / "root" / "_cache" / "tokens"
     assert not [p for p in cache.iterdir() if p.name.startswith(".tmp-")]
-    cut, truncated = (cache / f"{k}.parquet" for k in first.job.token_keys[:2])
-    assert b"raypack.rejects" in (pq.ParquetFile(cut).metadata.metadata or {})
-    pq.write_table(pq.read_table(cut).slice(0, 5), cut)  # what an error mid-way leaves: no such key
+    cut, truncated = (cache / f"{k}.arrow" for k in first.job.token_keys[:2])
+    reader = pa.ipc.open_file(pa.OSFile(str(cut)))
+    last = reader.get_batch_with_custom_metadata(reader.num_record_batches - 1)
+    assert last.batch.num_rows == 0 and b"raypack.rejects" in (last.custom_metadata or {})
+    head = reader.read_all().slice(0, 5)
+    with pa.ipc.new_file(str(cut), reader.schema) as writer:  # what an error mid-way leaves: no such key
+        writer.write_table(head)
     truncated.write_bytes(truncated.read_bytes()[:-100])  # what a killed local writer leaves
     second = run_rebuild(cfg, **quiet)
     assert (second.job.shards_reused, second.job.shards_tokenized) == (1, 2)

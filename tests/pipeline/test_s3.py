@@ -184,7 +184,7 @@ def test_rebuild_on_s3_moves_latest_and_reuses_the_cache(tmp_path: Path, tokeniz
     assert main(["report", root, "--config", str(cfg_path), "--out", str(tmp_path / "r")]) == 0
     assert (tmp_path / "r" / "report.html").read_bytes() == written and b"121 documents" in written
     cache = fs.get_file_info(pafs.FileSelector(f"{s3server.BUCKET}/rebuild/out/_cache/tokens"))
-    assert sorted(i.base_name for i in cache) == sorted(f"{k}.parquet" for k in second.job.token_keys)
+    assert sorted(i.base_name for i in cache) == sorted(f"{k}.arrow" for k in second.job.token_keys)
 
 
 def test_a_star_stays_inside_one_directory_on_s3(s3) -> None:
