@@ -118,7 +118,7 @@ def test_a_node_dies_mid_run_on_s3(tmp_path: Path, tokenizer_path: Path, three_n
     # Wait until tokenization is under way (token files appear in the staging area), then kill a node.
     deadline = time.monotonic() + 120
     staged = pafs.FileSelector(f"{prefix}/out/_staging/tokens", allow_not_found=True)
-    while not [i for i in fs.get_file_info(staged) if i.base_name.endswith(".parquet")]:
+    while not [i for i in fs.get_file_info(staged) if i.base_name.endswith(".arrow")]:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "tokenization never started"
         time.sleep(0.2)
