@@ -350,14 +350,7 @@ def _run_stages(
         )
 
     with _stage(timings, "plan", log):
-        # Sharded mode plans per group, inside its task; the global bfd plan is made anyway, to report
-        # the efficiency the sharding costs.
-        name = cfg.pack.algorithm if cfg.pack.mode == "global" else "bfd"
-        planner = ALGORITHMS[name].plan
-        if planner is None:  # JobConfig admits histogram packers only in global mode
-            raise ConfigError(f"{name} cannot plan from a histogram")
-        options = cfg.pack.algorithm_options() if cfg.pack.mode == "global" else {}
-        plan = planner(hist, cfg.pack.seq_len, **options)
+        plan = _planner(cfg)(hist)
 
     comparison = []
     if cfg.pack.compare:
@@ -665,18 +658,25 @@ def _length_distribution(stats: DocStats) -> dict[str, Any]:
     }
 
 
+def _planner(cfg: JobConfig) -> Callable[[np.ndarray], Plan]:
+    """The plan stage's planner, histogram → Plan. Sharded mode plans per group, inside its task; the
+    global bfd plan is made anyway, to report the efficiency the sharding costs."""
+    name = cfg.pack.algorithm if cfg.pack.mode == "global" else "bfd"
+    planner = ALGORITHMS[name].plan
+    if planner is None:  # JobConfig admits histogram packers only in global mode
+        raise ConfigError(f"{name} cannot plan from a histogram")
+    options = cfg.pack.algorithm_options() if cfg.pack.mode == "global" else {}
+    return partial(planner, seq_len=cfg.pack.seq_len, **options)
+
+
 def _warm_planner(cfg: JobConfig) -> None:
     """The plan stage's planner run once on a histogram of three items (what loads its functions);
     an error is the real plan's to raise."""
-    name = cfg.pack.algorithm if cfg.pack.mode == "global" else "bfd"
-    planner = ALGORITHMS[name].plan
-    if planner is None:
-        return
     seq_len = cfg.pack.seq_len
     hist = np.zeros(seq_len + 1, dtype=np.int64)
     hist[[1, seq_len // 2 + 1, seq_len]] = 1
     with suppress(Exception):
-        planner(hist, seq_len, **(cfg.pack.algorithm_options() if cfg.pack.mode == "global" else {}))
+        _planner(cfg)(hist)
 
 
 def write_report_safely(out: str, storage: StorageConfig, log: Callable[[str], None]) -> str | None:

@@ -283,7 +283,10 @@ class Checker:
 STAGED_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 # One thread a task: a worker holds one CPU (decompression would spread over the Arrow pool's).
 STAGED_READ = pa.ipc.IpcReadOptions(use_threads=False)
-STAGED_DOCS = pa.ipc.IpcReadOptions(use_threads=False, included_fields=[0, 1, 2])  # row, doc_id, length
+STAGED_DOCS = pa.ipc.IpcReadOptions(
+    use_threads=False,
+    included_fields=[schema.TOKENIZED.get_field_index(n) for n in ("row", "doc_id", "length")],
+)
 # Bump when the token file layout or what goes into a key changes: old cache entries then miss.
 # 2: keyed on input.empty, input.max_document_bytes and the piece size too; written in place.
 # 3: keyed on the tokenizer library's version; rejects count records and lost files (footer JSON).
@@ -621,7 +624,7 @@ class TokenizeShards:
         rejects: list[dict[str, Any]] = []
         docs: list[pa.Table] = []
         self._trained = 0
-        # The rejects count is known only at the end: it goes into the footer's key-value metadata.
+        # The rejects count is known only at the end: it goes on the last, empty record batch.
         with (
             open_output(path, self.storage) as sink,
             pa.ipc.new_file(sink, schema.TOKENIZED, options=STAGED_OPTIONS) as writer,
