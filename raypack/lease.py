@@ -33,9 +33,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import pyarrow.fs as pafs
+
 from raypack.config import StorageConfig
 from raypack.errors import ConfigError, JobError
-from raypack.storage import exists, is_uri, join, read_bytes, remove, resolve, write_bytes_atomic
+from raypack.storage import is_uri, join, read_bytes, remove, resolve, write_bytes_atomic
 
 __all__ = ["LEASE", "Lease", "LeaseHeld", "LeaseLost"]
 
@@ -44,6 +46,10 @@ TTL_S = 300.0
 """A lease not renewed for this long is free. Renewed every TTL_S / 5 = 60 s."""
 SETTLE_MIN_S = 2.0
 _POLL_S = 2.0
+UNREADABLE_S = 10.0
+"""A lease record that does not parse (empty, cut, not a lease) and was last written this long ago
+is free: a live rebuild writes a whole record in milliseconds (locally an exclusive create then one
+write; on S3 an atomic put), so only a dead one leaves it so. Younger, it is held, as a record is."""
 
 
 class LeaseHeld(ConfigError):
@@ -71,6 +77,22 @@ class Holder:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """A lease file whose record cannot be read, and when it was last written."""
+
+    written: float
+
+    def expired(self, now: float) -> bool:
+        return now - self.written >= UNREADABLE_S
+
+    def describe(self, now: float) -> str:
+        return (
+            f"an unreadable lease record ({LEASE}, written {now - self.written:.0f} s ago: a rebuild "
+            f"that died while taking it, or not a lease; free {UNREADABLE_S:.0f} s after it was written)"
+        )
+
+
 class Lease:
     """`acquire(wait_s)` ... `check()` before committing ... `release()` (in a finally)."""
 
@@ -94,16 +116,21 @@ class Lease:
 
     # -- reading and writing the record --------------------------------------------------------
 
-    def read(self) -> Holder | None:
-        """The lease's current record, or None when there is none (or it cannot be parsed: a torn
-        local write cannot happen, so an unreadable record is treated as free, and overwritten)."""
+    def read(self) -> Holder | Unreadable | None:
+        """The lease's current record; None when there is none; Unreadable when the file holds no
+        record (empty, cut short, not a lease), with when it was written."""
+        fs, inner = resolve(self.path, self.storage)
+        info = fs.get_file_info(inner)
+        if info.type == pafs.FileType.NotFound:
+            return None
         try:
-            if not exists(self.path, self.storage):
-                return None
             data = json.loads(read_bytes(self.path, self.storage))
             return Holder(**data)
-        except (FileNotFoundError, ValueError, TypeError):  # gone meanwhile, or not a lease record
+        except FileNotFoundError:  # gone meanwhile
             return None
+        except (ValueError, TypeError):  # empty, cut short, or not a lease record
+            written = info.mtime.timestamp() if info.mtime is not None else self.clock()
+            return Unreadable(written)
 
     def _record(self) -> bytes:
         now = self.clock()
@@ -126,25 +153,32 @@ class Lease:
     # -- taking, keeping, giving back -----------------------------------------------------------
 
     def acquire(self, wait_s: float = 0.0) -> None:
-        """Take the lease, waiting up to `wait_s` for a holder to finish; LeaseHeld when it does not."""
+        """Take the lease, waiting up to `wait_s` for a holder to finish; LeaseHeld when it does not
+        (every time round, free or not, so no record can keep it waiting past its deadline)."""
         deadline = time.monotonic() + wait_s
         while True:
             holder = self.read()
             now = self.clock()
-            if holder is None or holder.expires <= now:
+            if holder is None or _expired(holder, now):
                 if self._take(holder):
                     self._held = True
                     self._start_renewing()
                     return
                 holder = self.read()
-            if holder is not None and holder.owner != self.owner and time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:
+                if isinstance(holder, Unreadable):
+                    raise LeaseHeld(
+                        f"{self.root} holds {holder.describe(self.clock())}; run again later, or delete "
+                        f"{self.path} if no rebuild of it is running"
+                    )
+                who = holder.describe(self.clock()) if holder is not None else "another rebuild"
                 raise LeaseHeld(
-                    f"{self.root} is being rebuilt by {holder.describe(self.clock())}; wait for it "
-                    "with --wait SECONDS, or run again later"
+                    f"{self.root} is being rebuilt by {who}; wait for it with --wait SECONDS, or run "
+                    "again later"
                 )
             time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())) or 0.05)
 
-    def _take(self, previous: Holder | None) -> bool:
+    def _take(self, previous: Holder | Unreadable | None) -> bool:
         self._acquired = self.clock()
         if previous is None and not is_uri(self.root):
             return self._create_local()
@@ -152,7 +186,7 @@ class Lease:
         write_bytes_atomic(self.path, self._record(), self.storage)
         time.sleep(max(SETTLE_MIN_S, 10 * (time.monotonic() - t0)))
         now = self.read()
-        return now is not None and now.owner == self.owner
+        return isinstance(now, Holder) and now.owner == self.owner
 
     def _start_renewing(self) -> None:
         self._stop.clear()
@@ -171,7 +205,7 @@ class Lease:
     def renew(self) -> None:
         """Push the expiry out, if the lease is still this process's; LeaseLost if not."""
         holder = self.read()
-        if holder is None or holder.owner != self.owner:
+        if not isinstance(holder, Holder) or holder.owner != self.owner:
             self._lost = "taken by " + holder.describe(self.clock()) if holder else "deleted"
             raise LeaseLost(f"the lease on {self.root} was {self._lost}")
         write_bytes_atomic(self.path, self._record(), self.storage)
@@ -181,7 +215,7 @@ class Lease:
         if self._lost is not None:
             raise LeaseLost(f"the lease on {self.root} was {self._lost}: nothing committed")
         holder = self.read()
-        if holder is None or holder.owner != self.owner or holder.expires <= self.clock():
+        if not isinstance(holder, Holder) or holder.owner != self.owner or holder.expires <= self.clock():
             why = holder.describe(self.clock()) if holder is not None else "nobody"
             raise LeaseLost(f"the lease on {self.root} is no longer this rebuild's (now {why}): no commit")
 
@@ -196,7 +230,11 @@ class Lease:
             self._renewer.join(timeout=5)
         if self._held:
             holder = self.read()
-            if holder is not None and holder.owner == self.owner:
+            if isinstance(holder, Holder) and holder.owner == self.owner:
                 with contextlib.suppress(OSError):
                     remove(self.path, self.storage)
         self._held = False
+
+
+def _expired(holder: Holder | Unreadable, now: float) -> bool:
+    return holder.expired(now) if isinstance(holder, Unreadable) else holder.expires <= now

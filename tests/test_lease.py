@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -94,3 +95,42 @@ def test_latest_never_moves_back(tmp_path: Path) -> None:
         set_latest(str(tmp_path), 3)
     set_latest(str(tmp_path), 4)
     assert latest_version(str(tmp_path)) == 4
+
+
+@pytest.mark.parametrize("content", [b"", b'{"owner": "cut', b"not a lease"])
+def test_an_unreadable_lease_file_is_held_briefly_then_taken_never_waited_on_forever(
+    tmp_path: Path, content: bytes
+) -> None:
+    """A lease file with no readable record (a rebuild killed between creating and writing it, or
+    garbage): a rebuild told not to wait exits at once naming the file, one told to wait gets it
+    once the file is UNREADABLE_S old (it hung forever: free to read, impossible to create)."""
+    import os
+    import time
+
+    path = tmp_path / LEASE
+    path.write_bytes(content)
+    raised: list[BaseException] = []
+
+    def acquire() -> None:
+        try:
+            Lease(str(tmp_path)).acquire(wait_s=0.3)
+        except BaseException as e:
+            raised.append(e)
+
+    waiter = threading.Thread(target=acquire, daemon=True)  # a hang fails the test, not the suite
+    t0 = time.monotonic()
+    waiter.start()
+    waiter.join(timeout=10)
+    assert not waiter.is_alive(), "acquire never returned"
+    assert time.monotonic() - t0 < 5
+    (error,) = raised
+    assert isinstance(error, LeaseHeld)
+    assert re.search(r"holds an unreadable lease record .* delete .*_lease\.json", str(error))
+    old = time.time() - lease_module.UNREADABLE_S - 1
+    os.utime(path, (old, old))
+    lease = Lease(str(tmp_path))
+    lease.acquire(wait_s=0)
+    assert json.loads(path.read_text())["owner"] == lease.owner
+    lease.check()
+    lease.release()
+    assert not path.exists()
