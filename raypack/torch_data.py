@@ -115,7 +115,11 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        mismatched = {k: (state.get(k), v) for k, v in self._settings().items() if state.get(k) != v}
+        # The path may differ: a state saved on a rebuild's root resumes on the version it read
+        # (state["dataset"]), which the manifest's sha256 identifies, not the path it was given.
+        mismatched = {
+            k: (state.get(k), v) for k, v in self._settings().items() if k != "path" and state.get(k) != v
+        }
         if mismatched:
             raise ValueError(f"the state was saved with other settings (saved, now): {mismatched}")
         saved = state.get("manifest_sha256")
