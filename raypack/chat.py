@@ -28,6 +28,7 @@ pack and nothing to the loss (transformers #34172, trl #4201: an all-zero mask p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -43,6 +44,7 @@ from raypack.errors import ConfigError
 __all__ = [
     "CHAT_FILE",
     "PROBES",
+    "RENDER_VERSION",
     "ChatTemplate",
     "NotPrefixStable",
     "RenderError",
@@ -51,6 +53,7 @@ __all__ = [
     "load_template",
     "pair_spans",
     "special_tokens",
+    "template_variables",
     "token_mask",
 ]
 
@@ -60,6 +63,13 @@ GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # Names a message's reasoning goes by: templates read reasoning_content (gpt-oss: thinking).
 _REASONING = ("reasoning_content", "thinking", "reasoning")
+# The rendering and masking code's version, in every chat token file's cache key: a change to what
+# the same conversation renders to or which of its tokens are trained must never reuse token files
+# the old code wrote. 2: special tokens from the tokenizer's resolved BOS/EOS, a fixed date for
+# strftime_now, trained spans whose first or last character no token holds (issue 31).
+RENDER_VERSION = 2
+# Templates that print the date (Llama 3.1-3.3: strftime_now("%d %b %Y")): the job fixes it.
+_PRINTS_DATE = re.compile(r"\bstrftime_now\b")
 
 
 class RenderError(ValueError):
@@ -122,7 +132,22 @@ def special_tokens(configs: dict[str, dict[str, Any]]) -> dict[str, str]:
     return found
 
 
-def _environment() -> Any:
+def template_variables(
+    configs: dict[str, dict[str, Any]],
+    resolved: dict[str, str | None],
+    explicit: dict[str, str | None],
+) -> dict[str, str]:
+    """The special tokens a template sees: `explicit` (tokenizer.bos_id / eos_id, as token text) over
+    the model directory's files (what transformers passes), and for a bare tokenizer.json, which has
+    no such files, the BOS and EOS the tokenizer resolves (its post-processor template, known names:
+    `resolved`). Without this a Llama-3-style `{{ bos_token }}` rendered as nothing."""
+    found = special_tokens(configs)
+    if not configs:
+        found |= {k: v for k, v in resolved.items() if v is not None}
+    return found | {k: v for k, v in explicit.items() if v is not None}
+
+
+def _environment(now: datetime | None) -> Any:
     """A Jinja environment configured as transformers configures its own for chat templates, with a
     `generation` tag that records where each marked block lands in the output."""
     import jinja2
@@ -169,7 +194,9 @@ def _environment() -> Any:
     )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    # transformers prints the day it runs; a dataset must not depend on the day it was packed (a
+    # rebuild would mix dates): the job fixes `now` (tokenizer.chat_date, recorded in the manifest).
+    env.globals["strftime_now"] = lambda fmt: (now or datetime.now()).strftime(fmt)
     return env
 
 
@@ -187,18 +214,43 @@ def _normalize(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class ChatTemplate:
-    """One chat template, compiled once (per tokenize actor)."""
+    """One chat template, compiled once (per tokenize worker). `now`: what strftime_now prints (None:
+    the clock, as transformers does; the job always gives one when the template prints the date)."""
 
-    def __init__(self, source: str, origin: str, variables: dict[str, str]) -> None:
+    def __init__(
+        self, source: str, origin: str, variables: dict[str, str], now: datetime | None = None
+    ) -> None:
         import jinja2
+        import jinja2.meta
 
         self.source, self.origin, self.variables = source, origin, dict(variables)
         self.markers = bool(GENERATION.search(source))
-        self._env = _environment()
+        self.prints_date = bool(_PRINTS_DATE.search(source))
+        self.now = now if self.prints_date else None
+        self._env = _environment(self.now)
         try:
             self._template = self._env.from_string(source)
+            used = jinja2.meta.find_undeclared_variables(self._env.parse(source))
         except jinja2.exceptions.TemplateSyntaxError as e:
             raise ConfigError(f"chat template {origin}: line {e.lineno}: {e.message}") from None
+        # An undefined variable renders as nothing: a template that writes BOS or EOS the tokenizer
+        # does not name would silently lose them from every conversation.
+        missing = sorted(v for v in ("bos_token", "eos_token") if v in used and v not in self.variables)
+        if missing:
+            kind = missing[0].split("_")[0]
+            raise ConfigError(
+                f"chat template {origin} writes {{{{ {missing[0]} }}}}, and the tokenizer names no "
+                f"{kind.upper()} token (no {missing[0]} in tokenizer_config.json or special_tokens_map.json, "
+                f"none found in tokenizer.json): set tokenizer.{kind}_id"
+            )
+
+    def key(self) -> dict[str, Any]:
+        """What decides its renders, for the token cache key: the text, the variables, the date."""
+        return {
+            "template_sha256": hashlib.sha256(self.source.encode()).hexdigest(),
+            "variables": dict(sorted(self.variables.items())),
+            "date": self.now.isoformat() if self.now is not None else None,
+        }
 
     def render(
         self,
@@ -264,8 +316,14 @@ def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]], text_len: int)
     """Which tokens the character `spans` train, given each token's (start, end) character offsets:
     from the token holding a span's first character through the one holding its last, as
     transformers' return_assistant_tokens_mask maps them (Encoding.char_to_token: the first token
-    whose offsets hold the character). A span whose first character no token holds ends the mapping,
-    and one whose last character no token holds runs to the end: transformers does both."""
+    whose offsets hold the character).
+
+    Where transformers breaks, this does not: a character no token holds (a byte-level BPE with
+    trim_offsets gives the space before a word to no token: " Yes" is one token whose offsets hold
+    "Yes") is skipped, so a span starts at the first character of it that a token holds and ends at
+    the last. transformers instead stops masking at a span whose first character no token holds
+    (every later turn untrained: a completion " Yes" trained only its EOS) and runs one whose last
+    character no token holds to the end of the conversation. A span no token holds trains nothing."""
     n = len(offsets)
     mask = np.zeros(n, dtype=bool)
     if n == 0 or not spans:
@@ -277,15 +335,11 @@ def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]], text_len: int)
     )
     owner = np.full(text_len + 1, n, dtype=np.int64)
     np.minimum.at(owner, np.clip(chars, 0, text_len), np.repeat(np.arange(n), width))
-    owner[owner == n] = -1
+    owned = np.flatnonzero(owner[:text_len] < n)  # characters some token holds, ascending
     for s, e in spans:
-        first = int(owner[s]) if 0 <= s < text_len else -1
-        if first < 0:
-            break
-        last = int(owner[e - 1]) if 0 <= e - 1 < text_len else -1
-        # transformers runs to the end when char_to_token gives None *or 0* for the last character
-        stop = last + 1 if last > 0 else n
-        mask[first:stop] = True
+        lo, hi = np.searchsorted(owned, [max(s, 0), min(e, text_len)])
+        if lo < hi:  # owned[lo]: the span's first held character, owned[hi - 1] its last
+            mask[owner[owned[lo]] : owner[owned[hi - 1]] + 1] = True
     return mask
 
 

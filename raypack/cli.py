@@ -17,7 +17,7 @@ from functools import partial
 from typing import TYPE_CHECKING, NoReturn
 
 from raypack import __version__
-from raypack.config import parse_override
+from raypack.config import JobConfig, parse_override
 from raypack.errors import ConfigError, JobError, storage_cause
 from raypack.packing import ALGORITHMS
 
@@ -115,6 +115,7 @@ def _build_parser() -> argparse.ArgumentParser:
     verify.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
     verify.add_argument("--config", help="the job config: also re-tokenize a sample of documents and compare")
     verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize with --config (64)")
+    _add_sets(verify, "; with --config, as the dataset was packed with them")
 
     convert = sub.add_parser(
         "convert",
@@ -128,6 +129,7 @@ def _build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--out", required=True, metavar="DIR", help="where the converted dataset goes")
     convert.add_argument("--overwrite", action="store_true", help="replace a dataset already at --out")
     convert.add_argument("--config", help="a job config, for its storage settings (an S3 endpoint)")
+    _add_sets(convert, "; with --config")
 
     report = sub.add_parser(
         "report",
@@ -138,6 +140,7 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
     report.add_argument("--out", metavar="DIR", help="write DIR/report.html (default: OUTPUT/report.html)")
     report.add_argument("--config", help="the job config, for its storage settings (an S3 endpoint)")
+    _add_sets(report, "; with --config")
 
     demo = sub.add_parser(
         "demo",
@@ -150,15 +153,20 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_overrides(p: argparse.ArgumentParser) -> None:
+def _add_sets(p: argparse.ArgumentParser, what: str = "") -> None:
     p.add_argument(
         "--set",
         metavar="KEY=VALUE",
         action="append",
         default=[],
         dest="overrides",
-        help="override a config value, e.g. pack.seq_len=8192 or output.path=s3://bucket/out (repeatable)",
+        help="override a config value, e.g. pack.seq_len=8192 or output.path=s3://bucket/out (repeatable)"
+        + what,
     )
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    _add_sets(p)
     p.add_argument(
         "--compare",
         metavar="ALGOS",
@@ -172,6 +180,17 @@ def _job_overrides(args: argparse.Namespace) -> list[str]:
         return list(args.overrides)
     names = [a.strip() for a in args.compare.split(",") if a.strip()]
     return [*args.overrides, f"pack.compare={json.dumps(names)}"]
+
+
+def _config_of(args: argparse.Namespace) -> JobConfig | None:
+    """--config with its --set overrides (verify, convert, report); None without --config."""
+    from raypack.config import load_config
+
+    if not args.config:
+        if args.overrides:
+            raise ConfigError("--set overrides the job config: give it with --config")
+        return None
+    return load_config(args.config, args.overrides)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -242,10 +261,9 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from raypack.config import load_config
     from raypack.verify import verify
 
-    cfg = load_config(args.config) if args.config else None
+    cfg = _config_of(args)
     report = verify(args.output, cfg, sample=args.sample)
     if report.ok:
         sampled = f", {report.sampled} documents re-tokenized and equal" if cfg else ""
@@ -274,10 +292,10 @@ def _print_lost_and_warnings(report: VerifyReport) -> None:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from raypack.config import load_config
     from raypack.convert import convert
 
-    storage = load_config(args.config).storage if args.config else None
+    cfg = _config_of(args)
+    storage = cfg.storage if cfg is not None else None
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     result = convert(args.dataset, args.format, args.out, overwrite=args.overwrite, storage=storage, log=log)
     print(
@@ -288,11 +306,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from raypack.config import load_config
     from raypack.report import from_dataset, write_report
     from raypack.versions import resolve_dataset
 
-    storage = load_config(args.config).storage if args.config else None
+    cfg = _config_of(args)
+    storage = cfg.storage if cfg is not None else None
     report = from_dataset(args.output, storage)
     out = args.out or resolve_dataset(args.output, storage)
     print(f"report: {write_report(report, out, storage)}")

@@ -12,6 +12,7 @@ import re
 import types
 import typing
 from dataclasses import dataclass
+from datetime import date, datetime
 from typing import Any, TypeVar
 
 from raypack.errors import ConfigError
@@ -24,6 +25,7 @@ __all__ = [
     "JobConfig",
     "OutputConfig",
     "PackConfig",
+    "Reading",
     "SourceConfig",
     "StorageConfig",
     "TokenizerConfig",
@@ -185,6 +187,8 @@ class SourceConfig:
     """None: input.format (as text_field, id_field and root: a source inherits what it leaves out)."""
     text_field: str | None = None
     id_field: str | None = None
+    """None: input.id_field; "" (an empty string): none, ids generated from path and line or row,
+    whatever input.id_field says."""
     root: str | None = None
     weight: float | None = None
     """A share of the output's tokens. When every source has a weight they are relative (normalized);
@@ -233,6 +237,28 @@ class SourceConfig:
         if self.max_repeat is not None:
             return self.max_repeat
         return max(self.repeat, 1.0) if self.repeat is not None else 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reading:
+    """How one input file is read, its source's settings resolved (InputConfig.reading): what a
+    work unit carries to the task that reads it, so no task looks a source up again."""
+
+    format: str
+    text_field: str
+    id_field: str | None
+    empty: str
+    max_document_bytes: int
+    messages_field: str | None = None
+    prompt_field: str | None = None
+    completion_field: str | None = None
+
+    @property
+    def chat(self) -> str | None:
+        """ "messages" (conversations), "pairs" (prompt/completion) or None (plain text)."""
+        if self.messages_field is not None:
+            return "messages"
+        return "pairs" if self.prompt_field is not None else None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -347,7 +373,8 @@ class InputConfig:
 
     def of(self, source: str) -> InputConfig:
         """The plain input config (paths, format, fields, root) of one source, with every shared
-        setting; of("") is this config, for a job without sources."""
+        setting; of("") is this config, for a job without sources. The one place a source's
+        inheritance is worked out: the job resolves each file's Reading from it once, on the driver."""
         if not source:
             return self
         s = next((s for s in self.sources if s.name == source), None)
@@ -360,8 +387,22 @@ class InputConfig:
             tokens=None,
             format=s.format or self.format,
             text_field=s.text_field or self.text_field,
-            id_field=s.id_field if s.id_field is not None else self.id_field,
+            id_field=(s.id_field or None) if s.id_field is not None else self.id_field,
             root=s.root if s.root is not None else self.root,
+        )
+
+    def reading(self, source: str = "") -> Reading:
+        """How the files of `source` ("" without sources) are read: its own format and fields."""
+        one = self.of(source)
+        return Reading(
+            format=one.format,
+            text_field=one.text_field,
+            id_field=one.id_field,
+            empty=one.empty,
+            max_document_bytes=one.max_document_bytes,
+            messages_field=one.messages_field,
+            prompt_field=one.prompt_field,
+            completion_field=one.completion_field,
         )
 
     @property
@@ -400,6 +441,11 @@ class TokenizerConfig:
     chat_template: str | None = None
     """A Jinja chat template file (local or s3://) for input.messages_field; None: the model
     directory's chat_template.jinja, else its tokenizer_config.json `chat_template`."""
+    chat_date: str | None = None
+    """What a template that prints the date (strftime_now: Llama 3.1-3.3's "Today Date") prints, an
+    ISO date or date-time (2024-07-26). None: the day the dataset is packed, or for a rebuild the
+    date its root's versions were packed with, so that a dataset never mixes dates; the manifest
+    records it (chat.date) and verify renders with it."""
     backend: str = "auto"
     """What encodes: tokenizers (the reference), fastokens (exact and ×7-66 faster where it loads the
     tokenizer; a ConfigError where it cannot be used), or auto: fastokens when it loads the tokenizer
@@ -422,6 +468,14 @@ class TokenizerConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"tokenizer.{name} must be >= 0, got {value}")
+        if self.chat_date is not None:
+            try:
+                datetime.fromisoformat(self.chat_date)
+            except ValueError:
+                raise ConfigError(
+                    "tokenizer.chat_date must be an ISO date or date-time (2024-07-26), got "
+                    f"{self.chat_date!r}"
+                ) from None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -434,9 +488,11 @@ class OutputConfig:
     Checked against the tokenizer and pack settings before any work."""
     shard_rows: int = 10000
     """Packs per output file."""
-    pad_id: int = 0
-    """Token id written into padding positions (never attended: doc_offsets ends before them);
-    megatron writes EOS there instead, which its --eod-mask-loss masks."""
+    pad_id: int | None = None
+    """Token id written into padding positions (never attended: doc_offsets ends before them). None:
+    the tokenizer's pad token (tokenizer_config.json pad_token, or a token named <|pad|>, <pad>,
+    [PAD]), else its EOS (LoadedTokenizer.pad); the manifest records which. megatron writes EOS
+    there whatever this says, which its --eod-mask-loss masks."""
     keep_versions: int = 3
     """`raypack rebuild`: complete versions (v=NNNNNN/) kept under output.path, the newest included."""
 
@@ -448,7 +504,9 @@ class OutputConfig:
             raise ConfigError(f"output.format must be one of {choices}, got {self.format!r}")
         if self.shard_rows < 1:
             raise ConfigError(f"output.shard_rows must be >= 1, got {self.shard_rows}")
-        if not 0 <= self.pad_id < 2**31:  # input_ids is int32; the job checks it against the vocabulary
+        if (
+            self.pad_id is not None and not 0 <= self.pad_id < 2**31
+        ):  # int32 ids; checked against the vocabulary
             raise ConfigError(f"output.pad_id must be in 0..2^31-1, got {self.pad_id}")
         if self.keep_versions < 1:
             raise ConfigError(f"output.keep_versions must be >= 1, got {self.keep_versions}")
@@ -569,6 +627,12 @@ class JobConfig:
             )
 
     @property
+    def framed(self) -> bool:
+        """tokenizer.add_bos / add_eos frame each document: plain text and prompt/completion pairs. A
+        conversation is framed by its chat template alone."""
+        return self.input.chat != "messages"
+
+    @property
     def loss(self) -> str:
         """pack.loss with its default: assistant (messages), completion (pairs), all (plain text)."""
         if self.pack.loss is not None:
@@ -657,6 +721,8 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
             raise ConfigError(f"{key} must be a number, got {value!r}")
         return float(value)
     if hint is str:
+        if isinstance(value, (date, datetime)):  # YAML reads 2024-07-26 as a date
+            return value.isoformat()
         if not isinstance(value, str):
             raise ConfigError(f"{key} must be a string, got {value!r}")
         return value

@@ -26,9 +26,19 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack import schema
-from raypack.config import StorageConfig
+from raypack.config import JobConfig, StorageConfig, from_dict
 from raypack.errors import ConfigError
-from raypack.formats import Packs, Settings, Spec, make_spec, read_packs, spec_of, total_bytes
+from raypack.formats import (
+    Packs,
+    Spec,
+    data_file,
+    make_spec,
+    read_packs,
+    settings_of,
+    spec_of,
+    stem_of_file,
+    total_bytes,
+)
 from raypack.pipeline.exchange import task_options, transient
 from raypack.pipeline.job import (
     METRICS,
@@ -63,22 +73,24 @@ class ConvertResult:
     report: str | None
 
 
+def packed_config(manifest: dict[str, Any]) -> JobConfig:
+    """The config a dataset was packed with, as its manifest records it."""
+    try:
+        return from_dict(JobConfig, manifest["config"])
+    except ConfigError as e:
+        raise ConfigError(f"the dataset's manifest holds a config this raypack cannot read: {e}") from None
+
+
 def target_spec(manifest: dict[str, Any], name: str) -> Spec:
-    """The Spec a dataset's packs take in format `name` (a ConfigError where that format's trainer
-    could not read them right, e.g. megatron for packs of several lengths)."""
-    cfg = manifest["config"]
-    lengths = {int(f["bucket_length"]) for f in manifest["files"]}
-    settings = Settings(
-        seq_len=int(cfg["pack"]["seq_len"]),
-        bucketed=len(lengths) > 1 or (cfg["pack"]["mode"], cfg["pack"]["algorithm"]) == ("global", "bucket"),
-        add_eos=bool(cfg["tokenizer"]["add_eos"]),
-        eos_id=manifest["tokenizer"].get("eos_id"),
-        vocab_size=int(manifest["tokenizer"]["vocab_size"]),
-        pad_id=int(cfg["output"]["pad_id"]),
-        shard_rows=int(cfg["output"]["shard_rows"]),
-        masked=spec_of(manifest).loss_mask,
-    )
-    return make_spec(name, settings)
+    """The Spec a dataset's packs take in format `name`, decided as the job decides it (settings_of)
+    from the config it was packed with and its tokenizer record: a ConfigError where that format's
+    trainer could not read them right (megatron for packs of several lengths, or for conversations)."""
+    cfg = packed_config(manifest)
+    tok = manifest["tokenizer"]
+    max_id = int(tok.get("max_id", int(tok["vocab_size"]) - 1))  # written before max_id was kept
+    pad_id = int(tok.get("pad_id", cfg.output.pad_id if cfg.output.pad_id is not None else 0))
+    lengths = [int(f["bucket_length"]) for f in manifest["files"]]
+    return make_spec(name, settings_of(cfg, tok.get("eos_id"), max_id, pad_id, lengths))
 
 
 def convert(
@@ -117,7 +129,7 @@ def convert(
         for a, b in itertools.pairwise(cuts)
     ]
     written = sorted((row for t in ray.get(refs) for row in t.to_pylist()), key=lambda f: str(f["path"]))
-    _check_one_to_one(files, written, spec)
+    _check_one_to_one(files, written, source_spec, spec)
     for part in ("index", "rejects"):
         if exists(join(dataset, part), storage):
             _copy_tree(join(dataset, part), join(out, part), storage)
@@ -170,13 +182,14 @@ def _repadded(packs: Packs, spec: Spec) -> Packs:
     return Packs(packs.stem, tokens, packs.index, mask)
 
 
-def _check_one_to_one(files: list[dict[str, Any]], written: list[dict[str, Any]], spec: Spec) -> None:
+def _check_one_to_one(
+    files: list[dict[str, Any]], written: list[dict[str, Any]], source: Spec, spec: Spec
+) -> None:
     """Each source file became the file of the same name (new suffix), packs, tokens and items."""
     if len(written) != len(files):
         raise RuntimeError(f"{len(files)} files read, {len(written)} written: refusing to commit")
     for src, new in zip(files, written, strict=True):
-        stem = str(src["path"]).removesuffix(".idx.parquet").rsplit(".", 1)[0]
-        name = f"{stem}{spec.format.suffix}"
+        name = data_file(stem_of_file(str(src["path"]), source.format.suffix), spec.format.suffix)
         counts = all(int(src[k]) == int(new[k]) for k in ("rows", "tokens", "items", "bucket_length"))
         if new["path"] != name or not counts:
             raise RuntimeError(f"{src['path']} became {new['path']} with other counts: refusing to commit")

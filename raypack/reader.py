@@ -71,7 +71,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
-from raypack.formats import read_packs, read_rows, spec_of
+from raypack.formats import data_file, read_packs, read_rows, spec_of, stem_of_file
 from raypack.packing import PackPermutation
 from raypack.schema import READABLE_SCHEMA_VERSIONS, row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
@@ -160,6 +160,7 @@ def _buckets(
 ) -> list[_Bucket]:
     by_length: dict[int, list[_RowGroup]] = {}
     files = manifest["files"]
+    suffix = spec_of(manifest).format.suffix
     for e in sorted(range(len(files)), key=lambda e: files[e]["path"]):
         f = files[e]
         rows = f.get("row_groups")
@@ -168,7 +169,9 @@ def _buckets(
             with fs.open_input_file(inner) as handle:
                 rows = row_group_rows(pq.ParquetFile(handle).metadata)
         firsts = np.r_[0, np.cumsum(rows)].tolist()
-        name = f"{str(f['path']).rsplit('.', 1)[0]}.parquet"
+        # The row group's name in the seeded orders: the parquet data file's name, whatever the
+        # format, so the same packs are read in the same order in every format.
+        name = data_file(stem_of_file(str(f["path"]), suffix), ".parquet")
         groups = [_RowGroup(name, i, int(n), int(firsts[i]), e) for i, n in enumerate(rows)]
         by_length.setdefault(int(f["bucket_length"]), []).extend(groups)
     buckets = []

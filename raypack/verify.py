@@ -20,6 +20,7 @@ Reads the output with pyarrow on one machine; memory grows with the number of it
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -35,7 +36,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.formats import Spec, packs_of, spec_of
-from raypack.storage import Shard, exists, join, read_bytes, resolve
+from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
 
 __all__ = ["VerifyReport", "verify"]
@@ -437,20 +438,22 @@ def _check_sample(
     report: VerifyReport,
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
-    from raypack.pipeline.read import input_files, read_shard, unit_from_entry
+    from raypack.pipeline.read import input_files
+    from raypack.pipeline.readers import read_unit
     from raypack.pipeline.tokenize import chat_template, encode_chat, encode_documents, load_tokenizer
+    from raypack.pipeline.units import WorkUnit, unit_from_entry
 
     # The work units as the job cut them (the manifest lists them in order): cutting them again would
     # read every large JSONL file whole to count its lines.
     found = {s.relpath: s for s in input_files(config.input, config.storage)}
-    shards: dict[int, Shard] = {}
+    shards: dict[int, WorkUnit] = {}
     drifted: dict[str, None] = {}  # in manifest order, each once (a split file has several units)
     for index, entry in enumerate(manifest["inputs"]):
         if entry["path"] not in found:
             report.add(f"input {entry['path']} (shard {index}) is gone: its documents cannot be checked")
             continue
         now = found[entry["path"]]
-        if (now.size, now.mtime_ns) != (entry["size"], entry["mtime_ns"]):
+        if (now.shard.size, now.shard.mtime_ns) != (entry["size"], entry["mtime_ns"]):
             drifted[entry["path"]] = None
         shards[index] = unit_from_entry(now, index, entry)
     if drifted:
@@ -470,14 +473,17 @@ def _check_sample(
         wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(
             docs.column("doc_id")[i].as_py()
         )
-    tok = load_tokenizer(config.tokenizer, config.storage)
+    tok = load_tokenizer(config.tokenizer, config.storage, framed=config.framed)
+    date = manifest.get("chat", {}).get("date")
+    if config.tokenizer.chat_date is None and date is not None:  # the date the dataset was rendered with
+        config = dataclasses.replace(config, tokenizer=dataclasses.replace(config.tokenizer, chat_date=date))
     template = chat_template(config, tok)
     expected: dict[str, list[int]] = {}
     for shard_index, rows in wanted.items():
         if shard_index not in shards:
             continue
         shard = shards[shard_index]
-        for batch in read_shard(shard, config.input, 256, config.storage):
+        for batch in read_unit(shard, 256, config.storage):
             keep = [k for k, row in enumerate(batch.rows) if row in rows]
             if not keep:
                 continue

@@ -176,15 +176,17 @@ def independent_tokens(corpus: Path, tokenizer_file: Path) -> dict[str, list[int
     """Every document's tokens (then EOS), by doc id, tokenized here with tokenizers directly, not by
     raypack's tokenize stage: what the packs are checked against."""
     from raypack.config import InputConfig
-    from raypack.pipeline.read import read_shard
+    from raypack.pipeline.readers import read_unit
+    from raypack.pipeline.units import WorkUnit
     from raypack.storage import Shard
 
     tok = Tokenizer.from_file(str(tokenizer_file))
     eos = tok.token_to_id("<|endoftext|>")
     tokens = {}
+    reading = InputConfig(paths=("unused",)).reading()
     for shard in sorted(corpus.iterdir()):
         s = Shard(index=0, path=str(shard), relpath=shard.name, size=0, mtime_ns=0)
-        for batch in read_shard(s, InputConfig(paths=("unused",)), 1000):
+        for batch in read_unit(WorkUnit(s, reading), 1000):
             for doc_id, text in zip(batch.ids, batch.texts, strict=True):
                 tokens[doc_id] = [*tok.encode(text, add_special_tokens=False).ids, eos]
     return tokens

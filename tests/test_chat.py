@@ -23,7 +23,7 @@ from raypack.cli import main
 from raypack.config import JobConfig, from_dict, load_config
 from raypack.errors import ConfigError
 from raypack.pipeline.job import run_job
-from raypack.pipeline.read import Chat
+from raypack.pipeline.readers import Chat
 from raypack.pipeline.tokenize import encode_chat, load_tokenizer
 from raypack.reader import batch_fields
 from raypack.verify import verify
@@ -166,7 +166,8 @@ def test_token_mask_follows_char_to_token(hf: Any) -> None:
         if "offset_mapping" in enc
         else hf(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     )
-    for s, e in [(0, 2), (3, 6), (7, 8), (3, len(text)), (9, 9), (0, len(text))]:
+    assert not token_mask(offsets, [(9, 9)], len(text)).any()  # an empty span trains nothing
+    for s, e in [(0, 2), (3, 6), (7, 8), (3, len(text)), (0, len(text))]:
         mask = token_mask(offsets, [(s, e)], len(text))
         first, last = enc.char_to_token(s) if s < len(text) else None, enc.char_to_token(e - 1)
         want = np.zeros(len(offsets), dtype=bool)
@@ -670,10 +671,11 @@ def test_convert_moves_the_masks_between_forms_and_refuses_maskless_formats(
 
 
 def test_reading_chat_records_rejects_what_is_not_a_conversation(corpus: Path) -> None:
-    """read_shard alone: every record of a shard becomes a Chat or a reject with its reason, a parquet
+    """read_unit alone: every record of a shard becomes a Chat or a reject with its reason, a parquet
     cell over input.max_document_bytes included."""
     from raypack.config import InputConfig
-    from raypack.pipeline.read import input_files, read_shard
+    from raypack.pipeline.read import input_files
+    from raypack.pipeline.readers import read_unit
 
     by_file: dict[str, tuple[int, list[str]]] = {}
     for pattern, fmt in (("*.jsonl", "jsonl"), ("*.parquet", "parquet")):
@@ -682,7 +684,7 @@ def test_reading_chat_records_rejects_what_is_not_a_conversation(corpus: Path) -
         )
         for shard in input_files(cfg):
             docs, reasons = 0, []
-            for batch in read_shard(shard, cfg, 64):
+            for batch in read_unit(shard, 64):
                 assert all(isinstance(d, Chat) and d.messages for d in batch.texts)
                 docs += len(batch)
                 reasons += [r.reason for r in batch.rejects]
@@ -692,3 +694,191 @@ def test_reading_chat_records_rejects_what_is_not_a_conversation(corpus: Path) -
     parquet_docs, parquet_reasons = by_file["c.parquet"]
     assert parquet_reasons and all("over input.max_document_bytes (600)" in r for r in parquet_reasons)
     assert parquet_docs + len(parquet_reasons) == pq.read_metadata(corpus / "c.parquet").num_rows
+
+
+# A Llama-3-style template: BOS from the `bos_token` variable and the date it prints (strftime_now).
+LLAMA3_STYLE = (
+    "{{- bos_token }}"
+    "{%- if not date_string is defined %}{%- if strftime_now is defined %}"
+    "{%- set date_string = strftime_now('%d %b %Y') %}{%- else %}{%- set date_string = '26 Jul 2024' %}"
+    "{%- endif %}{%- endif %}"
+    "{{- '<|im_start|>system\\nToday Date: ' + date_string + '<|im_end|>\\n' }}"
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bare tokenizer.json (no tokenizer_config.json) whose vocabulary names a BOS but no EOS, and
+    a Llama-3-style template file beside it."""
+    from raypack.demo import train_byte_level_bpe
+
+    root = tmp_path_factory.mktemp("bare")
+    rng = random.Random(5)
+    texts = [words(rng, 200) for _ in range(200)]
+    tok = train_byte_level_bpe(texts, 600, ["<|begin_of_text|>", "<|im_start|>", "<|im_end|>"])
+    tok.save(str(root / "tokenizer.json"))
+    (root / "llama3.jinja").write_text(LLAMA3_STYLE)
+    return root
+
+
+def _plain_conversations(seed: int, n: int) -> list[list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    return [
+        [
+            {"role": r, "content": words(rng, 1 + rng.randrange(30))}
+            for r in ("user", "assistant") * (1 + i % 2)
+        ]
+        for i in range(n)
+    ]
+
+
+def test_a_bare_tokenizer_json_gives_the_template_its_bos_and_needs_no_eos(
+    bare: Path, tmp_path: Path
+) -> None:
+    """`{{ bos_token }}` renders the BOS the tokenizer resolves (here by its name) as transformers
+    renders it given that bos_token, every conversation; a bare tokenizer.json with no EOS packs
+    conversations (add_eos frames pairs only). A template that writes a BOS the tokenizer does not
+    name is refused before any work, never rendered without it."""
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(bare / "tokenizer.json"), bos_token="<|begin_of_text|>"
+    )
+    convs = _plain_conversations(11, 30)
+    (tmp_path / "corpus").mkdir()
+    write_jsonl(tmp_path / "corpus" / "c.jsonl", [{"messages": m} for m in convs])
+    cfg = job(
+        tmp_path,
+        tmp_path / "corpus",
+        bare / "tokenizer.json",
+        "out",
+        tokenizer={"chat_template": str(bare / "llama3.jinja")},
+        input={"max_reject_ratio": 0.0},
+    )
+    result = run_job(cfg, **quiet)
+    assert result.documents == 30
+    got = packed_conversations(tmp_path / "out")
+    for line, messages in enumerate(convs, start=1):
+        want = hf.apply_chat_template(messages, chat_template=LLAMA3_STYLE, tokenize=True, return_dict=True)
+        ids = list(want["input_ids"])
+        assert ids[0] == hf.bos_token_id
+        assert got[f"c.jsonl:{line}"][0] == ids[:SEQ]
+    assert verify(str(tmp_path / "out"), cfg, sample=30).ok
+    # A template writing {{ eos_token }} with a tokenizer that names none: refused, with the key to set.
+    (tmp_path / "eos.jinja").write_text(CHATML + "{{ eos_token }}")
+    refused = job(
+        tmp_path,
+        tmp_path / "corpus",
+        bare / "tokenizer.json",
+        "refused",
+        tokenizer={"chat_template": str(tmp_path / "eos.jinja")},
+    )
+    with pytest.raises(ConfigError, match=r"writes \{\{ eos_token \}\}.*set tokenizer\.eos_id"):
+        run_job(refused, **quiet)
+
+
+def test_a_completion_or_turn_starting_with_a_space_keeps_its_mask_with_trimmed_offsets(
+    model: Path, tmp_path: Path
+) -> None:
+    """With a byte-level BPE whose post-processor trims offsets, the space before a word belongs to no
+    token. A completion " Yes ..." trains every completion token and the EOS, as TRL does (its
+    completion mask: the ids after the prompt's own), and an assistant turn " ..." under generation
+    markers trains its tokens, not nothing."""
+    from tokenizers import Tokenizer, processors
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tok.post_processor = processors.ByteLevel(trim_offsets=True)
+    trimmed = tmp_path / "trimmed"
+    trimmed.mkdir()
+    tok.save(str(trimmed / "tokenizer.json"))
+    shutil.copy(model / "tokenizer_config.json", trimmed / "tokenizer_config.json")
+    hf = transformers.AutoTokenizer.from_pretrained(str(trimmed))
+    rng = random.Random(3)
+    docs = [Chat(prompt="Q: " + words(rng, 6) + "?", completion=" " + words(rng, 12)) for _ in range(50)]
+    got = ours(trimmed, None, docs, messages_field=None, prompt_field="prompt", completion_field="completion")
+    eos = hf.convert_tokens_to_ids("<|im_end|>")
+    for doc, (ids, mask) in zip(docs, got, strict=True):
+        prompt_ids = hf(doc.prompt, add_special_tokens=False)["input_ids"]
+        full = hf(doc.prompt + doc.completion, add_special_tokens=False)["input_ids"]
+        assert full[: len(prompt_ids)] == prompt_ids  # TRL's rule applies: the prompt's ids come first
+        assert ids == [*full, eos]
+        assert mask == [False] * len(prompt_ids) + [True] * (len(full) - len(prompt_ids) + 1)
+    template = ChatTemplate(CHATML_MARKED, "marked", {"eos_token": "<|im_end|>"})
+    turns = [
+        Chat(
+            messages=(
+                {"role": "user", "content": words(rng, 5)},
+                {"role": "assistant", "content": " " + words(rng, 9)},
+            )
+        )
+        for _ in range(20)
+    ]
+    for chat, (ids, mask) in zip(turns, ours(trimmed, template, turns), strict=True):
+        trained = [t for t, m in zip(ids, mask, strict=True) if m]
+        assert hf.decode(trained) == chat.messages[1]["content"] + "<|im_end|>"
+
+
+def test_a_template_that_prints_the_date_renders_one_date_per_dataset(
+    bare: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """strftime_now prints tokenizer.chat_date; unset, the day of the first build, recorded in the
+    manifest: a rebuild on a later day renders with it and reuses every token file, and verify on
+    any day re-renders with the manifest's date."""
+    import datetime as dt
+
+    from raypack.pipeline import job as job_module
+    from raypack.pipeline.rebuild import run_rebuild
+
+    convs = _plain_conversations(12, 12)
+    (tmp_path / "corpus").mkdir()
+    write_jsonl(tmp_path / "corpus" / "c.jsonl", [{"messages": m} for m in convs])
+
+    def on(day: dt.date) -> None:
+        class Today(dt.date):
+            @classmethod
+            def today(cls) -> dt.date:
+                return day
+
+        monkeypatch.setattr(job_module, "date", Today)
+
+    cfg = job(
+        tmp_path,
+        tmp_path / "corpus",
+        bare / "tokenizer.json",
+        "root",
+        tokenizer={"chat_template": str(bare / "llama3.jinja"), "bos_id": 0},
+    )
+    on(dt.date(2025, 3, 4))
+    first = run_rebuild(cfg, **quiet)
+    on(dt.date(2026, 7, 8))
+    second = run_rebuild(cfg, **quiet)
+    assert (second.job.shards_reused, second.job.shards_tokenized) == (1, 0)
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(bare / "tokenizer.json"), bos_token="<|begin_of_text|>"
+    )
+    for version in (first.version, second.version):
+        out = tmp_path / "root" / version
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["chat"]["date"] == "2025-03-04"
+        packed = packed_conversations(out)
+        for line, messages in enumerate(convs, start=1):
+            text = hf.apply_chat_template(messages, chat_template=LLAMA3_STYLE, tokenize=False)
+            decoded = hf.decode(packed[f"c.jsonl:{line}"][0])  # transformers printed today's date
+            assert text.replace(dt.date.today().strftime("%d %b %Y"), "04 Mar 2025").startswith(decoded)
+            assert "Today Date: 04 Mar 2025" in decoded
+        assert verify(str(out), cfg, sample=12).ok  # renders with the manifest's date, not today's
+    pinned = job(
+        tmp_path,
+        tmp_path / "corpus",
+        bare / "tokenizer.json",
+        "pinned",
+        tokenizer={"chat_template": str(bare / "llama3.jinja"), "bos_id": 0, "chat_date": "2024-07-26"},
+    )
+    run_job(pinned, **quiet)
+    assert json.loads((tmp_path / "pinned" / "manifest.json").read_text())["chat"]["date"] == "2024-07-26"
+    assert all(
+        "Today Date: 26 Jul 2024" in hf.decode(ids)
+        for ids, _ in packed_conversations(tmp_path / "pinned").values()
+    )

@@ -10,6 +10,7 @@ import gzip
 import itertools
 import json
 import os
+import random
 import shutil
 import subprocess
 import warnings
@@ -18,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -127,7 +129,7 @@ def test_every_format_holds_the_same_packs_and_verifies(packed: dict[str, Any]) 
 def test_the_reader_gives_the_same_batches_in_every_format(packed: dict[str, Any]) -> None:
     want = list(iter_batches(str(packed["out"]["parquet"]), batch_size=4, rank=1, world_size=2, seed=7))
     assert len(want) > 3
-    for fmt in ("megatron", "olmo", "mds"):
+    for fmt in ("megatron", "olmo", "mds", "trl", "bridge"):
         got = list(iter_batches(str(packed["out"][fmt]), batch_size=4, rank=1, world_size=2, seed=7))
         assert len(got) == len(want), fmt
         for a, b in zip(got, want, strict=True):
@@ -347,6 +349,25 @@ def test_convert_writes_what_pack_writes(packed: dict[str, Any], tmp_path: Path,
     assert "output.format must be one of parquet, megatron, olmo, mds" in capsys.readouterr().err
 
 
+def test_a_plain_dataset_written_as_trl_converts_to_every_format_as_pack_writes_it(
+    packed: dict[str, Any], tmp_path: Path
+) -> None:
+    """Whether a conversion keeps a mask is the dataset's kind (chat or plain text), decided as the
+    job decides it, not whether its current format stores one: plain text packed as trl (which
+    always writes labels) converts to megatron, olmo and mds, and back to parquet without a
+    loss_mask column: each the bytes `raypack pack` writes in that format."""
+    source = packed["out"]["trl"]
+    for fmt in ("megatron", "olmo", "mds", "parquet", "bridge"):
+        out = tmp_path / f"from-trl-{fmt}"
+        convert(str(source), fmt, str(out), **quiet)
+        assert tree(out, *FORMAT_FILES) == tree(packed["out"][fmt], *FORMAT_FILES), fmt
+        spec = {k: v for k, v in manifest(out)["format"].items() if k != "files"}  # megatron's name paths
+        assert spec == {k: v for k, v in manifest(packed["out"][fmt])["format"].items() if k != "files"}, fmt
+        assert verify(str(out), packed["cfg"][fmt], sample=8).ok
+    plain = pq.read_schema(tmp_path / "from-trl-parquet" / "data" / "part-00000.parquet")
+    assert "loss_mask" not in plain.names
+
+
 def test_configs_a_trainer_cannot_read_right_are_refused_before_any_work(
     packed: dict[str, Any], tmp_path: Path, capsys: Any
 ) -> None:
@@ -490,3 +511,37 @@ def test_verify_names_a_missing_or_changed_format_file(packed: dict[str, Any], t
     assert any("part-00000.idx: size or sha256 differs" in p for p in problems)
     assert any("packs/part-00002.parquet: listed in the manifest but missing" in p for p in problems)
     assert any(f"{DATA_ARGS}: size or sha256 differs" in p for p in problems)
+
+
+def test_a_vocabulary_with_gaps_gets_the_dtype_of_its_largest_id(tmp_path: Path) -> None:
+    """A tokenizer of 276 tokens whose added token is id 70,000: the token files hold ids up to
+    70,000, so olmo writes uint32 (not uint16, where 70,000 wrapped to 4,464) and megatron int32;
+    every id reads back as it went in, and a dtype too small is an error, never a wrap."""
+    from raypack.demo import train_byte_level_bpe
+    from raypack.formats import tokens_as
+    from tests.conftest import random_text
+
+    tok = train_byte_level_bpe(
+        [random_text(random.Random(i), 100) for i in range(100)], 300, ["<|endoftext|>"]
+    )
+    data = json.loads(tok.to_str())
+    data["model"]["vocab"]["<|gap|>"] = 70_000
+    special = {"single_word": False, "lstrip": False, "rstrip": False, "normalized": False, "special": True}
+    data["added_tokens"].append({"id": 70_000, "content": "<|gap|>", **special})
+    path = tmp_path / "gaps.json"
+    path.write_text(json.dumps(data))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(2)
+    write = [{"text": f"{random_text(rng, 30)} <|gap|> {random_text(rng, 20)}"} for _ in range(40)]
+    (corpus / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in write))
+    for fmt, dtype in (("olmo", "uint32"), ("megatron", "int32")):
+        out = tmp_path / f"out-{fmt}"
+        cfg = job(tmp_path, corpus, path, out, fmt, output={"pad_id": None})
+        run_job(cfg, **quiet)
+        assert manifest(out)["format"]["dtype"] == dtype and manifest(out)["tokenizer"]["max_id"] == 70_000
+        tokens, _ = stacked(out)
+        assert np.count_nonzero(tokens == 70_000) == 40
+        assert verify(str(out), cfg, sample=40).ok
+    with pytest.raises(ValueError, match=r"do not fit its uint16 tokens"):
+        tokens_as(np.asarray([[1, 70_000]], dtype=np.int32), "uint16", "data/part-00000.npy")

@@ -30,10 +30,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack import schema
+from raypack.config import JobConfig
 from raypack.errors import ConfigError
 from raypack.storage import join, read_bytes, resolve
 
 __all__ = [
+    "DATA_DIR",
     "FORMATS",
     "INDEX_DIR",
     "PARQUET_SETTINGS",
@@ -41,8 +43,10 @@ __all__ = [
     "Packs",
     "Settings",
     "Spec",
+    "data_file",
     "decode_flat",
     "encode_index",
+    "group_of",
     "index_path",
     "make_spec",
     "packs_of",
@@ -51,8 +55,11 @@ __all__ = [
     "read_range",
     "read_rows",
     "require_one_length_and_eos",
+    "settings_of",
     "spec_of",
     "stem_of",
+    "stem_of_file",
+    "tokens_as",
     "total_bytes",
 ]
 
@@ -79,18 +86,52 @@ INDEX_DIR = "packs"
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """What a format's Spec is decided from (a job's config and tokenizer, or a manifest's)."""
+    """What a format's Spec is decided from: made by settings_of alone, from a job's config and
+    tokenizer or a finished dataset's manifest (raypack convert)."""
 
     seq_len: int
     bucketed: bool
     """Packs of several lengths (pack.algorithm bucket)."""
     add_eos: bool
     eos_id: int | None
-    vocab_size: int
+    max_id: int
+    """The tokenizer's largest id: what the token dtype must hold (not its vocabulary's size: ids
+    may have gaps)."""
     pad_id: int
     shard_rows: int
     masked: bool = False
     """Chat data: packs carry a loss mask (input.messages_field / prompt_field)."""
+
+
+def settings_of(
+    cfg: JobConfig, eos_id: int | None, max_id: int, pad_id: int, lengths: Sequence[int] = ()
+) -> Settings:
+    """The format Settings of a dataset packed with `cfg` by a tokenizer whose EOS, largest id and
+    (resolved) pad id these are; `lengths`: its packs' lengths when they are known (convert), which
+    make it bucketed when there are several. The job and convert both build them here, so a dataset
+    converts to exactly what packing it in that format writes (masked: its input is chat data, not
+    whether its current format happens to keep a mask)."""
+    return Settings(
+        seq_len=cfg.pack.seq_len,
+        bucketed=(cfg.pack.mode == "global" and cfg.pack.algorithm == "bucket") or len(set(lengths)) > 1,
+        add_eos=cfg.tokenizer.add_eos,
+        eos_id=eos_id,
+        max_id=max_id,
+        pad_id=pad_id,
+        shard_rows=cfg.output.shard_rows,
+        masked=cfg.input.chat is not None,
+    )
+
+
+def tokens_as(input_ids: np.ndarray, dtype: str, name: str) -> np.ndarray:
+    """`input_ids` in the format's token dtype; ValueError for an id the dtype cannot hold (a wrap
+    would write another token, silently)."""
+    info = np.iinfo(dtype)
+    if input_ids.size and (int(input_ids.max()) > info.max or int(input_ids.min()) < info.min):
+        raise ValueError(
+            f"{name}: token ids {int(input_ids.min())}..{int(input_ids.max())} do not fit its {dtype} tokens"
+        )
+    return input_ids.astype(dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,9 +249,33 @@ def total_bytes(files: Sequence[dict[str, Any]], dataset_files: Sequence[dict[st
     return size + sum(int(f["bytes"]) for f in dataset_files)
 
 
+# File names: the one place they are made and taken apart. An output file's stem names it whatever
+# the format (part-00000, bucket=2048/part-00000, part-GGGGG-PPPPP in sharded mode); its data file is
+# data/<stem><the format's suffix>, its pack index packs/<stem>.parquet.
+DATA_DIR = "data"
+
+
 def stem_of(bucket_length: int | None, part: int, group: int | None = None) -> str:
     name = f"part-{part:05d}" if group is None else f"part-{group:05d}-{part:05d}"
     return name if bucket_length is None else f"bucket={bucket_length}/{name}"
+
+
+def data_file(stem: str, suffix: str) -> str:
+    return f"{DATA_DIR}/{stem}{suffix}"
+
+
+def stem_of_file(path: str, suffix: str) -> str:
+    """The stem of data file `path` (relative to the dataset) of a format whose suffix is `suffix`."""
+    head = f"{DATA_DIR}/"
+    if not path.startswith(head) or not path.endswith(suffix):
+        raise ValueError(f"{path} is not a data file {head}<stem>{suffix}")
+    return path[len(head) : len(path) - len(suffix)]
+
+
+def group_of(stem: str) -> int | None:
+    """The shard group of a sharded mode's stem (part-GGGGG-PPPPP); None for a global job's."""
+    parts = stem.rsplit("/", 1)[-1].split("-")
+    return int(parts[1]) if len(parts) == 3 else None
 
 
 def index_path(stem: str) -> str:
@@ -342,7 +407,7 @@ def packs_of(files: dict[str, bytes], entry: dict[str, Any], spec: Spec) -> Pack
         table = table.select([f.name for f in schema.PACK_INDEX])
     if len(tokens) != table.num_rows:
         raise ValueError(f"{entry['path']}: {len(tokens)} packs of tokens, {table.num_rows} indexed")
-    stem = entry["path"].split("/", 1)[1].removesuffix(spec.format.suffix)
+    stem = stem_of_file(entry["path"], spec.format.suffix)
     return Packs(stem, np.ascontiguousarray(tokens, dtype=np.int32), table.cast(schema.PACK_INDEX), mask)
 
 

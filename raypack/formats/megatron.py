@@ -8,7 +8,7 @@ packs: 1 of 6 samples matched a pack in a trial); docs/output-format.md gives th
 inside a pack end in EOS (tokenizer.add_eos is required), padding is written as EOS too, so
 `--eod-mask-loss` never trains on it and `--reset-position-ids` / `--reset-attention-mask` restart
 at each document. Tokens are uint16 where the vocabulary has fewer than 65,500 ids (Megatron's own
-rule, DType.optimal_dtype), else int32 (the `.idx` has no uint32).
+rule, DType.optimal_dtype, on the largest id), else int32 (the `.idx` has no uint32).
 
 `.idx` layout (megatron/core/datasets/indexed_dataset.py, _IndexWriter): the magic `MMIDIDX\\0\\0`,
 `<Q` version 1, `<B` dtype code, `<Q` sequences, `<Q` document indices (documents + 1), then int32
@@ -24,7 +24,15 @@ from typing import Any
 import numpy as np
 
 from raypack.errors import ConfigError
-from raypack.formats import Packs, Settings, Spec, decode_flat, read_flat, require_one_length_and_eos
+from raypack.formats import (
+    Packs,
+    Settings,
+    Spec,
+    decode_flat,
+    read_flat,
+    require_one_length_and_eos,
+    tokens_as,
+)
 from raypack.storage import is_uri, join
 
 __all__ = ["DATA_ARGS", "FORMAT", "parse_index"]
@@ -83,12 +91,13 @@ class Megatron:
             "Megatron finds documents by their EOD token (--eod-mask-loss, --reset-position-ids, "
             "--reset-attention-mask)",
         )
-        if settings.vocab_size > 2**31:
+        if settings.max_id >= 2**31:
             raise ConfigError(
-                f"output.format megatron: a vocabulary of {settings.vocab_size:,} does not fit Megatron's "
-                "int32 tokens"
+                f"output.format megatron: token id {settings.max_id:,} does not fit Megatron's int32 tokens"
             )
-        dtype = "uint16" if settings.vocab_size < UINT16_BELOW else "int32"
+        # Megatron's rule on the vocabulary's size, applied to the ids it must hold: a vocabulary
+        # with gaps has ids past its size.
+        dtype = "uint16" if settings.max_id + 1 < UINT16_BELOW else "int32"
         return Spec(self.name, eos, dtype, eos)
 
     def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
@@ -103,7 +112,7 @@ class Megatron:
                 np.arange(n + 1, dtype=np.int64).tobytes(),  # a document a pack
             )
         )
-        data = packs.input_ids.astype(spec.dtype).tobytes()
+        data = tokens_as(packs.input_ids, spec.dtype, f"data/{packs.stem}.bin").tobytes()
         return {f"data/{packs.stem}.bin": data, f"data/{packs.stem}.idx": index}
 
     def read_tokens(

@@ -2,7 +2,8 @@
 
     data/part-NNNNN.npy          the packs' tokens back to back, headerless (numpy's tofile: np.load
                                  refuses them, np.memmap reads them), dtype the smallest unsigned int
-                                 that holds vocab_size - 1 (OLMo-core's own rule)
+                                 that holds the largest id (OLMo-core's own rule,
+                                 on vocab_size - 1; ids may have gaps)
     data/part-NNNNN.csv.gz       "start,end" of every document (item) in that file's token stream: the
                                  metadata OLMo-core reads for document boundaries (iter_document_indices)
     label_mask/part-NNNNN.npy    np.bool_, one a token: True where the token is a training target (a
@@ -24,7 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from raypack.formats import Packs, Settings, Spec, decode_flat, read_flat, require_one_length_and_eos
+from raypack.formats import (
+    Packs,
+    Settings,
+    Spec,
+    decode_flat,
+    read_flat,
+    require_one_length_and_eos,
+    tokens_as,
+)
 
 __all__ = ["FORMAT", "MASK_DIR", "label_mask"]
 
@@ -60,12 +69,14 @@ class Olmo:
             "output.format olmo: OLMo-core's NumpyFSLDataset reads one sequence_length",
             "OLMo-core finds documents by EOS (generate_doc_lengths)",
         )
-        dtype = next(d for d in _DTYPES if settings.vocab_size - 1 <= np.iinfo(d).max)
+        dtype = next(d for d in _DTYPES if settings.max_id <= np.iinfo(d).max)
         return Spec(self.name, settings.pad_id, dtype, eos)
 
     def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
         return {
-            f"data/{packs.stem}.npy": packs.input_ids.astype(spec.dtype).tobytes(),
+            f"data/{packs.stem}.npy": tokens_as(
+                packs.input_ids, spec.dtype, f"data/{packs.stem}.npy"
+            ).tobytes(),
             f"data/{packs.stem}.csv.gz": _documents(packs),
             f"{MASK_DIR}/{packs.stem}.npy": label_mask(packs).tobytes(),
         }

@@ -19,12 +19,13 @@ import pyarrow as pa
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.packing import Items, PackPermutation, Plan, copy_runs, expand, item_histogram, make_items
-from raypack.pipeline.tokenize import token_batches, token_file
+from raypack.pipeline.tokenize import token_batches
+from raypack.pipeline.units import WorkUnit
 
 if TYPE_CHECKING:
     from raypack.pipeline.select import Selection
 
-__all__ = ["Buckets", "TokenShard", "assign_items", "file_key", "items_table"]
+__all__ = ["Buckets", "assign_items", "file_key", "items_table"]
 
 _KEY_SHIFT = 32  # file_key = bucket << 32 | file number within the bucket
 
@@ -68,18 +69,8 @@ class Buckets:
         return self.run_bucket[run], self.run_base[run] + (pack - self.run_start[run])
 
 
-@dataclass(frozen=True, slots=True)
-class TokenShard:
-    """A staged token file and what the items of its documents need of its input file."""
-
-    token_dir: str
-    key: str
-    relpath: str
-    source: str = ""
-
-
 def assign_items(
-    shards: list[TokenShard],
+    shards: list[WorkUnit],
     cfg: JobConfig,
     plan: Plan,
     rank_base: np.ndarray,
@@ -97,7 +88,7 @@ def assign_items(
     seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
     base = np.atleast_2d(rank_base).astype(np.int64, copy=True)
     for shard in shards:
-        for record_batch in token_batches(token_file(shard.token_dir, shard.key), cfg.storage):
+        for record_batch in token_batches(shard.token_file, cfg.storage):
             batch = pa.Table.from_batches([record_batch])
             if on_docs is not None:
                 on_docs(batch.column("doc_id").combine_chunks())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any, Protocol
 
 import numpy as np
@@ -38,9 +39,12 @@ __all__ = [
     "Mismatch",
     "TokenizersEncoder",
     "choose_backend",
+    "failed_over",
     "fastokens_version",
     "first_difference",
     "probes",
+    "remember_failover",
+    "remembered_failover",
 ]
 
 
@@ -182,10 +186,61 @@ class Choice:
     probes: int = 0
     sampled: int = 0
     """Corpus texts the self-check compared."""
+    failed_over: Choice | None = None
+    """The fast backend this choice replaced after it gave other ids in the run (failed_over)."""
 
     @property
     def label(self) -> str:
         return f"{self.backend} {self.version}"
+
+
+def failed_over(choice: Choice, tok: Any, reason: str) -> Choice:
+    """tokenizers, in place of `choice`, whose ids differed from tokenizers' in the run."""
+    version = TokenizersEncoder(tok.tokenizer).version
+    why = f"{choice.label} gave other ids than tokenizers {version} in the run: {reason}"
+    return Choice("tokenizers", version, why, choice.probes, choice.sampled, failed_over=choice)
+
+
+def remember_failover(path: str, choice: Choice, tok: Any, reason: str, storage: Any = None) -> None:
+    """Record at `path` (a rebuild root's) that `choice` gave other ids than tokenizers for this
+    tokenizer: later runs there do not choose it again (remembered_failover)."""
+    import json
+    from datetime import datetime
+
+    from raypack.storage import write_bytes_atomic
+
+    record = {
+        "tokenizer_sha256": tok.sha256,
+        "backend": choice.label,
+        "reason": reason,
+        "at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    write_bytes_atomic(path, json.dumps(record, indent=2).encode(), storage)
+
+
+def remembered_failover(path: str, requested: str, tok: Any, storage: Any = None) -> Choice | None:
+    """tokenizers, when `path` records that the fast backend as installed now gave other ids than
+    tokenizers for this tokenizer in an earlier run (a ConfigError when tokenizer.backend asks for
+    it by name); None when it records nothing that applies (another tokenizer, another fastokens
+    version: worth its self-check again)."""
+    import json
+
+    from raypack.errors import ConfigError
+    from raypack.storage import exists, read_bytes
+
+    if requested == "tokenizers" or not exists(path, storage):
+        return None
+    record = json.loads(read_bytes(path, storage))
+    fast = f"fastokens {fastokens_version()}"
+    if record.get("tokenizer_sha256") != tok.sha256 or record.get("backend") != fast:
+        return None
+    why = (
+        f"{fast} gave other ids than tokenizers for this tokenizer in an earlier run here ({record['at']}): "
+        f"{record['reason']}"
+    )
+    if requested == "fastokens":
+        raise ConfigError(f"tokenizer.backend fastokens: {why}; use auto or tokenizers")
+    return Choice("tokenizers", TokenizersEncoder(tok.tokenizer).version, why)
 
 
 def choose_backend(

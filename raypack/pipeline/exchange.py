@@ -46,10 +46,11 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.formats import Spec
 from raypack.packing import Plan
-from raypack.pipeline.assign import TokenShard, assign_items
+from raypack.pipeline.assign import assign_items
 from raypack.pipeline.histogram import Totals, index_path
 from raypack.pipeline.materialize import write_pack_file
 from raypack.pipeline.tokenize import forget
+from raypack.pipeline.units import WorkUnit
 from raypack.storage import resolve
 
 if TYPE_CHECKING:
@@ -298,7 +299,7 @@ def assign_run(
     cfg: JobConfig,
     plan: Plan,
     rank_base: np.ndarray,
-    shards: list[TokenShard],
+    shards: list[WorkUnit],
     rounds: int,
     round_ends: np.ndarray,
     part_first_key: np.ndarray,
@@ -449,7 +450,7 @@ def run_exchange(
     plan: Plan,
     lay: Layout,
     totals: Totals,
-    shards: list[TokenShard],
+    shards: list[WorkUnit],
     file_keys: np.ndarray,
     spec: Spec,
     examples: int,

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import date
 from functools import partial
 from typing import Any
 
@@ -36,9 +37,9 @@ import numpy as np
 
 from raypack import __version__, schema
 from raypack.chat import ChatTemplate
-from raypack.config import InputConfig, JobConfig, StorageConfig
+from raypack.config import JobConfig, StorageConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
-from raypack.formats import INDEX_DIR, Settings, Spec, make_spec
+from raypack.formats import INDEX_DIR, Spec, group_of, make_spec, settings_of, stem_of_file
 from raypack.formats.bridge import METADATA as BRIDGE_METADATA
 from raypack.formats.megatron import DATA_ARGS
 from raypack.formats.olmo import MASK_DIR
@@ -51,11 +52,16 @@ from raypack.metrics import (
     finalize_metrics,
 )
 from raypack.packing import ALGORITHMS, Plan
-from raypack.pipeline.assign import Buckets, TokenShard, file_key
-from raypack.pipeline.backends import Choice, choose_backend
+from raypack.pipeline.assign import Buckets, file_key
+from raypack.pipeline.backends import (
+    Choice,
+    choose_backend,
+    failed_over,
+    remember_failover,
+    remembered_failover,
+)
 from raypack.pipeline.exchange import (
     ITEM_BYTES,
-    RETRIES,
     check_index_ids,
     layout,
     run_exchange,
@@ -65,12 +71,14 @@ from raypack.pipeline.exchange import (
 )
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.materialize import data_file
-from raypack.pipeline.read import input_files, read_shard, scan_range, unit_entry, work_units
+from raypack.pipeline.read import input_files, scan_range, work_units
+from raypack.pipeline.readers import read_unit
 from raypack.pipeline.select import Selection, plan_selection, run_selection, source_table
-from raypack.pipeline.sharded import pack_groups
+from raypack.pipeline.sharded import write_sharded
 from raypack.pipeline.tokenize import (
     LoadedTokenizer,
     TokenizeShards,
+    cached_rejects_file,
     chat_template,
     load_tokenizer,
     token_key,
@@ -78,6 +86,7 @@ from raypack.pipeline.tokenize import (
 )
 from raypack.pipeline.tokenize_pool import TokenizePool
 from raypack.pipeline.tokenizer import tokenizer_files
+from raypack.pipeline.units import WorkUnit
 from raypack.report.model import REPORT
 from raypack.storage import (
     Shard,
@@ -200,7 +209,15 @@ def ensure_ray() -> None:
     if not ray.is_initialized():
         address = os.environ.get("RAY_ADDRESS") or None
         dashboard = None if address else os.environ.get("RAYPACK_DASHBOARD") == "1"
-        ray.init(address=address, logging_level=logging.WARNING, include_dashboard=dashboard)
+        # Ray turns token authentication on for a local cluster it starts, and says so in a WARNING
+        # on every command (RAY_AUTH_MODE set by the user says nothing): the mode stays, the line goes.
+        notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = notice.level
+        notice.setLevel(logging.ERROR)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING, include_dashboard=dashboard)
+        finally:
+            notice.setLevel(level)
 
 
 def run_job(
@@ -210,14 +227,17 @@ def run_job(
     cache: str | None = None,
     log: Callable[[str], None] = print,
     release_ray: bool = False,
+    memory: str | None = None,
 ) -> JobResult:
     """Pack the corpus into cfg.output.path. `cache`: a directory of token files to reuse and keep
     (a rebuild's); None: tokenize everything into a staging area that is removed at the end.
+    `memory`: a file where a rebuild's root keeps what runs learnt of the backends (a fast one that
+    gave other ids is not chosen again there).
     `release_ray`: shut Ray down (or disconnect) once the manifest is written (`raypack pack`).
     A storage failure that outlived every retry is raised as a StorageError (one line), whatever
     wrapper Ray put around it."""
     try:
-        return _run_job(cfg, overwrite, cache, log, release_ray)
+        return _run_job(cfg, overwrite, cache, log, release_ray, memory)
     except (ConfigError, JobError):
         raise
     except Exception as e:
@@ -228,7 +248,12 @@ def run_job(
 
 
 def _run_job(
-    cfg: JobConfig, overwrite: bool, cache: str | None, log: Callable[[str], None], release_ray: bool
+    cfg: JobConfig,
+    overwrite: bool,
+    cache: str | None,
+    log: Callable[[str], None],
+    release_ray: bool,
+    memory: str | None,
 ) -> JobResult:
     timings: dict[str, float] = {}
     cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
@@ -241,30 +266,41 @@ def _run_job(
     inputs = input_files(cfg.input, storage)
     check_output(out, storage, overwrite)
     with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
-        loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer)
+        loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
         ensure_ray()
         tok = loading.result()
-    if cfg.output.pad_id >= tok.vocab_size:
-        # An embedding lookup of pad_id would fail (or read past the table) in the trainer.
-        raise ConfigError(
-            f"output.pad_id {cfg.output.pad_id} is not a token of the tokenizer (vocabulary of "
-            f"{tok.vocab_size:,}: ids 0..{tok.vocab_size - 1}); use one of its ids, e.g. its EOS "
-            f"({tok.eos_id})"
-        )
-    spec = output_spec(cfg, tok.vocab_size, tok.eos_id)
+    cfg = _fix_chat_date(cfg, tok, log)
+    # An embedding lookup of pad_id would fail (or read past the table) in the trainer.
+    pad_id, pad_source = tok.pad(cfg.output.pad_id)
+    if pad_source == "output.pad_id" and pad_id == tok.bos_id:
+        log(f"[raypack] note: output.pad_id {pad_id} is the tokenizer's BOS")
+    spec = output_spec(cfg, tok, pad_id)
     clear_output(out, storage)
     staging = join(out, "_staging")
     token_dir = cache if cache is not None else join(staging, "tokens")
     # Work units first: a large JSONL file's line-count scan runs on Ray tasks of a CPU each, which
     # would queue behind the preload tasks (with actors holding every CPU, forever: test_s3 hung).
-    shards = work_units(inputs, cfg.input, storage, scan=partial(_scan_ranges, storage=storage))
+    shards = work_units(inputs, cfg.input.unit_bytes, storage, scan=partial(_scan_ranges, storage=storage))
     # The tokenize workers start loading now, beside the driver's checks below.
     width = _cluster_cpus()
     concurrency = cfg.tokenizer.concurrency or width
     fast = cfg.tokenizer.backend != "tokenizers" and not cfg.input.chat  # chat data: tokenizers
     pool = TokenizePool(cfg, min(concurrency, len(shards)), fast, capped=concurrency < width)
     try:
-        return _run_stages(cfg, tok, spec, shards, token_dir, pool, width, timings, log, release_ray)
+        return _run_stages(
+            cfg,
+            tok,
+            spec,
+            (pad_id, pad_source),
+            shards,
+            token_dir,
+            pool,
+            width,
+            timings,
+            log,
+            release_ray,
+            memory,
+        )
     finally:
         pool.close()
 
@@ -273,13 +309,15 @@ def _run_stages(
     cfg: JobConfig,
     tok: LoadedTokenizer,
     spec: Spec,
-    shards: list[Shard],
+    pad: tuple[int, str],
+    shards: list[WorkUnit],
     token_dir: str,
     pool: TokenizePool,
     width: int,
     timings: dict[str, float],
     log: Callable[[str], None],
     release_ray: bool,
+    memory: str | None,
 ) -> JobResult:
     out, storage = cfg.output.path, cfg.storage
     staging = join(out, "_staging")
@@ -294,20 +332,39 @@ def _run_stages(
         )
         log(f"[raypack] chat template: {chat['template']} ({chat['mask']})")
     else:
+        remembered = remembered_failover(memory, cfg.tokenizer.backend, tok, storage) if memory else None
         sample = partial(_corpus_sample, shards, cfg)
-        choice = choose_backend(cfg.tokenizer.backend, tok, sample, pool.fast_encoder)
+        choice = remembered or choose_backend(cfg.tokenizer.backend, tok, sample, pool.fast_encoder)
     log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
-    settings = {n: token_settings(cfg, tok, choice, n, template) for n in sorted({s.source for s in shards})}
-    keys = tuple(token_key(s, settings[s.source]) for s in shards)
     runs = max(1, min(len(shards), width))
-    weights = _unit_bytes(shards, cfg.input)
-    totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [s.source for s in shards])
-    rows = [
-        {**dataclasses.asdict(s), "token_dir": token_dir, "key": k} for s, k in zip(shards, keys, strict=True)
-    ]
+    weights = _unit_bytes(shards)
     # Largest first: the last units to start are the shortest, so workers finish close together (the
     # summaries are folded in any order; nothing downstream depends on it).
-    ordered = [rows[i] for i in sorted(range(len(rows)), key=lambda i: -weights[i])]
+    order = sorted(range(len(shards)), key=lambda i: -weights[i])
+
+    def tokenize(choice: Choice) -> tuple[list[WorkUnit], Totals, list[WorkUnit]]:
+        """Every unit keyed for `choice` and tokenized; with fastokens, submitting stops at the
+        first unit whose check found a difference. The units, their totals, and the token files
+        this pass wrote."""
+        settings = {s.source: token_settings(cfg, tok, s.reading, choice, template) for s in shards}
+        keyed = [s.with_token_file(token_dir, token_key(s, settings[s.source])) for s in shards]
+        totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [s.source for s in keyed])
+        written: list[WorkUnit] = []
+
+        def add(summary: dict[str, Any]) -> None:
+            totals.add(summary)
+            if not summary["cached"]:
+                written.append(keyed[int(summary["shard"])])
+
+        # Summaries are folded as they arrive: no list of every shard's histogram.
+        pool.run(
+            [keyed[i] for i in order],
+            TokenizeShards,
+            choice.backend,
+            add,
+            stop=lambda: bool(totals.failovers),
+        )
+        return keyed, totals, written
 
     with (
         _stage(timings, "tokenize", log),
@@ -316,9 +373,26 @@ def _run_stages(
         # The planner's compiled functions load from numba's cache (0.3 s on a first call) while the
         # workers tokenize, instead of after them with every core idle but the driver's.
         warming.submit(_warm_planner, cfg)
-        # Summaries are folded as they arrive: no list of every shard's histogram.
-        pool.run(ordered, TokenizeShards, choice.backend, totals.add)
+        shards, totals, written = tokenize(choice)
+        failovers = list(totals.failovers)
+        if failovers and choice.backend != "tokenizers":
+            # A proven difference: nothing the fast backend wrote in this run may reach the output,
+            # whichever units the sampled checks happened to catch. Every unit is tokenized again
+            # with tokenizers (under tokenizers' keys; its earlier files reused), and a rebuild's
+            # root remembers not to choose the fast backend again.
+            log(
+                f"[raypack] {choice.backend} gave other ids than tokenizers: {failovers[0]}; tokenizing again"
+            )
+            for unit in written:
+                remove(unit.token_file, storage)
+                remove(cached_rejects_file(unit.token_file), storage)
+            remove(join(out, "rejects"), storage)
+            if memory:
+                remember_failover(memory, choice, tok, failovers[0], storage)
+            choice = failed_over(choice, tok, failovers[0])
+            shards, totals, _ = tokenize(choice)
     totals.check_complete()
+    keys = tuple(s.key for s in shards)
     reused, documents, rejects, reasons = totals.reused, totals.documents, totals.rejects, totals.reasons
     lost = {"rejected_records": totals.rejected_records, "lost_files": totals.lost_files}
     _check_rejects(cfg, documents, totals.rejected_records, totals.lost_files, reasons, staging)
@@ -357,10 +431,10 @@ def _run_stages(
         with _stage(timings, "compare", log):
             comparison = _compare(cfg, hist, stats)
 
-    token_shards = [TokenShard(token_dir, k, s.relpath, s.source) for s, k in zip(shards, keys, strict=True)]
+    token_shards = shards
     with _stage(timings, "assign+write", log):
         if cfg.pack.mode == "sharded":
-            files = _write_sharded(cfg, spec, token_shards, selection)
+            files = write_sharded(cfg, spec, token_shards, selection)
             duplicates = _sharded_ids(cfg, totals, width) if cfg.input.id_fields else Duplicates()
         else:
             files, duplicates = _write_global(cfg, spec, plan, totals, token_shards, width, log, selection)
@@ -407,9 +481,11 @@ def _run_stages(
             ).encode(),
             storage,
         )
-        backend = _backend_record(choice, totals)
+        backend = _backend_record(choice, totals, failovers)
         output_format = write_dataset_files(files, spec, out, storage)
-        manifest = _manifest(cfg, shards, tok, packs, files, documents, rejects, stats.items, stats.tokens)
+        manifest = _manifest(
+            cfg, shards, tok, pad, packs, files, documents, rejects, stats.items, stats.tokens
+        )
         manifest["format"] = output_format
         if chat_record is not None:
             manifest["chat"] = {k: v for k, v in chat_record.items() if k != "trained_percent"}
@@ -458,20 +534,10 @@ def _run_stages(
     )
 
 
-def output_spec(cfg: JobConfig, vocab_size: int, eos_id: int | None) -> Spec:
+def output_spec(cfg: JobConfig, tok: LoadedTokenizer, pad_id: int) -> Spec:
     """The output format's Spec for this config and tokenizer (a ConfigError, before any work, for a
     config the format's trainer cannot read right)."""
-    settings = Settings(
-        seq_len=cfg.pack.seq_len,
-        bucketed=cfg.pack.mode == "global" and cfg.pack.algorithm == "bucket",
-        masked=cfg.input.chat is not None,
-        add_eos=cfg.tokenizer.add_eos,
-        eos_id=eos_id,
-        vocab_size=vocab_size,
-        pad_id=cfg.output.pad_id,
-        shard_rows=cfg.output.shard_rows,
-    )
-    return make_spec(cfg.output.format, settings)
+    return make_spec(cfg.output.format, settings_of(cfg, tok.eos_id, tok.max_id, pad_id))
 
 
 def write_dataset_files(
@@ -494,7 +560,7 @@ SAMPLE_UNITS = 4
 SAMPLE_CHARS = 128 << 10
 
 
-def _sample_units(shards: list[Shard]) -> list[Shard]:
+def _sample_units(shards: list[WorkUnit]) -> list[WorkUnit]:
     """Up to SAMPLE_UNITS work units spread evenly over the corpus, first and last included."""
     if not shards:
         return []
@@ -502,12 +568,12 @@ def _sample_units(shards: list[Shard]) -> list[Shard]:
     return [shards[i] for i in picks]
 
 
-def _corpus_sample(shards: list[Shard], cfg: JobConfig) -> list[str]:
+def _corpus_sample(shards: list[WorkUnit], cfg: JobConfig) -> list[str]:
     """Texts of the corpus for the backend self-check."""
     texts: list[str] = []
     for shard in _sample_units(shards):
         taken = 0
-        for batch in read_shard(shard, cfg.input, 64, cfg.storage):
+        for batch in read_unit(shard, 64, cfg.storage):
             for text in batch.texts:
                 if taken >= SAMPLE_CHARS:
                     break
@@ -547,7 +613,9 @@ def _chat_record(
 CHAT_SAMPLE = 32
 
 
-def _check_chat(cfg: JobConfig, template: ChatTemplate | None, shards: list[Shard]) -> dict[str, Any] | None:
+def _check_chat(
+    cfg: JobConfig, template: ChatTemplate | None, shards: list[WorkUnit]
+) -> dict[str, Any] | None:
     """Chat data: render the probes and a corpus sample with the template as the job will (a
     ConfigError, before any work, for a template that is not prefix-stable on any of them); what the
     manifest and summary say of it. None for plain text."""
@@ -560,7 +628,7 @@ def _check_chat(cfg: JobConfig, template: ChatTemplate | None, shards: list[Shar
         return info | {"template": "none (prompt + completion)", "mask": f"pack.loss {cfg.loss}"}
     sample: list[tuple[list[dict[str, Any]], Any]] = [(list(p), None) for p in PROBES]
     for shard in _sample_units(shards):
-        for batch in read_shard(shard, cfg.input, CHAT_SAMPLE, cfg.storage):
+        for batch in read_unit(shard, CHAT_SAMPLE, cfg.storage):
             sample += [(list(c.messages), c.tools) for c in batch.texts[:CHAT_SAMPLE]]
             break
     found = check_template(template, sample, cfg.loss)
@@ -572,20 +640,33 @@ def _check_chat(cfg: JobConfig, template: ChatTemplate | None, shards: list[Shar
         mask = "assistant tokens from its {% generation %} markers"
     else:
         mask = "assistant turns found by rendering growing prefixes (prefix-stable on the probes and sample)"
-    return info | {"template": template.origin, "mask": mask, "checked": found.rendered}
+    date = cfg.tokenizer.chat_date if template.prints_date else None
+    return info | {"template": template.origin, "mask": mask, "checked": found.rendered, "date": date}
 
 
-def _backend_record(choice: Choice, totals: Totals) -> dict[str, Any]:
-    """The manifest's and the summary's account of what encoded and what was checked."""
-    finished_on = "tokenizers" if totals.failovers else choice.backend
+def _fix_chat_date(cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], None]) -> JobConfig:
+    """cfg with tokenizer.chat_date set when its chat template prints the date and none was given:
+    today's, once, on the driver (every worker renders with it; the manifest records it; a rebuild
+    passes its root's on, raypack.pipeline.rebuild)."""
+    template = chat_template(cfg, tok)
+    if template is None or not template.prints_date or cfg.tokenizer.chat_date is not None:
+        return cfg
+    today = date.today().isoformat()
+    log(f"[raypack] the chat template prints the date: {today} for every conversation (tokenizer.chat_date)")
+    return dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, chat_date=today))
+
+
+def _backend_record(choice: Choice, totals: Totals, failovers: list[str]) -> dict[str, Any]:
+    """The manifest's and the summary's account of what encoded and what was checked (`choice`: what
+    finished the job; after a failover, the fast backend's choice is in `failed_over`)."""
     return {
-        "chosen": choice.label,
-        "reason": choice.reason,
+        "chosen": (choice.failed_over or choice).label,
+        "reason": (choice.failed_over or choice).reason,
         "self_check": {"probes": choice.probes, "corpus_texts": choice.sampled},
         "units_by_backend": dict(sorted(totals.encoded_by.items())),
         "checked_in_run": {"texts": totals.checked_texts, "bytes": totals.checked_bytes},
-        "failovers": list(totals.failovers),
-        "finished_on": finished_on,
+        "failovers": failovers,
+        "finished_on": choice.backend,
     }
 
 
@@ -606,23 +687,23 @@ def _scan(
         return scan_range(shard, start, stop, storage)
 
 
-def _unit_bytes(shards: list[Shard], inputs: InputConfig) -> list[int]:
+def _unit_bytes(shards: list[WorkUnit]) -> list[int]:
     """Input bytes of each work unit: a byte range's length, a Parquet unit's share of its file (its
     row groups' sizes are not kept), else the file's size."""
     units: Counter[str] = Counter(s.relpath for s in shards)
     return [
-        s.unit_stop - s.unit_start
-        if s.split and inputs.of(s.source).format == "jsonl"
-        else s.size // units[s.relpath]
+        s.shard.unit_stop - s.shard.unit_start
+        if s.shard.split and s.reading.format == "jsonl"
+        else s.shard.size // units[s.relpath]
         for s in shards
     ]
 
 
-def _split_files(shards: list[Shard], nodes: list[str]) -> dict[str, dict[str, int]]:
+def _split_files(shards: list[WorkUnit], nodes: list[str]) -> dict[str, dict[str, int]]:
     """Files tokenized as several work units: how many units, on how many Ray nodes."""
     units: dict[str, list[int]] = {}
     for s in shards:
-        if s.split:
+        if s.shard.split:
             units.setdefault(s.relpath, []).append(s.index)
     return {
         path: {"units": len(idx), "nodes": len({nodes[i] for i in idx if nodes[i]})}
@@ -774,7 +855,7 @@ def _write_global(
     spec: Spec,
     plan: Plan,
     totals: Totals,
-    shards: list[TokenShard],
+    shards: list[WorkUnit],
     width: int,
     log: Callable[[str], None],
     selection: Selection | None = None,
@@ -805,38 +886,6 @@ def _sharded_ids(cfg: JobConfig, totals: Totals, width: int) -> Duplicates:
     return Duplicates(found.duplicate_ids, found.duplicate_documents, found.examples)
 
 
-def _from_items(rows: list[dict[str, Any]]) -> Any:
-    """A Ray Dataset of `rows` (one block each), set up as every dataset of the job is. A dataset
-    carries the copy of the DataContext taken when its source is made (setting the global context
-    later has no effect), so the settings go on the source's own context: map tasks retried on
-    transient storage errors (Ray Data's own retry: Ray Core's retry_exceptions never sees the
-    OSError, which Ray Data wraps in a UserCodeException). The patterns are Ray's own list of
-    transient I/O errors (AWS NETWORK_CONNECTION, SLOW_DOWN, 503...); bad data never raises (a
-    recorded reject), and other errors fail at once. (The job's datasets no longer shuffle: the
-    exchange is raypack.pipeline.exchange's tasks.)"""
-    import ray.data
-
-    ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
-    ds.context.retried_map_errors = list(ds.context.retried_io_errors)
-    # As many runs as the exchange's tasks get (exchange.RETRIES), with Ray Data's exponential
-    # backoff (2, 4, 8, 16 s caps, jittered: ~15 s expected in all). Every stage's output is a whole
-    # file at a name fixed by the plan, so a rerun writes the same bytes.
-    ds.context.max_map_retries = RETRIES
-    return ds
-
-
-def _write_sharded(
-    cfg: JobConfig, spec: Spec, shards: list[TokenShard], selection: Selection | None
-) -> list[dict[str, Any]]:
-    per = cfg.pack.shards_per_group
-    groups = [
-        {"group": g, "shards": [dataclasses.asdict(s) for s in shards[first : first + per]]}
-        for g, first in enumerate(range(0, len(shards), per))
-    ]
-    fn = partial(pack_groups, cfg=cfg, spec=spec, selection=selection)
-    return list(_from_items(groups).map_batches(fn, batch_size=1).take_all())
-
-
 def _planned_files(cfg: JobConfig, spec: Spec, plan: Plan) -> dict[str, int]:
     """Every file the global plan makes, with its packs: bucket b's packs in files of shard_rows, the
     last one shorter."""
@@ -855,7 +904,10 @@ def _sharded_files(cfg: JobConfig, spec: Spec, files: list[dict[str, Any]]) -> d
     rows = cfg.output.shard_rows
     packs: Counter[int] = Counter()
     for f in files:
-        packs[int(str(f["path"]).rsplit("/", 1)[-1].split("-")[1])] += int(f["rows"])
+        group = group_of(stem_of_file(str(f["path"]), spec.format.suffix))
+        if group is None:
+            raise RuntimeError(f"{f['path']} is not a sharded mode's file: refusing to commit")
+        packs[group] += int(f["rows"])
     return {
         data_file(spec, None, part, group): count
         for group, n in sorted(packs.items())
@@ -893,8 +945,9 @@ def _check_commit(files: list[dict[str, Any]], planned: dict[str, int], items: i
 
 def _manifest(
     cfg: JobConfig,
-    shards: list[Shard],
-    tok: Any,
+    shards: list[WorkUnit],
+    tok: LoadedTokenizer,
+    pad: tuple[int, str],
     packs: int,
     files: list[dict[str, Any]],
     documents: int,
@@ -910,8 +963,8 @@ def _manifest(
         "raypack_version": __version__,
         "config": cfg.to_dict(),
         "inputs": [
-            {"path": s.relpath, "size": s.size, "mtime_ns": s.mtime_ns}
-            | unit_entry(s, cfg.input.of(s.source).format)
+            {"path": s.relpath, "size": s.shard.size, "mtime_ns": s.shard.mtime_ns}
+            | s.entry()
             | ({"source": s.source} if s.source else {})
             for s in shards
         ],
@@ -923,6 +976,9 @@ def _manifest(
             "bos_source": tok.bos_source,
             "eos_source": tok.eos_source,
             "vocab_size": tok.vocab_size,
+            "max_id": tok.max_id,
+            "pad_id": pad[0],
+            "pad_source": pad[1],
         },
         "counts": {
             "shards": len(shards),

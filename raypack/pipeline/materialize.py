@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack import schema
+from raypack import formats, schema
 from raypack.config import StorageConfig
 from raypack.formats import Packs, Spec, encode_index, index_path, stem_of
 from raypack.metrics import fill_percent_counts
@@ -31,7 +31,7 @@ __all__ = ["data_file", "write_pack_file", "write_pack_files"]
 
 def data_file(spec: Spec, bucket_length: int | None, part: int, group: int | None = None) -> str:
     """The data file (the first of its files) that output file `part` has in the dataset's format."""
-    return f"data/{stem_of(bucket_length, part, group)}{spec.format.suffix}"
+    return formats.data_file(stem_of(bucket_length, part, group), spec.format.suffix)
 
 
 def write_pack_files(

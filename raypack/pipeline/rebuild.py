@@ -19,6 +19,7 @@ waits (`wait_s`) or exits 2 naming the holder. LATEST never moves to an older ve
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,11 +29,12 @@ from raypack.config import JobConfig
 from raypack.errors import ConfigError
 from raypack.lease import Lease
 from raypack.pipeline.job import JobResult, run_job
-from raypack.storage import TMP_PREFIX, exists, join, list_dir, remove, remove_temporaries
+from raypack.storage import TMP_PREFIX, exists, join, list_dir, read_bytes, remove, remove_temporaries
 from raypack.versions import (
     CACHE,
     MANIFEST,
     complete_versions,
+    latest_version,
     next_version,
     prune_versions,
     remove_incomplete,
@@ -53,6 +55,11 @@ class RebuildResult:
     swept_versions: list[int]
     """Crashed runs' incomplete versions deleted before this run."""
     cache_entries_removed: int
+
+
+# What the root's runs learnt of the tokenizer backends (backends.remember_failover), beside its token
+# cache: a fast backend proven to give other ids here is not chosen again.
+BACKENDS = "backends.json"
 
 
 def cache_dir(root: str) -> str:
@@ -79,7 +86,8 @@ def run_rebuild(cfg: JobConfig, *, wait_s: float = 0.0, log: Callable[[str], Non
         _sweep_temporaries(root, cfg)
         name = version_name(number)
         version_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, path=join(root, name)))
-        job = run_job(version_cfg, cache=cache_dir(root), log=log)
+        version_cfg = _keep_chat_date(version_cfg, root)
+        job = run_job(version_cfg, cache=cache_dir(root), log=log, memory=join(root, CACHE, BACKENDS))
         lease.check()  # a rebuild that lost its lease (paused past its expiry) commits nothing
         set_latest(root, number, storage)
         removed = prune_versions(root, cfg.output.keep_versions, storage)
@@ -87,6 +95,20 @@ def run_rebuild(cfg: JobConfig, *, wait_s: float = 0.0, log: Callable[[str], Non
     finally:
         lease.release()
     return RebuildResult(job, name, removed, swept, dropped)
+
+
+def _keep_chat_date(cfg: JobConfig, root: str) -> JobConfig:
+    """A chat template that prints the date renders the date the root's versions were packed with
+    (tokenizer.chat_date unset): a rebuild on another day would otherwise render its new shards with
+    another date than the cached ones."""
+    latest = latest_version(root, cfg.storage)
+    if cfg.tokenizer.chat_date is not None or latest is None:
+        return cfg
+    manifest = json.loads(read_bytes(join(root, version_name(latest), MANIFEST), cfg.storage))
+    date = (manifest.get("chat") or {}).get("date")
+    if date is None:
+        return cfg
+    return dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, chat_date=date))
 
 
 def _sweep_temporaries(root: str, cfg: JobConfig) -> None:

@@ -43,7 +43,8 @@ from raypack.mixture import (
 from raypack.packing import item_histogram, make_items
 from raypack.pipeline.exchange import task_options, transient
 from raypack.pipeline.histogram import Totals, index_path, write_index
-from raypack.storage import Shard, resolve
+from raypack.pipeline.units import WorkUnit
+from raypack.storage import resolve
 
 __all__ = ["SOURCE_COUNTS", "Selection", "plan_selection", "run_selection", "source_table"]
 
@@ -69,14 +70,14 @@ class Selection:
         return copies(self.rules[source], document_keys(self.seed, relpath, rows))
 
 
-def _read_staged(cfg: JobConfig, shard: Shard) -> pa.Table:
+def _read_staged(cfg: JobConfig, shard: WorkUnit) -> pa.Table:
     fs, inner = resolve(index_path(cfg.output.path, shard.index, staged=True), cfg.storage)
     with fs.open_input_file(inner) as f:
         return pq.read_table(f, columns=["doc_id", "row", "length"])
 
 
 def boundary_documents(
-    cfg: JobConfig, shards: list[Shard], bins: dict[str, int], patterns: tuple[str, ...] | None
+    cfg: JobConfig, shards: list[WorkUnit], bins: dict[str, int], patterns: tuple[str, ...] | None
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Ray task: for each source in `bins`, the keys and lengths of its documents (in these shards)
     whose key falls in its boundary bin."""
@@ -98,7 +99,7 @@ def boundary_documents(
         }
 
 
-def plan_selection(cfg: JobConfig, shards: list[Shard], totals: Totals) -> Selection:
+def plan_selection(cfg: JobConfig, shards: list[WorkUnit], totals: Totals) -> Selection:
     """Each source's target (ConfigError when one cannot be met) and Rule: boundary tasks place the
     cut of every source that takes a seeded subset."""
     import ray
@@ -123,9 +124,9 @@ def plan_selection(cfg: JobConfig, shards: list[Shard], totals: Totals) -> Selec
     return Selection(cfg.pack.seed, rules, tgt)
 
 
-def _runs(shards: list[Shard], totals: Totals, sources: set[str] | None = None) -> list[list[Shard]]:
+def _runs(shards: list[WorkUnit], totals: Totals, sources: set[str] | None = None) -> list[list[WorkUnit]]:
     """The shards of each run (the exchange's), in order; only those of `sources` when given."""
-    runs: list[list[Shard]] = [[] for _ in range(len(totals.hists))]
+    runs: list[list[WorkUnit]] = [[] for _ in range(len(totals.hists))]
     for s in shards:
         if sources is None or s.source in sources:
             runs[int(totals.run_of_shard[s.index])].append(s)
@@ -133,7 +134,7 @@ def _runs(shards: list[Shard], totals: Totals, sources: set[str] | None = None) 
 
 
 def select_run(
-    cfg: JobConfig, selection: Selection, shards: list[Shard], patterns: tuple[str, ...] | None
+    cfg: JobConfig, selection: Selection, shards: list[WorkUnit], patterns: tuple[str, ...] | None
 ) -> dict[str, Any]:
     """Ray task: the final index of each shard of a run (a row a copy of each document, in document
     order then copy order; -1 for a document left out), and the run's item histogram by copy layer,
@@ -175,7 +176,7 @@ def select_run(
             taken = pa.array(take)
             write_index(
                 cfg,
-                shard,
+                shard.shard,
                 index.column("doc_id").take(taken),
                 index.column("row").take(taken),
                 index.column("length").take(taken),
@@ -196,7 +197,7 @@ def select_run(
 
 
 def run_selection(
-    cfg: JobConfig, shards: list[Shard], totals: Totals, selection: Selection
+    cfg: JobConfig, shards: list[WorkUnit], totals: Totals, selection: Selection
 ) -> dict[str, dict[str, int]]:
     """Select tasks over every run; their histograms, stats and counts replace the tokenize stage's
     in `totals`. Returns the per-source counts (SOURCE_COUNTS)."""

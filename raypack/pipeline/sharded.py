@@ -2,9 +2,16 @@
 tokens, and written straight away: no shuffle of tokens between workers. The price is efficiency:
 packs cannot mix documents of different groups, so every group leaves its own partly filled packs
 (the job reports the global plan's efficiency next to it). Memory per task: one group's tokens.
+
+Ray objects: a task and its WRITTEN table (a row a file) a group; the driver holds the work units
+(~300 bytes each) and the references. Each task is retried as the exchange's are (a killed worker, a
+transient storage error): it writes whole files at names fixed by its group, so a retry writes the
+same bytes.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -13,36 +20,61 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.formats import Spec
 from raypack.packing import pack
-from raypack.pipeline.assign import TokenShard, items_table
+from raypack.pipeline.assign import items_table
+from raypack.pipeline.exchange import task_options, transient
 from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.select import Selection
-from raypack.pipeline.tokenize import forget, read_tokens, token_file
+from raypack.pipeline.tokenize import forget, read_tokens
+from raypack.pipeline.units import WorkUnit
 
-__all__ = ["pack_groups"]
+__all__ = ["pack_group", "write_sharded"]
 
 
-def pack_groups(
-    batch: dict[str, np.ndarray], cfg: JobConfig, spec: Spec, selection: Selection | None = None
+def write_sharded(
+    cfg: JobConfig, spec: Spec, units: list[WorkUnit], selection: Selection | None
+) -> list[dict[str, Any]]:
+    """Every group of pack.shards_per_group consecutive units packed and written by a task of its own;
+    the WRITTEN rows of every file."""
+    import ray
+
+    patterns, opts = task_options()
+    task = ray.remote(pack_group).options(**opts)
+    per = cfg.pack.shards_per_group
+    refs = [
+        task.remote(cfg, spec, g, units[first : first + per], selection, patterns)
+        for g, first in enumerate(range(0, len(units), per))
+    ]
+    return [row for table in ray.get(refs) for row in table.to_pylist()]
+
+
+def pack_group(
+    cfg: JobConfig,
+    spec: Spec,
+    group: int,
+    units: list[WorkUnit],
+    selection: Selection | None,
+    patterns: tuple[str, ...] | None,
 ) -> pa.Table:
-    """map_batches function over group rows (group, its shards as TokenShard dicts) → WRITTEN rows.
-    With a mixture's `selection`, a document comes as many times as it has copies: every first copy
-    of the group, then every second, ... (so that greedy, which keeps input order, does not put two
-    copies side by side)."""
+    """Ray task: one group's documents packed alone and written; its WRITTEN rows. With a mixture's
+    `selection`, a document comes as many times as it has copies: every first copy of the group,
+    then every second, ... (so that greedy, which keeps input order, does not put two copies side by
+    side)."""
     forget()  # a process that tokenized (Ray reuses them) drops its tokenizers first
-    out = []
-    p = cfg.pack
-    for group, shards in zip(batch["group"], batch["shards"], strict=True):
+    with transient(patterns):
+        p = cfg.pack
         layers = selection.layers if selection is not None else 1
         by_layer: list[list[pa.Table]] = [[] for _ in range(layers)]
-        for shard in (TokenShard(**s) for s in shards):
-            table = read_tokens(token_file(shard.token_dir, shard.key), cfg.storage)
+        for unit in units:
+            table = read_tokens(unit.token_file, cfg.storage)
             if selection is None:
                 by_layer[0].append(table)
                 continue
-            n = selection.copies(shard.source, shard.relpath, table.column("row").to_numpy())
+            n = selection.copies(unit.source, unit.relpath, table.column("row").to_numpy())
             for c in range(layers):
                 by_layer[c].append(table.filter(pa.array(n > c)))
         tables = [t for layer in by_layer for t in layer]  # every first copy, then every second...
+        if not tables:
+            return schema.WRITTEN.empty_table()
         docs = pa.concat_tables(tables).combine_chunks()
         a = pack(
             docs.column("length").to_numpy(),
@@ -56,14 +88,6 @@ def pack_groups(
         keys = local // cfg.output.shard_rows
         capacity = np.full(len(local), p.seq_len, dtype=np.int32)
         items = items_table(docs, a.items, keys, local, a.slot, capacity)
-        out.append(
-            write_pack_files(
-                items.sort_by("file_key"),
-                cfg.output.path,
-                spec,
-                bucketed=False,
-                group=int(group),
-                storage=cfg.storage,
-            )
+        return write_pack_files(
+            items.sort_by("file_key"), cfg.output.path, spec, bucketed=False, group=group, storage=cfg.storage
         )
-    return pa.concat_tables(out) if out else schema.WRITTEN.empty_table()

@@ -15,6 +15,7 @@ Tokens are computed once here; later stages only read these files.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import gc
 import hashlib
 import itertools
@@ -27,6 +28,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -34,13 +36,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack import schema
-from raypack.chat import ChatTemplate, RenderError, load_template, pair_spans, special_tokens, token_mask
-from raypack.config import JobConfig, StorageConfig, TokenizerConfig
+from raypack.chat import (
+    RENDER_VERSION,
+    ChatTemplate,
+    RenderError,
+    load_template,
+    pair_spans,
+    template_variables,
+    token_mask,
+)
+from raypack.config import JobConfig, Reading, StorageConfig, TokenizerConfig
 from raypack.pipeline.backends import Choice, Encoder, FastokensEncoder, Mismatch, TokenizersEncoder
 from raypack.pipeline.histogram import summarize_shard, summarize_shard_warm
-from raypack.pipeline.read import Batch, Chat, read_shard, unit_entry
+from raypack.pipeline.readers import READ_VERSION, Batch, Chat, Reject, read_unit
 from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
-from raypack.storage import Shard, atomic_output, exists, join, open_output, read_bytes, resolve, write_bytes
+from raypack.pipeline.units import WorkUnit, token_file
+from raypack.storage import atomic_output, exists, join, open_output, read_bytes, resolve, write_bytes
 
 __all__ = [
     "LoadedTokenizer",
@@ -161,11 +172,22 @@ def untrained(ids: np.ndarray) -> np.ndarray:
 
 
 def chat_template(cfg: JobConfig, tok: LoadedTokenizer) -> ChatTemplate | None:
-    """The job's compiled chat template (conversations only; None otherwise)."""
+    """The job's compiled chat template (conversations only; None otherwise), with the special tokens
+    the tokenizer names (chat.template_variables) and tokenizer.chat_date as the date it prints."""
     if cfg.input.chat != "messages":
         return None
     source, origin = load_template(cfg.tokenizer, tok.configs, cfg.storage)
-    return ChatTemplate(source, origin, special_tokens(tok.configs))
+
+    def text(token_id: int | None) -> str | None:
+        return tok.tokenizer.id_to_token(token_id) if token_id is not None else None
+
+    variables = template_variables(
+        tok.configs,
+        {"bos_token": text(tok.bos_id), "eos_token": text(tok.eos_id)},
+        {"bos_token": text(cfg.tokenizer.bos_id), "eos_token": text(cfg.tokenizer.eos_id)},
+    )
+    date = cfg.tokenizer.chat_date
+    return ChatTemplate(source, origin, variables, datetime.fromisoformat(date) if date else None)
 
 
 def encode_chat(
@@ -302,46 +324,36 @@ _DONE = b"raypack.rejects"
 def token_settings(
     cfg: JobConfig,
     tok: LoadedTokenizer,
+    reading: Reading,
     backend: Choice | None = None,
-    source: str = "",
     template: ChatTemplate | None = None,
 ) -> dict[str, Any]:
     """Everything besides the shard's bytes that decides its token file: a change in any of these must
     re-tokenize (a rebuild reuses a cached file only when all of them and the shard are unchanged).
-    input.empty and input.max_document_bytes decide document or reject; PIECE_CHARS where a long
-    text is cut for encoding (its tokens may differ at a cut with no space). The library that
-    encodes, by name and version: an upgrade may change ids (a rebuild must not mix old and new);
-    the backend that encodes, by name and version. `source`: the input source whose files these
-    are (its own format and fields; its name is in the files' relpath, hence in the key). Chat
-    data: the fields, pack.loss and `template`'s text (the job's chat_template, for conversations)
-    decide the ids and the mask."""
-    inputs = cfg.input.of(source)
+    How the file is read (its source's Reading: format, fields, input.empty, max_document_bytes) and
+    the readers' code version; PIECE_CHARS, where a long text is cut for encoding (its tokens may
+    differ at a cut with no space). The library that encodes, by name and version: an upgrade may
+    change ids (a rebuild must not mix old and new); the backend that encodes, by name and version.
+    Chat data: pack.loss, the template's text and everything it renders with (RENDER_VERSION, the
+    special tokens it sees, the date it prints) decide the ids and the mask."""
     chat: dict[str, Any] | None = None
-    if inputs.chat:
-        if inputs.chat == "messages" and template is None:
+    if reading.chat:
+        if reading.chat == "messages" and template is None:
             raise ValueError("token_settings for conversations needs the job's chat template")
-        source_text = template.source if template is not None else ""
-        chat = {
-            "messages_field": inputs.messages_field,
-            "prompt_field": inputs.prompt_field,
-            "completion_field": inputs.completion_field,
-            "loss": cfg.loss,
-            "template_sha256": hashlib.sha256(source_text.encode()).hexdigest(),
-        }
+        chat = {"loss": cfg.loss, "render_version": RENDER_VERSION}
+        if template is not None:
+            chat |= template.key()
     return {
         "chat": chat,
         "token_format": TOKEN_FORMAT,
+        "read_version": READ_VERSION,
         "library": tokenizer_library(),
         "backend": backend.label if backend is not None else None,
-        "format": inputs.format,
-        "text_field": inputs.text_field,
-        "id_field": inputs.id_field,
-        "empty": inputs.empty,
-        "max_document_bytes": inputs.max_document_bytes,
+        "reading": dataclasses.asdict(reading),
         "piece_chars": PIECE_CHARS,
         "tokenizer_sha256": tok.sha256,
-        "bos_id": tok.bos_id if cfg.tokenizer.add_bos and inputs.chat != "messages" else None,
-        "eos_id": tok.eos_id if cfg.tokenizer.add_eos and inputs.chat != "messages" else None,
+        "bos_id": tok.bos_id if cfg.tokenizer.add_bos and reading.chat != "messages" else None,
+        "eos_id": tok.eos_id if cfg.tokenizer.add_eos and reading.chat != "messages" else None,
     }
 
 
@@ -351,17 +363,15 @@ def tokenizer_library() -> str:
     return f"tokenizers {tokenizers.__version__}"
 
 
-def token_key(shard: Shard, settings: dict[str, Any]) -> str:
-    """Cache key of a shard's token file: its relative path (document ids contain it), its fingerprint
-    (size + modification time; an object store sets the time on every PUT) and the settings."""
+def token_key(unit: WorkUnit, settings: dict[str, Any]) -> str:
+    """Cache key of a unit's token file: its file's relative path (document ids contain it), its
+    fingerprint (size + modification time; an object store sets the time on every PUT), its range
+    within the file (a unit of a large file) and the settings."""
+    shard = unit.shard
     fingerprint: dict[str, Any] = {"relpath": shard.relpath, "size": shard.size, "mtime_ns": shard.mtime_ns}
-    fingerprint |= unit_entry(shard, settings["format"], rows=False)  # a unit of a large file
+    fingerprint |= unit.entry(rows=False)
     fingerprint.update(settings)
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:32]
-
-
-def token_file(token_dir: str, key: str) -> str:
-    return join(token_dir, f"{key}.arrow")
 
 
 def token_batches(path: str, storage: StorageConfig | None) -> Iterator[pa.RecordBatch]:
@@ -381,8 +391,9 @@ def read_tokens(path: str, storage: StorageConfig | None) -> pa.Table:
     return pa.Table.from_batches(list(token_batches(path, storage)), schema=schema.TOKENIZED)
 
 
-def cached_rejects_file(token_dir: str, key: str) -> str:
-    return join(token_dir, f"{key}.rejects.parquet")
+def cached_rejects_file(token_path: str) -> str:
+    """The rejects file beside a token file (a finished token file always has it when it has rejects)."""
+    return token_path.removesuffix(".arrow") + ".rejects.parquet"
 
 
 def reason_counts(reasons: list[str]) -> dict[str, int]:
@@ -439,7 +450,7 @@ def preload(cfg: JobConfig, fast: bool) -> Preloaded:
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     key = (cfg.tokenizer, cfg.storage)
     if not _PRELOADED or (_PRELOADED[0].cfg.tokenizer, _PRELOADED[0].cfg.storage) != key:
-        _PRELOADED[:] = [Preloaded(cfg, load_tokenizer(cfg.tokenizer, cfg.storage))]
+        _PRELOADED[:] = [Preloaded(cfg, load_tokenizer(cfg.tokenizer, cfg.storage, framed=cfg.framed))]
         summarize_shard_warm(cfg)
     loaded = _PRELOADED[0]
     if fast and not loaded.fast_tried:
@@ -501,48 +512,35 @@ class TokenizeShards:
         if cfg.input.chat:  # the mask needs token offsets: tokenizers encodes chat data
             self.encoder = self.reference
 
-    def unit(self, row: dict[str, Any]) -> dict[str, Any]:
-        """One work unit (a job row: the Shard's fields, its token_dir and key) → its summary, the
-        row histogram.Totals.add folds."""
-        shard = Shard(
-            index=int(row["index"]),
-            path=str(row["path"]),
-            relpath=str(row["relpath"]),
-            size=int(row["size"]),
-            mtime_ns=int(row["mtime_ns"]),
-            unit_start=int(row["unit_start"]),
-            unit_stop=int(row["unit_stop"]),
-            first_row=int(row["first_row"]),
-        )
-        summary = self.tokenize_shard(shard, str(row["token_dir"]), str(row["key"]))
-        return {"shard": shard.index, "node": _node_id(), **summary}
-
-    def tokenize_shard(self, shard: Shard, token_dir: str, key: str) -> dict[str, Any]:
-        """Make sure the shard's token file exists (tokenizing only when it does not), write its index
-        and rejects into the output; returns its counts and histogram."""
-        path = token_file(token_dir, key)
+    def unit(self, unit: WorkUnit) -> dict[str, Any]:
+        """One work unit → its summary, the row histogram.Totals.add folds. Makes sure the unit's
+        token file exists (tokenizing only when it does not), writes its index and rejects into the
+        output."""
+        path = unit.token_file
         finished = self._read_cached(path)
         cached = finished is not None
         if finished is not None:
             docs, lost = finished
             reasons: list[str] = []
             if lost["rejects"]:
-                data = read_bytes(cached_rejects_file(token_dir, key), self.storage)
-                write_bytes(rejects_path(self.cfg.output.path, shard.index), data, self.storage)
+                data = read_bytes(cached_rejects_file(path), self.storage)
+                write_bytes(rejects_path(self.cfg.output.path, unit.index), data, self.storage)
                 reasons = (
                     pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
                 )
         else:
-            docs, reasons, lost = self._tokenize_checked(shard, path, cached_rejects_file(token_dir, key))
+            docs, reasons, lost = self._tokenize_checked(unit)
         doc_length = docs.column("length").to_numpy()
         summary = summarize_shard(
             self.cfg,
-            shard,
+            unit.shard,
             docs.column("doc_id").combine_chunks(),
             docs.column("row").combine_chunks(),
             doc_length,
         )
         return {
+            "shard": unit.index,
+            "node": _node_id(),
             "cached": cached,
             "documents": len(doc_length),
             "tokens": int(doc_length.sum()),
@@ -557,9 +555,7 @@ class TokenizeShards:
             **self._backend_summary(cached),
         }
 
-    def _tokenize_checked(
-        self, shard: Shard, path: str, cached_rejects: str
-    ) -> tuple[pa.Table, list[str], dict[str, int]]:
+    def _tokenize_checked(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:
         """_tokenize with the chosen encoder and, for a fast one, a Checker; on a Mismatch the unit
         is tokenized again with tokenizers, and this actor and (by the marker) every other one go on
         with tokenizers."""
@@ -568,13 +564,13 @@ class TokenizeShards:
             why = read_bytes(self.marker, self.storage).decode("utf-8", errors="replace")
             self._fail_over(f"another actor found a difference: {why}", mark=False)
         if self.encoder is self.reference:
-            return self._tokenize(shard, path, cached_rejects)
-        self._checker = Checker(self.reference, f"{shard.relpath}:{shard.unit_start}")
+            return self._tokenize(unit)
+        self._checker = Checker(self.reference, f"{unit.relpath}:{unit.shard.unit_start}")
         try:
-            return self._tokenize(shard, path, cached_rejects)
+            return self._tokenize(unit)
         except Mismatch as e:
-            self._fail_over(f"unit {shard.index} ({shard.relpath}): {e}", mark=True)
-            return self._tokenize(shard, path, cached_rejects)
+            self._fail_over(f"unit {unit.index} ({unit.relpath}): {e}", mark=True)
+            return self._tokenize(unit)
 
     def _fail_over(self, reason: str, mark: bool) -> None:
         self.encoder, self.failover, self._checker = self.reference, reason, None
@@ -609,10 +605,8 @@ class TokenizeShards:
             return None
         return docs, json.loads(meta[_DONE])
 
-    def _tokenize(
-        self, shard: Shard, path: str, cached_rejects: str
-    ) -> tuple[pa.Table, list[str], dict[str, int]]:
-        """Tokenize the shard into `path`; rejects go beside it and into the output.
+    def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:
+        """Tokenize the unit into its token file; rejects go beside it and into the output.
 
         The file is written in place, not to a temporary name then moved: on S3 a move is a
         CopyObject, limited to 5 GB, and a shard of 10 GB of text makes a ~10 GB token file. It counts
@@ -621,6 +615,7 @@ class TokenizeShards:
         locally and no object at all on S3 (a multipart upload completes only on close), and
         either is redone."""
         cfg = self.cfg
+        path = unit.token_file
         rejects: list[dict[str, Any]] = []
         docs: list[pa.Table] = []
         self._trained = 0
@@ -629,29 +624,19 @@ class TokenizeShards:
             open_output(path, self.storage) as sink,
             pa.ipc.new_file(sink, schema.TOKENIZED, options=STAGED_OPTIONS) as writer,
         ):
-            for batch in read_shard(shard, cfg.input, cfg.tokenizer.batch_size, self.storage):
-                rejects.extend(
-                    {
-                        "source": shard.relpath,
-                        "row": r.row,
-                        "reason": r.reason,
-                        "raw": r.raw,
-                        "records": r.records,
-                        "lost_file": r.lost_file,
-                    }
-                    for r in batch.rejects
-                )
+            for batch in read_unit(unit, cfg.tokenizer.batch_size, self.storage):
+                rejects.extend(r.as_row(unit.relpath) for r in batch.rejects)
                 if len(batch):
-                    table = self._encode(batch, shard.relpath, rejects)
+                    table = self._encode(batch, unit, rejects)
                     writer.write_table(table)
                     docs.append(table.select(["row", "doc_id", "length"]))
             if rejects:
                 table = pa.Table.from_pylist(rejects, schema=schema.REJECTS)
                 # Beside the token file before its completion key, so a finished token file always
                 # has its rejects.
-                with atomic_output(cached_rejects, self.storage) as f:
+                with atomic_output(cached_rejects_file(path), self.storage) as f:
                     pq.write_table(table, f)
-                with open_output(rejects_path(cfg.output.path, shard.index), self.storage) as f:
+                with open_output(rejects_path(cfg.output.path, unit.index), self.storage) as f:
                     pq.write_table(table, f)
             lost = {
                 "rejects": len(rejects),
@@ -664,10 +649,10 @@ class TokenizeShards:
         empty = schema.TOKENIZED.empty_table().select(["row", "doc_id", "length"])
         return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost
 
-    def _encode(self, batch: Batch, relpath: str, rejects: list[dict[str, Any]]) -> pa.Table:
+    def _encode(self, batch: Batch, unit: WorkUnit, rejects: list[dict[str, Any]]) -> pa.Table:
         checker = self._checker
         why: list[str | None]
-        if self.cfg.input.chat:
+        if unit.reading.chat:
             flat, lengths, why = encode_chat(self.tok, self.cfg, self.template, batch.texts)
             self._trained += int(np.count_nonzero(flat >= 0))
         else:
@@ -678,16 +663,7 @@ class TokenizeShards:
         if empty.size:  # plain text without BOS/EOS that the tokenizer maps to nothing; chat rejects
             for i in empty.tolist():
                 reason = why[i] or "tokenizes to zero tokens"
-                rejects.append(
-                    {
-                        "source": relpath,
-                        "row": batch.rows[i],
-                        "reason": reason,
-                        "raw": str(batch.texts[i])[:200],
-                        "records": 1,
-                        "lost_file": False,
-                    }
-                )
+                rejects.append(Reject.bad(batch.rows[i], reason, str(batch.texts[i])).as_row(unit.relpath))
             keep = np.flatnonzero(lengths > 0).tolist()
             lengths = lengths[keep]
             batch = Batch(rows=[batch.rows[i] for i in keep], ids=[batch.ids[i] for i in keep])

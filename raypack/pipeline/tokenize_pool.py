@@ -37,6 +37,7 @@ import numpy as np
 from raypack.config import JobConfig
 from raypack.pipeline.exchange import task_options, transient
 from raypack.pipeline.tokenize import TokenizeShards, preload, shards_for
+from raypack.pipeline.units import WorkUnit
 
 __all__ = ["IN_FLIGHT", "RemoteFast", "TokenizePool", "tokenize_unit"]
 
@@ -70,12 +71,12 @@ def tokenize_unit(
     cls: type[TokenizeShards],
     backend: str,
     patterns: tuple[str, ...] | None,
-    row: dict[str, Any],
+    unit: WorkUnit,
 ) -> dict[str, Any]:
     """Ray task: one unit tokenized (tokenize.shards_for's TokenizeShards); its summary row. `run`
     identifies the job run (TokenizePool.run_id)."""
     with transient(patterns):
-        return shards_for(run, cls, cfg, backend).unit(row)
+        return shards_for(run, cls, cfg, backend).unit(unit)
 
 
 class RemoteFast:
@@ -103,7 +104,13 @@ class RemoteFast:
 class TokenizePool:
     """The tokenize stage on Ray tasks of a CPU each, in worker processes that load the tokenizer
     once (preload, from the moment the pool is made) and that Ray reuses from unit to unit and then
-    for the assign and write tasks."""
+    for the assign and write tasks.
+
+    On a cluster of several nodes each task is placed on a node (soft node affinity: it runs
+    elsewhere if that node is gone), its slots in proportion to its CPUs, the next unit going to
+    the node that just finished one. Left to itself Ray hands a worker it leased the next task of
+    the same kind, so small units all ran on one node while the others idled (1 run in 3 put a
+    9-unit file's units all on the driver's node; test_multinode). One node: Ray's own scheduling."""
 
     def __init__(self, cfg: JobConfig, size: int, fast: bool, capped: bool = False) -> None:
         """`size` tasks at once; `capped`: size is below the cluster's CPUs (tokenizer.concurrency),
@@ -111,10 +118,17 @@ class TokenizePool:
         import ray
 
         self.cfg, self.size = cfg, size
-        self.window = size if capped else IN_FLIGHT * size
         self.patterns, self.options = task_options()
         self.run_id = uuid.uuid4().hex
-        self.preloads = [ray.remote(preload_task).options(num_cpus=1).remote(cfg, fast) for _ in range(size)]
+        self.slots = _slots(_cpu_nodes(), size)
+        """The task slots of each node (node id -> slots); {"": size} on one node."""
+        self.windows = {node: n if capped else IN_FLIGHT * n for node, n in self.slots.items()}
+        preload = ray.remote(preload_task)
+        self.preloads = [
+            preload.options(num_cpus=1, **_placed(node)).remote(cfg, fast)
+            for node, n in self.slots.items()
+            for _ in range(n)
+        ]
 
     def fast_encoder(self) -> RemoteFast:
         """fastokens on a worker that has loaded it (for backends.choose_backend)."""
@@ -122,33 +136,47 @@ class TokenizePool:
 
     def run(
         self,
-        rows: list[dict[str, Any]],
+        rows: list[WorkUnit],
         cls: type[TokenizeShards],
         backend: str,
         on_summary: Callable[[dict[str, Any]], None],
+        stop: Callable[[], bool] = lambda: False,
     ) -> None:
-        """Tokenize every row's unit, submitted in the given order, `window` at a time;
-        `on_summary` gets each summary as it arrives. An error that Ray's retries did not cure is
-        raised as Ray raises it."""
+        """Tokenize every row's unit, submitted in the given order, each node's window at a time;
+        `on_summary` gets each summary as it arrives; once `stop()` says so, nothing more is
+        submitted and the units running finish. An error that Ray's retries did not cure is raised
+        as Ray raises it."""
         import ray
 
-        task = ray.remote(tokenize_unit).options(**self.options)
+        task = ray.remote(tokenize_unit)
         todo = iter(rows)
-        running: list[Any] = []
+        running: dict[Any, str] = {}  # a unit's task -> the node it was given to
+        busy = dict.fromkeys(self.windows, 0)
 
-        def submit() -> bool:
+        def submit(node: str) -> bool:
             row = next(todo, None)
             if row is not None:
-                running.append(task.remote(self.run_id, self.cfg, cls, backend, self.patterns, row))
+                ref = task.options(**self.options, **_placed(node)).remote(
+                    self.run_id, self.cfg, cls, backend, self.patterns, row
+                )
+                running[ref] = node
+                busy[node] += 1
             return row is not None
 
-        while len(running) < self.window and submit():
-            pass
+        # The first units go round the nodes, a slot at a time, until every window is full.
+        filling = True
+        while filling:
+            filling = False
+            for node, window in self.windows.items():
+                if busy[node] < window and submit(node):
+                    filling = True
         while running:
-            [done], rest = ray.wait(running, num_returns=1)
-            running[:] = rest
+            [done], _ = ray.wait(list(running), num_returns=1)
+            node = running.pop(done)
+            busy[node] -= 1
             on_summary(ray.get(done))
-            submit()
+            if not stop():
+                submit(node)
 
     def close(self) -> None:
         """Collect the preload tasks, cancelling those still running (a job that failed before it
@@ -164,3 +192,36 @@ class TokenizePool:
             with suppress(Exception):  # the units met the same error and raised it
                 ray.get(ref)
         self.preloads = []
+
+
+def _cpu_nodes() -> dict[str, int]:
+    """The alive nodes that have CPUs, and how many (a KubeRay head often has none)."""
+    import ray
+
+    found = {
+        str(n["NodeID"]): int(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive")
+    }
+    return {node: cpus for node, cpus in sorted(found.items()) if cpus >= 1}
+
+
+def _slots(nodes: dict[str, int], size: int) -> dict[str, int]:
+    """`size` task slots shared among `nodes` in proportion to their CPUs (largest remainders), none
+    over a node's CPUs; {"": size} for one node or none known (Ray schedules)."""
+    if len(nodes) < 2:
+        return {"": size}
+    total = sum(nodes.values())
+    size = min(size, total)
+    share = {node: size * cpus / total for node, cpus in nodes.items()}
+    slots = {node: int(x) for node, x in share.items()}
+    for node in sorted(share, key=lambda n: (slots[n] - share[n], n))[: size - sum(slots.values())]:
+        slots[node] += 1
+    return {node: n for node, n in slots.items() if n}
+
+
+def _placed(node: str) -> dict[str, Any]:
+    """Task options that place a task on `node`, softly (anywhere if it is gone); {} for "": Ray's."""
+    if not node:
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}

@@ -26,10 +26,11 @@ from raypack.config import StorageConfig, TokenizerConfig
 from raypack.errors import ConfigError
 from raypack.storage import join, read_bytes, resolve
 
-__all__ = ["BOS_NAMES", "EOS_NAMES", "LoadedTokenizer", "load_tokenizer", "tokenizer_files"]
+__all__ = ["BOS_NAMES", "EOS_NAMES", "PAD_NAMES", "LoadedTokenizer", "load_tokenizer", "tokenizer_files"]
 
 BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
+PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>")
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
@@ -42,6 +43,10 @@ class LoadedTokenizer:
     bos_id: int | None
     eos_id: int | None
     vocab_size: int
+    """Tokens in the vocabulary, added tokens included."""
+    max_id: int = -1
+    """Its largest id: what a token file's dtype must hold. Above vocab_size - 1 for a vocabulary with
+    gaps in its ids (added tokens numbered past a hole: 60,000 tokens, id 70,000)."""
     bos_source: str = ""
     """Where bos_id came from (a file name, "post-processor template", "token name", "tokenizer.bos_id")."""
     eos_source: str = ""
@@ -51,6 +56,31 @@ class LoadedTokenizer:
     """A model directory's tokenizer_config.json and special_tokens_map.json, parsed (the chat
     template and the special tokens a template sees come from them)."""
 
+    def pad(self, explicit: int | None) -> tuple[int, str]:
+        """What padding positions hold, and where it came from: output.pad_id (ConfigError when it is
+        not a token), else the model directory's pad_token, else a token named as a pad
+        (PAD_NAMES), else EOS, else 0. Never a silent 0: id 0 is BOS in DeepSeek's vocabulary and
+        `<unk>` in Llama 2's. Padding is never attended nor trained (doc_offsets end before it)."""
+        if explicit is not None:
+            if self.tokenizer.id_to_token(explicit) is None:
+                raise ConfigError(
+                    f"output.pad_id {explicit} is not a token of the tokenizer (ids 0..{self.max_id}, "
+                    f"{self.vocab_size:,} tokens); use one of its ids, e.g. its EOS ({self.eos_id}), or "
+                    "leave it unset"
+                )
+            return explicit, "output.pad_id"
+        for name in CONFIG_FILES:
+            value = self.configs.get(name, {}).get("pad_token")
+            content = value.get("content") if isinstance(value, dict) else value
+            if isinstance(content, str) and (token_id := self.tokenizer.token_to_id(content)) is not None:
+                return int(token_id), f"{name} pad_token"
+        for name in PAD_NAMES:
+            if (token_id := self.tokenizer.token_to_id(name)) is not None:
+                return int(token_id), f"token name {name}"
+        if self.eos_id is not None:
+            return self.eos_id, "EOS (the tokenizer names no pad token)"
+        return 0, "0 (the tokenizer names no pad or EOS token)"
+
 
 def tokenizer_files(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> dict[str, bytes]:
     """The tokenizer's files, read (load_tokenizer's first step, apart for a job to fail fast on a
@@ -59,10 +89,16 @@ def tokenizer_files(cfg: TokenizerConfig, storage: StorageConfig | None = None) 
 
 
 def load_tokenizer(
-    cfg: TokenizerConfig, storage: StorageConfig | None = None, files: dict[str, bytes] | None = None
+    cfg: TokenizerConfig,
+    storage: StorageConfig | None = None,
+    files: dict[str, bytes] | None = None,
+    *,
+    framed: bool = True,
 ) -> LoadedTokenizer:
     """Load and check the tokenizer (`files`: tokenizer_files' when already read); ConfigError naming
-    the problem (missing file, not a tokenizer JSON, no EOS token when add_eos is on...)."""
+    the problem (missing file, not a tokenizer JSON, no EOS token when add_eos is on...). `framed`:
+    add_bos / add_eos frame the documents (JobConfig.framed; not for conversations, which their
+    template frames): only then is a missing BOS or EOS an error."""
     if files is None:
         files = _read_files(cfg.path, storage)
     raw = files[TOKENIZER_FILE]
@@ -73,22 +109,26 @@ def load_tokenizer(
         raise ConfigError(f"{where} is not a tokenizers JSON file: {str(e).splitlines()[0]}") from None
     configs = {name: _json(cfg.path, name, data) for name, data in files.items() if name in CONFIG_FILES}
     template = _template(json.loads(raw).get("post_processor"))
-    vocab = tok.get_vocab_size(with_added_tokens=True)
+    ids = tok.get_vocab(with_added_tokens=True).values()
+    vocab, max_id = len(ids), max(ids, default=-1)
     found = {}
     for kind, explicit, names, add in (
         ("bos", cfg.bos_id, BOS_NAMES, cfg.add_bos),
         ("eos", cfg.eos_id, EOS_NAMES, cfg.add_eos),
     ):
         token_id, source = _special(kind, explicit, configs, template, names, tok, cfg.path)
-        if add and token_id is None:
+        if add and framed and token_id is None:
             looked = [f"no {kind}_token in {' or '.join(CONFIG_FILES)}"] if configs else []
             looked += [f"none in its post-processor template, none of {', '.join(names)}"]
             raise ConfigError(
                 f"tokenizer {cfg.path} has no {kind.upper()} token ({'; '.join(looked)}); "
                 f"set tokenizer.{kind}_id"
             )
-        if token_id is not None and token_id >= vocab:
-            raise ConfigError(f"tokenizer.{kind}_id={token_id} is outside the vocabulary (size {vocab})")
+        if token_id is not None and tok.id_to_token(token_id) is None:
+            raise ConfigError(
+                f"tokenizer.{kind}_id={token_id} is not a token of the tokenizer (ids 0..{max_id}, "
+                f"{vocab:,} tokens)"
+            )
         found[kind] = (token_id, source)
     digest = hashlib.sha256()
     for name in sorted(files):  # one file: its own hash, as before model directories were read
@@ -99,6 +139,7 @@ def load_tokenizer(
         found["bos"][0],
         found["eos"][0],
         vocab,
+        max_id,
         bos_source=found["bos"][1],
         eos_source=found["eos"][1],
         json=raw.decode("utf-8"),

@@ -26,7 +26,7 @@ from raypack.pipeline.backends import FastokensEncoder, TokenizersEncoder, choos
 from raypack.pipeline.job import run_job
 from raypack.pipeline.tokenize import load_tokenizer
 from raypack.verify import verify
-from tests.conftest import WORDS, job_config, make_corpus
+from tests.conftest import WORDS, job_config, make_corpus, write_jsonl
 
 pytest.importorskip("fastokens")  # installed wherever it has a wheel (pyproject); CI's x86_64 has one
 
@@ -245,3 +245,62 @@ def test_the_summary_says_which_backend_ran_and_why(
     assert "[raypack] tokenizer backend: tokenizers" in out.err
     assert main(["pack", str(cfg), "--overwrite", "--set", "tokenizer.backend=fastokens"]) == 2
     assert "tokenizer.backend fastokens: fastokens 0.3" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_after_a_difference_nothing_the_fast_backend_wrote_reaches_the_output_and_the_root_remembers(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fastokens that differs in every unit, where the sampled checks catch it only in the last
+    one (the smallest, tokenized last): the units it wrote before are tokenized again too, so the
+    output is tokenizers' byte for byte, the cache keeps no file it wrote, and the next rebuild of
+    the root picks tokenizers (reusing every file) without being told; asked for fastokens by name
+    there, it refuses, saying why."""
+    from raypack.pipeline.rebuild import cache_dir, run_rebuild
+    from raypack.pipeline.tokenize import TokenizeShards
+
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
+    write_jsonl(corpus / "zz-last.jsonl", [{"text": "histogram plan"}, {"text": "a histogram"}])
+    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path, tokenizer={"concurrency": 1})
+    reference = load_config(
+        str(path), [f"output.path={tmp_path / 'reference'}", "tokenizer.backend=tokenizers"]
+    )
+    run_job(reference, log=lambda _: None)
+    want = _data(tmp_path / "reference")
+
+    class Unchecked(TokenizeShards):  # defined here, so Ray ships it by value to the workers
+        def __init__(self, cfg: Any, backend: str = "tokenizers") -> None:
+            super().__init__(cfg, backend)
+            if self.encoder is not self.reference:
+                self.encoder = _OneIdOff(self.encoder, "histogram")
+
+        def _tokenize_checked(self, unit: Any) -> Any:
+            if unit.relpath != "zz-last.jsonl" and self.encoder is not self.reference:
+                self._checker = None  # the sample missed this unit's differences
+                return self._tokenize(unit)
+            return super()._tokenize_checked(unit)
+
+    cfg = load_config(str(path), [f"output.path={tmp_path / 'root'}"])
+    monkeypatch.setattr(job_module, "TokenizeShards", Unchecked)
+    first = run_rebuild(cfg, log=lambda _: None)
+    monkeypatch.undo()
+    backend = first.job.backend
+    assert backend["chosen"].startswith("fastokens ") and backend["finished_on"] == "tokenizers"
+    assert backend["failovers"] and backend["units_by_backend"] == {"tokenizers": 5}
+    assert _data(tmp_path / "root" / first.version) == want
+    cached = sorted(p.name for p in Path(cache_dir(str(tmp_path / "root"))).glob("*.arrow"))
+    assert cached == sorted(f"{k}.arrow" for k in first.job.token_keys)  # none of fastokens' files
+    second = run_rebuild(cfg, log=lambda _: None)
+    assert second.job.backend["chosen"].startswith("tokenizers ")
+    assert (
+        "gave other ids than tokenizers for this tokenizer in an earlier run here"
+        in second.job.backend["reason"]
+    )
+    assert (second.job.shards_reused, second.job.shards_tokenized) == (5, 0)
+    assert _data(tmp_path / "root" / second.version) == want
+    refused = r"tokenizer\.backend fastokens: fastokens .* in an earlier run here"
+    with pytest.raises(ConfigError, match=refused):
+        run_rebuild(
+            load_config(str(path), [f"output.path={tmp_path / 'root'}", "tokenizer.backend=fastokens"]),
+            log=lambda _: None,
+        )

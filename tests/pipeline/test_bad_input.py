@@ -278,3 +278,28 @@ def test_dictionary_and_string_view_text_columns_are_read(tmp_path: Path, tokeni
     assert (result.documents, result.rejects) == (60, 0)
     assert result.metrics.tokens == sum(len(tok.encode(t, add_special_tokens=False).ids) + 1 for t in texts)
     assert verify(str(tmp_path / "out"), cfg, sample=60).ok
+
+
+def test_a_truncated_text_file_is_a_lost_file(tmp_path: Path, tokenizer_path: Path) -> None:
+    """input.format text: a half-written .txt.gz is a lost file, as a half-written .jsonl.gz is, and
+    fails the job under input.max_lost_files: 0 (it passed as one bad record among many)."""
+    rng = random.Random(7)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(60):
+        (corpus / f"doc-{i:03d}.txt").write_text(random_text(rng, 50))
+    whole = gzip.compress(random_text(rng, 5000).encode())
+    (corpus / "cut.txt.gz").write_bytes(whole[: len(whole) // 2])
+    cfg = job_config(
+        tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "text", "max_reject_ratio": 0.5}
+    )
+    with pytest.raises(
+        JobError, match=r"^1 input files could not be read whole .*input\.max_lost_files \(0\)"
+    ):
+        run_job(load_config(str(cfg)), log=quiet)
+    result = run_job(load_config(str(cfg), ["input.max_lost_files=1"]), overwrite=True, log=quiet)
+    assert (result.documents, result.lost_files) == (60, 1)
+    (lost,) = _rejects(tmp_path / "out")
+    assert (
+        lost["source"] == "cut.txt.gz" and lost["lost_file"] and lost["reason"].startswith("unreadable file")
+    )

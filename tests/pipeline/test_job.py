@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from tokenizers import Tokenizer
 
 from raypack.cli import main
 from raypack.config import load_config
@@ -44,11 +45,15 @@ def test_every_token_of_every_document_arrives_once(tmp_path: Path, tokenizer_pa
     expected = independent_tokens(corpus, tokenizer_path)
     pieces: dict[str, list[tuple[int, list[int]]]] = {}
     packs = read_packs(tmp_path / "out")
+    # output.pad_id unset: the tokenizer's own pad token (<|pad|>), never a silent 0.
+    pad = Tokenizer.from_file(str(tokenizer_path)).token_to_id("<|pad|>")
+    tokenizer = json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer"]
+    assert (tokenizer["pad_id"], tokenizer["pad_source"]) == (pad, "token name <|pad|>") and pad != 0
     for row in packs.to_pylist():
         assert len(row["input_ids"]) == 512
         ends = row["doc_offsets"]
         assert ends[0] == 0 and ends[-1] == row["num_tokens"]
-        assert all(t == 0 for t in row["input_ids"][row["num_tokens"] :])  # pad_id 0
+        assert all(t == pad for t in row["input_ids"][row["num_tokens"] :])
         for k, doc_id in enumerate(row["doc_ids"]):
             pieces.setdefault(doc_id, []).append(
                 (row["chunk_index"][k], row["input_ids"][ends[k] : ends[k + 1]])
@@ -298,3 +303,36 @@ def test_commit_check_refuses_files_that_add_up_but_are_not_the_plan() -> None:
         RuntimeError, match=r"written \(items, tokens\) = \(120, 35840\), planned \(121, 35840\)"
     ):
         _check_commit(good, planned, 121, 35_840)
+
+
+def test_verify_takes_the_overrides_the_dataset_was_packed_with(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`raypack pack job.yaml --set ...` verifies against its own YAML with the same --set; without
+    them the re-tokenized sample differs (no EOS here), and --set without --config is refused."""
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=5)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    out = str(tmp_path / "out")
+    assert main(["pack", str(cfg), "--set", "tokenizer.add_eos=false"]) == 0
+    assert main(["verify", out, "--config", str(cfg), "--set", "tokenizer.add_eos=false"]) == 0
+    assert "OK:" in capsys.readouterr().out
+    assert main(["verify", out, "--config", str(cfg)]) == 1
+    assert "re-tokenizing the input gives" in capsys.readouterr().out
+    assert main(["verify", out, "--set", "tokenizer.add_eos=false"]) == 2
+    assert "give it with --config" in capsys.readouterr().err
+
+
+def test_starting_local_ray_says_nothing_of_token_authentication(tmp_path: Path) -> None:
+    """A command that starts its own local Ray (no RAY_ADDRESS) keeps Ray's token authentication but
+    not the WARNING Ray prints about it on every start."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from raypack.pipeline.job import ensure_ray; import ray; ensure_ray(); ray.shutdown()"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Token authentication" not in done.stderr, done.stderr

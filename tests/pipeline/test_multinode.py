@@ -74,8 +74,8 @@ def test_one_large_file_is_tokenized_on_several_nodes(
 ) -> None:
     """A single input file, split into work units (input.unit_bytes: runs of row groups of a Parquet
     file, byte ranges of a JSONL file, whose lines are counted by tasks on the cluster), is
-    tokenized by actors on more than one of the three nodes (metrics.json counts the nodes of each
-    split file), and the result verifies."""
+    tokenized on every one of the three nodes, each given its share of the units whatever how fast
+    the first finishes (metrics.json counts the nodes of each split file), and the result verifies."""
     import json
     import random
 
@@ -97,7 +97,7 @@ def test_one_large_file_is_tokenized_on_several_nodes(
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"format": fmt, "unit_bytes": unit})
     _pack_on(three_nodes, cfg)
     split = json.loads((tmp_path / "out" / "metrics.json").read_text())["split_files"]
-    assert split[one.name]["units"] >= 8 and split[one.name]["nodes"] >= 2, split
+    assert split[one.name]["units"] >= 8 and split[one.name]["nodes"] == 3, split
     from raypack.config import load_config
 
     report = verify(str(tmp_path / "out"), load_config(str(cfg)), sample=20)

@@ -17,9 +17,24 @@ from hypothesis import strategies as st
 
 from raypack.config import InputConfig
 from raypack.errors import ConfigError
-from raypack.pipeline.read import COMPRESSED_SUFFIXES, read_shard, work_units
+from raypack.pipeline import read
+from raypack.pipeline.read import COMPRESSED_SUFFIXES
+from raypack.pipeline.readers import jsonl as read_module
+from raypack.pipeline.readers import read_unit, records
+from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, expand_inputs, glob_match
 from tests.conftest import write_jsonl, write_parquet
+
+
+def read_shard(shard: Shard, cfg: InputConfig, batch: int) -> Any:
+    """The reader of cfg's format over one file or unit, as a tokenize task reads it."""
+    return read_unit(WorkUnit(shard, cfg.reading()), batch)
+
+
+def work_units(shards: list[Shard], cfg: InputConfig) -> list[Shard]:
+    """read.work_units over whole files read as cfg says; the units' Shards."""
+    units = read.work_units([WorkUnit(s, cfg.reading()) for s in shards], cfg.unit_bytes)
+    return [u.shard for u in units]
 
 
 def shard_of(path: Path, rel: str | None = None) -> Shard:
@@ -80,7 +95,7 @@ def test_every_bad_line_is_a_recorded_reject(tmp_path: Path) -> None:
     assert reasons[7] == "not a JSON object but list"
 
 
-# Lines where orjson and json disagree or refuse (raypack.pipeline.read._parse_json_line): big
+# Lines where orjson and json disagree or refuse (raypack.pipeline.readers.jsonl._parse_line): big
 # integers (orjson: a float), NaN/Infinity, lone surrogate escapes, deep nesting, a BOM, control
 # characters, non-objects, duplicate keys, ids of every scalar type.
 ODD_LINES = [
@@ -116,8 +131,6 @@ def test_orjson_reads_every_line_as_json_does(
 ) -> None:
     """The same documents, ids and rejects (with their reasons) whether orjson read the lines or
     json alone did (orjson made to refuse every line)."""
-    from raypack.pipeline import read as read_module
-
     path = tmp_path / "odd.jsonl"
     path.write_bytes(b"\n".join(ODD_LINES) + b"\n")
     fast = read_all(path, id_field=id_field)
@@ -260,10 +273,8 @@ def test_flat_encoding_equals_per_document_encoding(tokenizer_path: Path, bos: b
 
 
 def test_batches_are_bounded_by_text_bytes_too(tmp_path: Path) -> None:
-    from raypack.pipeline import read
-
     path = tmp_path / "big.jsonl"
-    write_jsonl(path, [{"text": "x" * (read.MAX_BATCH_BYTES // 3 + 1)} for _ in range(10)])
+    write_jsonl(path, [{"text": "x" * (records.MAX_BATCH_BYTES // 3 + 1)} for _ in range(10)])
     sizes = [len(b) for b in read_shard(shard_of(path), input_config(), 1000)]
     assert sizes == [3, 3, 3, 1]  # never 1000 documents of megabytes in one encode_batch call
 
@@ -280,12 +291,10 @@ def test_empty_documents_are_rejected_or_kept_as_configured(tmp_path: Path) -> N
 
 @pytest.mark.parametrize("kind", ["members", "bomb", "cut", "garbage after", "empty"])
 def test_gzip_is_inflated_as_arrow_inflates_it(tmp_path: Path, kind: str) -> None:
-    """gzip shards go through ISA-L (read._gunzip), not Arrow's zlib stream: the same bytes for
+    """gzip shards go through ISA-L (readers.jsonl._gunzip), not Arrow's zlib stream: the same bytes for
     every member of a multi-member file, at most _CHUNK held for a highly compressed one, and a
     damaged file an error where Arrow's would be one (a reject, with what came before kept)."""
     import pyarrow.fs as pafs
-
-    from raypack.pipeline import read as read_module
 
     lines = b"".join(json.dumps({"text": f"doc {i} " * 20}).encode() + b"\n" for i in range(3000))
     data = {
@@ -303,7 +312,7 @@ def test_gzip_is_inflated_as_arrow_inflates_it(tmp_path: Path, kind: str) -> Non
         out = []
         try:
             for piece in reader():
-                assert len(piece) <= read_module._CHUNK
+                assert len(piece) <= read_module.CHUNK
                 out.append(piece)
         except OSError as e:
             return b"".join(out), str(e)
@@ -311,7 +320,7 @@ def test_gzip_is_inflated_as_arrow_inflates_it(tmp_path: Path, kind: str) -> Non
 
     def arrow() -> Any:
         with fs.open_input_stream(str(path), compression="detect") as stream:
-            while piece := stream.read(read_module._CHUNK):
+            while piece := stream.read(read_module.CHUNK):
                 yield piece
 
     def isal() -> Any:
@@ -324,7 +333,7 @@ def test_gzip_is_inflated_as_arrow_inflates_it(tmp_path: Path, kind: str) -> Non
         assert ours == theirs
     else:
         assert theirs.startswith(ours) or ours.startswith(theirs)  # each stops where its reads did
-        assert read_module._is_bad_data(OSError(our_error))
+        assert records.is_bad_data(OSError(our_error))
         docs, rejects = read_all(path, batch=100)
         ((row, reason),) = rejects
         assert reason.startswith(f"unreadable shard after line {row - 1}: ")
@@ -353,13 +362,11 @@ def test_a_damaged_compressed_shard_is_a_reject_not_a_crash(tmp_path: Path, dama
 
 
 def test_records_over_the_size_limit_are_rejected_without_being_held(tmp_path: Path) -> None:
-    from raypack.pipeline import read
-
     path = tmp_path / "long.jsonl"
-    near = "y" * (3 * read._CHUNK)  # spans several read chunks, under the limit: kept whole
-    over = "z" * (8 * read._CHUNK)
+    near = "y" * (3 * read_module.CHUNK)  # spans several read chunks, under the limit: kept whole
+    over = "z" * (8 * read_module.CHUNK)
     write_jsonl(path, [{"text": "a"}, {"text": over}, {"text": near}, {"text": over}])
-    limit = 4 * read._CHUNK
+    limit = 4 * read_module.CHUNK
     docs, rejects = read_all(path, max_document_bytes=limit)
     assert [(d[0], d[2]) for d in docs] == [(1, "a"), (3, near)]
     size = len(json.dumps({"text": over}))

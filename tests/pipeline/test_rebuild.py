@@ -240,7 +240,8 @@ def test_a_tokenizer_library_upgrade_retokenizes_and_leftovers_are_swept(
         path.write_text("left by a killed run")
     monkeypatch.setattr(tokenize_module, "tokenizer_library", lambda: "tokenizers 99.0.0")
     assert (
-        token_settings(cfg, tokenize_module.load_tokenizer(cfg.tokenizer))["library"] == "tokenizers 99.0.0"
+        token_settings(cfg, tokenize_module.load_tokenizer(cfg.tokenizer), cfg.input.reading())["library"]
+        == "tokenizers 99.0.0"
     )
     second = run_rebuild(cfg, **quiet)
     assert (second.job.shards_reused, second.job.shards_tokenized) == (0, 3)

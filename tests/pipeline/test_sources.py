@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -235,3 +236,83 @@ def test_verify_finds_a_copy_missing_from_the_index(mixed: tuple[JobConfig, Any]
     pq.write_table(table.take([i for i in range(table.num_rows) if i != twice[0]]), index)
     problems = verify(str(out)).problems
     assert any("copies in the index, its source's rule gives" in p for p in problems), problems
+
+
+def test_each_source_is_read_with_its_own_format_fields_and_ids(tmp_path: Path, tokenizer_path: Path) -> None:
+    """A source's format, text_field and id_field reach the task that reads its files: a Parquet
+    source with its own columns under a JSONL top level, a source whose id_field "" unsets the top
+    level's (ids from path and line), and one that inherits it. Every document, by its id, holds the
+    tokens tokenizers gives its text; nothing is rejected. A token file read the old way is never
+    reused: the readers' code version is in the cache key."""
+    from tokenizers import Tokenizer
+
+    from raypack.pipeline import tokenize as tokenize_module
+    from raypack.pipeline.tokenize import load_tokenizer, token_key, token_settings
+    from raypack.pipeline.units import WorkUnit
+    from raypack.storage import Shard
+
+    rng = random.Random(31)
+    texts = {
+        name: [random_text(rng, 5 + rng.randrange(300)) for _ in range(25)]
+        for name in ("web", "code", "notes")
+    }
+    (tmp_path / "web").mkdir()
+    write_jsonl(
+        tmp_path / "web" / "a.jsonl", [{"text": t, "id": f"web-{i}"} for i, t in enumerate(texts["web"])]
+    )
+    (tmp_path / "code").mkdir()
+    pq.write_table(
+        pa.table({"content": texts["code"], "path": [f"src/{i}.py" for i in range(25)]}),
+        tmp_path / "code" / "b.parquet",
+        row_group_size=7,
+    )
+    (tmp_path / "notes").mkdir()
+    write_jsonl(tmp_path / "notes" / "c.jsonl", [{"body": t, "id": i} for i, t in enumerate(texts["notes"])])
+    data = {
+        "input": {
+            "format": "jsonl",
+            "id_field": "id",
+            "max_reject_ratio": 0.0,
+            "sources": [
+                {"name": "web", "paths": [f"{tmp_path}/web/*"]},
+                {
+                    "name": "code",
+                    "paths": [f"{tmp_path}/code/*"],
+                    "format": "parquet",
+                    "text_field": "content",
+                    "id_field": "path",
+                },
+                {"name": "notes", "paths": [f"{tmp_path}/notes/*"], "text_field": "body", "id_field": ""},
+            ],
+        },
+        "tokenizer": {"path": str(tokenizer_path), "concurrency": 2},
+        "pack": {"seq_len": SEQ},
+        "output": {"path": str(tmp_path / "out"), "shard_rows": 10},
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(data))
+    cfg = load_config(str(tmp_path / "job.yaml"))
+    result = run_job(cfg, **quiet)
+    assert (result.documents, result.rejects) == (75, 0)
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    eos = tok.token_to_id("<|endoftext|>")
+    expected = {f"web-{i}": t for i, t in enumerate(texts["web"])}
+    expected |= {f"src/{i}.py": t for i, t in enumerate(texts["code"])}
+    expected |= {f"notes/c.jsonl:{i + 1}": t for i, t in enumerate(texts["notes"])}
+    pieces = packed_pieces(tmp_path / "out")
+    assert set(pieces) == set(expected)
+    for doc_id, text in expected.items():
+        got = [t for _, parts in sorted(pieces[doc_id].items()) for t in parts[0]]
+        assert got == [*tok.encode(text, add_special_tokens=False).ids, eos], doc_id
+    assert verify(str(tmp_path / "out"), cfg, sample=30).ok
+
+    # The cache key holds the readers' version: a fix to a reader re-reads every file.
+    loaded = load_tokenizer(cfg.tokenizer)
+    unit = WorkUnit(
+        Shard(index=0, path="x", relpath="code/b.parquet", size=1, mtime_ns=1), cfg.input.reading("code")
+    )
+    before = token_key(unit, token_settings(cfg, loaded, unit.reading))
+    tokenize_module.READ_VERSION += 1
+    try:
+        assert token_key(unit, token_settings(cfg, loaded, unit.reading)) != before
+    finally:
+        tokenize_module.READ_VERSION -= 1
