@@ -318,12 +318,16 @@ def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]], text_len: int)
     transformers' return_assistant_tokens_mask maps them (Encoding.char_to_token: the first token
     whose offsets hold the character).
 
-    Where transformers breaks, this does not: a character no token holds (a byte-level BPE with
-    trim_offsets gives the space before a word to no token: " Yes" is one token whose offsets hold
-    "Yes") is skipped, so a span starts at the first character of it that a token holds and ends at
-    the last. transformers instead stops masking at a span whose first character no token holds
-    (every later turn untrained: a completion " Yes" trained only its EOS) and runs one whose last
-    character no token holds to the end of the conversation. A span no token holds trains nothing."""
+    Where transformers loses tokens, this does not:
+    - a character no token holds (a byte-level BPE with trim_offsets gives the space before a word
+      to no token: " Yes" is one token whose offsets hold "Yes") is skipped, so a span starts at the
+      first character of it that a token holds and ends at the last. transformers stops masking at
+      a span whose first character no token holds (every later turn untrained: a completion " Yes"
+      trained only its EOS) and runs one whose last character no token holds to the end;
+    - a span ends with the *last* token holding its last character: a character of several bytes
+      is several tokens (日 is 3 in a byte-level BPE), and transformers' char_to_token gives the
+      first, leaving a completion that ends in "日本語" two tokens short of what TRL trains.
+    A span no token holds trains nothing."""
     n = len(offsets)
     mask = np.zeros(n, dtype=bool)
     if n == 0 or not spans:
@@ -333,13 +337,17 @@ def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]], text_len: int)
     chars = np.repeat(starts, width) + (
         np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)
     )
-    owner = np.full(text_len + 1, n, dtype=np.int64)
-    np.minimum.at(owner, np.clip(chars, 0, text_len), np.repeat(np.arange(n), width))
-    owned = np.flatnonzero(owner[:text_len] < n)  # characters some token holds, ascending
+    token = np.repeat(np.arange(n), width)
+    at = np.clip(chars, 0, text_len)
+    first = np.full(text_len + 1, n, dtype=np.int64)  # the first token holding each character
+    np.minimum.at(first, at, token)
+    last = np.full(text_len + 1, -1, dtype=np.int64)  # and the last (a character of several bytes)
+    np.maximum.at(last, at, token)
+    held = np.flatnonzero(first[:text_len] < n)  # characters some token holds, ascending
     for s, e in spans:
-        lo, hi = np.searchsorted(owned, [max(s, 0), min(e, text_len)])
-        if lo < hi:  # owned[lo]: the span's first held character, owned[hi - 1] its last
-            mask[owner[owned[lo]] : owner[owned[hi - 1]] + 1] = True
+        lo, hi = np.searchsorted(held, [max(s, 0), min(e, text_len)])
+        if lo < hi:  # held[lo]: the span's first held character, held[hi - 1] its last
+            mask[first[held[lo]] : last[held[hi - 1]] + 1] = True
     return mask
 
 

@@ -158,7 +158,9 @@ def test_a_derived_mask_is_exactly_each_assistant_turn(model: Path, hf: Any) -> 
 
 def test_token_mask_follows_char_to_token(hf: Any) -> None:
     """token_mask against the Encoding's own char_to_token on multi-byte text, where byte-level BPE
-    gives several tokens one character."""
+    gives several tokens one character: from the first token of a span's first character through the
+    last token of its last (transformers' own mask stops at the first token of the last character,
+    two bytes short of a closing 語)."""
     text = "ab 日本語 🙂 cd <|im_end|> ü"
     enc = hf(text, add_special_tokens=False)
     offsets = np.asarray(
@@ -169,10 +171,14 @@ def test_token_mask_follows_char_to_token(hf: Any) -> None:
     assert not token_mask(offsets, [(9, 9)], len(text)).any()  # an empty span trains nothing
     for s, e in [(0, 2), (3, 6), (7, 8), (3, len(text)), (0, len(text))]:
         mask = token_mask(offsets, [(s, e)], len(text))
-        first, last = enc.char_to_token(s) if s < len(text) else None, enc.char_to_token(e - 1)
+        first = enc.char_to_token(s)
+        last = max(
+            t
+            for t in range(len(offsets))
+            if enc.token_to_chars(t) and enc.token_to_chars(t)[0] <= e - 1 < enc.token_to_chars(t)[1]
+        )
         want = np.zeros(len(offsets), dtype=bool)
-        if first is not None:
-            want[first : last + 1 if last else len(offsets)] = True
+        want[first : last + 1] = True
         assert mask.tolist() == want.tolist(), (s, e)
 
 
