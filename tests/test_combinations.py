@@ -1,0 +1,431 @@
+"""Every setting in combination: hypothesis draws whole jobs (input formats, mixture sources with
+their own format, fields and ids, plain text, conversations with and without generation markers,
+prompt/completion pairs, every output format, packer, mode, overflow policy, backend, BOS framing,
+max_depth), packs a small generated corpus with one tokenize worker and again with two, and checks
+both against tests/oracle.py, which was written apart from the pipeline: every document (or each of
+its copies) once, token for token, its mask bit for bit, each source's share, the padding, and the
+same bytes whatever the number of workers.
+
+The light tier draws EXAMPLES jobs a run (a different draw each run: hypothesis picks them);
+`-m slow` draws SLOW_EXAMPLES. A failure prints the drawn job (hypothesis' "Falsifying example").
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer
+
+from raypack.config import load_config
+from raypack.pipeline.job import run_job
+from tests import oracle
+from tests.chatdata import CHATML_MARKED, chat_model, conversation
+from tests.conftest import WORDS
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+EXAMPLES = 12
+SLOW_EXAMPLES = 150
+INPUT_FORMATS = ("jsonl", "jsonl.gz", "parquet", "text")
+HISTOGRAM_PACKERS = ("bfd", "lpfhp", "spfhp", "nnlshp", "bucket")
+SHARDED_PACKERS = ("bfd", "ffd", "greedy")
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    format: str | None  # None: the top level's
+    text_field: str | None
+    id_field: str  # "inherit" (the top level's), "own" (a field of its own), "unset" ("": none)
+    repeat: float | None
+
+
+@dataclass(frozen=True)
+class Combo:
+    kind: str  # plain | messages | pairs
+    format: str  # the top level's input format
+    text_field: str
+    id_field: bool  # the top level names an id field ("id")
+    sources: tuple[Source, ...]
+    template: str  # messages: "model" (the model directory's, no markers) or "marked" (a file)
+    loss: str
+    output: str
+    mode: str
+    algorithm: str
+    overflow: str
+    backend: str
+    add_bos: bool
+    max_depth: int | None
+    seq_len: int
+    seed: int
+
+
+@st.composite
+def combos(draw: st.DrawFn) -> Combo:
+    kind = draw(st.sampled_from(["plain", "plain", "messages", "pairs"]))
+    chat = kind != "plain"
+    fmt = draw(st.sampled_from(("jsonl", "jsonl.gz", "parquet") if chat else INPUT_FORMATS))
+    sources: tuple[Source, ...] = ()
+    if not chat and draw(st.booleans()):
+        sources = tuple(
+            Source(
+                name=f"s{i}",
+                format=draw(st.sampled_from((None, *INPUT_FORMATS))),
+                text_field=draw(st.sampled_from((None, "body"))),
+                id_field=draw(st.sampled_from(("inherit", "own", "unset"))),
+                repeat=draw(st.sampled_from((None, 0.5, 1.5, 2.0))),
+            )
+            for i in range(draw(st.integers(2, 3)))
+        )
+    output = draw(
+        st.sampled_from(
+            ("parquet", "trl", "bridge") if chat else ("parquet", "megatron", "olmo", "mds", "trl", "bridge")
+        )
+    )
+    if output == "mds" and oracle.mds_python() is None:
+        output = "parquet"  # MosaicML streaming's environment is not here (CI has it)
+    mode = draw(st.sampled_from(("global", "global", "sharded")))
+    algorithm = draw(st.sampled_from(SHARDED_PACKERS if mode == "sharded" else HISTOGRAM_PACKERS))
+    if algorithm == "bucket" and output in ("megatron", "olmo"):
+        algorithm = "bfd"  # one sequence length: their trainers refuse several (tested elsewhere)
+    loss = {
+        "plain": "all",
+        "messages": draw(st.sampled_from(("assistant", "all"))),
+        "pairs": draw(st.sampled_from(("completion", "all"))),
+    }[kind]
+    return Combo(
+        kind=kind,
+        format=fmt,
+        text_field=draw(st.sampled_from(("text", "content"))),
+        id_field=draw(st.booleans()),
+        sources=sources,
+        template=draw(st.sampled_from(("model", "marked"))),
+        loss=loss,
+        output=output,
+        mode=mode,
+        algorithm=algorithm,
+        overflow=draw(
+            st.sampled_from(("truncate", "drop") if chat else ("split", "split", "truncate", "drop"))
+        ),
+        backend=draw(st.sampled_from(("auto", "tokenizers"))),
+        add_bos=draw(st.booleans()) and kind == "plain",  # the chat model names no BOS
+        max_depth=draw(st.sampled_from((None, None, 3))),
+        seq_len=draw(st.sampled_from((64, 96, 160) if kind == "plain" else (160, 256, 384))),
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n)) + rng.choice(("", " ü", " 日本語", "."))
+
+
+def write_corpus(combo: Combo, root: Path, rng: random.Random) -> tuple[oracle.Corpus, dict[str, Any]]:
+    """Files of the combination's formats holding generated documents (and a bad record or two), and
+    the config's `input` section; the oracle's record of every document."""
+    corpus = oracle.Corpus()
+    inputs: dict[str, Any] = {"format": _config_format(combo.format), "max_reject_ratio": 0.3}
+    if combo.kind == "plain":
+        inputs["text_field"] = combo.text_field
+    if combo.id_field:
+        inputs["id_field"] = "id"
+    if not combo.sources:
+        base = root / "corpus"
+        base.mkdir(parents=True)
+        inputs["paths"] = [f"{base}/*"]
+        reading = (combo.format, combo.text_field, "id" if combo.id_field else None)
+        _write_source(combo, corpus, base, "", "", reading, rng)
+        return corpus, inputs
+    inputs["sources"] = []
+    for s in combo.sources:
+        base = root / s.name
+        base.mkdir(parents=True)
+        entry: dict[str, Any] = {"name": s.name, "paths": [f"{base}/*"]}
+        fmt = s.format or combo.format
+        if s.format is not None:
+            entry["format"] = _config_format(s.format)
+        text_field = s.text_field or combo.text_field
+        if s.text_field is not None:
+            entry["text_field"] = s.text_field
+        id_field = {"inherit": "id" if combo.id_field else None, "own": "key", "unset": None}[s.id_field]
+        if s.id_field != "inherit":
+            entry["id_field"] = "key" if s.id_field == "own" else ""
+        if s.repeat is not None:
+            entry["repeat"] = s.repeat
+            corpus.sources[s.name] = {"repeat": s.repeat}
+        else:
+            corpus.sources[s.name] = {}
+        inputs["sources"].append(entry)
+        _write_source(combo, corpus, base, s.name, f"{s.name}/", (fmt, text_field, id_field), rng)
+    return corpus, inputs
+
+
+def _config_format(fmt: str) -> str:
+    """input.format for files of `fmt` (compression comes from the suffix)."""
+    return "jsonl" if fmt == "jsonl.gz" else fmt
+
+
+def _write_source(
+    combo: Combo,
+    corpus: oracle.Corpus,
+    base: Path,
+    source: str,
+    prefix: str,
+    reading: tuple[str, str, str | None],
+    rng: random.Random,
+) -> None:
+    fmt, text_field, id_field = reading
+    for f in range(2):
+        name = f"part-{f}{oracle.suffix(fmt)}"
+        docs: list[oracle.Doc] = []
+        records: list[dict[str, Any]] = []
+        for i in range(rng.randrange(6, 11)):
+            relpath = f"{prefix}{name}" if fmt != "text" else f"{prefix}doc-{f}-{i}.txt"
+            doc_id = oracle.generated_id(relpath, fmt, i)
+            record: dict[str, Any] = {}
+            if combo.kind == "messages":
+                # One short conversation a file, so that pack.overflow drop always leaves some.
+                messages = (
+                    conversation(rng, i)
+                    if i
+                    else [{"role": "user", "content": "hi"}, {"role": "assistant", "content": words(rng, 3)}]
+                )
+                if fmt == "parquet":  # a list<struct> column: one shape for every row
+                    messages = [{"role": m["role"], "content": m.get("content") or ""} for m in messages]
+                record["messages"] = messages
+                doc = oracle.Doc(doc_id, source, messages=messages)
+            elif combo.kind == "pairs":
+                prompt, completion = (
+                    "Q: " + words(rng, 1 + rng.randrange(20)) + "?\n",
+                    " " + words(rng, 1 + rng.randrange(60)),
+                )
+                record |= {"prompt": prompt, "completion": completion}
+                doc = oracle.Doc(doc_id, source, prompt=prompt, completion=completion)
+            else:
+                blank = i == 3 and f == 0  # whitespace only: a reject
+                text = "  \n " if blank else words(rng, int(rng.lognormvariate(3.6, 0.9)) + 1)
+                record[text_field] = text
+                doc = oracle.Doc(doc_id, source, text=text, reject=blank)
+            if id_field is not None and fmt != "text":
+                record[id_field] = doc.id = f"{source or 'top'}-{f}-{i}"
+            docs.append(doc)
+            records.append(record)
+        if fmt == "text":
+            for doc in docs:
+                (base / Path(doc.id).name).write_text(str(doc.text))
+        else:
+            oracle.write_records(base / name, fmt, records)
+        if combo.kind != "plain" and fmt != "parquet" and f == 0:  # a bad record: a reject
+            with (base / name).open("ab") as out:  # (a gzip member of its own: read on as one stream)
+                bad = json.dumps({"messages": "not a list", "prompt": 7}).encode() + b"\n"
+                out.write(gzip.compress(bad, mtime=0) if fmt == "jsonl.gz" else bad)
+        corpus.docs += docs
+
+
+def config(
+    combo: Combo, root: Path, inputs: dict[str, Any], tokenizer: Path, model: Path, out: Path, workers: int
+) -> Path:
+    data: dict[str, Any] = {
+        "input": inputs,
+        "tokenizer": {
+            "path": str(tokenizer),
+            "backend": combo.backend,
+            "concurrency": workers,
+            "add_bos": combo.add_bos,
+        },
+        "pack": {
+            "seq_len": combo.seq_len,
+            "algorithm": combo.algorithm,
+            "mode": combo.mode,
+            "overflow": combo.overflow,
+            "seed": combo.seed,
+            "max_depth": combo.max_depth,
+            "shards_per_group": 2,
+        },
+        "output": {"path": str(out), "format": combo.output, "shard_rows": 7},
+    }
+    if combo.kind == "messages":
+        data["input"]["messages_field"] = "messages"
+        data["tokenizer"]["path"] = str(model)
+        if combo.template == "marked":
+            (root / "marked.jinja").write_text(CHATML_MARKED)
+            data["tokenizer"]["chat_template"] = str(root / "marked.jinja")
+        data["pack"]["loss"] = combo.loss
+    elif combo.kind == "pairs":
+        data["input"] |= {"prompt_field": "prompt", "completion_field": "completion"}
+        data["tokenizer"]["path"] = str(model)
+        data["pack"]["loss"] = combo.loss
+    path = root / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def expected_documents(
+    combo: Combo, corpus: oracle.Corpus, tokenizer: Path, model: Path
+) -> dict[str, oracle.Expected]:
+    if combo.kind == "plain":
+        tok = Tokenizer.from_file(str(tokenizer))
+        bos = tok.token_to_id("<s>") if combo.add_bos else None
+        eos = tok.token_to_id("<|endoftext|>")
+        return {
+            d.id: oracle.Expected(*oracle.plain_tokens(tok, str(d.text), bos, eos))
+            for d in corpus.docs
+            if not d.reject
+        }
+    import transformers
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(model))
+    found = {}
+    for d in corpus.docs:
+        if combo.kind == "pairs":
+            bos = None
+            eos = hf.convert_tokens_to_ids("<|im_end|>")  # tokenizer_config.json's eos_token
+            ids, mask = oracle.pair_tokens(
+                hf._tokenizer, str(d.prompt), str(d.completion), bos, eos, combo.loss
+            )
+        else:
+            template = CHATML_MARKED if combo.template == "marked" else None
+            ids, mask = oracle.chat_tokens(hf, d.messages or [], template, combo.loss)
+        if any(mask[1:]):
+            found[d.id] = oracle.Expected(ids, mask)
+    return found
+
+
+def pad_of(combo: Combo, tokenizer: Path, model: Path) -> int:
+    """What padding must hold: megatron's EOS, else the tokenizer's pad token (never a silent 0)."""
+    if combo.kind == "plain":
+        tok = Tokenizer.from_file(str(tokenizer))
+        return tok.token_to_id("<|endoftext|>" if combo.output == "megatron" else "<|pad|>")
+    return Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|endoftext|>")  # its pad_token
+
+
+def copies_of(
+    out: Path, combo: Combo, corpus: oracle.Corpus, expected: dict[str, oracle.Expected]
+) -> dict[str, int]:
+    """Each document's copies as the index records them, checked against its source's rule (repeat r:
+    floor(r) or ceil(r) each, r × the source's tokens within one document), and every document
+    once without a mixture."""
+    index = pq.read_table(out / "index", columns=["doc_id", "copy"]).to_pylist()
+    copies: dict[str, int] = {}
+    for row in index:
+        copies[row["doc_id"]] = copies.get(row["doc_id"], 0) + (row["copy"] >= 0)
+    for source, rule in corpus.sources.items():
+        docs = [d for d in corpus.docs if d.source == source and d.id in expected]
+        r = rule.get("repeat", 1.0)
+        lengths = {d.id: len(expected[d.id].tokens) for d in docs}
+        for d in docs:
+            assert math.floor(r) <= copies[d.id] <= math.ceil(r), (d.id, copies[d.id], r)
+        selected = sum(copies[d] * n for d, n in lengths.items())
+        assert abs(selected - r * sum(lengths.values())) <= max(lengths.values()), (source, selected, r)
+    if not corpus.sources:
+        assert all(copies.get(d, 0) == 1 for d in expected), (
+            "a document without a mixture is in the index once"
+        )
+    return copies
+
+
+def tree(out: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(out)): p.read_bytes()
+        for part in ("data", "packs", "label_mask", "index", "rejects", "pack_metadata.json")
+        for p in ([out / part] if (out / part).is_file() else sorted((out / part).rglob("*")))
+        if p.is_file()
+    }
+
+
+def run_and_check(combo: Combo, tokenizer: Path, model: Path) -> None:
+    note(repr(combo))
+    root = oracle.work_dir()
+    try:
+        rng = random.Random(combo.seed)
+        corpus, inputs = write_corpus(combo, root, rng)
+        expected = expected_documents(combo, corpus, tokenizer, model)
+        outs = []
+        for workers in (1, 2):
+            out = root / f"out-{workers}"
+            cfg = load_config(str(config(combo, root, inputs, tokenizer, model, out, workers)))
+            result = run_job(cfg, log=lambda _: None)
+            outs.append(out)
+        manifest = json.loads((outs[0] / "manifest.json").read_text())
+        assert tree(outs[0]) == tree(outs[1]), "other bytes with two tokenize workers"
+        assert manifest["files"] == json.loads((outs[1] / "manifest.json").read_text())["files"]
+        # Whitespace-only documents; chat records with no trained token, and the bad record written
+        # into each chat source's first JSONL file.
+        rejected = sum(d.reject or d.id not in expected for d in corpus.docs)
+        rejected += combo.kind != "plain" and combo.format != "parquet"
+        assert result.rejects == rejected, (result.reject_reasons, rejected)
+        copies = copies_of(outs[0], combo, corpus, expected)
+        packs = oracle.read_output(outs[0], manifest, root)
+        masked = combo.kind != "plain" or combo.output in ("trl", "bridge", "olmo")
+        oracle.check(
+            packs,
+            expected,
+            copies,
+            seq_len=combo.seq_len,
+            overflow=combo.overflow,
+            pad=pad_of(combo, tokenizer, model) if combo.output not in ("trl", "bridge") else None,
+            masked=masked,
+            max_depth=combo.max_depth,
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return chat_model(tmp_path_factory.mktemp("combinations") / "model")
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(combo=combos())
+def test_a_drawn_job_matches_the_oracle_and_is_the_same_on_two_workers(
+    combo: Combo, tokenizer_path: Path, model: Path
+) -> None:
+    run_and_check(combo, tokenizer_path, model)
+
+
+@pytest.mark.slow
+@settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(combo=combos())
+def test_many_drawn_jobs_match_the_oracle(combo: Combo, tokenizer_path: Path, model: Path) -> None:
+    run_and_check(combo, tokenizer_path, model)
+
+
+def test_the_drawing_reaches_every_setting() -> None:
+    """The strategy can draw every value of every axis (a combination it never draws is never tested)."""
+    seen: dict[str, set[Any]] = {}
+
+    @settings(max_examples=400, deadline=None, database=None)
+    @given(combo=combos())
+    def collect(combo: Combo) -> None:
+        for key, value in vars(combo).items():
+            if key not in ("seed", "sources"):
+                seen.setdefault(key, set()).add(value)
+        for s in combo.sources:
+            for key, value in vars(s).items():
+                seen.setdefault(f"source.{key}", set()).add(value)
+
+    collect()
+    assert seen["kind"] == {"plain", "messages", "pairs"}
+    assert seen["format"] == set(INPUT_FORMATS)
+    assert seen["output"] >= {"parquet", "megatron", "olmo", "trl", "bridge"} | (
+        {"mds"} if oracle.mds_python() else set()
+    )
+    assert seen["algorithm"] == set(HISTOGRAM_PACKERS) | set(SHARDED_PACKERS)
+    assert seen["overflow"] == {"split", "truncate", "drop"} and seen["backend"] == {"auto", "tokenizers"}
+    assert seen["source.format"] == {None, *INPUT_FORMATS} and seen["source.id_field"] == {
+        "inherit",
+        "own",
+        "unset",
+    }
+    assert seen["template"] == {"model", "marked"} and seen["mode"] == {"global", "sharded"}
