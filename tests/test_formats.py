@@ -543,5 +543,13 @@ def test_a_vocabulary_with_gaps_gets_the_dtype_of_its_largest_id(tmp_path: Path)
         tokens, _ = stacked(out)
         assert np.count_nonzero(tokens == 70_000) == 40
         assert verify(str(out), cfg, sample=40).ok
+        if fmt == "olmo":  # docs/trainers.md: without the manifest's dtype OLMo-core misreads them
+            from olmo_core.data import NumpyFSLDataset
+
+            m = manifest(out)
+            paths = [str(out / f["path"]) for f in sorted(m["files"], key=lambda f: f["path"])]
+            common = {"sequence_length": SEQ, "pad_token_id": 0, "eos_token_id": 0, "vocab_size": 70_001}
+            assert len(NumpyFSLDataset(*paths, dtype=np.uint32, **common)) == m["counts"]["packs"]
+            assert len(NumpyFSLDataset(*paths, **common)) == 2 * m["counts"]["packs"]  # uint16 by default
     with pytest.raises(ValueError, match=r"do not fit its uint16 tokens"):
         tokens_as(np.asarray([[1, 70_000]], dtype=np.int32), "uint16", "data/part-00000.npy")

@@ -1,0 +1,184 @@
+"""docs/trainers.md's snippets, run as they stand against datasets packed in each format (only
+`OUT`'s value is replaced), and what each read checked against the packs: every trainer reads
+raypack's output right with exactly what the page shows."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from raypack.config import load_config
+from raypack.pipeline.job import run_job
+from tests import oracle
+from tests.conftest import job_config, make_corpus
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = ROOT / "docs" / "trainers.md"
+SEQ = 256
+
+
+def snippet(title: str, out: Path) -> str:
+    """The python block under the heading that starts with `title`, reading `out`."""
+    sections = re.split(r"^## ", PAGE.read_text(), flags=re.M)
+    (section,) = [s for s in sections if s.startswith(title)]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert re.search(r'^OUT = "packed/"', code, flags=re.M), "a snippet reads OUT"
+    return re.sub(r'^OUT = "packed/"', f"OUT = {str(out)!r}", code, count=1, flags=re.M)
+
+
+def run(title: str, out: Path, **given: Any) -> dict[str, Any]:
+    space: dict[str, Any] = dict(given)
+    exec(compile(snippet(title, out), f"{PAGE}:{title}", "exec"), space)
+    return space
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("trainer-docs")
+    corpus = make_corpus(tmp, shards=2, docs_per_shard=30, seed=8)
+    outs = {}
+    for fmt in ("trl", "megatron", "olmo", "mds"):
+        cfg = job_config(
+            tmp,
+            f"{corpus}/*",
+            tokenizer_path,
+            pack={"seq_len": SEQ},
+            output={"path": str(tmp / fmt), "format": fmt},
+        )
+        run_job(load_config(str(cfg)), log=lambda _: None)
+        outs[fmt] = tmp / fmt
+    return outs
+
+
+def pack_index(out: Path) -> list[dict[str, Any]]:
+    manifest = json.loads((out / "manifest.json").read_text())
+    return [
+        row
+        for f in sorted(manifest["files"], key=lambda f: f["path"])
+        for row in pq.read_table(out / f["index"]).to_pylist()
+    ]
+
+
+def test_trl_takes_the_rows_as_packs(
+    packed: dict[str, Path], tokenizer_path: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """SFTTrainer built as the snippet builds it keeps every row a pack: its padding-free collator
+    gives each pack's tokens in order, positions restarting at every document."""
+    import functools
+
+    transformers = pytest.importorskip("transformers")
+    trl = pytest.importorskip("trl")
+    from tests.test_clients import llama
+
+    monkeypatch.chdir(tmp_path)  # the snippet's output_dir
+    # These machines have no GPU: SFTConfig's bf16 default then needs use_cpu (the snippet is for GPUs).
+    monkeypatch.setattr(trl, "SFTConfig", functools.partial(trl.SFTConfig, use_cpu=True))
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=str(tokenizer_path), pad_token="<|pad|>", eos_token="<|endoftext|>"
+    )
+    space = run("TRL", packed["trl"], model=llama("sdpa", vocab=512, positions=SEQ), tokenizer=tokenizer)
+    batch = next(iter(space["trainer"].get_train_dataloader()))
+    rows = [
+        r for f in sorted((packed["trl"] / "data").glob("*.parquet")) for r in pq.read_table(f).to_pylist()
+    ]
+    ids = batch["input_ids"].reshape(-1).tolist()
+    positions = batch["position_ids"].reshape(-1).tolist()
+    at = 0
+    while at < len(ids):  # the batch's rows, flattened: each a pack whole, in the sampler's order
+        row = next(r for r in rows if ids[at : at + len(r["input_ids"])] == r["input_ids"])
+        assert positions[at : at + len(row["input_ids"])] == [p for n in row["seq_lengths"] for p in range(n)]
+        at += len(row["input_ids"])
+
+
+def test_megatron_reads_a_pack_a_sample(packed: dict[str, Path]) -> None:
+    pytest.importorskip("megatron.core")
+    import torch.distributed as dist
+
+    try:
+        space = run("Megatron-LM", packed["megatron"])
+        train, sample = space["train"], space["sample"]
+        index = pack_index(packed["megatron"])
+        packs = {
+            tuple(p.tokens + p.padding)
+            for p in oracle.read_output(packed["megatron"], space["manifest"], packed["megatron"].parent)
+        }
+        assert len(train) == len(index)
+        seen = set()
+        for i in range(len(train)):
+            s = train[i]
+            key = tuple(s["tokens"].tolist())
+            assert key in packs  # a sample is a pack, never a straddle of two
+            seen.add(key)
+            # Positions restart at every document: 0 right after every EOD.
+            eod = space["Tokenizer"].eod
+            pos = s["position_ids"].tolist()
+            for t in range(1, len(pos)):
+                assert pos[t] == (0 if key[t - 1] == eod else pos[t - 1] + 1)
+        assert len(seen) == len(index)  # every pack once, none straddled
+        assert sample["loss_mask"].dtype.is_floating_point
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_olmo_core_reads_each_pack_with_its_documents(packed: dict[str, Path]) -> None:
+    pytest.importorskip("olmo_core")
+    out = packed["olmo"]
+    space = run("OLMo-core", out)
+    dataset, index = space["dataset"], pack_index(out)
+    assert len(dataset) == len(index)
+    for i, row in enumerate(index):
+        item = dataset[i]
+        n, offsets = row["num_tokens"], row["doc_offsets"]
+        assert item["doc_lens"].tolist() == np.diff(offsets).tolist() + ([SEQ - n] if n < SEQ else [])
+        mask = item["label_mask"].tolist()
+        assert mask == [t < n and t not in offsets[:-1] for t in range(SEQ)]
+    assert space["instance"]["input_ids"].shape[0] == SEQ
+    # What the page warns of: bos_token_id set, and the documents of a pack read as one.
+    from olmo_core.data import NumpyFSLDataset
+
+    wrong = NumpyFSLDataset(
+        *space["paths"],
+        sequence_length=SEQ,
+        pad_token_id=space["fmt"]["pad_id"],
+        eos_token_id=space["fmt"]["eos_id"],
+        bos_token_id=1,  # the tokenizer's <s>
+        vocab_size=space["manifest"]["tokenizer"]["max_id"] + 1,
+        dtype=np.dtype(space["fmt"]["dtype"]).type,
+        generate_doc_lengths=True,
+    )
+    wrong.work_dir = str(out.parent / "olmo-wrong")
+    several = [i for i, row in enumerate(index) if len(row["doc_offsets"]) > 2]
+    assert several and all(len(wrong[i]["doc_lens"]) < len(index[i]["doc_offsets"]) - 1 for i in several)
+
+
+def test_mosaicml_streaming_reads_the_snippet_s_sample(packed: dict[str, Path]) -> None:
+    python = oracle.mds_python()
+    if python is None:
+        import os
+
+        if os.environ.get("CI"):
+            pytest.fail("CI must have .venv-mds (make test builds it)")
+        pytest.skip("no .venv-mds")
+    code = snippet("MosaicML", packed["mds"]) + (
+        "\nimport json as _j\nprint(_j.dumps({'tokens': sample['tokens'].tolist(), "
+        "'doc_offsets': sample['doc_offsets'].tolist(), 'num_tokens': int(sample['num_tokens']), "
+        "'pad': pad_token_id, 'n': len(dataset)}))"
+    )
+    done = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=True, cwd=packed["mds"].parent
+    )
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    index = pack_index(packed["mds"])
+    first = index[0]
+    assert got["n"] == len(index) and got["doc_offsets"] == first["doc_offsets"]
+    assert got["num_tokens"] == first["num_tokens"] and len(got["tokens"]) == SEQ
+    assert set(got["tokens"][first["num_tokens"] :]) <= {got["pad"]}
