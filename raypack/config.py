@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from raypack.errors import ConfigError
 from raypack.packing import ALGORITHMS, OVERFLOW_POLICIES
 from raypack.packing.bucket import DEFAULT_PADDING_THRESHOLD
+from raypack.paths import contains, input_base
 
 __all__ = [
     "ConfigError",
@@ -576,8 +577,6 @@ class JobConfig:
             )
         if self.pack.seq_len < 2:
             raise ConfigError(f"pack.seq_len must be >= 2 for a training sequence, got {self.pack.seq_len}")
-        from raypack.storage import contains, input_base  # storage imports this module
-
         for pattern in self.input.all_paths:
             # The output's data, index and a rebuild's _cache would be read back as inputs next time.
             if contains(input_base(pattern), self.output.path):

@@ -39,20 +39,14 @@ from raypack.formats import (
     stem_of_file,
     total_bytes,
 )
-from raypack.pipeline.exchange import task_options, transient
-from raypack.pipeline.job import (
-    METRICS,
-    check_output,
-    clear_output,
-    ensure_ray,
-    manifest_files,
-    write_dataset_files,
-    write_report_safely,
-)
+from raypack.pipeline.finalize import write_dataset_files, write_report_safely
 from raypack.pipeline.materialize import loss_mask_of, write_packs
+from raypack.pipeline.prepare import check_output, clear_output, ensure_ray
+from raypack.pipeline.record import manifest_files
+from raypack.pipeline.tasks import task_options, transient
 from raypack.reader import pin
 from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic
-from raypack.versions import MANIFEST
+from raypack.versions import MANIFEST, METRICS
 
 __all__ = ["ConvertResult", "convert"]
 

@@ -87,6 +87,7 @@ __all__ = [
     "pin",
     "pin_version",
     "read_packed",
+    "torch_converter",
 ]
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (PyTorch's cross_entropy default)
@@ -273,7 +274,7 @@ def iter_batches(
     check_args(batch_size, rank, world_size, last_batch)
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
-    convert = _torch_converter() if torch else None
+    convert = torch_converter() if torch else None
     plan = Plan.of(pin(path, storage), batch_size, rank, world_size, seed, last_batch, storage)
     for batch in plan.steps(start_step, 1):
         yield convert(batch) if convert is not None else batch
@@ -445,7 +446,7 @@ def block_causal_mask(document_ids: Any, dtype: Any = None) -> Any:
     )
 
 
-def _torch_converter() -> Any:
+def torch_converter() -> Any:
     try:
         import torch
     except ImportError:

@@ -8,7 +8,6 @@ part of a path we accept, log or write.
 
 from __future__ import annotations
 
-import fnmatch
 import functools
 import os
 import posixpath
@@ -22,6 +21,7 @@ import pyarrow.fs as pafs
 
 from raypack.config import StorageConfig
 from raypack.errors import ConfigError
+from raypack.paths import WILDCARDS, contains, glob_match, input_base, is_uri, split_glob
 
 __all__ = [
     "TMP_PREFIX",
@@ -43,12 +43,7 @@ __all__ = [
     "write_bytes_atomic",
 ]
 
-_WILDCARDS = "*?["
 _DEFAULT = StorageConfig()
-
-
-def is_uri(path: str) -> bool:
-    return "://" in path
 
 
 def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileSystem, str]:
@@ -228,8 +223,8 @@ def expand_inputs(
         fs, inner = resolve(pattern, storage)
         try:
             # Local and remote paths are listed the same way, through pyarrow's selector.
-            if any(c in inner for c in _WILDCARDS):
-                base, rest = _split_glob(inner)
+            if any(c in inner for c in WILDCARDS):
+                base, rest = split_glob(inner)
                 recursive = "/" in rest or "**" in rest
                 selector = pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
                 prefix = base.rstrip("/") + "/"
@@ -268,63 +263,9 @@ def expand_inputs(
     return shards
 
 
-def _split_glob(inner: str) -> tuple[str, str]:
-    """(the directory before the first segment holding a wildcard, the rest): "a/b/*/c*.gz" ->
-    ("a/b", "*/c*.gz")."""
-    cut = min(inner.find(c) for c in _WILDCARDS if c in inner)
-    slash = inner.rfind("/", 0, cut)
-    if slash < 0:
-        return ".", inner
-    return inner[:slash] or "/", inner[slash + 1 :]
-
-
-def glob_match(pattern: str, path: str) -> bool:
-    """Whether relative `path` matches relative glob `pattern`, segment by segment: each segment as
-    fnmatch matches a name (`*`, `?`, `[...]`, never across `/`), and a `**` segment matching zero
-    or more whole segments."""
-    return _match_segments(tuple(pattern.split("/")), tuple(path.split("/")))
-
-
-@functools.lru_cache(maxsize=4096)
-def _match_segments(pattern: tuple[str, ...], path: tuple[str, ...]) -> bool:
-    if not pattern:
-        return not path
-    head, rest = pattern[0], pattern[1:]
-    if head == "**":
-        return any(_match_segments(rest, path[k:]) for k in range(len(path) + 1))
-    return bool(path) and fnmatch.fnmatchcase(path[0], head) and _match_segments(rest, path[1:])
-
-
-def input_base(pattern: str) -> str:
-    """The directory (or file) a pattern can match below: its path before the first segment with a
-    wildcard, or the path itself. An output inside it could become an input (JobConfig refuses it)."""
-    if not any(c in pattern for c in _WILDCARDS):
-        return pattern.rstrip("/") or "/"
-    if is_uri(pattern):
-        scheme, _, rest = pattern.partition("://")
-        base, _ = _split_glob(rest)
-        return f"{scheme}://{base}"
-    base, _ = _split_glob(pattern)
-    return base
-
-
-def contains(outer: str, inner: str) -> bool:
-    """True when path `inner` is `outer` or lies below it (same scheme; local paths made absolute)."""
-
-    def norm(p: str) -> tuple[str, str]:
-        if is_uri(p):
-            scheme, _, rest = p.partition("://")
-            scheme = "s3" if scheme == "s3a" else scheme
-            return scheme, posixpath.normpath("/" + rest)
-        return "", os.path.abspath(p)
-
-    (s1, a), (s2, b) = norm(outer), norm(inner)
-    return s1 == s2 and (b == a or b.startswith(a.rstrip("/") + "/"))
-
-
 def _root_of(pattern: str, storage: StorageConfig | None) -> str:
     fs, inner = resolve(pattern, storage)
-    if any(c in inner for c in _WILDCARDS):
+    if any(c in inner for c in WILDCARDS):
         return input_base(pattern)
     if fs.get_file_info(inner).type == pafs.FileType.Directory:
         return pattern

@@ -31,7 +31,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from raypack.config import StorageConfig
-from raypack.reader import Plan, _torch_converter, check_args, pin
+from raypack.reader import Plan, check_args, pin, torch_converter
 from raypack.shared_groups import SharedGroups
 
 __all__ = ["PackedDataset"]
@@ -90,7 +90,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             # resume, an estimate from this worker's own start (raypack.shared_groups).
             first = max(0, start - (workers - 1))
             shared = SharedGroups(token, worker, workers, start, first, plan.touches(first), plan.read)
-        convert = _torch_converter()
+        convert = torch_converter()
         try:
             step = start
             for batch in plan.steps(start, workers, shared.load if shared is not None else None):

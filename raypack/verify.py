@@ -139,7 +139,7 @@ def _check_rejects(
     output: str, counts: dict[str, Any], report: VerifyReport, storage: StorageConfig | None
 ) -> None:
     """rejects/ against the manifest: rows, the records they stand for, and the lost files by name."""
-    from raypack.pipeline.tokenize import rejects_path
+    from raypack.pipeline.token_files import rejects_path
 
     rows = records = 0
     for shard in range(int(counts["shards"])):
@@ -438,9 +438,10 @@ def _check_sample(
     report: VerifyReport,
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
+    from raypack.pipeline.encode import chat_template, encode_chat, encode_documents
     from raypack.pipeline.read import input_files
     from raypack.pipeline.readers import read_unit
-    from raypack.pipeline.tokenize import chat_template, encode_chat, encode_documents, load_tokenizer
+    from raypack.pipeline.tokenizer import load_tokenizer
     from raypack.pipeline.units import WorkUnit, unit_from_entry
 
     # The work units as the job cut them (the manifest lists them in order): cutting them again would

@@ -35,6 +35,7 @@ __all__ = [
 
 LATEST = "LATEST"
 MANIFEST = "manifest.json"
+METRICS = "metrics.json"  # beside the manifest in every dataset: how its packing went
 CACHE = "_cache"
 _VERSION = re.compile(r"^v=(\d+)$")
 

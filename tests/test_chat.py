@@ -22,9 +22,10 @@ from raypack.chat import ChatTemplate, token_mask
 from raypack.cli import main
 from raypack.config import JobConfig, from_dict, load_config
 from raypack.errors import ConfigError
+from raypack.pipeline.encode import encode_chat
 from raypack.pipeline.job import run_job
 from raypack.pipeline.readers import Chat
-from raypack.pipeline.tokenize import encode_chat, load_tokenizer
+from raypack.pipeline.tokenizer import load_tokenizer
 from raypack.reader import batch_fields
 from raypack.verify import verify
 from tests.chatdata import CHATML, CHATML_MARKED, DROPS_REASONING, chat_model, conversation, words
@@ -834,7 +835,7 @@ def test_a_template_that_prints_the_date_renders_one_date_per_dataset(
     any day re-renders with the manifest's date."""
     import datetime as dt
 
-    from raypack.pipeline import job as job_module
+    from raypack.pipeline import prepare as job_module
     from raypack.pipeline.rebuild import run_rebuild
 
     convs = _plain_conversations(12, 12)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from raypack.config import JobConfig, from_dict
 from raypack.metrics import compute_metrics
 from raypack.packing import pack
 from raypack.pipeline.job import JobResult
+from raypack.pipeline.write import Duplicates
 from raypack.summary import format_summary
 
 
@@ -69,7 +73,42 @@ def test_concatenation_ratio_is_liu_r_cat_not_documents_per_pack() -> None:
     assert m.packs == 10
     assert m.concatenation_ratio == pytest.approx(0.1)
     assert m.documents_per_pack == pytest.approx(1.0)
-    result = JobResult("out/", m, documents=1, rejects=0, files=[], mode="global", global_efficiency=1.0)
+    result = _record(m)
     text = format_summary(result)
     assert "concatenation ratio  0.10 (Liu et al.'s r_cat: 1 documents / 10 packs)" in text
     assert "documents per pack   1.00 on average" in text
+
+
+def _record(m: Any) -> JobResult:
+    """A run's record around metrics `m`: one document, no files."""
+    cfg = from_dict(
+        JobConfig, {"input": {"paths": ["x"]}, "tokenizer": {"path": "t"}, "output": {"path": "out/"}}
+    )
+    return JobResult(
+        output="out/",
+        config=cfg,
+        inputs=({"path": "x", "size": 1, "mtime_ns": 0},),
+        tokenizer={},
+        backend={},
+        documents=1,
+        rejects=0,
+        rejected_records=0,
+        lost_files=0,
+        reject_reasons={},
+        shards_reused=0,
+        token_keys=(),
+        split_files={},
+        sources=[],
+        mixture=None,
+        chat=None,
+        metrics=m,
+        global_efficiency=1.0,
+        comparison_rows=(),
+        document_lengths={},
+        pack_fill_percent=(),
+        files=[],
+        packs=m.packs,
+        duplicates=Duplicates(),
+        output_format={"name": "parquet"},
+        format_files={},
+    )

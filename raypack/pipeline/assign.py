@@ -19,7 +19,7 @@ import pyarrow as pa
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.packing import Items, PackPermutation, Plan, copy_runs, expand, item_histogram, make_items
-from raypack.pipeline.tokenize import token_batches
+from raypack.pipeline.token_files import token_batches
 from raypack.pipeline.units import WorkUnit
 
 if TYPE_CHECKING:

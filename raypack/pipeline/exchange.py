@@ -29,11 +29,7 @@ The output does not depend on any of these numbers: a file is written from all o
 from __future__ import annotations
 
 import math
-import random
-import sys
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +45,8 @@ from raypack.packing import Plan
 from raypack.pipeline.assign import assign_items
 from raypack.pipeline.histogram import Totals, index_path
 from raypack.pipeline.materialize import write_pack_file
-from raypack.pipeline.tokenize import forget
+from raypack.pipeline.tasks import task_options, transient
+from raypack.pipeline.tokenize_task import forget
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import resolve
 
@@ -59,15 +56,12 @@ if TYPE_CHECKING:
 __all__ = [
     "Exchanged",
     "Layout",
-    "TransientStorageError",
     "check_index_ids",
     "count_ids",
     "layout",
     "merge_pieces",
     "run_exchange",
     "shard_runs",
-    "task_options",
-    "transient",
     "write_files",
 ]
 
@@ -91,29 +85,6 @@ ONE_HOP_OBJECTS = 20_000
 ITEM_BYTES = 64
 # A document id's bytes in the id check (~30 characters and an offset).
 ID_BYTES = 40
-# Transient storage errors (Ray Data's own list: AWS NETWORK_CONNECTION, SLOW_DOWN, 503...) are
-# retried by Ray this many times, each after a jittered pause; a killed worker is retried as often.
-RETRIES = 4
-_PAUSE_S = (2.0, 6.0)
-
-
-class TransientStorageError(OSError):
-    """A storage error that a later attempt may not meet: the task is retried by Ray."""
-
-
-@contextmanager
-def transient(patterns: tuple[str, ...] | None) -> Iterator[None]:
-    """An OSError whose text holds one of `patterns` (None: Ray Data's defaults, read only when an
-    OSError is met) leaves as a TransientStorageError, after a pause: Ray retries the task."""
-    try:
-        yield
-    except OSError as e:
-        if patterns is None:
-            patterns = _retried_io_errors()
-        if isinstance(e, TransientStorageError) or not any(p in str(e) for p in patterns):
-            raise
-        time.sleep(random.uniform(*_PAUSE_S))  # backoff before Ray's retry (it has none of its own)
-        raise TransientStorageError(str(e).strip().splitlines()[0]) from e
 
 
 def _parts(weights: np.ndarray, parts: int) -> np.ndarray:
@@ -264,26 +235,6 @@ def _add_ids(parts: list[list[pa.Array]], ids: pa.Array) -> None:
         part = _hash_parts(ids, len(parts))
         for p, found in enumerate(parts):
             found.append(ids.filter(pa.array(part == p)))
-
-
-def task_options() -> tuple[tuple[str, ...] | None, dict[str, Any]]:
-    """The transient storage errors' patterns, and the options of every task that touches storage:
-    one CPU, retried on a killed worker and on a TransientStorageError. The patterns are Ray Data's
-    list: the driver's DataContext's where the driver has imported Ray Data (a user may have
-    changed it), else None, for `transient` to read Ray Data's defaults on an error. Importing
-    ray.data (and pandas) only to read that list cost the driver 0.6-0.75 s, at the moment the
-    tokenize workers were being started."""
-    patterns = None
-    if "ray.data" in sys.modules:
-        patterns = _retried_io_errors()
-    options = {"num_cpus": 1, "max_retries": RETRIES, "retry_exceptions": [TransientStorageError]}
-    return patterns, options
-
-
-def _retried_io_errors() -> tuple[str, ...]:
-    import ray.data
-
-    return tuple(ray.data.DataContext.get_current().retried_io_errors)
 
 
 def _hash_parts(ids: pa.Array, parts: int) -> np.ndarray:

@@ -16,12 +16,13 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig
+from raypack.errors import JobError
 from raypack.metrics import DocStats
 from raypack.mixture import BINS, document_keys, token_bins
 from raypack.packing import item_histogram, make_items
 from raypack.storage import Shard, join, open_output
 
-__all__ = ["Totals", "index_path", "summarize_shard", "write_index"]
+__all__ = ["Totals", "histogram", "index_path", "summarize_shard", "write_index"]
 
 
 def index_path(output: str, shard: int, staged: bool = False) -> str:
@@ -146,6 +147,9 @@ class Totals:
         self.trained = 0
         """Trained tokens the documents hold (all of plain text's; chat data's loss mask)."""
         self.failovers: list[str] = []
+        """Why units found the fast backend's ids differ (the first 20)."""
+        self.notes: list[str] = []
+        """What else the tasks said of their backend (fastokens missing on a node; the first 20)."""
         self.reasons: Counter[str] = Counter()
         self._seen = np.zeros(len(run_of_shard), dtype=bool)
         self.nodes = [""] * len(run_of_shard)
@@ -174,9 +178,12 @@ class Totals:
         self.checked_texts += int(row.get("checked_texts", 0))
         self.trained += int(row.get("trained", row["tokens"]))
         self.checked_bytes += int(row.get("checked_bytes", 0))
-        failover = str(row.get("failover", ""))
-        if failover and failover not in self.failovers and len(self.failovers) < 20:
-            self.failovers.append(failover)
+        for said, kept in (
+            (str(row.get("failover", "")), self.failovers),
+            (str(row.get("note", "")), self.notes),
+        ):
+            if said and said not in kept and len(kept) < 20:
+                kept.append(said)
         self.reused += bool(row["cached"])
         self.nodes[shard] = str(row.get("node", ""))
         self.reasons.update(json.loads(row["reasons"]))
@@ -211,3 +218,21 @@ class Totals:
         """Replace the tokenize stage's counts by a mixture's selection: hists (runs, layers,
         seq_len + 1), the selected copies' stats, and each shard's items and tokens."""
         self.hists, self.stats, self.items, self.tokens = hists, stats, items, tokens
+
+
+def histogram(cfg: JobConfig, totals: Totals, selected_none: bool = False) -> tuple[np.ndarray, DocStats]:
+    """The stage: the global item histogram the plan is made from, and the items' stats; a JobError
+    when there is nothing to pack (every document dropped by pack.overflow: drop, or a mixture that
+    selected no document: `selected_none`)."""
+    hist, stats = totals.histogram(), totals.stats
+    if stats.items == 0 and selected_none:
+        raise JobError(
+            "nothing to pack: the mixture selected no document (every source's target is 0 tokens)"
+        )
+    if stats.items == 0:  # only overflow: drop can place nothing (every document gives an item otherwise)
+        raise JobError(
+            f"nothing to pack: all {totals.documents:,} documents are longer than pack.seq_len "
+            f"({cfg.pack.seq_len:,}) and pack.overflow is drop; use overflow: split or truncate, or a "
+            "larger seq_len"
+        )
+    return hist, stats

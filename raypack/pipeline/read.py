@@ -16,10 +16,11 @@ from collections.abc import Callable
 from raypack.config import InputConfig, StorageConfig
 from raypack.errors import ConfigError
 from raypack.pipeline.readers.parquet import row_group_runs
+from raypack.pipeline.tasks import task_options, transient
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, expand_inputs, resolve
 
-__all__ = ["COMPRESSED_SUFFIXES", "MAX_SPLIT_UNITS", "input_files", "scan_range", "work_units"]
+__all__ = ["COMPRESSED_SUFFIXES", "MAX_SPLIT_UNITS", "input_files", "read", "scan_range", "work_units"]
 
 
 def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[WorkUnit]:
@@ -51,6 +52,28 @@ def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[
             shard = dataclasses.replace(f, index=len(files), relpath=relpath, source=source.name)
             files.append(WorkUnit(shard, reading))
     return files
+
+
+def read(files: list[WorkUnit], unit_bytes: int, storage: StorageConfig) -> list[WorkUnit]:
+    """The stage: the job's work units, the line scans of large JSONL files as Ray tasks of a CPU each
+    (32 for 8 GiB at the default unit_bytes), retried as every storage task is (raypack.pipeline.tasks).
+    Before the tokenize tasks start: behind them, the scans would wait for a free CPU."""
+    import ray
+
+    def scan(ranges: list[tuple[Shard, int, int]]) -> list[tuple[int, int]]:
+        patterns, opts = task_options()
+        task = ray.remote(scan_task).options(**opts)
+        return list(ray.get([task.remote(s, a, b, storage, patterns) for s, a, b in ranges]))
+
+    return work_units(files, unit_bytes, storage, scan=scan)
+
+
+def scan_task(
+    shard: Shard, start: int, stop: int, storage: StorageConfig, patterns: tuple[str, ...] | None
+) -> tuple[int, int]:
+    """Ray task: scan_range."""
+    with transient(patterns):
+        return scan_range(shard, start, stop, storage)
 
 
 def work_units(

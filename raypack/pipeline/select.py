@@ -41,12 +41,12 @@ from raypack.mixture import (
     targets,
 )
 from raypack.packing import item_histogram, make_items
-from raypack.pipeline.exchange import task_options, transient
 from raypack.pipeline.histogram import Totals, index_path, write_index
+from raypack.pipeline.tasks import task_options, transient
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import resolve
 
-__all__ = ["SOURCE_COUNTS", "Selection", "plan_selection", "run_selection", "source_table"]
+__all__ = ["SOURCE_COUNTS", "Selection", "plan_selection", "run_selection", "select", "source_table"]
 
 # What a select task counts of each source (summed over tasks).
 SOURCE_COUNTS = ("documents", "tokens", "copies", "selected", "placed", "truncated", "left_out")
@@ -255,3 +255,10 @@ def source_table(selection: Selection, counts: dict[str, dict[str, int]]) -> lis
             }
         )
     return rows
+
+
+def select(cfg: JobConfig, units: list[WorkUnit], totals: Totals) -> tuple[Selection, list[dict[str, Any]]]:
+    """The stage: each source's rule (a ConfigError when a target cannot be met) and the select tasks,
+    whose histograms and counts take the tokenize stage's place in `totals`; the sources' table."""
+    selection = plan_selection(cfg, units, totals)
+    return selection, source_table(selection, run_selection(cfg, units, totals, selection))

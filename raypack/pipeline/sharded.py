@@ -21,10 +21,11 @@ from raypack.config import JobConfig
 from raypack.formats import Spec
 from raypack.packing import pack
 from raypack.pipeline.assign import items_table
-from raypack.pipeline.exchange import task_options, transient
 from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.select import Selection
-from raypack.pipeline.tokenize import forget, read_tokens
+from raypack.pipeline.tasks import task_options, transient
+from raypack.pipeline.token_files import read_tokens
+from raypack.pipeline.tokenize_task import forget
 from raypack.pipeline.units import WorkUnit
 
 __all__ = ["pack_group", "write_sharded"]

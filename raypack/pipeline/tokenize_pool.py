@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 
 from raypack.config import JobConfig
-from raypack.pipeline.exchange import task_options, transient
-from raypack.pipeline.tokenize import TokenizeShards, preload, shards_for
+from raypack.pipeline.tasks import task_options, transient
+from raypack.pipeline.tokenize_task import TokenizeShards, preload, shards_for
 from raypack.pipeline.units import WorkUnit
 
 __all__ = ["IN_FLIGHT", "RemoteFast", "TokenizePool", "tokenize_unit"]

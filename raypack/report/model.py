@@ -26,12 +26,11 @@ from raypack.metrics import (
 )
 from raypack.packing.assignment import Assignment
 from raypack.storage import exists, join, list_dir, read_bytes, resolve
-from raypack.versions import MANIFEST, resolve_dataset
+from raypack.versions import MANIFEST, METRICS, resolve_dataset
 
 __all__ = ["REPORT", "Report", "Run", "from_dataset", "from_dry_run", "length_distribution", "run_of"]
 
 REPORT = "report.html"
-METRICS = "metrics.json"
 _EXAMPLES = 10  # reject examples shown; the rejects/ files hold them all
 
 

@@ -21,10 +21,10 @@ from raypack.config import TokenizerConfig, load_config
 from raypack.demo import train_byte_level_bpe
 from raypack.errors import ConfigError
 from raypack.pipeline import backends
-from raypack.pipeline import job as job_module
+from raypack.pipeline import tokenize as tokenize_stage
 from raypack.pipeline.backends import FastokensEncoder, TokenizersEncoder, choose_backend, first_difference
 from raypack.pipeline.job import run_job
-from raypack.pipeline.tokenize import load_tokenizer
+from raypack.pipeline.tokenizer import load_tokenizer
 from raypack.verify import verify
 from tests.conftest import WORDS, job_config, make_corpus, write_jsonl
 
@@ -212,7 +212,7 @@ def test_jobs_on_either_backend_write_the_same_bytes_and_a_difference_in_the_run
     assert manifest["tokenizer"]["backend"] == fast.backend
 
     # The self-check passes (patched here in the driver); the actors' encoder differs on "histogram".
-    from raypack.pipeline.tokenize import TokenizeShards
+    from raypack.pipeline.tokenize_task import TokenizeShards
 
     class Differs(TokenizeShards):  # defined here, so Ray ships it by value to the workers
         def __init__(self, cfg: Any, backend: str = "tokenizers") -> None:
@@ -221,8 +221,8 @@ def test_jobs_on_either_backend_write_the_same_bytes_and_a_difference_in_the_run
                 self.encoder = _OneIdOff(self.encoder, "histogram")
 
     chosen = backends.Choice("fastokens", fast.backend["chosen"].split()[1], "patched: no self-check")
-    monkeypatch.setattr(job_module, "choose_backend", lambda *a: chosen)
-    monkeypatch.setattr(job_module, "TokenizeShards", Differs)
+    monkeypatch.setattr(tokenize_stage, "choose_backend", lambda *a: chosen)
+    monkeypatch.setattr(tokenize_stage, "TokenizeShards", Differs)
     failed, again = pack("failed_over")
     assert failed.backend["finished_on"] == "tokenizers" and failed.backend["failovers"]
     assert all(f.startswith(("unit ", "another actor found")) for f in failed.backend["failovers"])
@@ -257,7 +257,7 @@ def test_after_a_difference_nothing_the_fast_backend_wrote_reaches_the_output_an
     the root picks tokenizers (reusing every file) without being told; asked for fastokens by name
     there, it refuses, saying why."""
     from raypack.pipeline.rebuild import cache_dir, run_rebuild
-    from raypack.pipeline.tokenize import TokenizeShards
+    from raypack.pipeline.tokenize_task import TokenizeShards
 
     corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
     write_jsonl(corpus / "zz-last.jsonl", [{"text": "histogram plan"}, {"text": "a histogram"}])
@@ -281,7 +281,7 @@ def test_after_a_difference_nothing_the_fast_backend_wrote_reaches_the_output_an
             return super()._tokenize_checked(unit)
 
     cfg = load_config(str(path), [f"output.path={tmp_path / 'root'}"])
-    monkeypatch.setattr(job_module, "TokenizeShards", Unchecked)
+    monkeypatch.setattr(tokenize_stage, "TokenizeShards", Unchecked)
     first = run_rebuild(cfg, log=lambda _: None)
     monkeypatch.undo()
     backend = first.job.backend

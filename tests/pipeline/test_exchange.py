@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from raypack.config import load_config
-from raypack.pipeline import exchange
+from raypack.pipeline import exchange, tasks
 from raypack.pipeline import job as job_module
 from raypack.pipeline.exchange import layout, shard_runs
 from raypack.pipeline.job import run_job
@@ -184,7 +184,7 @@ def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
 
     monkeypatch.setattr(exchange, "ONE_HOP_OBJECTS", 0)
     monkeypatch.setattr(exchange, "ROUND_BYTES", 4096)  # a round every few record batches
-    monkeypatch.setattr(job_module, "_cluster_cpus", lambda: 7)
+    monkeypatch.setattr(job_module, "cluster_cpus", lambda: 7)
     yields = tmp_path / "yields"
     yields.mkdir()
     real_assign = exchange.assign_run
@@ -208,7 +208,7 @@ def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
         assert sum(kind == "items" for kind, _ in log) > 2 * 2  # several rounds of 2+ partitions
         assert sum(int(n) for kind, n in log[:last_items] if kind == "ids") > 0
     monkeypatch.undo()
-    monkeypatch.setattr(job_module, "_cluster_cpus", lambda: 1)
+    monkeypatch.setattr(job_module, "cluster_cpus", lambda: 1)
     assert pack("width1", concurrency=1) == want
 
 
@@ -269,13 +269,13 @@ def test_transient_storage_errors_are_told_apart_without_the_drivers_list(
 ) -> None:
     """Patterns None (the driver never imported Ray Data): Ray Data's own list is read when an
     OSError is met, so a throttled request is retried and a missing file is not."""
-    monkeypatch.setattr(exchange, "_PAUSE_S", (0.0, 0.0))
-    with pytest.raises(exchange.TransientStorageError, match="SLOW_DOWN"), exchange.transient(None):
+    monkeypatch.setattr(tasks, "_PAUSE_S", (0.0, 0.0))
+    with pytest.raises(tasks.TransientStorageError, match="SLOW_DOWN"), tasks.transient(None):
         raise OSError("When reading information for key 'a': AWS Error SLOW_DOWN during HeadObject")
-    with pytest.raises(FileNotFoundError) as caught, exchange.transient(None):
+    with pytest.raises(FileNotFoundError) as caught, tasks.transient(None):
         raise FileNotFoundError("s3://bucket/part-0.jsonl")
-    assert not isinstance(caught.value, exchange.TransientStorageError)
+    assert not isinstance(caught.value, tasks.TransientStorageError)
     # A list of the driver's own wins.
-    with pytest.raises(OSError, match="SLOW_DOWN") as other, exchange.transient(("PERMISSION",)):
+    with pytest.raises(OSError, match="SLOW_DOWN") as other, tasks.transient(("PERMISSION",)):
         raise OSError("AWS Error SLOW_DOWN")
-    assert not isinstance(other.value, exchange.TransientStorageError)
+    assert not isinstance(other.value, tasks.TransientStorageError)

@@ -270,7 +270,7 @@ def test_sharded_mode_refuses_histogram_only_packers(tmp_path: Path, tokenizer_p
 def test_commit_check_refuses_files_that_add_up_but_are_not_the_plan() -> None:
     """Totals are not enough: two blocks of one file (the second overwriting the first) or a file
     under the wrong name still add up to the planned packs, items and tokens."""
-    from raypack.pipeline.job import _check_commit
+    from raypack.pipeline.write import check_commit
 
     def written(path: str, rows: int, items: int, tokens: int) -> dict[str, object]:
         fill = np.zeros(101, dtype=np.int64)
@@ -282,27 +282,27 @@ def test_commit_check_refuses_files_that_add_up_but_are_not_the_plan() -> None:
         written("data/part-00000.parquet", 50, 90, 25_600),
         written("data/part-00001.parquet", 20, 30, 10_240),
     ]
-    _check_commit(good, planned, 120, 35_840)
+    check_commit(good, planned, 120, 35_840)
     split = [
         good[0],
         written("data/part-00001.parquet", 10, 15, 5_120),
         written("data/part-00001.parquet", 10, 15, 5_120),
     ]
     with pytest.raises(RuntimeError, match=r"part-00001\.parquet was written by 2 tasks"):
-        _check_commit(split, planned, 120, 35_840)
+        check_commit(split, planned, 120, 35_840)
     renamed = [good[0], written("data/part-00002.parquet", 20, 30, 10_240)]
     with pytest.raises(RuntimeError, match=r"not the planned ones \(missing \['data/part-00001\.parquet'\]"):
-        _check_commit(renamed, planned, 120, 35_840)
+        check_commit(renamed, planned, 120, 35_840)
     short = [
         written("data/part-00000.parquet", 40, 80, 20_000),
         written("data/part-00001.parquet", 30, 40, 15_840),
     ]
     with pytest.raises(RuntimeError, match=r"wrong row counts \['data/part-00000\.parquet'"):
-        _check_commit(short, planned, 120, 35_840)
+        check_commit(short, planned, 120, 35_840)
     with pytest.raises(
         RuntimeError, match=r"written \(items, tokens\) = \(120, 35840\), planned \(121, 35840\)"
     ):
-        _check_commit(good, planned, 121, 35_840)
+        check_commit(good, planned, 121, 35_840)
 
 
 def test_verify_takes_the_overrides_the_dataset_was_packed_with(
@@ -329,7 +329,7 @@ def test_starting_local_ray_says_nothing_of_token_authentication(tmp_path: Path)
     import subprocess
     import sys
 
-    code = "from raypack.pipeline.job import ensure_ray; import ray; ensure_ray(); ray.shutdown()"
+    code = "from raypack.pipeline.prepare import ensure_ray; import ray; ensure_ray(); ray.shutdown()"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path

@@ -261,7 +261,8 @@ def test_an_output_inside_an_input_glob_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("bos", "eos"), [(False, False), (True, False), (False, True), (True, True)])
 def test_flat_encoding_equals_per_document_encoding(tokenizer_path: Path, bos: bool, eos: bool) -> None:
     from raypack.config import TokenizerConfig
-    from raypack.pipeline.tokenize import encode_documents, encode_flat, load_tokenizer
+    from raypack.pipeline.encode import encode_documents, encode_flat
+    from raypack.pipeline.tokenizer import load_tokenizer
 
     cfg = TokenizerConfig(path=str(tokenizer_path), add_bos=bos, add_eos=eos, bos_id=1 if bos else None)
     tok = load_tokenizer(cfg)
@@ -405,7 +406,8 @@ def test_a_storage_failure_is_raised_not_recorded_as_a_reject(tmp_path: Path) ->
 
 def test_long_texts_are_cut_before_a_space_and_tokenize_the_same(tokenizer_path: Path) -> None:
     from raypack.config import TokenizerConfig
-    from raypack.pipeline import tokenize
+    from raypack.pipeline import encode as tokenize
+    from raypack.pipeline.tokenizer import load_tokenizer
 
     words = ["alpha", "beta,", "gamma.", "delta\n", "  eps", "(zeta)", "eta"]
     text = " ".join(words[i % len(words)] + str(i % 13) for i in range(20000))
@@ -416,7 +418,7 @@ def test_long_texts_are_cut_before_a_space_and_tokenize_the_same(tokenizer_path:
     unbroken = "x" * 2500
     assert tokenize.split_text(unbroken, 1000) == ["x" * 1000, "x" * 1000, "x" * 500]
     cfg = TokenizerConfig(path=str(tokenizer_path))
-    tok = tokenize.load_tokenizer(cfg)
+    tok = load_tokenizer(cfg)
     whole = [*tok.tokenizer.encode(text, add_special_tokens=False).ids, tok.eos_id]
     (long_doc,) = tokenize.encode_documents(tok, cfg, [text])  # PIECE_CHARS: one piece
     original = tokenize.PIECE_CHARS
@@ -436,7 +438,8 @@ def test_the_fast_encoding_gives_encode_batch_ids(tokenizer_path: Path, tmp_path
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     from raypack.config import TokenizerConfig
-    from raypack.pipeline.tokenize import encode_flat, load_tokenizer
+    from raypack.pipeline.encode import encode_flat
+    from raypack.pipeline.tokenizer import load_tokenizer
 
     texts = [
         "Déjà vu: naïve café, Œuvre; straße",

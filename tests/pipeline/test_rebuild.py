@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 import yaml
 
-import raypack.pipeline.job as job_module
 import raypack.pipeline.rebuild as rebuild_module
 from raypack.cli import main
 from raypack.config import JobConfig, load_config
+from raypack.pipeline.histogram import Totals
 from raypack.pipeline.job import run_job
 from raypack.pipeline.rebuild import run_rebuild
 from raypack.verify import verify
@@ -124,7 +124,7 @@ def test_crashes_leave_the_previous_version_readable(
         raise KeyboardInterrupt  # the driver dies: here, right after the tokenize stage
 
     with monkeypatch.context() as m:
-        m.setattr(job_module.Totals, "check_complete", crash)
+        m.setattr(Totals, "check_complete", crash)
         with pytest.raises(KeyboardInterrupt):
             run_rebuild(cfg, **quiet)
     assert (root / "v=000002").is_dir() and not (root / "v=000002" / "manifest.json").exists()
@@ -227,8 +227,9 @@ def test_a_tokenizer_library_upgrade_retokenizes_and_leftovers_are_swept(
     """The cache key names the library that encoded (`pip install -U tokenizers` may change ids: a
     rebuild must not mix old tokens with new); `.tmp-*` files a killed run left beside LATEST or in a
     version are swept by the next rebuild, which holds the lease."""
-    import raypack.pipeline.tokenize as tokenize_module
-    from raypack.pipeline.tokenize import token_settings, tokenizer_library
+    import raypack.pipeline.token_files as tokenize_module
+    from raypack.pipeline.token_files import token_settings, tokenizer_library
+    from raypack.pipeline.tokenizer import load_tokenizer
 
     assert tokenizer_library().startswith("tokenizers ")
     corpus = make_corpus(tmp_path, shards=3, docs_per_shard=10, seed=23)
@@ -240,7 +241,7 @@ def test_a_tokenizer_library_upgrade_retokenizes_and_leftovers_are_swept(
         path.write_text("left by a killed run")
     monkeypatch.setattr(tokenize_module, "tokenizer_library", lambda: "tokenizers 99.0.0")
     assert (
-        token_settings(cfg, tokenize_module.load_tokenizer(cfg.tokenizer), cfg.input.reading())["library"]
+        token_settings(cfg, load_tokenizer(cfg.tokenizer), cfg.input.reading())["library"]
         == "tokenizers 99.0.0"
     )
     second = run_rebuild(cfg, **quiet)

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from raypack.config import TokenizerConfig, load_config
 from raypack.errors import ConfigError
-from raypack.pipeline.tokenize import load_tokenizer
+from raypack.pipeline.tokenizer import load_tokenizer
 from tests import s3server
 from tests.conftest import WORDS, job_config, make_corpus
 

@@ -1,0 +1,258 @@
+"""Encoding documents: plain text framed by BOS/EOS, conversations and pairs rendered (raypack.chat)
+with their trained tokens, and the in-run check of a fast backend. Pure: no Ray, no files; the
+tokenize task (raypack.pipeline.tokenize_task) and verify call it.
+
+Documents are encoded by the backend the driver chose (raypack.pipeline.backends): `tokenizers`'
+`encode_batch_fast(..., add_special_tokens=False)`, or fastokens where it proved the same ids. The
+tokenizer's own template (which may add BOS, CLS/SEP, ...) is off, so `add_bos` / `add_eos` alone
+decide what frames a document.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from datetime import datetime
+
+import numpy as np
+
+from raypack.chat import ChatTemplate, RenderError, load_template, pair_spans, template_variables, token_mask
+from raypack.config import JobConfig, TokenizerConfig
+from raypack.pipeline.backends import Encoder, Mismatch, TokenizersEncoder
+from raypack.pipeline.readers import Chat
+from raypack.pipeline.tokenizer import LoadedTokenizer
+
+__all__ = [
+    "CHECK_FLOOR_S",
+    "CHECK_SHARE",
+    "PIECE_CHARS",
+    "Checker",
+    "chat_template",
+    "encode_chat",
+    "encode_documents",
+    "encode_flat",
+    "split_text",
+    "untrained",
+]
+
+# A text longer than this is encoded piece by piece: an Encoding keeps ~100 bytes per token (ids,
+# offsets, token strings, masks) and `.ids` is a Python list (~36 bytes per token), so one 50M-token
+# document encoded whole would need ~7 GB in the worker. 1M characters ≈ 250k tokens ≈ 35 MB.
+PIECE_CHARS = 1 << 20
+# Pieces are encoded in groups of at most this much text, so that few Encodings are alive at once
+# (the reader's batches are bounded alike: read.MAX_BATCH_BYTES).
+_GROUP_CHARS = 1 << 20
+
+
+def split_text(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """Cut `text` into pieces of at most `size` characters, each cut just before a space that stands
+    between two non-space characters (searched in the second half of the piece). A pre-tokenizer that
+    splits at spaces (byte-level BPE, GPT-2 style: the space opens the next word's token) then gives
+    the same tokens as for the whole text. A piece with no such space is cut at `size` exactly: its
+    tokens may differ from the whole text's at that cut, none are lost."""
+    cuts = [0]
+    while len(text) - cuts[-1] > size:
+        lo, hi = cuts[-1] + size // 2, cuts[-1] + size
+        cut = text.rfind(" ", lo, hi)
+        while cut > lo and (text[cut - 1].isspace() or text[cut + 1].isspace()):
+            cut = text.rfind(" ", lo, cut)
+        cuts.append(cut if cut > lo else hi)
+    cuts.append(len(text))
+    return [text[a:b] for a, b in itertools.pairwise(cuts)]
+
+
+def encode_documents(tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, framed by BOS/EOS as configured (the tokenizer's own template off),
+    by `tokenizers`: the reference (verify re-tokenizes with it)."""
+    flat, lengths = encode_flat(tok, cfg, texts)
+    ends = np.cumsum(lengths)
+    return [flat[e - n : e].tolist() for e, n in zip(ends.tolist(), lengths.tolist(), strict=True)]
+
+
+def encode_flat(
+    tok: LoadedTokenizer,
+    cfg: TokenizerConfig,
+    texts: list[str],
+    encoder: Encoder | None = None,
+    checker: Checker | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every text's tokens, framed by BOS/EOS as configured, as one int32 array and per-document
+    lengths: no list per document is kept (at 55M tokens per job a per-token Python loop costs
+    seconds), and texts over PIECE_CHARS are encoded in pieces. `encoder`: tokenizers' unless
+    given; `checker`: re-checks a sample of the pieces (Mismatch on a difference)."""
+    encoder = encoder or TokenizersEncoder(tok.tokenizer)
+    pieces: list[str] = []
+    piece_doc: list[int] = []
+    for i, text in enumerate(texts):
+        parts = split_text(text) if len(text) > PIECE_CHARS else [text]
+        pieces += parts
+        piece_doc += [i] * len(parts)
+    raws: list[np.ndarray] = []
+    piece_len: list[np.ndarray] = []
+    start = 0
+    while start < len(pieces):
+        end, chars = start, 0
+        while end < len(pieces) and (end == start or chars + len(pieces[end]) <= _GROUP_CHARS):
+            chars += len(pieces[end])
+            end += 1
+        t0 = time.perf_counter()
+        flat, n = encoder.encode(pieces[start:end])
+        if checker is not None:
+            checker.check(pieces[start:end], flat, n, time.perf_counter() - t0)
+        raws.append(flat)
+        piece_len.append(n)
+        start = end
+    raw = np.concatenate(raws) if raws else np.zeros(0, dtype=np.int32)
+    lengths_of_pieces = np.concatenate(piece_len) if piece_len else np.zeros(0, dtype=np.int64)
+    raw_len = np.bincount(
+        np.asarray(piece_doc, dtype=np.int64), weights=lengths_of_pieces, minlength=len(texts)
+    ).astype(np.int64)
+    bos_id = tok.bos_id if cfg.add_bos else None
+    eos_id = tok.eos_id if cfg.add_eos else None
+    bos, eos = bos_id is not None, eos_id is not None
+    if not (bos or eos):
+        return raw, raw_len
+    length = raw_len + int(bos) + int(eos)
+    start_of = np.cumsum(length) - length
+    out = np.empty(int(length.sum()), dtype=np.int32)
+    if bos_id is not None:
+        out[start_of] = bos_id
+    if eos_id is not None:
+        out[start_of + length - 1] = eos_id
+    body = np.repeat(start_of + int(bos) - (np.cumsum(raw_len) - raw_len), raw_len) + np.arange(len(raw))
+    out[body] = raw
+    return out, length
+
+
+def untrained(ids: np.ndarray) -> np.ndarray:
+    """Token ids as staged, a token that is not trained stored as -(id + 1): the loss mask rides in
+    the sign bit through the token files, items and the exchange (no column of its own to carry,
+    sort and copy; a truncated item loses its mask with its tokens). Only the write stage
+    (raypack.pipeline.materialize) turns it back into ids and a loss_mask column."""
+    return -ids.astype(np.int32) - 1
+
+
+def chat_template(cfg: JobConfig, tok: LoadedTokenizer) -> ChatTemplate | None:
+    """The job's compiled chat template (conversations only; None otherwise), with the special tokens
+    the tokenizer names (chat.template_variables) and tokenizer.chat_date as the date it prints."""
+    if cfg.input.chat != "messages":
+        return None
+    source, origin = load_template(cfg.tokenizer, tok.configs, cfg.storage)
+
+    def text(token_id: int | None) -> str | None:
+        return tok.tokenizer.id_to_token(token_id) if token_id is not None else None
+
+    variables = template_variables(
+        tok.configs,
+        {"bos_token": text(tok.bos_id), "eos_token": text(tok.eos_id)},
+        {"bos_token": text(cfg.tokenizer.bos_id), "eos_token": text(cfg.tokenizer.eos_id)},
+    )
+    date = cfg.tokenizer.chat_date
+    return ChatTemplate(source, origin, variables, datetime.fromisoformat(date) if date else None)
+
+
+def encode_chat(
+    tok: LoadedTokenizer, cfg: JobConfig, template: ChatTemplate | None, docs: list[Chat]
+) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """Conversations or pairs → (staged ids of them all, trained ones as ids and the rest as
+    untrained(ids); tokens per document; per document None or why it is rejected). The text is
+    rendered (raypack.chat) and encoded whole with add_special_tokens off, by tokenizers: the
+    mask needs each token's character offsets. Pairs are framed by BOS (not trained) and EOS (trained
+    with the completion) as configured; a conversation by its template alone."""
+    loss = cfg.loss
+    texts: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    reasons: list[str | None] = []
+    for doc in docs:
+        try:
+            if template is not None:
+                text, trained = template.conversation(list(doc.messages), doc.tools, loss)
+            else:
+                text, trained = pair_spans(doc.prompt, doc.completion, loss)
+        except RenderError as e:
+            text, trained = "", []
+            reasons.append(str(e))
+        else:
+            reasons.append(None)
+        texts.append(text)
+        spans.append(trained)
+    encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
+    pairs = template is None
+    bos = tok.bos_id if pairs and cfg.tokenizer.add_bos else None
+    eos = tok.eos_id if pairs and cfg.tokenizer.add_eos else None
+    parts: list[np.ndarray] = []
+    lengths = np.zeros(len(docs), dtype=np.int64)
+    for i, enc in enumerate(encodings):
+        if reasons[i] is not None:
+            continue
+        ids = np.asarray(enc.ids, dtype=np.int32)
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        mask = token_mask(offsets, spans[i], len(texts[i]))
+        if bos is not None:
+            ids, mask = np.r_[np.int32(bos), ids], np.r_[False, mask]
+        if eos is not None:
+            ids, mask = np.r_[ids, np.int32(eos)], np.r_[mask, True]
+        if len(mask):
+            mask[0] = False  # a document's first token is no target (nothing before it predicts it)
+        if not mask.any():
+            what = "assistant turn" if template is not None else "completion token"
+            reasons[i] = f"no trained token (pack.loss {loss}: no {what})"
+            continue
+        parts.append(np.where(mask, ids, untrained(ids)).astype(np.int32))
+        lengths[i] = len(ids)
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    return flat, lengths, reasons
+
+
+# The in-run check of a fast backend: re-encoding with tokenizers may take this share of the fast
+# encoder's own time, plus CHECK_FLOOR_S a unit (so a small unit is checked too: ~5 KB of text). At
+# ×60, checking 1% of the text would cost 60% more; a fifth of the time checks ~0.3% of it. A floor
+# of 50 ms made the check cost twice the fast encoder on 6 MB units (cProfile: 0.32 s of tokenizers
+# against 0.16 s of fastokens for six units).
+CHECK_SHARE = 0.2
+CHECK_FLOOR_S = 0.005
+
+
+class Checker:
+    """Re-encodes a seeded sample of one unit's pieces with `tokenizers` and compares every id: a
+    Mismatch on the first difference. Bounded by time, not by count (module constants)."""
+
+    def __init__(self, reference: TokenizersEncoder, seed: str) -> None:
+        self.reference = reference
+        self.rng = random.Random(seed)
+        self.fast_s = self.check_s = 0.0
+        self.texts = self.bytes = 0
+        self.rate = 1e6  # the reference's characters a second, until measured (tokenizers: 1-2.5 MB/s)
+
+    def check(self, pieces: list[str], flat: np.ndarray, lengths: np.ndarray, fast_s: float) -> None:
+        self.fast_s += fast_s
+        budget = CHECK_SHARE * self.fast_s + CHECK_FLOOR_S - self.check_s
+        picked, cost = [], 0.0
+        for i in self.rng.sample(range(len(pieces)), len(pieces)):
+            need = len(pieces[i]) / self.rate
+            if cost + need <= budget:
+                picked.append(i)
+                cost += need
+        if not picked:
+            return
+        picked.sort()
+        t0 = time.perf_counter()
+        want, want_len = self.reference.encode([pieces[i] for i in picked])
+        spent = time.perf_counter() - t0
+        self.check_s += spent
+        chars = sum(len(pieces[i]) for i in picked)
+        self.rate = max(chars / max(spent, 1e-6), 1e4)
+        ends = np.cumsum(lengths)
+        at = 0
+        for k, i in enumerate(picked):
+            got = flat[ends[i] - lengths[i] : ends[i]]
+            ref = want[at : at + want_len[k]]
+            at += int(want_len[k])
+            if not np.array_equal(got, ref):
+                raise Mismatch(
+                    f"a {len(pieces[i]):,}-character text ({pieces[i][:40]!r}): {len(got)} ids, "
+                    f"tokenizers {len(ref)}"
+                )
+            self.texts += 1
+            self.bytes += len(pieces[i].encode("utf-8", errors="surrogatepass"))

@@ -1,0 +1,110 @@
+"""Stage 5, plan: the packer of pack.algorithm (raypack.packing.ALGORITHMS) run once on the driver
+over the item histogram, O(seq_len²) whatever the corpus; the plans of pack.compare beside it for
+the report; and what the plan says of the output files (their keys, their packs).
+
+Sharded mode packs each group inside its task; the global bfd plan is made anyway, to report the
+efficiency the sharding costs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from raypack.config import JobConfig
+from raypack.errors import ConfigError
+from raypack.formats import Spec
+from raypack.metrics import DocStats, fill_percent_counts, finalize_metrics
+from raypack.packing import ALGORITHMS, Plan
+from raypack.pipeline.assign import Buckets, file_key
+from raypack.pipeline.materialize import data_file
+
+__all__ = ["compare", "file_keys", "file_rows", "plan", "plan_slots", "planned_files", "warm_planner"]
+
+
+def planner(cfg: JobConfig) -> Callable[[np.ndarray], Plan]:
+    """The plan stage's planner, histogram → Plan."""
+    name = cfg.pack.algorithm if cfg.pack.mode == "global" else "bfd"
+    planner = ALGORITHMS[name].plan
+    if planner is None:  # JobConfig admits histogram packers only in global mode
+        raise ConfigError(f"{name} cannot plan from a histogram")
+    options = cfg.pack.algorithm_options() if cfg.pack.mode == "global" else {}
+    return partial(planner, seq_len=cfg.pack.seq_len, **options)
+
+
+def plan(cfg: JobConfig, hist: np.ndarray) -> Plan:
+    return planner(cfg)(hist)
+
+
+def warm_planner(cfg: JobConfig) -> None:
+    """The planner run once on a histogram of three items (what loads its compiled functions from
+    numba's cache: 0.3 s on a first call), while the workers tokenize instead of after them with
+    every core idle but the driver's; an error is the real plan's to raise."""
+    seq_len = cfg.pack.seq_len
+    hist = np.zeros(seq_len + 1, dtype=np.int64)
+    hist[[1, seq_len // 2 + 1, seq_len]] = 1
+    with suppress(Exception):
+        planner(cfg)(hist)
+
+
+def compare(cfg: JobConfig, hist: np.ndarray, stats: DocStats) -> list[dict[str, Any]]:
+    """Plan every packer of pack.compare on the job's item histogram (plans only: nothing is written),
+    for the comparison table. Each costs a plan, seconds at most, and O(packs) driver memory for the
+    fill of its packs (8 bytes a pack: ~100 MB for 12M packs), freed before the next."""
+    out = []
+    for c in cfg.pack.compared():
+        packer = ALGORITHMS[c.algorithm].plan
+        if packer is None:  # PackConfig.compared admits histogram packers only
+            raise ConfigError(f"pack.compare: {c.algorithm} cannot plan from a histogram")
+        t0 = time.perf_counter()
+        p = packer(hist, c.seq_len, **c.algorithm_options())
+        seconds = time.perf_counter() - t0
+        depth = int(p.pack_depth().max(initial=0))
+        metrics = finalize_metrics(stats, c.algorithm, c.seq_len, p.num_packs, plan_slots(p), depth)
+        fill = fill_percent_counts(p.pack_load(), p.pack_capacity())
+        out.append(
+            {"metrics": metrics.to_dict(), "pack_fill_percent": fill.tolist(), "plan_seconds": seconds}
+        )
+    return out
+
+
+def plan_slots(p: Plan) -> int:
+    """Token positions of every pack of the plan."""
+    ends = np.append(p.capacity_start[1:], p.num_packs)
+    return int(((ends - p.capacity_start) * p.capacity_value).sum())
+
+
+def file_rows(packs: int, shard_rows: int) -> list[int]:
+    """Packs in each file of a bucket (or shard group) of `packs`: shard_rows each, the last fewer."""
+    return [min(shard_rows, packs - first) for first in range(0, packs, shard_rows)]
+
+
+def file_keys(p: Plan, shard_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every output file's key, ascending (files 0..ceil(packs / shard_rows) - 1 of each bucket), and
+    its token slots."""
+    keys, slots = [], []
+    buckets = Buckets.of(p)
+    for b, (length, n) in enumerate(zip(buckets.lengths, buckets.sizes, strict=True)):
+        rows = np.asarray(file_rows(n, shard_rows), dtype=np.int64)
+        keys.append(file_key(np.full(len(rows), b), np.arange(len(rows))))
+        slots.append(rows * length)
+    key, slot = np.concatenate(keys), np.concatenate(slots)
+    order = np.argsort(key, kind="stable")
+    return key[order], slot[order]
+
+
+def planned_files(cfg: JobConfig, spec: Spec, p: Plan) -> dict[str, int]:
+    """Every file the global plan makes, with its packs: bucket b's packs in files of shard_rows, the
+    last one shorter."""
+    rows, buckets = cfg.output.shard_rows, Buckets.of(p)
+    bucketed = cfg.pack.algorithm == "bucket"
+    return {
+        data_file(spec, length if bucketed else None, part): count
+        for length, n in zip(buckets.lengths, buckets.sizes, strict=True)
+        for part, count in enumerate(file_rows(n, rows))
+    }
