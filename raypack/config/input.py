@@ -1,0 +1,265 @@
+"""input: the corpus, its sources (a mixture), and how each file is read (Reading)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from raypack.errors import ConfigError
+
+__all__ = ["INPUT_FORMATS", "InputConfig", "Reading", "SourceConfig"]
+
+INPUT_FORMATS = ("jsonl", "parquet", "text")  # raypack.pipeline.readers.READERS
+
+
+SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SourceConfig:
+    """One source of a mixture (input.sources): its files, how to read them, and its share of the
+    output: at most one of weight, repeat, tokens (none: its tokens once). Selection is by whole
+    document, seeded (raypack.mixture)."""
+
+    name: str
+    """Names the source in its documents' ids (<name>/<path>:<line>), the index, the metrics and
+    the report: letters, digits, `_.-`, up to 64."""
+    paths: tuple[str, ...]
+    format: str | None = None
+    """None: input.format (as text_field, id_field and root: a source inherits what it leaves out)."""
+    text_field: str | None = None
+    id_field: str | None = None
+    """None: input.id_field; "" (an empty string): none, ids generated from path and line or row,
+    whatever input.id_field says."""
+    root: str | None = None
+    weight: float | None = None
+    """A share of the output's tokens. When every source has a weight they are relative (normalized);
+    beside repeat/tokens sources, the shares of the whole, summing below 1."""
+    repeat: float | None = None
+    """Its tokens this many times, fractional allowed (2.5: every document twice, a seeded half of
+    them a third time; 0.3: a seeded 30% of its tokens)."""
+    tokens: int | None = None
+    """An absolute budget of output tokens."""
+    max_repeat: float | None = None
+    """The most its tokens may be repeated to meet a weight or a budget (None: 1, no upsampling
+    unless asked; for a repeat source, its repeat)."""
+
+    def __post_init__(self) -> None:
+        where = f"input.sources[{self.name}]"
+        if not SOURCE_NAME.match(self.name):
+            raise ConfigError(
+                f"input.sources: source name {self.name!r} must be 1-64 letters, digits, '_', '.' or '-' "
+                "(it goes into document ids and file names)"
+            )
+        if not self.paths:
+            raise ConfigError(f"{where}.paths is empty: give at least one file or glob pattern")
+        if self.format is not None and self.format not in INPUT_FORMATS:
+            raise ConfigError(
+                f"{where}.format must be one of {', '.join(INPUT_FORMATS)}, got {self.format!r}"
+            )
+        if self.text_field == "":
+            raise ConfigError(f"{where}.text_field must not be empty")
+        rules = [k for k in ("weight", "repeat", "tokens") if getattr(self, k) is not None]
+        if len(rules) > 1:
+            raise ConfigError(f"{where}: give one of weight, repeat, tokens, not {' and '.join(rules)}")
+        for key in ("weight", "repeat"):
+            value = getattr(self, key)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{where}.{key} must be > 0, got {value}")
+        if self.tokens is not None and self.tokens < 1:
+            raise ConfigError(f"{where}.tokens must be >= 1, got {self.tokens}")
+        if self.max_repeat is not None and not self.max_repeat >= 1:
+            raise ConfigError(f"{where}.max_repeat must be >= 1 (1: no upsampling), got {self.max_repeat:g}")
+        if self.repeat is not None and self.max_repeat is not None and self.repeat > self.max_repeat:
+            raise ConfigError(f"{where}: repeat {self.repeat:g} is over its max_repeat {self.max_repeat:g}")
+
+    @property
+    def cap(self) -> float:
+        """The most its tokens may be repeated."""
+        if self.max_repeat is not None:
+            return self.max_repeat
+        return max(self.repeat, 1.0) if self.repeat is not None else 1.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Reading:
+    """How one input file is read, its source's settings resolved (InputConfig.reading): what a
+    work unit carries to the task that reads it, so no task looks a source up again."""
+
+    format: str
+    text_field: str
+    id_field: str | None
+    empty: str
+    max_document_bytes: int
+    messages_field: str | None = None
+    prompt_field: str | None = None
+    completion_field: str | None = None
+
+    @property
+    def chat(self) -> str | None:
+        """ "messages" (conversations), "pairs" (prompt/completion) or None (plain text)."""
+        if self.messages_field is not None:
+            return "messages"
+        return "pairs" if self.prompt_field is not None else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InputConfig:
+    paths: tuple[str, ...] = ()
+    """Glob patterns of input shards, local or s3://...; compression (.gz, .zst) from the suffix.
+    Or input.sources, not both."""
+    sources: tuple[SourceConfig, ...] = ()
+    """A mixture: named sources, each with its own paths (and format, fields) and share of the
+    output (raypack.mixture). Packing is global across them."""
+    tokens: int | None = None
+    """With sources that all have a weight: the output's tokens (None: the most the sources give at
+    their weights without any going over its max_repeat)."""
+    format: str = "jsonl"
+    """jsonl (one JSON object a line), parquet, or text (each file is one document)."""
+    text_field: str = "text"
+    """The field (jsonl) or column (parquet) holding the document text."""
+    id_field: str | None = None
+    """Field holding the document id; None: `<path relative to root>:<line>` (jsonl, 1-based) or
+    `<path>:<row>` (parquet, 0-based)."""
+    root: str | None = None
+    """Directory the ids' paths are relative to; None: the fixed part of the first pattern."""
+    empty: str = "reject"
+    """Empty and whitespace-only documents: reject (recorded in rejects/) or keep (packed as the
+    tokens they give, e.g. just EOS)."""
+    messages_field: str | None = None
+    """Chat data: the field (jsonl) or column (parquet) holding each conversation, a list of
+    {role, content, ...} messages, rendered with the chat template (tokenizer.chat_template) and
+    trained as pack.loss says (raypack.chat). Replaces text_field."""
+    prompt_field: str | None = None
+    """Instruction pairs: the prompt's field, with completion_field; the document is prompt +
+    completion (plain strings), trained on the completion (pack.loss)."""
+    completion_field: str | None = None
+    max_document_bytes: int = 256 << 20
+    """A record (jsonl line, text file, Parquet cell) larger than this is rejected unread. Below it,
+    a long document is tokenized piece by piece and split into packs: 256 MiB is ~60M tokens."""
+    max_reject_ratio: float = 0.01
+    """The job fails, with nothing written but rejects/, when rejected records / (documents +
+    rejected records) is over this: a corpus that is mostly bad usually means a wrong input.format
+    or text_field. A lost file counts as all its records (its rows, from a Parquet footer)."""
+    max_lost_files: int = 0
+    """Input files that may be lost whole or in part (an unreadable Parquet file, a missing or
+    mistyped text column, a truncated compressed stream) before the job fails. Default 0: any lost
+    file fails the job, whatever the reject ratio: 400 files of 1,000 with a renamed text column
+    must not pass as 0.0007% of records. Raise it only knowingly; rejects/ names each file."""
+    unit_bytes: int = 256 << 20
+    """A file larger than this is tokenized in work units of about this many bytes, each a task of
+    its own, so one large file spreads over every actor and node: a Parquet file as runs of whole
+    row groups (a row group larger than this is a unit alone), an uncompressed JSONL file as byte
+    ranges cut at line starts. Compressed streams and text files (one document each) stay whole.
+    Ids, rejects and the output are the same as for the whole file; each unit has its own token
+    file, index and rejects file."""
+
+    def __post_init__(self) -> None:
+        if self.unit_bytes < 1:
+            raise ConfigError(f"input.unit_bytes must be >= 1, got {self.unit_bytes}")
+        if self.empty not in ("reject", "keep"):
+            raise ConfigError(f"input.empty must be reject or keep, got {self.empty!r}")
+        if self.max_document_bytes < 1:
+            raise ConfigError(f"input.max_document_bytes must be >= 1, got {self.max_document_bytes}")
+        if self.max_lost_files < 0:
+            raise ConfigError(f"input.max_lost_files must be >= 0, got {self.max_lost_files}")
+        if not 0.0 <= self.max_reject_ratio <= 1.0:
+            raise ConfigError(f"input.max_reject_ratio must be within [0, 1], got {self.max_reject_ratio}")
+        if self.paths and self.sources:
+            raise ConfigError("give input.paths or input.sources, not both (one source: paths alone)")
+        if not self.paths and not self.sources:
+            raise ConfigError(
+                "input.paths is empty: give at least one file or glob pattern (or input.sources)"
+            )
+        names = [s.name for s in self.sources]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"input.sources: the name {twice[0]!r} is given twice")
+        weights = [s.weight for s in self.sources if s.weight is not None]
+        if weights and len(weights) < len(self.sources) and sum(weights) >= 1:
+            sized = ", ".join(s.name for s in self.sources if s.weight is None)
+            raise ConfigError(
+                f"input.sources: beside sources sized by repeat or tokens ({sized}), weights are shares "
+                f"of the whole and must sum below 1; they sum to {sum(weights):g}"
+            )
+        if self.tokens is not None:
+            fixed = [s.name for s in self.sources if s.weight is None]
+            if not self.sources:
+                raise ConfigError("input.tokens sizes a mixture: it needs input.sources")
+            if fixed:
+                raise ConfigError(
+                    "input.tokens sets the output's size for sources that all have a weight; "
+                    f"{', '.join(fixed)} have none (a repeat or a budget already sizes the output)"
+                )
+            if self.tokens < 1:
+                raise ConfigError(f"input.tokens must be >= 1, got {self.tokens}")
+        if self.format not in INPUT_FORMATS:
+            raise ConfigError(f"input.format must be one of {', '.join(INPUT_FORMATS)}, got {self.format!r}")
+        if not self.text_field:
+            raise ConfigError("input.text_field must not be empty")
+        if self.messages_field is not None and (self.prompt_field or self.completion_field):
+            raise ConfigError("give input.messages_field or input.prompt_field/completion_field, not both")
+        if (self.prompt_field is None) != (self.completion_field is None):
+            raise ConfigError("input.prompt_field and input.completion_field go together: give both")
+        if self.chat and self.format == "text":
+            raise ConfigError("input.format text holds plain documents; conversations need jsonl or parquet")
+        if self.chat and self.sources:
+            raise ConfigError("input.sources mixes plain-text corpora; conversations take input.paths")
+
+    @property
+    def chat(self) -> str | None:
+        """ "messages" (conversations), "pairs" (prompt/completion) or None (plain text)."""
+        if self.messages_field is not None:
+            return "messages"
+        return "pairs" if self.prompt_field is not None else None
+
+    def of(self, source: str) -> InputConfig:
+        """The plain input config (paths, format, fields, root) of one source, with every shared
+        setting; of("") is this config, for a job without sources. The one place a source's
+        inheritance is worked out: the job resolves each file's Reading from it once, on the driver."""
+        if not source:
+            return self
+        s = next((s for s in self.sources if s.name == source), None)
+        if s is None:
+            raise KeyError(f"no input source {source!r}")
+        return dataclasses.replace(
+            self,
+            paths=s.paths,
+            sources=(),
+            tokens=None,
+            format=s.format or self.format,
+            text_field=s.text_field or self.text_field,
+            id_field=(s.id_field or None) if s.id_field is not None else self.id_field,
+            root=s.root if s.root is not None else self.root,
+        )
+
+    def reading(self, source: str = "") -> Reading:
+        """How the files of `source` ("" without sources) are read: its own format and fields."""
+        one = self.of(source)
+        return Reading(
+            format=one.format,
+            text_field=one.text_field,
+            id_field=one.id_field,
+            empty=one.empty,
+            max_document_bytes=one.max_document_bytes,
+            messages_field=one.messages_field,
+            prompt_field=one.prompt_field,
+            completion_field=one.completion_field,
+        )
+
+    @property
+    def all_paths(self) -> tuple[str, ...]:
+        """Every input pattern, of every source."""
+        return self.paths + tuple(p for s in self.sources for p in s.paths)
+
+    @property
+    def mixture(self) -> bool:
+        """Sources are given: their documents are selected (raypack.mixture; a source without a
+        weight, repeat or budget is taken once, whole) and counted source by source."""
+        return bool(self.sources)
+
+    @property
+    def id_fields(self) -> bool:
+        """Any source's documents carry ids of their own (id_field): the duplicate-id check runs."""
+        return any(c.id_field for c in [self.of(s.name) for s in self.sources] or [self])

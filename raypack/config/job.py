@@ -1,0 +1,113 @@
+"""The job's config: its sections, and the checks that need more than one of them."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from raypack.config.input import InputConfig
+from raypack.config.output import MASKED_FORMATS, OutputConfig, StorageConfig
+from raypack.config.pack import PackConfig
+from raypack.config.tokenizer import TokenizerConfig
+from raypack.errors import ConfigError
+from raypack.packing import ALGORITHMS
+from raypack.paths import contains, input_base
+
+__all__ = ["BYTES_PER_FILE_POSITION", "MAX_FILE_POSITIONS", "SHARDED_ALGORITHMS", "JobConfig"]
+
+SHARDED_ALGORITHMS = ("bfd", "ffd", "greedy")
+# Token positions in one output file (shard_rows × seq_len): input_ids is an Arrow list<int32> whose
+# offsets are int32, so a file cannot hold 2^31 of them. Checked here, not found after tokenization.
+# A write task holds ~20 bytes a position (the file's items, the packed rows, a scatter index):
+# ~1.6 GB at the default 10,000 × 8192.
+MAX_FILE_POSITIONS = 2**31 - 1
+BYTES_PER_FILE_POSITION = 20
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobConfig:
+    input: InputConfig
+    tokenizer: TokenizerConfig
+    output: OutputConfig
+    pack: PackConfig = field(default_factory=PackConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+    def __post_init__(self) -> None:
+        if self.pack.mode == "sharded" and self.pack.algorithm not in SHARDED_ALGORITHMS:
+            raise ConfigError(
+                f"pack.mode sharded packs each shard group alone with one of "
+                f"{', '.join(SHARDED_ALGORITHMS)}, not {self.pack.algorithm!r}"
+            )
+        if self.pack.mode == "global" and not ALGORITHMS[self.pack.algorithm].is_histogram:
+            histogram = ", ".join(name for name, a in ALGORITHMS.items() if a.is_histogram)
+            raise ConfigError(
+                f"pack.algorithm {self.pack.algorithm!r} needs every document in one process; the "
+                f"distributed job packs from the length histogram: use one of {histogram}, or "
+                "pack.mode: sharded"
+            )
+        if self.pack.seq_len < 2:
+            raise ConfigError(f"pack.seq_len must be >= 2 for a training sequence, got {self.pack.seq_len}")
+        for pattern in self.input.all_paths:
+            # The output's data, index and a rebuild's _cache would be read back as inputs next time.
+            if contains(input_base(pattern), self.output.path):
+                raise ConfigError(
+                    f"output.path {self.output.path} lies inside {input_base(pattern)}, where input "
+                    f"{pattern} looks for files: a later run would read the output as input; write it "
+                    "elsewhere"
+                )
+        positions = self.output.shard_rows * self.pack.seq_len
+        if positions > MAX_FILE_POSITIONS:
+            most = MAX_FILE_POSITIONS // self.pack.seq_len
+            raise ConfigError(
+                f"output.shard_rows × pack.seq_len = {positions:,} token positions a file, over the "
+                f"{MAX_FILE_POSITIONS:,} one Parquet list column holds (and ~"
+                f"{BYTES_PER_FILE_POSITION * positions / 2**30:.0f} GiB for its write task): "
+                f"set output.shard_rows <= {most:,}"
+            )
+
+        self._check_chat()
+
+    def _check_chat(self) -> None:
+        chat, loss = self.input.chat, self.pack.loss
+        if chat is None:
+            if loss not in (None, "all"):
+                raise ConfigError(
+                    f"pack.loss {loss} needs conversations or pairs (input.messages_field, or "
+                    "input.prompt_field and completion_field); plain text trains every token"
+                )
+            return
+        if chat == "messages" and loss == "completion":
+            raise ConfigError(
+                "pack.loss completion is for prompt/completion pairs; conversations take assistant or all"
+            )
+        if chat == "pairs" and loss == "assistant":
+            raise ConfigError(
+                "pack.loss assistant is for conversations; prompt/completion pairs take completion or all"
+            )
+        if self.pack.overflow == "split":
+            raise ConfigError(
+                "pack.overflow split would cut a conversation across packs (its turns then train without "
+                "their context): set pack.overflow: truncate (the end is cut, counted) or drop"
+            )
+        if self.output.format not in MASKED_FORMATS:
+            raise ConfigError(
+                f"output.format {self.output.format} keeps no loss mask, so its trainer would train every "
+                f"token of a conversation; use one of {', '.join(MASKED_FORMATS)}"
+            )
+
+    @property
+    def framed(self) -> bool:
+        """tokenizer.add_bos / add_eos frame each document: plain text and prompt/completion pairs. A
+        conversation is framed by its chat template alone."""
+        return self.input.chat != "messages"
+
+    @property
+    def loss(self) -> str:
+        """pack.loss with its default: assistant (messages), completion (pairs), all (plain text)."""
+        if self.pack.loss is not None:
+            return self.pack.loss
+        return {"messages": "assistant", "pairs": "completion"}.get(self.input.chat or "", "all")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,136 @@
+"""A config from plain data: a YAML file and `--set key=value` overrides into the dataclass tree,
+unknown keys and wrong types refused with a message that names the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from datetime import date, datetime
+from typing import Any, TypeVar
+
+from raypack.config.job import JobConfig
+from raypack.errors import ConfigError
+
+__all__ = ["apply_overrides", "from_dict", "load_config", "parse_override"]
+
+T = TypeVar("T")
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> JobConfig:
+    """Read a YAML job config, apply `key.path=value` overrides, validate; ConfigError if anything is off."""
+    import yaml
+
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read config {path}: {e}".replace("\n", " ")) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: the top level must be a mapping of sections")
+    return from_dict(JobConfig, apply_overrides(data, overrides or []))
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
+    """Build dataclass `cls` from a mapping: unknown keys and wrong types are ConfigErrors."""
+    data = dict(data or {})
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {where}{unknown[0]}; valid keys: {', '.join(fields)}")
+    for name, f in fields.items():
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if required and name not in data:
+            raise ConfigError(f"missing required key {where}{name}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {name: _coerce(value, hints[name], f"{where}{name}") for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, hint: Any, key: str) -> Any:
+    """Check `value` against a simple type hint (int, float, bool, str, tuple[int, ...], X | None,
+    nested dataclass); ints are accepted for floats, lists for tuples."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+    if dataclasses.is_dataclass(hint) and isinstance(hint, type):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
+        return from_dict(hint, value, f"{key}.")
+    if origin is tuple:
+        (elem, *_rest) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return tuple(_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin is list:
+        (elem,) = typing.get_args(hint)
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        return [_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value)]
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if isinstance(value, (date, datetime)):  # YAML reads 2024-07-26 as a date
+            return value.isoformat()
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} must be a string, got {value!r}")
+        return value
+    raise TypeError(f"config field {key} has an unsupported type {hint!r}")  # a bug in raypack
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b=value` → (["a", "b"], value), the value read as YAML (so 3, 0.5, true, [1, 2], null work)."""
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of nested mapping `data` with each `key.path=value` override set."""
+    out = _deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = out
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {part} is not a section")
+            node = child
+        node[path[-1]] = value
+    return out
+
+
+def _deepcopy(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in d.items()}

@@ -1,0 +1,132 @@
+"""pack: how documents become packs (raypack.packing's algorithms and their settings)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from raypack.errors import ConfigError
+from raypack.packing import ALGORITHMS, OVERFLOW_POLICIES
+from raypack.packing.bucket import DEFAULT_PADDING_THRESHOLD
+
+__all__ = ["ALGORITHM_OPTION_FIELDS", "LOSS_POLICIES", "PACK_MODES", "PackConfig"]
+
+LOSS_POLICIES = ("assistant", "completion", "all")  # pack.loss (raypack.chat)
+PACK_MODES = ("global", "sharded")
+# PackConfig field → the keyword option of the packers that take it.
+ALGORITHM_OPTION_FIELDS = {
+    "max_depth": "max_depth",
+    "bucket_lengths": "bucket_lengths",
+    "padding_threshold": "padding_threshold",
+    "nnls_bin_width": "bin_width",
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PackConfig:
+    seq_len: int = 2048
+    """Tokens per pack (the largest bucket for `bucket`)."""
+    algorithm: str = "bfd"
+    """One of raypack.packing.ALGORITHMS."""
+    overflow: str = "split"
+    """Documents longer than seq_len: split (chunks + remainder), truncate, or drop."""
+    seed: int = 0
+    """Seed for the order of packs in the output."""
+    shuffle: bool = True
+    """Permute pack ids with `seed` (packers that sort by length would otherwise emit a length-sorted
+    dataset, which biases training); false keeps plan order."""
+    max_depth: int | None = None
+    """Most items (documents, or chunks of one) per pack, for attention kernels with a fixed
+    segment budget (google/grain #1000; MaxText passes 32). Every packer honours it but concat,
+    which cuts one stream every seq_len and refuses it; None: unlimited (nnlshp's strategies then
+    hold 3, the paper's setting, and never more than min(max_depth, 3))."""
+    bucket_lengths: tuple[int, ...] | None = None
+    """Bucket lengths for `bucket`, largest = seq_len (None: seq_len/8, /4, /2, seq_len)."""
+    padding_threshold: float = DEFAULT_PADDING_THRESHOLD
+    """`bucket`: largest padding share a smaller bucket may have before a larger one is tried."""
+    nnls_bin_width: int | None = None
+    """`nnlshp`: tokens per length class (None: seq_len / 256, rounded up)."""
+    mode: str = "global"
+    """global: one plan over the whole corpus (histogram packers). sharded: every group of
+    `shards_per_group` input shards is packed on its own by one task (bfd, ffd, greedy): no shuffle of
+    tokens, a little less efficiency."""
+    shards_per_group: int = 1
+    loss: str | None = None
+    """Conversations and prompt/completion pairs (input.messages_field, input.prompt_field): which
+    tokens are trained. assistant (messages; the default): the assistant turns' tokens; completion
+    (pairs; the default): the completion's; all: every token. Plain text trains every token."""
+    compare: tuple[str, ...] = ()
+    """Histogram packers to plan as well, on the same histogram, for the comparison table of metrics.json
+    and the report (plans only: the data holds `algorithm`'s packs); ["all"]: every histogram packer."""
+
+    def __post_init__(self) -> None:
+        if self.seq_len < 1:
+            raise ConfigError(f"pack.seq_len must be >= 1, got {self.seq_len}")
+        if self.algorithm not in ALGORITHMS:
+            raise ConfigError(
+                f"pack.algorithm {self.algorithm!r} is unknown; choose from {', '.join(ALGORITHMS)}"
+            )
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ConfigError(
+                f"pack.overflow must be one of {', '.join(OVERFLOW_POLICIES)}, got {self.overflow!r}"
+            )
+        if self.max_depth is not None and self.max_depth < 1:
+            raise ConfigError(f"pack.max_depth must be >= 1 or null, got {self.max_depth}")
+        if self.max_depth is not None and "max_depth" not in ALGORITHMS[self.algorithm].options:
+            raise ConfigError(
+                f"pack.max_depth: {self.algorithm} cannot cap documents per pack (it cuts one stream of "
+                "every document every seq_len tokens); use bfd (or any other packer) with max_depth"
+            )
+        if self.bucket_lengths is not None:
+            if not self.bucket_lengths or min(self.bucket_lengths) < 1:
+                raise ConfigError(f"pack.bucket_lengths must be positive, got {list(self.bucket_lengths)}")
+            if max(self.bucket_lengths) != self.seq_len:
+                raise ConfigError(
+                    f"pack.bucket_lengths: the largest bucket must equal seq_len={self.seq_len}, "
+                    f"got {list(self.bucket_lengths)}"
+                )
+        if not 0.0 <= self.padding_threshold < 1.0:
+            raise ConfigError(f"pack.padding_threshold must be in [0, 1), got {self.padding_threshold}")
+        if self.loss is not None and self.loss not in LOSS_POLICIES:
+            raise ConfigError(f"pack.loss must be one of {', '.join(LOSS_POLICIES)}, got {self.loss!r}")
+        if self.mode not in PACK_MODES:
+            raise ConfigError(f"pack.mode must be one of {', '.join(PACK_MODES)}, got {self.mode!r}")
+        if self.shards_per_group < 1:
+            raise ConfigError(f"pack.shards_per_group must be >= 1, got {self.shards_per_group}")
+        if self.nnls_bin_width is not None and not 1 <= self.nnls_bin_width <= self.seq_len:
+            raise ConfigError(f"pack.nnls_bin_width must be in 1..seq_len, got {self.nnls_bin_width}")
+        self.compared()  # every listed packer known, planned from a histogram, and its settings valid
+
+    def compared(self) -> tuple[PackConfig, ...]:
+        """The config of each packer in `compare` other than `algorithm`, in ALGORITHMS order."""
+        histogram = [name for name, a in ALGORITHMS.items() if a.is_histogram]
+        if "all" in self.compare and len(self.compare) > 1:
+            raise ConfigError(f"pack.compare: 'all' stands alone, got {list(self.compare)}")
+        for name in self.compare:
+            if name != "all" and name not in histogram:
+                what = "needs every document in one process" if name in ALGORITHMS else "is unknown"
+                raise ConfigError(
+                    f"pack.compare: {name!r} {what}; a job compares histogram packers only "
+                    f"({', '.join(histogram)}); `raypack plan --lengths OUTPUT` compares all "
+                    f"{len(ALGORITHMS)} on a finished dataset's document lengths"
+                )
+        names = histogram if self.compare == ("all",) else [n for n in histogram if n in self.compare]
+        configs = []
+        for name in names:
+            if name == self.algorithm:
+                continue
+            try:
+                configs.append(dataclasses.replace(self, algorithm=name, compare=()))
+            except ConfigError as e:
+                raise ConfigError(f"pack.compare includes {name}: {e}") from None
+        return tuple(configs)
+
+    def algorithm_options(self) -> dict[str, Any]:
+        """Keyword options for the chosen packer, from the fields that apply to it."""
+        accepted = ALGORITHMS[self.algorithm].options
+        return {
+            option: getattr(self, name)
+            for name, option in ALGORITHM_OPTION_FIELDS.items()
+            if option in accepted and getattr(self, name) is not None
+        }

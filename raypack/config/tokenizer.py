@@ -1,0 +1,68 @@
+"""tokenizer: which tokenizer, how documents are framed, what encodes (raypack.pipeline.backends)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from raypack.errors import ConfigError
+
+__all__ = ["TOKENIZER_BACKENDS", "TokenizerConfig"]
+
+TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")  # raypack.pipeline.backends
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenizerConfig:
+    path: str
+    """A Hugging Face `tokenizers` JSON file, or a model directory holding tokenizer.json (and
+    tokenizer_config.json / special_tokens_map.json), local or s3://..."""
+    add_bos: bool = False
+    add_eos: bool = True
+    bos_id: int | None = None
+    """BOS token id; None: the model directory's bos_token, else the post-processor template's, else a
+    token named <s>, <|begin_of_text|>, ... (raypack.pipeline.tokenizer)."""
+    eos_id: int | None = None
+    """EOS token id; None: found as bos_id is (eos_token, the template, </s>, <|endoftext|>, ...)."""
+    concurrency: int | None = None
+    """Units tokenized at once (a Ray task of one CPU each); None: one per CPU of the cluster."""
+    batch_size: int = 512
+    """Documents per encode_batch call."""
+    chat_template: str | None = None
+    """A Jinja chat template file (local or s3://) for input.messages_field; None: the model
+    directory's chat_template.jinja, else its tokenizer_config.json `chat_template`."""
+    chat_date: str | None = None
+    """What a template that prints the date (strftime_now: Llama 3.1-3.3's "Today Date") prints, an
+    ISO date or date-time (2024-07-26). None: the day the dataset is packed, or for a rebuild the
+    date its root's versions were packed with, so that a dataset never mixes dates; the manifest
+    records it (chat.date) and verify renders with it."""
+    backend: str = "auto"
+    """What encodes: tokenizers (the reference), fastokens (exact and ×7-66 faster where it loads the
+    tokenizer; a ConfigError where it cannot be used), or auto: fastokens when it loads the tokenizer
+    and gives the same ids as tokenizers on probes and a corpus sample, else tokenizers (the summary
+    says why). Each tokenize task also re-checks a sample with tokenizers and fails over on any
+    difference (raypack.pipeline.backends)."""
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ConfigError("tokenizer.path must not be empty")
+        if self.backend not in TOKENIZER_BACKENDS:
+            raise ConfigError(
+                f"tokenizer.backend must be one of {', '.join(TOKENIZER_BACKENDS)}, got {self.backend!r}"
+            )
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ConfigError(f"tokenizer.concurrency must be >= 1 or null, got {self.concurrency}")
+        if self.batch_size < 1:
+            raise ConfigError(f"tokenizer.batch_size must be >= 1, got {self.batch_size}")
+        for name in ("bos_id", "eos_id"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"tokenizer.{name} must be >= 0, got {value}")
+        if self.chat_date is not None:
+            try:
+                datetime.fromisoformat(self.chat_date)
+            except ValueError:
+                raise ConfigError(
+                    "tokenizer.chat_date must be an ISO date or date-time (2024-07-26), got "
+                    f"{self.chat_date!r}"
+                ) from None
