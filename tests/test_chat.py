@@ -889,3 +889,62 @@ def test_a_template_that_prints_the_date_renders_one_date_per_dataset(
         "Today Date: 26 Jul 2024" in hf.decode(ids)
         for ids, _ in packed_conversations(tmp_path / "pinned").values()
     )
+
+
+def _data_files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "data").rglob("*")) if p.is_file()}
+
+
+def test_chat_on_fastokens_writes_the_bytes_of_tokenizers(corpus: Path, model: Path, tmp_path: Path) -> None:
+    """A byte-level BPE's character offsets follow from its ids: chat data encodes with fastokens
+    (ids and every offset proved equal to tokenizers' on the probes and a sample, re-checked in
+    every task) and writes tokenizers' bytes, masks included; with a tokenizer whose offsets do not
+    follow from its ids (a SentencePiece-style BPE), auto keeps tokenizers and says why."""
+    pytest.importorskip("fastokens")
+    reference = run_job(
+        job(tmp_path, corpus, model, "reference", tokenizer={"backend": "tokenizers"}), **quiet
+    )
+    fast = run_job(job(tmp_path, corpus, model, "fast"), **quiet)
+    assert reference.backend["chosen"].startswith("tokenizers ")
+    assert fast.backend["chosen"].startswith("fastokens ") and fast.backend["finished_on"] == "fastokens"
+    assert "ids and character offsets equal to tokenizers" in fast.backend["reason"]
+    assert fast.backend["checked_in_run"]["texts"] > 0 and not fast.backend["failovers"]
+    assert _data_files(tmp_path / "fast") == _data_files(tmp_path / "reference")
+    from tests.pipeline.test_backends import _sentencepiece_style
+
+    sp = tmp_path / "sp"
+    sp.mkdir()
+    _sentencepiece_style().save(str(sp / "tokenizer.json"))
+    (sp / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "chat_template": CHATML}))
+    other = run_job(job(tmp_path, corpus, sp, "sp"), **quiet)
+    assert other.backend["chosen"].startswith("tokenizers ")
+    assert "not a byte-level BPE whose offsets follow from its ids" in other.backend["reason"]
+
+
+def test_a_fast_backend_whose_offsets_differ_in_the_run_fails_over(
+    corpus: Path, model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offsets made to differ in the tasks (the self-check passes): the tasks' sampled check finds it,
+    every unit is tokenized again with tokenizers, and the bytes are tokenizers'."""
+    pytest.importorskip("fastokens")
+    from raypack.pipeline import tokenize as tokenize_stage
+    from raypack.pipeline.tokenize_task import TokenizeShards
+
+    run_job(job(tmp_path, corpus, model, "reference", tokenizer={"backend": "tokenizers"}), **quiet)
+
+    class Shifted(TokenizeShards):  # defined here, so Ray ships it by value to the workers
+        def __init__(self, cfg: Any, backend: str = "tokenizers") -> None:
+            super().__init__(cfg, backend)
+            if self.coder is not self.reference_coder:
+                inner = self.coder
+
+                def shifted(texts: list[str]) -> list[tuple[Any, Any]]:
+                    return [(ids, offsets + (offsets > 3)) for ids, offsets in inner(texts)]
+
+                self.coder = shifted
+
+    monkeypatch.setattr(tokenize_stage, "TokenizeShards", Shifted)
+    failed = run_job(job(tmp_path, corpus, model, "failed"), **quiet)
+    assert failed.backend["chosen"].startswith("fastokens ") and failed.backend["finished_on"] == "tokenizers"
+    assert any("other character offsets" in f for f in failed.backend["failovers"])
+    assert _data_files(tmp_path / "failed") == _data_files(tmp_path / "reference")

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from raypack.config import TOKENIZER_BACKENDS as BACKENDS
+from raypack.pipeline.offsets import ByteOffsets, reference_coder
 
 __all__ = [
     "BACKENDS",
@@ -157,9 +158,23 @@ PROBES = (
 )
 
 
-def first_difference(reference: Encoder, fast: Encoder, texts: list[str]) -> str | None:
-    """Where the two encoders first give other ids for `texts`, or None when every id is equal."""
+def first_difference(
+    reference: TokenizersEncoder, fast: Encoder, texts: list[str], offsets: ByteOffsets | None = None
+) -> str | None:
+    """Where the two encoders first give other ids for `texts`, or None when every id is equal; with
+    `offsets`, also where the fast ids' character offsets differ from tokenizers' own."""
     if not texts:
+        return None
+    if offsets is not None:
+        want_coded = reference_coder(reference.tokenizer)(texts)
+        got_coded = offsets.coder(fast, reference_coder(reference.tokenizer))(texts)
+        for i, (text, (a, oa), (b, ob)) in enumerate(zip(texts, want_coded, got_coded, strict=True)):
+            if not np.array_equal(a, b):
+                return f"text {i} ({text[:40]!r}, {len(text):,} characters): {len(a)} ids against {len(b)}"
+            if not np.array_equal(oa, ob):
+                at = int(np.flatnonzero((oa != ob).any(axis=1))[0])
+                where = f"token {at}'s offsets {oa[at].tolist()} against {ob[at].tolist()}"
+                return f"text {i} ({text[:40]!r}): {where}"
         return None
     want, want_len = reference.encode(texts)
     got, got_len = fast.encode(texts)
@@ -248,12 +263,18 @@ def choose_backend(
     tok: Any,
     corpus_sample: Callable[[], list[str]],
     fast_encoder: Callable[[], Encoder] | None = None,
+    *,
+    chat: bool = False,
+    probe_texts: list[str] | None = None,
 ) -> Choice:
     """The backend to tokenize with, for `tokenizer.backend` = `requested` (BACKENDS). ConfigError
     when `fastokens` was asked for and cannot be used exactly; `auto` falls back with the reason.
     `corpus_sample` is called (it reads the corpus) only once fastokens has loaded and passed the
     probes. `fast_encoder`: fastokens' encoder of tok (an exception when it refuses it); default one
-    loaded here (the job's: a tokenize worker's, raypack.pipeline.tokenize_pool)."""
+    loaded here (the job's: a tokenize worker's, raypack.pipeline.tokenize_pool). `chat`: the job
+    needs character offsets too (a chat mask): only a byte-level BPE's follow from fast ids
+    (ByteOffsets), and every offset of the probes and sample is compared as well as every id;
+    `probe_texts` then adds the template's renders of the chat probes."""
     from raypack.errors import ConfigError
 
     reference = TokenizersEncoder(tok.tokenizer)
@@ -265,25 +286,32 @@ def choose_backend(
             raise ConfigError(f"tokenizer.backend fastokens: {reason}; use auto or tokenizers")
         return Choice("tokenizers", reference.version, reason)
 
+    offsets = ByteOffsets.of(tok.json) if chat else None
+    if chat and offsets is None:
+        return refuse(
+            "chat data's mask needs character offsets, and this tokenizer is not a byte-level BPE whose "
+            "offsets follow from its ids (fastokens gives ids only)"
+        )
     if fastokens_version() is None:
         return refuse("fastokens is not installed (no wheel for this platform?)")
     try:
         fast = fast_encoder() if fast_encoder is not None else FastokensEncoder(tok.json)
     except Exception as e:  # fastokens raises ValueError for what it does not support
         return refuse(f"fastokens {fastokens_version()} refuses this tokenizer ({str(e).splitlines()[0]})")
-    probe_texts = probes(tok.tokenizer)
+    checked = [*probes(tok.tokenizer), *(probe_texts or [])]
     sample: list[str] = []
-    differs = first_difference(reference, fast, probe_texts)
+    differs = first_difference(reference, fast, checked, offsets)
     if differs is None:
         sample = corpus_sample()
-        differs = first_difference(reference, fast, sample)
+        differs = first_difference(reference, fast, sample, offsets)
+    what = "ids and character offsets" if chat else "ids"
     if differs is not None:
-        return refuse(f"fastokens {fast.version} gave other ids than tokenizers on {differs}")
+        return refuse(f"fastokens {fast.version} gave other {what} than tokenizers on {differs}")
     return Choice(
         "fastokens",
         fast.version,
-        f"ids equal to tokenizers {reference.version} on {len(probe_texts)} probes and "
-        f"{len(sample)} corpus documents",
-        len(probe_texts),
+        f"{what} equal to tokenizers {reference.version} on {len(checked)} probes and "
+        f"{len(sample)} corpus {'conversations' if chat else 'documents'}",
+        len(checked),
         len(sample),
     )

@@ -20,6 +20,7 @@ import numpy as np
 from raypack.chat import ChatTemplate, RenderError, load_template, pair_spans, template_variables, token_mask
 from raypack.config import JobConfig, TokenizerConfig
 from raypack.pipeline.backends import Encoder, Mismatch, TokenizersEncoder
+from raypack.pipeline.offsets import Coder, reference_coder
 from raypack.pipeline.readers import Chat
 from raypack.pipeline.tokenizer import LoadedTokenizer
 
@@ -153,13 +154,19 @@ def chat_template(cfg: JobConfig, tok: LoadedTokenizer) -> ChatTemplate | None:
 
 
 def encode_chat(
-    tok: LoadedTokenizer, cfg: JobConfig, template: ChatTemplate | None, docs: list[Chat]
+    tok: LoadedTokenizer,
+    cfg: JobConfig,
+    template: ChatTemplate | None,
+    docs: list[Chat],
+    coder: Coder | None = None,
+    checker: Checker | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
     """Conversations or pairs → (staged ids of them all, trained ones as ids and the rest as
     untrained(ids); tokens per document; per document None or why it is rejected). The text is
-    rendered (raypack.chat) and encoded whole with add_special_tokens off, by tokenizers: the
-    mask needs each token's character offsets. Pairs are framed by BOS (not trained) and EOS (trained
-    with the completion) as configured; a conversation by its template alone."""
+    rendered (raypack.chat) and encoded whole with add_special_tokens off; the mask needs each
+    token's character offsets: `coder`'s (tokenizers' own unless given: raypack.pipeline.offsets),
+    re-checked by `checker`. Pairs are framed by BOS (not trained) and EOS (trained with the
+    completion) as configured; a conversation by its template alone."""
     loss = cfg.loss
     texts: list[str] = []
     spans: list[list[tuple[int, int]]] = []
@@ -177,17 +184,24 @@ def encode_chat(
             reasons.append(None)
         texts.append(text)
         spans.append(trained)
-    encodings = tok.tokenizer.encode_batch(texts, add_special_tokens=False)
+    coder = coder or reference_coder(tok.tokenizer)
+    rendered = [i for i, why in enumerate(reasons) if why is None]
+    t0 = time.perf_counter()
+    coded = coder([texts[i] for i in rendered])
+    if checker is not None:
+        checker.check_coded([texts[i] for i in rendered], coded, time.perf_counter() - t0)
+    encodings: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(docs)
+    for i, c in zip(rendered, coded, strict=True):
+        encodings[i] = c
     pairs = template is None
     bos = tok.bos_id if pairs and cfg.tokenizer.add_bos else None
     eos = tok.eos_id if pairs and cfg.tokenizer.add_eos else None
     parts: list[np.ndarray] = []
     lengths = np.zeros(len(docs), dtype=np.int64)
     for i, enc in enumerate(encodings):
-        if reasons[i] is not None:
+        if enc is None:
             continue
-        ids = np.asarray(enc.ids, dtype=np.int32)
-        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        ids, offsets = enc
         mask = token_mask(offsets, spans[i], len(texts[i]))
         if bos is not None:
             ids, mask = np.r_[np.int32(bos), ids], np.r_[False, mask]
@@ -220,29 +234,56 @@ class Checker:
 
     def __init__(self, reference: TokenizersEncoder, seed: str) -> None:
         self.reference = reference
+        self.coded = reference_coder(reference.tokenizer)
         self.rng = random.Random(seed)
         self.fast_s = self.check_s = 0.0
         self.texts = self.bytes = 0
         self.rate = 1e6  # the reference's characters a second, until measured (tokenizers: 1-2.5 MB/s)
 
-    def check(self, pieces: list[str], flat: np.ndarray, lengths: np.ndarray, fast_s: float) -> None:
+    def _pick(self, texts: list[str], fast_s: float) -> list[int]:
+        """A seeded sample of `texts` the budget allows (fast_s: the fast backend's time on them)."""
         self.fast_s += fast_s
         budget = CHECK_SHARE * self.fast_s + CHECK_FLOOR_S - self.check_s
         picked, cost = [], 0.0
-        for i in self.rng.sample(range(len(pieces)), len(pieces)):
-            need = len(pieces[i]) / self.rate
+        for i in self.rng.sample(range(len(texts)), len(texts)):
+            need = len(texts[i]) / self.rate
             if cost + need <= budget:
                 picked.append(i)
                 cost += need
+        return sorted(picked)
+
+    def _spent(self, texts: list[str], picked: list[int], seconds: float) -> None:
+        self.check_s += seconds
+        chars = sum(len(texts[i]) for i in picked)
+        self.rate = max(chars / max(seconds, 1e-6), 1e4)
+        self.texts += len(picked)
+        self.bytes += sum(len(texts[i].encode("utf-8", errors="surrogatepass")) for i in picked)
+
+    def check_coded(
+        self, texts: list[str], coded: list[tuple[np.ndarray, np.ndarray]], fast_s: float
+    ) -> None:
+        """The sampled texts' ids and character offsets against tokenizers' (a chat mask's input)."""
+        picked = self._pick(texts, fast_s)
         if not picked:
             return
-        picked.sort()
+        t0 = time.perf_counter()
+        want = self.coded([texts[i] for i in picked])
+        for (ids, offsets), i in zip(want, picked, strict=True):
+            got_ids, got_offsets = coded[i]
+            if not np.array_equal(ids, got_ids) or not np.array_equal(offsets, got_offsets):
+                what = "ids" if not np.array_equal(ids, got_ids) else "character offsets"
+                raise Mismatch(
+                    f"a {len(texts[i]):,}-character conversation ({texts[i][:40]!r}): other {what}"
+                )
+        self._spent(texts, picked, time.perf_counter() - t0)
+
+    def check(self, pieces: list[str], flat: np.ndarray, lengths: np.ndarray, fast_s: float) -> None:
+        picked = self._pick(pieces, fast_s)
+        if not picked:
+            return
         t0 = time.perf_counter()
         want, want_len = self.reference.encode([pieces[i] for i in picked])
         spent = time.perf_counter() - t0
-        self.check_s += spent
-        chars = sum(len(pieces[i]) for i in picked)
-        self.rate = max(chars / max(spent, 1e-6), 1e4)
         ends = np.cumsum(lengths)
         at = 0
         for k, i in enumerate(picked):
@@ -254,5 +295,4 @@ class Checker:
                     f"a {len(pieces[i]):,}-character text ({pieces[i][:40]!r}): {len(got)} ids, "
                     f"tokenizers {len(ref)}"
                 )
-            self.texts += 1
-            self.bytes += len(pieces[i].encode("utf-8", errors="surrogatepass"))
+        self._spent(pieces, picked, spent)

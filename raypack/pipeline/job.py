@@ -96,7 +96,7 @@ def _run(
     units = read(ready.files, cfg.input.unit_bytes, storage)
     width = cluster_cpus()
     concurrency = cfg.tokenizer.concurrency or width
-    fast = cfg.tokenizer.backend != "tokenizers" and not cfg.input.chat  # chat data: tokenizers
+    fast = cfg.tokenizer.backend != "tokenizers"
     # The tokenize workers start loading the tokenizer now, beside the backend's self-check.
     pool = TokenizePool(cfg, min(concurrency, len(units)), fast, capped=concurrency < width)
     try:

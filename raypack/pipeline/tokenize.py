@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from raypack.chat import PROBES, ChatTemplate, check_template
+from raypack.chat import PROBES, ChatTemplate, RenderError, check_template
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError
 from raypack.pipeline.backends import (
     Choice,
-    TokenizersEncoder,
     choose_backend,
     failed_over,
     remember_failover,
@@ -35,7 +34,7 @@ from raypack.pipeline.backends import (
 from raypack.pipeline.encode import chat_template
 from raypack.pipeline.exchange import shard_runs
 from raypack.pipeline.histogram import Totals
-from raypack.pipeline.readers import read_unit
+from raypack.pipeline.readers import Chat, read_unit
 from raypack.pipeline.token_files import cached_rejects_file, token_key, token_settings
 from raypack.pipeline.tokenize_pool import TokenizePool
 from raypack.pipeline.tokenize_task import TokenizeShards
@@ -98,15 +97,18 @@ def tokenize(
     """Every unit tokenized into `token_dir` (a staging area, or a rebuild's cache: finished files
     there are reused); `memory`: a rebuild root's record of backends that differed there."""
     template = chat_template(cfg, tok)  # conversations only: compiled once, checked, keyed
-    chat = check_chat(cfg, template, units)
+    records = _chat_records(cfg, units) if cfg.input.chat else []
+    chat = check_chat(cfg, template, records)
     if chat is not None:
-        version = TokenizersEncoder(tok.tokenizer).version
-        choice = Choice(
-            "tokenizers", version, "chat data: the loss mask needs each token's character offsets"
-        )
         log(f"[raypack] chat template: {chat['template']} ({chat['mask']})")
+    remembered = remembered_failover(memory, cfg.tokenizer.backend, tok, cfg.storage) if memory else None
+    if cfg.input.chat:  # ids and character offsets of what the template renders
+        sample = partial(_rendered, template, records)
+        probe_texts = _rendered(template, [Chat(messages=p) for p in PROBES]) if template else []
+        choice = remembered or choose_backend(
+            cfg.tokenizer.backend, tok, sample, pool.fast_encoder, chat=True, probe_texts=probe_texts
+        )
     else:
-        remembered = remembered_failover(memory, cfg.tokenizer.backend, tok, cfg.storage) if memory else None
         sample = partial(_corpus_sample, units, cfg.storage)
         choice = remembered or choose_backend(cfg.tokenizer.backend, tok, sample, pool.fast_encoder)
     log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
@@ -174,10 +176,10 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
         )
 
 
-def check_chat(cfg: JobConfig, template: ChatTemplate | None, units: list[WorkUnit]) -> dict[str, Any] | None:
-    """Chat data: render the probes and a corpus sample with the template as the job will (a
-    ConfigError, before any work, for a template that is not prefix-stable on any of them); what the
-    manifest and summary say of it. None for plain text."""
+def check_chat(cfg: JobConfig, template: ChatTemplate | None, records: list[Chat]) -> dict[str, Any] | None:
+    """Chat data: render the probes and `records` (a corpus sample) with the template as the job
+    will (a ConfigError, before any work, for a template that is not prefix-stable on any of them);
+    what the manifest and summary say of it. None for plain text."""
     if cfg.input.chat is None:
         return None
     info: dict[str, Any] = {"kind": cfg.input.chat, "loss": cfg.loss}
@@ -187,11 +189,7 @@ def check_chat(cfg: JobConfig, template: ChatTemplate | None, units: list[WorkUn
             "mask": f"pack.loss {cfg.loss}",
             "date": None,
         }
-    sample: list[tuple[list[dict[str, Any]], Any]] = [(list(p), None) for p in PROBES]
-    for unit in _sample_units(units):
-        for batch in read_unit(unit, CHAT_SAMPLE, cfg.storage):
-            sample += [(list(c.messages), c.tools) for c in batch.texts[:CHAT_SAMPLE]]
-            break
+    sample = [(list(p), None) for p in PROBES] + [(list(c.messages), c.tools) for c in records]
     found = check_template(template, sample, cfg.loss)
     if found.failure is not None:
         raise ConfigError(found.failure)
@@ -203,6 +201,30 @@ def check_chat(cfg: JobConfig, template: ChatTemplate | None, units: list[WorkUn
         mask = "assistant turns found by rendering growing prefixes (prefix-stable on the probes and sample)"
     date = cfg.tokenizer.chat_date if template.prints_date else None
     return info | {"template": template.origin, "mask": mask, "checked": found.rendered, "date": date}
+
+
+def _chat_records(cfg: JobConfig, units: list[WorkUnit]) -> list[Chat]:
+    """The first CHAT_SAMPLE records of up to SAMPLE_UNITS work units spread over the corpus."""
+    records: list[Chat] = []
+    for unit in _sample_units(units):
+        for batch in read_unit(unit, CHAT_SAMPLE, cfg.storage):
+            records += batch.texts[:CHAT_SAMPLE]
+            break
+    return records
+
+
+def _rendered(template: ChatTemplate | None, records: list[Chat]) -> list[str]:
+    """The texts the job encodes for `records`: conversations rendered (those the template refuses
+    left out), pairs joined."""
+    texts = []
+    for r in records:
+        try:
+            texts.append(
+                template.render(list(r.messages), r.tools)[0] if template else r.prompt + r.completion
+            )
+        except RenderError:
+            continue
+    return texts
 
 
 def unit_bytes(units: list[WorkUnit]) -> list[int]:

@@ -29,6 +29,7 @@ from raypack.config import JobConfig
 from raypack.pipeline.backends import Encoder, FastokensEncoder, Mismatch, TokenizersEncoder
 from raypack.pipeline.encode import Checker, chat_template, encode_chat, encode_flat
 from raypack.pipeline.histogram import summarize_shard, summarize_shard_warm
+from raypack.pipeline.offsets import ByteOffsets, Coder, reference_coder
 from raypack.pipeline.readers import Batch, Reject, read_unit
 from raypack.pipeline.token_files import (
     DONE,
@@ -61,7 +62,6 @@ class Preloaded:
     tok: LoadedTokenizer
     fast: FastokensEncoder | None = None
     fast_error: str = ""
-    fast_tried: bool = False
 
 
 _PRELOADED: list[Preloaded] = []
@@ -85,8 +85,9 @@ def preload(cfg: JobConfig, fast: bool) -> Preloaded:
         _PRELOADED[:] = [Preloaded(cfg, load_tokenizer(cfg.tokenizer, cfg.storage, framed=cfg.framed))]
         summarize_shard_warm(cfg)
     loaded = _PRELOADED[0]
-    if fast and not loaded.fast_tried:
-        loaded.fast_tried = True
+    # Tried until it loads or refuses: a load cut short (a preload task cancelled when a job
+    # failed) leaves neither, and the next job of this process tries again.
+    if fast and loaded.fast is None and not loaded.fast_error:
         try:  # fastokens objects do not pickle: each process builds its own
             loaded.fast = FastokensEncoder(loaded.tok.json)
         except Exception as e:
@@ -144,8 +145,16 @@ class TokenizeShards:
         self._checker: Checker | None = None
         self._trained = 0
         self.template = chat_template(cfg, self.tok)
-        if cfg.input.chat:  # the mask needs token offsets: tokenizers encodes chat data
-            self.encoder = self.reference
+        # Chat data's mask needs each token's character offsets: tokenizers' own, or a byte-level
+        # BPE's from the fast ids (chosen only where the self-check proved them equal).
+        self.reference_coder = reference_coder(self.tok.tokenizer)
+        self.coder: Coder = self.reference_coder
+        if cfg.input.chat and self.encoder is not self.reference:
+            offsets = ByteOffsets.of(self.tok.json)
+            if offsets is None:
+                self.encoder = self.reference
+            else:
+                self.coder = offsets.coder(self.encoder, self.reference_coder)
 
     def unit(self, unit: WorkUnit) -> dict[str, Any]:
         """One work unit → its summary, the row histogram.Totals.add folds. Makes sure the unit's
@@ -202,7 +211,7 @@ class TokenizeShards:
             return self._tokenize(unit)
         except Mismatch as e:
             self.failover = f"unit {unit.index} ({unit.relpath}): {e}"
-            self.encoder, self._checker = self.reference, None
+            self.encoder, self.coder, self._checker = self.reference, self.reference_coder, None
             return self._tokenize(unit)
 
     def _backend_summary(self, cached: bool) -> dict[str, Any]:
@@ -263,7 +272,9 @@ class TokenizeShards:
         checker = self._checker
         why: list[str | None]
         if unit.reading.chat:
-            flat, lengths, why = encode_chat(self.tok, self.cfg, self.template, batch.texts)
+            flat, lengths, why = encode_chat(
+                self.tok, self.cfg, self.template, batch.texts, self.coder, checker
+            )
             self._trained += int(np.count_nonzero(flat >= 0))
         else:
             flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts, self.encoder, checker)

@@ -1,0 +1,178 @@
+"""Token ids with each token's character offsets, what a chat mask needs (raypack.chat.token_mask):
+from `tokenizers` (the reference: encode_batch with offsets, ~3 MB/s a core), or from a fast
+backend's ids alone where the tokenizer is a byte-level BPE, whose every id stands for a fixed byte
+string (ByteOffsets). Pure: no Ray, no files.
+
+A byte-level token's bytes are its vocabulary entry read through the GPT-2 byte alphabet (an added
+token: its content's UTF-8), so its byte offsets are running sums of those lengths. `tokenizers`
+reports character offsets: a token starts in the character holding its first byte and ends after
+the character holding its last, so every token of a character split into several (日 is three bytes,
+often three tokens) holds that character; a ByteLevel post-processor with trim_offsets then drops a
+token's leading and trailing spaces (the space of "Ġword" belongs to no token). ByteOffsets does the
+same arithmetic, and is trusted only where it proved equal to tokenizers' offsets: the backend's
+self-check compares every offset of its probes and corpus sample (raypack.pipeline.backends), each
+task re-checks a sample (raypack.pipeline.encode.Checker), and a difference fails the job over to
+tokenizers, as ids do.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ByteOffsets", "Coder", "reference_coder"]
+
+Coder = Callable[[list[str]], list[tuple[np.ndarray, np.ndarray]]]
+"""texts → each text's (ids int32, character offsets int64 (n, 2)), special tokens not added."""
+
+
+def reference_coder(tokenizer: Any) -> Coder:
+    """tokenizers' own ids and offsets."""
+
+    def encode(texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        return [
+            (np.asarray(e.ids, dtype=np.int32), np.asarray(e.offsets, dtype=np.int64).reshape(-1, 2))
+            for e in tokenizer.encode_batch(texts, add_special_tokens=False)
+        ]
+
+    return encode
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character that stands for each byte, → the byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_ALPHABET = _byte_alphabet()
+_SPACE = next(c for c, b in _ALPHABET.items() if b == 0x20)  # "Ġ"
+
+
+@dataclass(frozen=True)
+class ByteOffsets:
+    """Each id's byte length, and the spaces trim_offsets drops from its start and end."""
+
+    length: np.ndarray
+    lead: np.ndarray
+    trail: np.ndarray
+    nfc: bool
+    """The tokenizer's normalizer is NFC: a text already in NFC is the text it encodes (others are
+    the reference's to encode)."""
+    keep_first: bool = False
+    """A token starting the text keeps a leading space of one (trim_offsets with add_prefix_space)."""
+
+    @classmethod
+    def of(cls, tokenizer_json: str) -> ByteOffsets | None:
+        """The table of a byte-level BPE (its pre-tokenizer ByteLevel without a prefix space, no
+        normalizer but NFC, a post-processor that adds no offsets of its own); None for any other
+        tokenizer: its offsets do not follow from its ids."""
+        spec = json.loads(tokenizer_json)
+        model, normalizer = spec.get("model") or {}, spec.get("normalizer")
+        if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+            return None
+        if normalizer is not None and normalizer.get("type") != "NFC":
+            return None
+        levels = _steps(spec.get("pre_tokenizer"), "pretokenizers")
+        byte_level = [p for p in levels if p.get("type") == "ByteLevel"]
+        if len(byte_level) != 1 or byte_level[0].get("add_prefix_space"):
+            return None
+        if any(p.get("type") not in ("ByteLevel", "Split") for p in levels):
+            return None
+        trim = keep_first = False
+        for p in _steps(spec.get("post_processor"), "processors"):
+            if p.get("type") == "ByteLevel":
+                # trim_offsets drops a token's spaces from its offsets; with add_prefix_space it keeps
+                # the one space of a token that starts the text (tokenizers' process_offsets).
+                trim = bool(p.get("trim_offsets"))
+                keep_first = trim and bool(p.get("add_prefix_space"))
+            elif p.get("type") != "TemplateProcessing":  # its special tokens are off (add_special_tokens)
+                return None
+        added = {int(t["id"]): str(t["content"]) for t in spec.get("added_tokens") or []}
+        size = max([*model["vocab"].values(), *added, -1]) + 1
+        length = np.zeros(size, dtype=np.int64)
+        lead = np.zeros(size, dtype=np.int64)
+        trail = np.zeros(size, dtype=np.int64)
+        for token, i in model["vocab"].items():
+            if i in added:
+                continue
+            if any(c not in _ALPHABET for c in token):
+                return None  # a token that stands for no fixed bytes
+            length[i] = len(token)
+            if trim:
+                lead[i] = len(token) - len(token.lstrip(_SPACE))
+                trail[i] = len(token) - len(token.rstrip(_SPACE))
+        for i, content in added.items():
+            length[i] = len(content.encode("utf-8"))
+            if trim:
+                lead[i] = len(content.encode("utf-8")) - len(content.lstrip().encode("utf-8"))
+                trail[i] = len(content.encode("utf-8")) - len(content.rstrip().encode("utf-8"))
+        return cls(length, lead, trail, (normalizer or {}).get("type") == "NFC", keep_first)
+
+    def identity(self, text: str) -> bool:
+        """Whether the tokenizer encodes `text` as it stands (no normalizer, or NFC text under NFC)."""
+        return not self.nfc or unicodedata.is_normalized("NFC", text)
+
+    def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
+        """Each token's (start, end) character offsets in `text`, as tokenizers reports them."""
+        n = self.length[ids]
+        end = np.cumsum(n)
+        start = end - n
+        lead = self.lead[ids]
+        if self.keep_first:
+            lead = np.where((start == 0) & (lead == 1), 0, lead)
+        start, end = np.minimum(start + lead, end), end - self.trail[ids]
+        end = np.maximum(end, start)
+        if text.isascii():
+            return np.stack([start, end], axis=1)
+        # The byte each character starts at: its UTF-8 length from its code point.
+        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        width = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
+        first = np.cumsum(width) - width
+        char_start = np.searchsorted(first, start, side="right") - 1
+        char_end = np.where(end > start, np.searchsorted(first, end - 1, side="right"), char_start)
+        return np.stack([char_start, char_end], axis=1).astype(np.int64)
+
+    def coder(self, fast: Any, reference: Coder) -> Coder:
+        """A fast encoder's ids (one flat buffer a batch) with these offsets; texts the tokenizer
+        would normalize go to `reference`."""
+
+        def encode(texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+            plain = [i for i, t in enumerate(texts) if self.identity(t)]
+            out: list[Any] = [None] * len(texts)
+            if plain:
+                flat, lengths = fast.encode([texts[i] for i in plain])
+                ends = np.cumsum(lengths)
+                for k, i in enumerate(plain):
+                    ids = flat[ends[k] - lengths[k] : ends[k]]
+                    out[i] = (ids, self.offsets(texts[i], ids))
+            rest = [i for i in range(len(texts)) if out[i] is None]
+            for i, coded in zip(rest, reference([texts[i] for i in rest]) if rest else [], strict=True):
+                out[i] = coded
+            return out
+
+        return encode
+
+
+def _steps(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
+    """A pre-tokenizer's or post-processor's steps, a Sequence unfolded ([] for none)."""
+    if spec is None:
+        return []
+    if spec.get("type") == "Sequence":
+        return [s for inner in spec.get(key) or [] for s in _steps(inner, key)]
+    return [spec]
