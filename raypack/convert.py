@@ -41,8 +41,9 @@ from raypack.formats import (
 )
 from raypack.pipeline.finalize import write_dataset_files, write_report_safely
 from raypack.pipeline.materialize import loss_mask_of, write_packs
-from raypack.pipeline.prepare import check_output, clear_output, ensure_ray
+from raypack.pipeline.prepare import check_output, clear_output
 from raypack.pipeline.record import manifest_files
+from raypack.pipeline.runners import ensure_ray
 from raypack.pipeline.tasks import task_options, transient
 from raypack.reader import pin
 from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic

@@ -13,7 +13,8 @@ from raypack.pipeline.rebuild import RebuildResult
 __all__ = ["format_rebuild", "format_summary"]
 
 
-def format_summary(result: JobResult) -> str:
+def format_summary(result: JobResult, command_seconds: float | None = None) -> str:
+    """The summary of a run; `command_seconds`: the whole command's time, start-up to exit."""
     m = result.metrics
     rows = [
         ("output", result.output),
@@ -101,9 +102,7 @@ def format_summary(result: JobResult) -> str:
     if result.backend:
         rows.append(("tokenizer", _backend_line(result.backend)))
     rows.append(("report", result.report or "not written (see the warning above)"))
-    total = sum(result.stage_seconds.values())
-    stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items())
-    rows.append(("time", f"{total:.1f}s ({stages})"))
+    rows.append(("time", _time_line(result, command_seconds)))
     width = max(len(k) for k, _ in rows)
     text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
     return text + ("\n" + sources_table(result.sources) if result.sources else "")
@@ -125,6 +124,21 @@ def sources_table(sources: list[dict[str, Any]]) -> str:
     )
 
 
+def _time_line(result: JobResult, command_seconds: float | None) -> str:
+    """The whole command's time, the stages' part of it, and where the tasks ran."""
+    total = sum(result.stage_seconds.values())
+    stages = ", ".join(f"{k} {v:.1f}s" for k, v in result.stage_seconds.items())
+    runner = result.runner
+    where = f"; on {runner['cpus']} {'local processes' if runner['name'] == 'local' else 'Ray CPUs'}"
+    if command_seconds is None:
+        return f"{total:.1f}s in the stages ({stages}){where}"
+    rest = command_seconds - total
+    return (
+        f"{command_seconds:.1f}s the whole command: {total:.1f}s in the stages ({stages}), "
+        f"{rest:.1f}s the rest (start, imports, Ray, report){where}"
+    )
+
+
 def _files_line(result: JobResult) -> str:
     """Data files and their bytes with every companion (pack indexes, .idx, masks) and dataset file."""
     fmt = result.output_format.get("name", "parquet")
@@ -143,10 +157,10 @@ def _backend_line(b: dict[str, Any]) -> str:
     return line
 
 
-def format_rebuild(result: RebuildResult) -> str:
+def format_rebuild(result: RebuildResult, command_seconds: float | None = None) -> str:
     job = result.job
     lines = [
-        format_summary(job),
+        format_summary(job, command_seconds),
         f"version  {result.version} is now LATEST; shards: {job.shards_reused:,} reused from the cache, "
         f"{job.shards_tokenized:,} tokenized (new or changed)",
     ]

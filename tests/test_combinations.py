@@ -1,10 +1,11 @@
 """Every setting in combination: hypothesis draws whole jobs (input formats, mixture sources with
 their own format, fields and ids, plain text, conversations with and without generation markers,
 prompt/completion pairs, every output format, packer, mode, overflow policy, backend, BOS framing,
-max_depth), packs a small generated corpus with one tokenize worker and again with two, and checks
-both against tests/oracle.py, which was written apart from the pipeline: every document (or each of
-its copies) once, token for token, its mask bit for bit, each source's share, the padding, and the
-same bytes whatever the number of workers.
+max_depth), packs a small generated corpus with one tokenize worker on Ray and again with two, on
+Ray or on local processes (run.executor), and checks both against tests/oracle.py, which was
+written apart from the pipeline: every document (or each of its copies) once, token for token, its
+mask bit for bit, each source's share, the padding, and the same bytes whatever the number of
+workers and wherever they run.
 
 The light tier draws EXAMPLES jobs a run (a different draw each run: hypothesis picks them);
 `-m slow` draws SLOW_EXAMPLES. A failure prints the drawn job (hypothesis' "Falsifying example").
@@ -68,6 +69,7 @@ class Combo:
     add_bos: bool
     max_depth: int | None
     seq_len: int
+    executor: str  # of the second run, with two tokenize workers (the first: Ray, one worker)
     seed: int
 
 
@@ -122,6 +124,7 @@ def combos(draw: st.DrawFn) -> Combo:
         add_bos=draw(st.booleans()) and kind == "plain",  # the chat model names no BOS
         max_depth=draw(st.sampled_from((None, None, 3))),
         seq_len=draw(st.sampled_from((64, 96, 160) if kind == "plain" else (160, 256, 384))),
+        executor=draw(st.sampled_from(("ray", "local"))),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -351,13 +354,13 @@ def run_and_check(combo: Combo, tokenizer: Path, model: Path) -> None:
         corpus, inputs = write_corpus(combo, root, rng)
         expected = expected_documents(combo, corpus, tokenizer, model)
         outs = []
-        for workers in (1, 2):
+        for workers, executor in ((1, "ray"), (2, combo.executor)):
             out = root / f"out-{workers}"
-            cfg = load_config(str(config(combo, root, inputs, tokenizer, model, out, workers)))
-            result = run_job(cfg, log=lambda _: None)
+            path = config(combo, root, inputs, tokenizer, model, out, workers)
+            result = run_job(load_config(str(path), [f"run.executor={executor}"]), log=lambda _: None)
             outs.append(out)
         manifest = json.loads((outs[0] / "manifest.json").read_text())
-        assert tree(outs[0]) == tree(outs[1]), "other bytes with two tokenize workers"
+        assert tree(outs[0]) == tree(outs[1]), f"other bytes with two tokenize workers on {combo.executor}"
         assert manifest["files"] == json.loads((outs[1] / "manifest.json").read_text())["files"]
         # Whitespace-only documents; chat records with no trained token, and the bad record written
         # into each chat source's first JSONL file.
@@ -429,3 +432,4 @@ def test_the_drawing_reaches_every_setting() -> None:
         "unset",
     }
     assert seen["template"] == {"model", "marked"} and seen["mode"] == {"global", "sharded"}
+    assert seen["executor"] == {"ray", "local"}

@@ -111,4 +111,5 @@ def _record(m: Any) -> JobResult:
         duplicates=Duplicates(),
         output_format={"name": "parquet"},
         format_files={},
+        runner={"name": "local", "cpus": 2},
     )

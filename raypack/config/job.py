@@ -9,6 +9,7 @@ from typing import Any
 from raypack.config.input import InputConfig
 from raypack.config.output import MASKED_FORMATS, OutputConfig, StorageConfig
 from raypack.config.pack import PackConfig
+from raypack.config.run import RunConfig
 from raypack.config.tokenizer import TokenizerConfig
 from raypack.errors import ConfigError
 from raypack.packing import ALGORITHMS
@@ -32,6 +33,7 @@ class JobConfig:
     output: OutputConfig
     pack: PackConfig = field(default_factory=PackConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
         if self.pack.mode == "sharded" and self.pack.algorithm not in SHARDED_ALGORITHMS:

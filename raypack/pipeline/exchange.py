@@ -48,6 +48,7 @@ from raypack.pipeline.materialize import write_pack_file
 from raypack.pipeline.tasks import task_options, transient
 from raypack.pipeline.tokenize_task import forget
 from raypack.pipeline.units import WorkUnit
+from raypack.progress import Progress
 from raypack.storage import resolve
 
 if TYPE_CHECKING:
@@ -56,12 +57,16 @@ if TYPE_CHECKING:
 __all__ = [
     "Exchanged",
     "Layout",
+    "assign_run",
     "check_index_ids",
     "count_ids",
+    "index_ids",
     "layout",
     "merge_pieces",
+    "return_kinds",
     "run_exchange",
     "shard_runs",
+    "shared_ids",
     "write_files",
 ]
 
@@ -185,10 +190,12 @@ def layout(
     width: int,
     documents: int = 0,
     id_check: bool = False,
+    one_hop: bool = False,
 ) -> Layout:
     """The exchange for these runs and files. `shard_bytes`: each shard's item bytes (tokens × 4 +
     items × ITEM_BYTES); `file_bytes`: each output file's, in file key order; `width`: the cluster's
-    CPUs; `documents`, with `id_check`: the id check's parts, ~WRITER_BYTES of ids each."""
+    CPUs; `documents`, with `id_check`: the id check's parts, ~WRITER_BYTES of ids each; `one_hop`:
+    never a second hop (a local run's pieces are files: their number costs nothing)."""
     run_bytes = np.bincount(run_of_shard, weights=shard_bytes, minlength=runs)
     rounds = np.where(run_bytes > 0, np.ceil(run_bytes / ROUND_BYTES), 0).astype(np.int64)
     round_ends = tuple(run_bytes[g] * np.arange(1, rounds[g]) / rounds[g] for g in range(runs))
@@ -199,7 +206,7 @@ def layout(
     writers = len(writer_first) - 1
     id_parts = min(width, max(1, math.ceil(documents * ID_BYTES / WRITER_BYTES))) if id_check else 0
     one = Layout(run_of_shard, rounds, round_ends, writer_first, np.arange(writers + 1), 0, id_parts)
-    if one.counts()["objects"] <= ONE_HOP_OBJECTS:
+    if one_hop or one.counts()["objects"] <= ONE_HOP_OBJECTS:
         return one
     # K partitions, merges of J = c·K pieces (c = MERGE_BYTES / ROUND_BYTES: a merge's inputs are
     # MERGE_BYTES): objects ≈ rounds·K + rounds·R / (c·K), least at K = sqrt(R / c).
@@ -388,12 +395,25 @@ class Exchanged:
     examples: tuple[str, ...] = ()
 
 
-def _shared_ids(found: list[dict[str, Any]], examples: int) -> dict[str, Any]:
+def shared_ids(found: list[dict[str, Any]], examples: int) -> dict[str, Any]:
     return {
         "duplicate_ids": sum(int(f["ids"]) for f in found),
         "duplicate_documents": sum(int(f["documents"]) for f in found),
         "examples": tuple(sorted(e for f in found for e in f["examples"])[:examples]),
     }
+
+
+def return_kinds(lay: Layout, run: int) -> list[tuple[str, int]]:
+    """What each value assign_run yields for `run` is, in order: ("part", p) a piece of partition p,
+    ("ids", q) a piece of id part q, then ("counts", 0)."""
+    rounds = int(lay.rounds[run])
+    kinds: list[tuple[str, int]] = []
+    for r in range(max(rounds, lay.id_rounds(run))):
+        if r < rounds:
+            kinds += [("part", p) for p in range(lay.partitions)]
+        if r < lay.id_rounds(run):
+            kinds += [("ids", q) for q in range(lay.id_parts)]
+    return [*kinds, ("counts", 0)]
 
 
 def run_exchange(
@@ -406,10 +426,12 @@ def run_exchange(
     spec: Spec,
     examples: int,
     selection: Selection | None = None,
+    progress: Progress | None = None,
 ) -> Exchanged:
     """Submit every task of the exchange (Ray runs each once its inputs exist), then wait for the
-    writers. The driver drops its references to the pieces as soon as their consumers are submitted,
-    so Ray frees each piece once its consumer is done."""
+    writers (`progress` advanced by each one's files as it finishes). The driver drops its
+    references to the pieces as soon as their consumers are submitted, so Ray frees each piece
+    once its consumer is done."""
     import ray
 
     patterns, opts = task_options()
@@ -486,13 +508,20 @@ def run_exchange(
     id_refs = [ray.remote(count_ids).options(num_cpus=1).remote(examples, *refs) for refs in to_ids]
     del to_ids
 
-    written = [row for table in ray.get(writes) for row in table.to_pylist()]
+    files = {ref: int(lay.writer_first[w + 1] - lay.writer_first[w]) for w, ref in enumerate(writes)}
+    written, pending = [], list(writes)
+    while pending:
+        [done], pending = ray.wait(pending, num_returns=1)
+        table = ray.get(done)
+        written += table.to_pylist()
+        if progress is not None:
+            progress.advance(files[done], int(pc.sum(table.column("tokens")).as_py() or 0) * 4)
     moved = ray.get(counts)
     return Exchanged(
         written,
         sum(int(c["items"]) for c in moved),
         sum(int(c["tokens"]) for c in moved),
-        **_shared_ids(ray.get(id_refs), examples),
+        **shared_ids(ray.get(id_refs), examples),
     )
 
 
@@ -533,4 +562,4 @@ def check_index_ids(cfg: JobConfig, run_of_shard: np.ndarray, width: int, exampl
         for p, ref in enumerate(_refs(refs, parts)):
             to_part[p].append(ref)
     found = ray.get([ray.remote(count_ids).options(num_cpus=1).remote(examples, *r) for r in to_part])
-    return Exchanged([], 0, 0, **_shared_ids(found, examples))
+    return Exchanged([], 0, 0, **shared_ids(found, examples))

@@ -25,19 +25,20 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.pipeline.finalize import commit, write_report_safely
 from raypack.pipeline.histogram import histogram
 from raypack.pipeline.plan import compare, plan, warm_planner
-from raypack.pipeline.prepare import cluster_cpus, ensure_ray, prepare
+from raypack.pipeline.prepare import Prepared, prepare
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
+from raypack.pipeline.runners import ensure_ray
 from raypack.pipeline.select import Selection, select
 from raypack.pipeline.tokenize import check_rejects, tokenize
-from raypack.pipeline.tokenize_pool import TokenizePool
+from raypack.pipeline.tokenize_pool import tokenize_pool
 from raypack.pipeline.write import write
 from raypack.storage import join, remove
 
@@ -63,15 +64,20 @@ def run_job(
     log: Callable[[str], None] = print,
     release_ray: bool = False,
     memory: str | None = None,
+    progress: TextIO | None = None,
+    started: float | None = None,
 ) -> JobResult:
     """Pack the corpus into cfg.output.path. `cache`: a directory of token files to reuse and keep
     (a rebuild's); None: tokenize everything into a staging area that is removed at the end.
     `memory`: a file where a rebuild's root keeps what runs learnt of the backends (a fast one that
-    gave other ids is not chosen again there). `release_ray`: shut Ray down (or disconnect) once
-    the manifest is written (`raypack pack`). A storage failure that outlived every retry is
-    raised as a StorageError (one line), whatever wrapper Ray put around it."""
+    gave other ids is not chosen again there). `release_ray`: shut down (or disconnect from) a Ray
+    the job started, once the manifest is written (`raypack pack`; one the caller runs stays);
+    `progress`: where the tokenize and assign+write stages show theirs (raypack.progress);
+    `started`: when the command began (time.time()), for the time it took to the commit
+    (metrics.json, the report). A storage failure that outlived every retry
+    is raised as a StorageError (one line), whatever wrapper Ray put around it."""
     try:
-        return _run(cfg, overwrite, cache, log, release_ray, memory)
+        return _run(cfg, overwrite, cache, log, release_ray, memory, progress, started)
     except (ConfigError, JobError):
         raise
     except Exception as e:
@@ -88,36 +94,63 @@ def _run(
     log: Callable[[str], None],
     release_ray: bool,
     memory: str | None,
+    progress: TextIO | None,
+    started: float | None,
 ) -> JobResult:
     timings: dict[str, float] = {}
     ready = prepare(cfg, overwrite, log)
-    cfg, storage = ready.cfg, ready.cfg.storage
+    cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
+    try:
+        record = _stages(ready, cache, memory, timings, log, progress)
+        with _stage(timings, "finalize", log):
+            if started is not None:
+                record = dataclasses.replace(record, command_seconds=time.time() - started)
+            commit(record, storage)
+    except BaseException:
+        runner.close(release=False)
+        raise
+    # The report's drawing (~1.8 s) beside the runner's closing (Ray's shutdown: ~1.4 s, mostly
+    # waiting for its processes to exit): the dataset is committed, nothing is left to run.
+    with ThreadPoolExecutor(1) as drawing:
+        drawn = drawing.submit(write_report_safely, cfg.output.path, storage, log)
+        runner.close(release=release_ray)
+        report = drawn.result()
+    return dataclasses.replace(record, stage_seconds=dict(timings), report=report)
+
+
+def _stages(
+    ready: Prepared,
+    cache: str | None,
+    memory: str | None,
+    timings: dict[str, float],
+    log: Callable[[str], None],
+    progress: TextIO | None,
+) -> RunRecord:
+    cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
     token_dir = cache if cache is not None else join(ready.staging, "tokens")
-    units = read(ready.files, cfg.input.unit_bytes, storage)
-    width = cluster_cpus()
-    concurrency = cfg.tokenizer.concurrency or width
+    units = read(ready.files, cfg.input.unit_bytes, storage, runner)
+    concurrency = cfg.tokenizer.concurrency or runner.width
     fast = cfg.tokenizer.backend != "tokenizers"
     # The tokenize workers start loading the tokenizer now, beside the backend's self-check.
-    pool = TokenizePool(cfg, min(concurrency, len(units)), fast, capped=concurrency < width)
+    pool = tokenize_pool(runner, cfg, min(concurrency, len(units)), fast, capped=concurrency < runner.width)
     try:
         with (
             _stage(timings, "tokenize", log),
             ThreadPoolExecutor(1, thread_name_prefix="raypack-plan") as warming,
         ):
             warming.submit(warm_planner, cfg)
-            tokenized = tokenize(cfg, ready.tok, units, token_dir, pool, width, memory, log)
+            tokenized = tokenize(cfg, ready.tok, units, token_dir, pool, runner.width, memory, log, progress)
         totals = tokenized.totals
         check_rejects(cfg, totals)
         selection: Selection | None = None
         sources: list[dict[str, Any]] = []
         if cfg.input.mixture:
             with _stage(timings, "select", log):
-                selection, sources = select(cfg, tokenized.units, totals)
+                selection, sources = select(cfg, tokenized.units, totals, runner)
             log("[raypack] sources: " + "; ".join(f"{r['name']} {r['share']:.1%}" for r in sources))
         with _stage(timings, "histogram", log):
-            hist, stats = histogram(
-                cfg, totals, selection is not None and not any(r["copies"] for r in sources)
-            )
+            none = selection is not None and not any(r["copies"] for r in sources)
+            hist, stats = histogram(cfg, totals, selected_none=none)
         with _stage(timings, "plan", log):
             packs = plan(cfg, hist)
         comparison = []
@@ -125,24 +158,10 @@ def _run(
             with _stage(timings, "compare", log):
                 comparison = compare(cfg, hist, stats)
         with _stage(timings, "assign+write", log):
-            written = write(cfg, ready.spec, packs, totals, tokenized.units, width, selection, log)
+            written = write(cfg, ready.spec, packs, totals, tokenized.units, runner, selection, log, progress)
     except (ConfigError, JobError):
         remove(ready.staging, storage)  # rejects/ stays, for the user to look at
         raise
     finally:
         pool.close()
-    record = run_record(ready, tokenized, selection, sources, stats, packs, comparison, written, timings)
-    with _stage(timings, "finalize", log):
-        commit(record, storage)
-    if release_ray:
-        # The report's drawing (~1.8 s) beside Ray's shutdown (~1.4 s, mostly waiting for its
-        # processes to exit): the dataset is committed, Ray has nothing left to do.
-        import ray
-
-        with ThreadPoolExecutor(1) as drawing:
-            drawn = drawing.submit(write_report_safely, cfg.output.path, storage, log)
-            ray.shutdown()
-            report = drawn.result()
-    else:
-        report = write_report_safely(cfg.output.path, storage, log)
-    return dataclasses.replace(record, stage_seconds=dict(timings), report=report)
+    return run_record(ready, tokenized, selection, sources, stats, packs, comparison, written, timings)

@@ -8,8 +8,6 @@ format's Spec checked against it. Then the output directory is cleared for the n
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,13 +21,15 @@ from raypack.formats.megatron import DATA_ARGS
 from raypack.formats.olmo import MASK_DIR
 from raypack.pipeline.encode import chat_template
 from raypack.pipeline.read import input_files
+from raypack.pipeline.runners import LocalRunner, RayRunner, Runner, choose_runner, local_cpus
+from raypack.pipeline.tokenize_task import local_worker, preload
 from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_files
 from raypack.pipeline.units import WorkUnit
 from raypack.report.model import REPORT
 from raypack.storage import exists, join, remove, remove_temporaries
 from raypack.versions import LATEST, MANIFEST, METRICS
 
-__all__ = ["Prepared", "check_output", "clear_output", "cluster_cpus", "ensure_ray", "prepare"]
+__all__ = ["Prepared", "check_output", "clear_output", "prepare"]
 
 # Everything a job writes under its output (formats' own files included), removed before it starts.
 OUTPUT_PARTS = (
@@ -57,6 +57,9 @@ class Prepared:
     """What padding holds, and where that came from (LoadedTokenizer.pad)."""
     files: list[WorkUnit]
     """The input files, whole, each with its source's Reading."""
+    runner: Runner
+    """Where the tasks run: Ray, started beside the tokenizer's parse, or this machine's processes,
+    forked once it is parsed (raypack.pipeline.runners)."""
 
     @property
     def staging(self) -> str:
@@ -69,17 +72,31 @@ def prepare(cfg: JobConfig, overwrite: bool, log: Callable[[str], None]) -> Prep
     tokenizer = tokenizer_files(cfg.tokenizer, storage)
     files = input_files(cfg.input, storage)
     check_output(out, storage, overwrite)
-    with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
-        loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
-        ensure_ray()
-        tok = loading.result()
+    executor = choose_runner(cfg, sum(f.shard.size for f in files))
+    ray: RayRunner | None = None
+    if executor == "ray":
+        with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
+            loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
+            ray = RayRunner()
+            tok = loading.result()
+    else:
+        tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
     cfg = _fix_chat_date(cfg, tok, log)
     pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
     if pad[1] == "output.pad_id" and pad[0] == tok.bos_id:
         log(f"[raypack] note: output.pad_id {pad[0]} is the tokenizer's BOS")
     spec = make_spec(cfg.output.format, settings_of(cfg, tok.eos_id, tok.max_id, pad[0]))
     clear_output(out, storage)
-    return Prepared(cfg, tok, spec, pad, files)
+    fast = cfg.tokenizer.backend != "tokenizers"
+    if ray is not None:
+        log(f"[raypack] tasks on Ray: {ray.width} CPUs")
+        return Prepared(cfg, tok, spec, pad, files, ray)
+    # The tokenizer, and numba's functions the summaries use, loaded here: the workers forked next
+    # have them (fastokens, whose objects do not survive a fork, each loads for itself).
+    preload(cfg, False, tok)
+    local = LocalRunner(local_cpus(), local_worker, (cfg, fast))
+    log(f"[raypack] tasks on {local.width} local processes (run.executor {cfg.run.executor})")
+    return Prepared(cfg, tok, spec, pad, files, local)
 
 
 def _fix_chat_date(cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], None]) -> JobConfig:
@@ -92,34 +109,6 @@ def _fix_chat_date(cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], No
     today = date.today().isoformat()
     log(f"[raypack] the chat template prints the date: {today} for every conversation (tokenizer.chat_date)")
     return dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, chat_date=today))
-
-
-def ensure_ray() -> None:
-    """Connect to RAY_ADDRESS when set, else start local Ray (once per process). A local Ray lives as
-    long as the command, so it starts without its dashboard (a process of its own; ray.init took
-    4.2 s without it against 5.2 s with, mean of 4 alternating starts on 2 cores) unless
-    RAYPACK_DASHBOARD=1."""
-    import ray
-
-    if not ray.is_initialized():
-        address = os.environ.get("RAY_ADDRESS") or None
-        dashboard = None if address else os.environ.get("RAYPACK_DASHBOARD") == "1"
-        # Ray turns token authentication on for a local cluster it starts, and says so in a WARNING
-        # on every command (RAY_AUTH_MODE set by the user says nothing): the mode stays, the line goes.
-        notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
-        level = notice.level
-        notice.setLevel(logging.ERROR)
-        try:
-            ray.init(address=address, logging_level=logging.WARNING, include_dashboard=dashboard)
-        finally:
-            notice.setLevel(level)
-
-
-def cluster_cpus() -> int:
-    """The cluster's CPUs: the tokenize tasks' default count and the exchange's width."""
-    import ray
-
-    return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 def check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from raypack.config import InputConfig, StorageConfig
 from raypack.errors import ConfigError
 from raypack.pipeline.readers.parquet import row_group_runs
-from raypack.pipeline.tasks import task_options, transient
+from raypack.pipeline.runners import Runner
+from raypack.pipeline.tasks import transient
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, expand_inputs, resolve
 
@@ -54,16 +55,13 @@ def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[
     return files
 
 
-def read(files: list[WorkUnit], unit_bytes: int, storage: StorageConfig) -> list[WorkUnit]:
-    """The stage: the job's work units, the line scans of large JSONL files as Ray tasks of a CPU each
+def read(files: list[WorkUnit], unit_bytes: int, storage: StorageConfig, runner: Runner) -> list[WorkUnit]:
+    """The stage: the job's work units, the line scans of large JSONL files as tasks of a CPU each
     (32 for 8 GiB at the default unit_bytes), retried as every storage task is (raypack.pipeline.tasks).
     Before the tokenize tasks start: behind them, the scans would wait for a free CPU."""
-    import ray
 
     def scan(ranges: list[tuple[Shard, int, int]]) -> list[tuple[int, int]]:
-        patterns, opts = task_options()
-        task = ray.remote(scan_task).options(**opts)
-        return list(ray.get([task.remote(s, a, b, storage, patterns) for s, a, b in ranges]))
+        return runner.map(scan_task, [(s, a, b, storage, runner.patterns) for s, a, b in ranges])
 
     return work_units(files, unit_bytes, storage, scan=scan)
 

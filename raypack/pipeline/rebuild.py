@@ -22,6 +22,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TextIO
 
 import pyarrow.fs as pafs
 
@@ -66,9 +67,16 @@ def cache_dir(root: str) -> str:
     return join(root, CACHE, "tokens")
 
 
-def run_rebuild(cfg: JobConfig, *, wait_s: float = 0.0, log: Callable[[str], None] = print) -> RebuildResult:
+def run_rebuild(
+    cfg: JobConfig,
+    *,
+    wait_s: float = 0.0,
+    log: Callable[[str], None] = print,
+    progress: TextIO | None = None,
+    started: float | None = None,
+) -> RebuildResult:
     """One rebuild of cfg.output.path. `wait_s`: how long to wait for another rebuild of the same root
-    to finish (0: exit at once, LeaseHeld, naming it)."""
+    to finish (0: exit at once, LeaseHeld, naming it); `progress`, `started`: as run_job's."""
     root, storage = cfg.output.path, cfg.storage.from_environment()
     try:
         if exists(join(root, MANIFEST), storage):
@@ -87,7 +95,10 @@ def run_rebuild(cfg: JobConfig, *, wait_s: float = 0.0, log: Callable[[str], Non
         name = version_name(number)
         version_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, path=join(root, name)))
         version_cfg = _keep_chat_date(version_cfg, root)
-        job = run_job(version_cfg, cache=cache_dir(root), log=log, memory=join(root, CACHE, BACKENDS))
+        memory = join(root, CACHE, BACKENDS)
+        job = run_job(
+            version_cfg, cache=cache_dir(root), log=log, memory=memory, progress=progress, started=started
+        )
         lease.check()  # a rebuild that lost its lease (paused past its expiry) commits nothing
         set_latest(root, number, storage)
         removed = prune_versions(root, cfg.output.keep_versions, storage)

@@ -87,10 +87,15 @@ class RunRecord:
     duplicates: Duplicates
     output_format: dict[str, Any]
     """The manifest's `format`: name, pad_id, dtype, eos_id, loss_mask, dataset files, stray_eos."""
+    runner: dict[str, Any]
+    """Where the tasks ran: {"name": "ray" or "local", "cpus": the CPUs they could use}."""
     format_files: dict[str, bytes]
     """The format's files of the whole dataset, by path (Megatron's data-args list, Bridge's pack
     metadata: bytes of the manifest's files, a few KB), written before the manifest."""
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    command_seconds: float | None = None
+    """From the command's start (its process's, for `raypack pack`) to the commit; None for a job
+    run by the API without a start time."""
     report: str | None = None
     """The report.html written next to the data; None if it could not be (the job's log says why)."""
 
@@ -185,6 +190,7 @@ def run_record(
         duplicates=written.duplicates,
         output_format=format_entry(files, spec, made),
         format_files=made,
+        runner={"name": ready.runner.name, "cpus": ready.runner.width},
         stage_seconds=stage_seconds,
     )
 
@@ -236,6 +242,8 @@ def metrics_document(record: RunRecord) -> dict[str, Any]:
         "chat": record.chat,
         "global_bfd_efficiency": record.global_efficiency,
         "stage_seconds": record.stage_seconds,
+        "command_seconds": record.command_seconds,
+        "runner": record.runner,
         "shards": {"reused": record.shards_reused, "tokenized": record.shards_tokenized},
         "rejects_by_reason": record.reject_reasons,
         "rejected_records": record.rejected_records,

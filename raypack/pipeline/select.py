@@ -42,7 +42,8 @@ from raypack.mixture import (
 )
 from raypack.packing import item_histogram, make_items
 from raypack.pipeline.histogram import Totals, index_path, write_index
-from raypack.pipeline.tasks import task_options, transient
+from raypack.pipeline.runners import Runner
+from raypack.pipeline.tasks import transient
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import resolve
 
@@ -99,22 +100,18 @@ def boundary_documents(
         }
 
 
-def plan_selection(cfg: JobConfig, shards: list[WorkUnit], totals: Totals) -> Selection:
+def plan_selection(cfg: JobConfig, shards: list[WorkUnit], totals: Totals, runner: Runner) -> Selection:
     """Each source's target (ConfigError when one cannot be met) and Rule: boundary tasks place the
     cut of every source that takes a seeded subset."""
-    import ray
-
     available = totals.source_tokens()
     tgt = targets(cfg.input.sources, available, cfg.input.tokens)
     goals = {name: subset_goal(t) for name, t in tgt.items() if subset_goal(t) > 0}
     where = {name: boundary_bin(totals.key_tokens[name], goal) for name, goal in goals.items()}
     thresholds: dict[str, int] = {}
     if where:
-        patterns, opts = task_options()
-        task = ray.remote(boundary_documents).options(**opts)
         bins = {name: b for name, (b, _) in where.items()}
         runs = _runs(shards, totals, set(bins))
-        found = ray.get([task.remote(cfg, run, bins, patterns) for run in runs])
+        found = runner.map(boundary_documents, [(cfg, run, bins, runner.patterns) for run in runs])
         for name, goal in goals.items():
             keys = np.concatenate([f[name][0] for f in found])
             lengths = np.concatenate([f[name][1] for f in found])
@@ -197,27 +194,19 @@ def select_run(
 
 
 def run_selection(
-    cfg: JobConfig, shards: list[WorkUnit], totals: Totals, selection: Selection
+    cfg: JobConfig, shards: list[WorkUnit], totals: Totals, selection: Selection, runner: Runner
 ) -> dict[str, dict[str, int]]:
     """Select tasks over every run; their histograms, stats and counts replace the tokenize stage's
     in `totals`. Returns the per-source counts (SOURCE_COUNTS)."""
-    import ray
-
-    patterns, opts = task_options()
-    task = ray.remote(select_run).options(**opts)
-    refs = {
-        task.remote(cfg, selection, run, patterns): r for r, run in enumerate(_runs(shards, totals)) if run
-    }
+    runs = [(r, run) for r, run in enumerate(_runs(shards, totals)) if run]
     hists = np.zeros((len(totals.hists), selection.layers, cfg.pack.seq_len + 1), dtype=np.int64)
     stats = DocStats()
     items = np.zeros_like(totals.items)
     tokens = np.zeros_like(totals.tokens)
     counts: dict[str, dict[str, int]] = {}
-    pending = list(refs)
-    while pending:  # folded as they finish: one run's histograms held at a time
-        done, pending = ray.wait(pending, num_returns=1)
-        out = ray.get(done[0])
-        hists[refs[done[0]]] = out["hists"]
+    calls = [(cfg, selection, run, runner.patterns) for _, run in runs]
+    for i, out in runner.unordered(select_run, calls):  # folded as they finish: one run's at a time
+        hists[runs[i][0]] = out["hists"]
         stats = stats + DocStats.from_json(out["stats"])
         for shard, (n_items, n_tokens) in out["shards"].items():
             items[shard], tokens[shard] = n_items, n_tokens
@@ -257,8 +246,10 @@ def source_table(selection: Selection, counts: dict[str, dict[str, int]]) -> lis
     return rows
 
 
-def select(cfg: JobConfig, units: list[WorkUnit], totals: Totals) -> tuple[Selection, list[dict[str, Any]]]:
+def select(
+    cfg: JobConfig, units: list[WorkUnit], totals: Totals, runner: Runner
+) -> tuple[Selection, list[dict[str, Any]]]:
     """The stage: each source's rule (a ConfigError when a target cannot be met) and the select tasks,
     whose histograms and counts take the tokenize stage's place in `totals`; the sources' table."""
-    selection = plan_selection(cfg, units, totals)
-    return selection, source_table(selection, run_selection(cfg, units, totals, selection))
+    selection = plan_selection(cfg, units, totals, runner)
+    return selection, source_table(selection, run_selection(cfg, units, totals, selection, runner))

@@ -22,30 +22,39 @@ from raypack.formats import Spec
 from raypack.packing import pack
 from raypack.pipeline.assign import items_table
 from raypack.pipeline.materialize import write_pack_files
+from raypack.pipeline.runners import Runner
 from raypack.pipeline.select import Selection
-from raypack.pipeline.tasks import task_options, transient
+from raypack.pipeline.tasks import transient
 from raypack.pipeline.token_files import read_tokens
 from raypack.pipeline.tokenize_task import forget
 from raypack.pipeline.units import WorkUnit
+from raypack.progress import Progress
 
 __all__ = ["pack_group", "write_sharded"]
 
 
 def write_sharded(
-    cfg: JobConfig, spec: Spec, units: list[WorkUnit], selection: Selection | None
+    cfg: JobConfig,
+    spec: Spec,
+    units: list[WorkUnit],
+    selection: Selection | None,
+    runner: Runner,
+    progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
     """Every group of pack.shards_per_group consecutive units packed and written by a task of its own;
-    the WRITTEN rows of every file."""
-    import ray
-
-    patterns, opts = task_options()
-    task = ray.remote(pack_group).options(**opts)
+    the WRITTEN rows of every file (`progress` advanced a group at a time)."""
     per = cfg.pack.shards_per_group
-    refs = [
-        task.remote(cfg, spec, g, units[first : first + per], selection, patterns)
+    calls = [
+        (cfg, spec, g, units[first : first + per], selection, runner.patterns)
         for g, first in enumerate(range(0, len(units), per))
     ]
-    return [row for table in ray.get(refs) for row in table.to_pylist()]
+    written = []
+    for _, table in runner.unordered(pack_group, calls):
+        rows = table.to_pylist()
+        written += rows
+        if progress is not None:
+            progress.advance(1, 4 * sum(int(r["tokens"]) for r in rows))
+    return written
 
 
 def pack_group(

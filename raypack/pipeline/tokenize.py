@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, TextIO
 
 from raypack.chat import PROBES, ChatTemplate, RenderError, check_template
 from raypack.config import JobConfig
@@ -36,10 +36,11 @@ from raypack.pipeline.exchange import shard_runs
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.readers import Chat, read_unit
 from raypack.pipeline.token_files import cached_rejects_file, token_key, token_settings
-from raypack.pipeline.tokenize_pool import TokenizePool
+from raypack.pipeline.tokenize_pool import LocalTokenizePool, TokenizePool
 from raypack.pipeline.tokenize_task import TokenizeShards
 from raypack.pipeline.tokenizer import LoadedTokenizer
 from raypack.pipeline.units import WorkUnit
+from raypack.progress import Progress
 from raypack.storage import join, remove
 
 __all__ = ["REJECT_EXAMPLES", "Tokenized", "check_rejects", "tokenize"]
@@ -89,13 +90,15 @@ def tokenize(
     tok: LoadedTokenizer,
     units: list[WorkUnit],
     token_dir: str,
-    pool: TokenizePool,
+    pool: TokenizePool | LocalTokenizePool,
     width: int,
     memory: str | None,
     log: Callable[[str], None],
+    stream: TextIO | None = None,
 ) -> Tokenized:
     """Every unit tokenized into `token_dir` (a staging area, or a rebuild's cache: finished files
-    there are reused); `memory`: a rebuild root's record of backends that differed there."""
+    there are reused); `memory`: a rebuild root's record of backends that differed there; `stream`:
+    where the stage's progress goes (units done, MB/s, ETA)."""
     template = chat_template(cfg, tok)  # conversations only: compiled once, checked, keyed
     records = _chat_records(cfg, units) if cfg.input.chat else []
     chat = check_chat(cfg, template, records)
@@ -125,15 +128,17 @@ def tokenize(
         keyed = [u.with_token_file(token_dir, token_key(u, settings[u.source])) for u in units]
         totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [u.source for u in keyed])
         written: list[WorkUnit] = []
+        progress = Progress("tokenize", len(keyed), "units", sum(weights), stream)
 
         def add(summary: dict[str, Any]) -> None:
             totals.add(summary)  # folded as they arrive: no list of every unit's histogram
+            progress.advance(1, weights[int(summary["shard"])])
             if not summary["cached"]:
                 written.append(keyed[int(summary["shard"])])
 
-        pool.run(
-            [keyed[i] for i in order], TokenizeShards, choice.backend, add, lambda: bool(totals.failovers)
-        )
+        ordered = [keyed[i] for i in order]
+        pool.run(ordered, TokenizeShards, choice.backend, add, lambda: bool(totals.failovers))
+        progress.close()
         return keyed, totals, written
 
     keyed, totals, written = run(choice)

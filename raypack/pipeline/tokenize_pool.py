@@ -29,17 +29,19 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from contextlib import suppress
 from typing import Any
 
 import numpy as np
 
 from raypack.config import JobConfig
+from raypack.pipeline.runners import LocalRunner, Runner
 from raypack.pipeline.tasks import task_options, transient
 from raypack.pipeline.tokenize_task import TokenizeShards, preload, shards_for
 from raypack.pipeline.units import WorkUnit
 
-__all__ = ["IN_FLIGHT", "RemoteFast", "TokenizePool", "tokenize_unit"]
+__all__ = ["IN_FLIGHT", "LocalTokenizePool", "RemoteFast", "TokenizePool", "tokenize_pool", "tokenize_unit"]
 
 # Units submitted a CPU: 2, so that a worker starts the next as soon as one is done (the driver's
 # reply and the next submission then overlap a unit's work instead of following it).
@@ -225,3 +227,72 @@ def _placed(node: str) -> dict[str, Any]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
+
+
+class LocalFast:
+    """A local worker's fastokens, as an Encoder for the driver's self-check (RemoteFast's twin)."""
+
+    name = "fastokens"
+
+    def __init__(self, runner: LocalRunner, cfg: JobConfig) -> None:
+        self.runner, self.cfg = runner, cfg
+        self.version, error = runner.submit(fast_status, cfg).result()
+        if error:
+            raise ValueError(error)
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = self.runner.submit(fast_encode, self.cfg, texts).result()
+        return flat, lengths
+
+
+class LocalTokenizePool:
+    """The tokenize stage on a LocalRunner's processes, which loaded the tokenizer when they were
+    forked (preload: the runner's initializer); TokenizePool's interface."""
+
+    def __init__(self, runner: LocalRunner, cfg: JobConfig, size: int, capped: bool = False) -> None:
+        self.runner, self.cfg, self.size = runner, cfg, size
+        self.window = size if capped else IN_FLIGHT * size
+        self.run_id = uuid.uuid4().hex
+
+    def fast_encoder(self) -> LocalFast:
+        return LocalFast(self.runner, self.cfg)
+
+    def run(
+        self,
+        rows: list[WorkUnit],
+        cls: type[TokenizeShards],
+        backend: str,
+        on_summary: Callable[[dict[str, Any]], None],
+        stop: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """TokenizePool.run, on the local processes."""
+        todo = iter(rows)
+        running: set[Future[Any]] = set()
+
+        def submit() -> bool:
+            row = next(todo, None)
+            if row is not None:
+                running.add(self.runner.submit(tokenize_unit, self.run_id, self.cfg, cls, backend, None, row))
+            return row is not None
+
+        while len(running) < self.window and submit():
+            pass
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in done:
+                running.discard(f)
+                on_summary(f.result())
+                if not stop():
+                    submit()
+
+    def close(self) -> None:
+        """Nothing to collect: the runner's processes stay for the next stages."""
+
+
+def tokenize_pool(
+    runner: Runner, cfg: JobConfig, size: int, fast: bool, capped: bool = False
+) -> TokenizePool | LocalTokenizePool:
+    """The tokenize stage's pool on `runner` (a local runner's processes preloaded as they forked)."""
+    if isinstance(runner, LocalRunner):
+        return LocalTokenizePool(runner, cfg, size, capped)
+    return TokenizePool(cfg, size, fast, capped)

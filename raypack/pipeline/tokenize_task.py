@@ -49,9 +49,24 @@ __all__ = ["Preloaded", "TokenizeShards", "forget", "preload", "shards_for"]
 def _node_id() -> str:
     """The Ray node this worker runs on ("" outside Ray): metrics.json reports how many nodes tokenized
     each split file."""
+    import sys
+
+    if "ray" not in sys.modules or _LOCAL:  # a local runner's worker (importing ray costs 0.3 s)
+        return ""
     import ray
 
     return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else ""
+
+
+_LOCAL: list[bool] = []
+"""Set in a local runner's workers (raypack.pipeline.runners), which may be forked from a process
+connected to Ray: they must not use that connection."""
+
+
+def local_worker(cfg: JobConfig, fast: bool) -> None:
+    """A local runner's worker initializer: it is one, and it preloads."""
+    _LOCAL.append(True)
+    preload(cfg, fast)
 
 
 @dataclass
@@ -70,7 +85,7 @@ _PRELOADED: list[Preloaded] = []
 _SHARDS: list[tuple[tuple[str, type[TokenizeShards], str], TokenizeShards]] = []
 
 
-def preload(cfg: JobConfig, fast: bool) -> Preloaded:
+def preload(cfg: JobConfig, fast: bool, tok: LoadedTokenizer | None = None) -> Preloaded:
     """The tokenizer of cfg (and fastokens' copy of it when `fast`), loaded once a process: a worker
     loads them as the job starts, while the driver still checks the backend, and every unit it is
     then given finds them here. 128k BPE: fastokens 1.1 s, tokenizers 0.4 s to load. Numba's
@@ -82,7 +97,8 @@ def preload(cfg: JobConfig, fast: bool) -> Preloaded:
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
     key = (cfg.tokenizer, cfg.storage)
     if not _PRELOADED or (_PRELOADED[0].cfg.tokenizer, _PRELOADED[0].cfg.storage) != key:
-        _PRELOADED[:] = [Preloaded(cfg, load_tokenizer(cfg.tokenizer, cfg.storage, framed=cfg.framed))]
+        parsed = tok or load_tokenizer(cfg.tokenizer, cfg.storage, framed=cfg.framed)
+        _PRELOADED[:] = [Preloaded(cfg, parsed)]
         summarize_shard_warm(cfg)
     loaded = _PRELOADED[0]
     # Tried until it loads or refuses: a load cut short (a preload task cancelled when a job

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -17,12 +17,15 @@ from raypack.config import JobConfig
 from raypack.formats import Spec, group_of, stem_of_file
 from raypack.packing import Plan
 from raypack.pipeline.exchange import ITEM_BYTES, check_index_ids, layout, run_exchange
+from raypack.pipeline.exchange_local import check_index_ids_local, run_exchange_local
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.materialize import data_file
 from raypack.pipeline.plan import file_keys, file_rows, planned_files
+from raypack.pipeline.runners import LocalRunner, Runner
 from raypack.pipeline.select import Selection
 from raypack.pipeline.sharded import write_sharded
 from raypack.pipeline.units import WorkUnit
+from raypack.progress import Progress
 
 __all__ = ["DUPLICATE_EXAMPLES", "Duplicates", "Written", "check_commit", "write"]
 
@@ -59,22 +62,31 @@ def write(
     plan: Plan,
     totals: Totals,
     units: list[WorkUnit],
-    width: int,
+    runner: Runner,
     selection: Selection | None,
     log: Callable[[str], None],
+    stream: TextIO | None = None,
 ) -> Written:
     """Every item into its file, and the commit check (RuntimeError when it fails: a bug, not the
-    input's fault)."""
+    input's fault). `stream`: where the stage's progress goes (files written, MB/s, ETA)."""
     if cfg.pack.mode == "sharded":
-        files = write_sharded(cfg, spec, units, selection)
+        groups = -(-len(units) // cfg.pack.shards_per_group)
+        progress = Progress("assign+write", groups, "groups", 4 * int(totals.tokens.sum()), stream)
+        files = write_sharded(cfg, spec, units, selection, runner, progress)
         duplicates = Duplicates()
         if cfg.input.id_fields:  # each run's index files hashed into parts, counted part by part
-            found = check_index_ids(cfg, totals.run_of_shard, width, DUPLICATE_EXAMPLES)
+            if isinstance(runner, LocalRunner):
+                found = check_index_ids_local(runner, cfg, totals.run_of_shard, DUPLICATE_EXAMPLES)
+            else:
+                found = check_index_ids(cfg, totals.run_of_shard, runner.width, DUPLICATE_EXAMPLES)
             duplicates = Duplicates(found.duplicate_ids, found.duplicate_documents, found.examples)
         planned = _sharded_files(cfg, spec, files)
     else:
-        files, duplicates = _write_global(cfg, spec, plan, totals, units, width, log, selection)
+        keys, _ = file_keys(plan, cfg.output.shard_rows)
+        progress = Progress("assign+write", len(keys), "files", 4 * totals.stats.tokens, stream)
+        files, duplicates = _write_global(cfg, spec, plan, totals, units, runner, log, selection, progress)
         planned = planned_files(cfg, spec, plan)
+    progress.close()
     if duplicates.ids:
         log(f"[raypack] note: {duplicates.ids:,} ids are carried by {duplicates.documents:,} documents")
     files = sorted(files, key=lambda f: f["path"])
@@ -88,23 +100,26 @@ def _write_global(
     plan: Plan,
     totals: Totals,
     units: list[WorkUnit],
-    width: int,
+    runner: Runner,
     log: Callable[[str], None],
     selection: Selection | None,
+    progress: Progress,
 ) -> tuple[list[dict[str, Any]], Duplicates]:
-    """Assign, exchange and write on Ray tasks of bounded fan-out (raypack.pipeline.exchange)."""
+    """Assign, exchange and write on tasks of bounded fan-out (raypack.pipeline.exchange; a local
+    runner's: raypack.pipeline.exchange_local, one hop)."""
+    local = isinstance(runner, LocalRunner)
     keys, slots = file_keys(plan, cfg.output.shard_rows)
     unit_bytes = totals.tokens * 4 + totals.items * ITEM_BYTES
     runs = totals.hists.shape[0]
-    lay = layout(
-        totals.run_of_shard, runs, unit_bytes, slots * 4, width, totals.documents, cfg.input.id_fields
-    )
+    ids = cfg.input.id_fields
+    lay = layout(totals.run_of_shard, runs, unit_bytes, slots * 4, runner.width, totals.documents, ids, local)
     n = lay.counts()
     log(
         f"[raypack] exchange: {n['assign_tasks']} assign, {n['merge_tasks']} merge, {n['write_tasks']} "
         f"write tasks; {lay.hops} hop(s), {n['objects']:,} objects"
     )
-    done = run_exchange(cfg, plan, lay, totals, units, keys, spec, DUPLICATE_EXAMPLES, selection)
+    args = (cfg, plan, lay, totals, units, keys, spec, DUPLICATE_EXAMPLES, selection, progress)
+    done = run_exchange_local(runner, *args) if isinstance(runner, LocalRunner) else run_exchange(*args)
     if (done.items, done.tokens) != (totals.stats.items, totals.stats.tokens):
         raise RuntimeError(
             f"assign placed (items, tokens) = {(done.items, done.tokens)}, the histogram holds "

@@ -191,8 +191,30 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
             f"{counts['tokens']:,} tokens",
         ),
         ("files", f"{len(files):,} {fmt['name']} files, {size / 2**20:,.1f} MiB"),
+        *_time(doc),
         ("raypack", str(manifest.get("raypack_version", "?"))),
     )
+
+
+def _time(doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """The command's time to the commit, and where its tasks ran (runs that recorded them)."""
+    stages = sum(float(v) for v in doc.get("stage_seconds", {}).values())
+    runner = doc.get("runner") or {}
+    where = (
+        f" on {runner['cpus']} {'local processes' if runner['name'] == 'local' else 'Ray CPUs'}"
+        if runner
+        else ""
+    )
+    if doc.get("command_seconds") is None:
+        return [("time", f"{stages:.1f} s in the stages{where}")] if stages else []
+    rest = doc["command_seconds"] - stages
+    return [
+        (
+            "time",
+            f"{doc['command_seconds']:.1f} s from the command's start to the commit{where} "
+            f"({stages:.1f} s in the stages, {rest:.1f} s starting up and checking)",
+        )
+    ]
 
 
 def _inputs(inputs: dict[str, Any], shards: int) -> str:

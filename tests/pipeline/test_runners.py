@@ -1,0 +1,230 @@
+"""Where the tasks run: the local runner gives the bytes Ray gives, retries what Ray retries, and is
+what a `raypack pack` without a cluster takes for a small corpus; progress and the command's time."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raypack.config import load_config
+from raypack.pipeline import runners
+from raypack.pipeline.job import run_job
+from raypack.pipeline.runners import LocalRunner, choose_runner
+from raypack.pipeline.tasks import RETRIES, TransientStorageError
+from raypack.progress import Progress
+from tests.conftest import job_config, make_corpus, write_jsonl
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def digests(out: Path) -> dict[str, str]:
+    """Every file of a dataset but those that hold times (metrics, manifest's stages, report) or
+    the output's path (Megatron's data-args line)."""
+    skip = {"metrics.json", "report.html", "manifest.json", "megatron_data_args.txt"}  # times, paths
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name not in skip and "_cache" not in p.parts
+    }
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        pytest.param({}, id="global"),
+        pytest.param({"pack": {"mode": "sharded", "algorithm": "bfd"}}, id="sharded"),
+        pytest.param({"output": {"format": "megatron", "shard_rows": 40}}, id="megatron"),
+        pytest.param({"pack": {"algorithm": "lpfhp", "overflow": "split"}}, id="lpfhp"),
+    ],
+)
+def test_local_runner_writes_the_bytes_ray_writes(
+    tmp_path: Path, tokenizer_path: Path, sections: dict[str, Any]
+) -> None:
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=11)
+    # A document twice (the duplicate-id check runs on the runner's tasks) and one over seq_len.
+    write_jsonl(corpus / "extra.jsonl", [{"id": "long", "text": "token " * 700}])
+    found = []
+    for executor in ("ray", "local"):
+        cfg = load_config(
+            str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, **sections)),
+            [f"run.executor={executor}", f"output.path={tmp_path}/out-{executor}", "tokenizer.concurrency=2"],
+        )
+        result = run_job(cfg, log=quiet)
+        assert result.runner["name"] == executor
+        found.append(digests(tmp_path / f"out-{executor}"))
+    assert found[0] == found[1]
+    assert any(name.startswith("data/") for name in found[0])
+
+
+def test_local_runner_reports_duplicate_ids_as_ray_does(tmp_path: Path, tokenizer_path: Path) -> None:
+    """The id check runs on the runner's tasks (exchange_local's files instead of Ray objects)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"id": "x", "text": "the ray data"}, {"id": "y", "text": "a plan"}])
+    write_jsonl(corpus / "b.jsonl", [{"id": "x", "text": "the ray model"}, {"id": "x", "text": "arrow"}])
+    found = []
+    for executor in ("ray", "local"):
+        cfg = load_config(
+            str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, input={"id_field": "id"})),
+            [f"run.executor={executor}", f"output.path={tmp_path}/out-{executor}"],
+        )
+        duplicates = run_job(cfg, log=quiet).duplicates
+        assert duplicates is not None
+        found.append((duplicates.ids, duplicates.documents, duplicates.examples))
+    assert found[0] == found[1] == (1, 3, ("x",))
+
+
+def test_auto_takes_the_local_runner_only_without_a_cluster(tmp_path: Path, tokenizer_path: Path) -> None:
+    base = str(job_config(tmp_path, f"{tmp_path}/corpus/*", tokenizer_path))
+    auto = load_config(base, ["run.local_max_bytes=1000"])
+    # This session runs a Ray (the session fixture): auto takes it.
+    assert choose_runner(auto, 10) == "ray"
+    for executor in ("local", "ray"):
+        assert choose_runner(load_config(base, [f"run.executor={executor}"]), 10**12) == executor
+
+
+def test_auto_chooses_by_input_size_and_ray_address(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
+) -> None:
+    import ray
+
+    cfg = load_config(
+        str(job_config(tmp_path, f"{tmp_path}/corpus/*", tokenizer_path)), ["run.local_max_bytes=1000"]
+    )
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert choose_runner(cfg, 1000) == "local"
+    assert choose_runner(cfg, 1001) == "ray"
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
+    assert choose_runner(cfg, 10) == "ray"
+
+
+def test_run_config_values_are_checked(tmp_path: Path, tokenizer_path: Path) -> None:
+    from raypack.errors import ConfigError
+
+    base = str(job_config(tmp_path, f"{tmp_path}/corpus/*", tokenizer_path))
+    with pytest.raises(ConfigError, match=r"run\.executor must be one of auto, local, ray"):
+        load_config(base, ["run.executor=spark"])
+    with pytest.raises(ConfigError, match=r"run\.local_max_bytes must be >= 0"):
+        load_config(base, ["run.local_max_bytes=-1"])
+
+
+class _Flaky:
+    """Fails with a transient storage error `failures` times (counted in a file: each attempt may run
+    in another call of the same worker), then returns."""
+
+    def __init__(self, counter: Path, failures: int) -> None:
+        self.counter, self.failures = counter, failures
+
+    def __call__(self, x: int) -> int:
+        seen = int(self.counter.read_text()) if self.counter.exists() else 0
+        self.counter.write_text(str(seen + 1))
+        if seen < self.failures:
+            raise TransientStorageError(f"slow down ({seen})")
+        return x * 2
+
+
+def test_local_runner_retries_a_transient_storage_error_as_ray_does(tmp_path: Path) -> None:
+    runner = LocalRunner(1)
+    try:
+        assert runner.map(_Flaky(tmp_path / "a", RETRIES), [(21,)]) == [42]
+        assert (tmp_path / "a").read_text() == str(RETRIES + 1)
+        with pytest.raises(TransientStorageError, match="slow down"):
+            runner.map(_Flaky(tmp_path / "b", RETRIES + 1), [(1,)])
+        assert (tmp_path / "b").read_text() == str(RETRIES + 1)
+        assert sorted(runner.unordered(pow, [(2, 3), (3, 2), (5, 1)])) == [(0, 8), (1, 9), (2, 5)]
+    finally:
+        runner.close(release=True)
+
+
+def test_local_cpus_follows_the_process_affinity() -> None:
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this system")
+    assert runners.local_cpus() == len(os.sched_getaffinity(0))
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_redraws_one_line_with_a_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("raypack.progress.time.monotonic", lambda: clock[0])
+    stream = _Terminal()
+    p = Progress("tokenize", 4, "units", total_bytes=8_000_000, stream=stream)
+    clock[0] += 1.0
+    p.advance(1, 2_000_000)
+    shown = stream.getvalue()
+    assert shown.startswith("\r\x1b[2K[raypack] tokenize 1/4 units  [######..................]  25%")
+    assert "2.0 MB/s" in shown and "ETA 3s" in shown
+    clock[0] += 0.01  # under the redraw interval: nothing new
+    p.advance(1, 2_000_000)
+    assert stream.getvalue() == shown
+    clock[0] += 1.0
+    p.advance(2, 4_000_000)
+    p.close()
+    last = stream.getvalue().rsplit("\r\x1b[2K", 1)[1]
+    assert last.startswith(
+        "[raypack] tokenize 4/4 units  [########################]  100%"
+    ) and last.endswith("in 2s\n")
+
+
+def test_progress_in_a_log_writes_a_line_every_few_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [0.0]
+    monkeypatch.setattr("raypack.progress.time.monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    p = Progress("assign+write", 80, "files", stream=stream)
+    for _ in range(79):
+        clock[0] += 0.125  # exact in binary: the 40th file lands at 5.0 s
+        p.advance()
+    # 9.875 s: a line at 5 s only, no bar, no carriage return.
+    assert stream.getvalue().splitlines() == ["[raypack] assign+write 40/80 files  50%  ETA 5s"]
+    clock[0] += 0.125
+    p.advance()  # 10 s: the next line is due, and it is the last state
+    p.close()  # which the log then does not get twice
+    assert stream.getvalue().splitlines()[1:] == ["[raypack] assign+write 80/80 files  100%  in 10s"]
+    silent = Progress("tokenize", 3, "units")
+    silent.advance(3)
+    silent.close()  # no stream: nothing to write to, nothing fails
+
+
+def test_pack_without_a_cluster_runs_locally_shows_progress_and_its_whole_time(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """The command as users type it, in a process of its own without RAY_ADDRESS: the local runner,
+    progress lines on stderr (not a terminal: plain lines), the whole command's time in the summary
+    and metrics; --quiet leaves the summary alone."""
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=2)
+    config = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "raypack.cli", "pack", str(config), "--overwrite"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[raypack] tasks on" in done.stderr and "local processes (run.executor auto)" in done.stderr
+    assert "[raypack] tokenize 3/3 units  100%" in done.stderr
+    assert "[raypack] assign+write 1/1 files  100%" in done.stderr
+    assert "\r" not in done.stderr
+    time_line = next(line for line in done.stdout.splitlines() if line.startswith("time "))
+    assert "s the whole command: " in time_line and "local processes" in time_line
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["runner"]["name"] == "local"
+    whole, stages = metrics["command_seconds"], sum(metrics["stage_seconds"].values())
+    assert whole > stages > 0
+
+    quiet_run = subprocess.run([*command, "--quiet"], capture_output=True, text=True, env=env, timeout=300)
+    assert quiet_run.returncode == 0, quiet_run.stderr[-3000:]
+    assert "[raypack]" not in quiet_run.stderr
+    assert any(line.startswith("time ") for line in quiet_run.stdout.splitlines())
