@@ -19,7 +19,12 @@ Which tokens are trained (pack.loss):
   and the template's end-of-turn tokens, which the model must learn to emit. This holds only for a
   template whose render of a prefix is a prefix of the render of the whole; one that rewrites earlier
   turns (drops past reasoning, say) is refused with the template's name, never given a wrong or
-  all-zero mask;
+  all-zero mask. Prefix renders cost O(turns²) a conversation (two renders of up to the whole per
+  assistant turn); with ONE_RENDER_TURNS or more assistant turns (tokenizer.chat_spans auto) the
+  turns come from one render instead (one_render_spans): where each message's output begins, seen
+  by which message the template reads as it writes, taken only when the first and last assistant
+  turns, derived by prefix renders, agree with it and every turn between has their form (the
+  template's text around the content, the same); else that conversation takes prefix renders;
 - completion (pairs): the completion's characters (and EOS when tokenizer.add_eos);
 - all: every token.
 A conversation with no trained token is a reject, like an empty document: it would add tokens to a
@@ -29,6 +34,7 @@ pack and nothing to the loss (transformers #34172, trl #4201: an all-zero mask p
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Callable
@@ -43,6 +49,7 @@ from raypack.errors import ConfigError
 
 __all__ = [
     "CHAT_FILE",
+    "ONE_RENDER_TURNS",
     "PROBES",
     "RENDER_VERSION",
     "ChatTemplate",
@@ -51,6 +58,7 @@ __all__ = [
     "chat_rows",
     "check_template",
     "load_template",
+    "one_render_spans",
     "pair_spans",
     "special_tokens",
     "template_variables",
@@ -67,7 +75,12 @@ _REASONING = ("reasoning_content", "thinking", "reasoning")
 # the same conversation renders to or which of its tokens are trained must never reuse token files
 # the old code wrote. 2: special tokens from the tokenizer's resolved BOS/EOS, a fixed date for
 # strftime_now, trained spans whose first or last character no token holds (issue 31).
-RENDER_VERSION = 2
+RENDER_VERSION = 3
+# 3: conversations of ONE_RENDER_TURNS or more assistant turns take their spans from one render.
+# From this many assistant turns a conversation's spans come from one render (tokenizer.chat_spans
+# auto): its checks render the first and last turns' prefixes (4 renders), which is what prefix
+# renders of two turns cost; with more turns prefix renders cost O(turns²).
+ONE_RENDER_TURNS = 3
 # Templates that print the date (Llama 3.1-3.3: strftime_now("%d %b %Y")): the job fixes it.
 _PRINTS_DATE = re.compile(r"\bstrftime_now\b")
 
@@ -189,9 +202,26 @@ def _environment(now: datetime | None) -> Any:
             x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
         )
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
-    )
+    class Reading(ImmutableSandboxedEnvironment):
+        """Records, while `watched` is set (id of a message → its index), which message the template
+        reads as it writes and how much it has written then (`emitted`, kept by the render loop):
+        where each message's output begins (one_render_spans)."""
+
+        watched: dict[int, int] | None = None
+        reads: list[tuple[int, int]]
+        emitted = 0
+
+        def getitem(self, obj: Any, argument: Any) -> Any:
+            if self.watched is not None and (i := self.watched.get(id(obj))) is not None:
+                self.reads.append((i, self.emitted))
+            return super().getitem(obj, argument)
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            if self.watched is not None and (i := self.watched.get(id(obj))) is not None:
+                self.reads.append((i, self.emitted))
+            return super().getattr(obj, attribute)
+
+    env = Reading(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     # transformers prints the day it runs; a dataset must not depend on the day it was packed (a
@@ -218,12 +248,19 @@ class ChatTemplate:
     the clock, as transformers does; the job always gives one when the template prints the date)."""
 
     def __init__(
-        self, source: str, origin: str, variables: dict[str, str], now: datetime | None = None
+        self,
+        source: str,
+        origin: str,
+        variables: dict[str, str],
+        now: datetime | None = None,
+        spans: str = "auto",
     ) -> None:
         import jinja2
         import jinja2.meta
 
         self.source, self.origin, self.variables = source, origin, dict(variables)
+        self.spans = spans
+        """tokenizer.chat_spans: auto (one render for many turns, checked) or prefixes."""
         self.markers = bool(GENERATION.search(source))
         self.prints_date = bool(_PRINTS_DATE.search(source))
         self.now = now if self.prints_date else None
@@ -245,11 +282,13 @@ class ChatTemplate:
             )
 
     def key(self) -> dict[str, Any]:
-        """What decides its renders, for the token cache key: the text, the variables, the date."""
+        """What decides its renders, for the token cache key: the text, the variables, the date, how
+        unmarked turns are found."""
         return {
             "template_sha256": hashlib.sha256(self.source.encode()).hexdigest(),
             "variables": dict(sorted(self.variables.items())),
             "date": self.now.isoformat() if self.now is not None else None,
+            "spans": self.spans,
         }
 
     def render(
@@ -260,49 +299,179 @@ class ChatTemplate:
         track: bool = False,
     ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and, with `track`, the character spans of its `{% generation %}` blocks."""
+        text, spans, _ = self._render(messages, tools, add_generation_prompt, track, watch=False)
+        return text, spans
+
+    def _render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any,
+        add_generation_prompt: bool,
+        track: bool,
+        watch: bool,
+    ) -> tuple[str, list[tuple[int, int]], list[tuple[int, int]]]:
+        """render(), and with `watch` the template's reads of the messages: (message index, output
+        length then), in the order it made them."""
         import jinja2
 
-        args = {**self.variables, "messages": _normalize(messages), "tools": tools, "documents": None}
+        normalized = _normalize(messages)
+        args = {**self.variables, "messages": normalized, "tools": tools, "documents": None}
         blocks: list[str] = []
         spans: list[tuple[int, int]] = []
+        reads: list[tuple[int, int]] = []
         env = self._env
         env.rendered_blocks, env.generation_spans = (blocks, spans) if track else (None, None)
+        if watch:
+            env.watched, env.reads, env.emitted = {id(m): i for i, m in enumerate(normalized)}, reads, 0
         try:
             for block in self._template.generate(add_generation_prompt=add_generation_prompt, **args):
                 blocks.append(block)
+                env.emitted += len(block)
         except jinja2.exceptions.TemplateError as e:
             raise RenderError(f"chat template {self.origin}: {e.message or type(e).__name__}") from None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
             raise RenderError(f"chat template {self.origin} failed on this conversation: {e}") from None
         finally:
-            env.rendered_blocks = env.generation_spans = None
-        return "".join(blocks), spans
+            env.rendered_blocks = env.generation_spans = env.watched = None
+        return "".join(blocks), spans, reads
 
     def conversation(
-        self, messages: list[dict[str, Any]], tools: Any, loss: str
+        self, messages: list[dict[str, Any]], tools: Any, loss: str, spans: str | None = None
     ) -> tuple[str, list[tuple[int, int]]]:
-        """The conversation's text and its trained character spans (module docstring)."""
+        """The conversation's text and its trained character spans (module docstring); `spans`:
+        tokenizer.chat_spans for this call (self.spans when None)."""
         if loss == "all":
             text, _ = self.render(messages, tools)
             return text, [(0, len(text))]
         if self.markers:
             return self.render(messages, tools, track=True)
-        text, _ = self.render(messages, tools)
-        spans = []
-        for i, m in enumerate(messages):
-            if m.get("role") != "assistant":
-                continue
-            before, _ = self.render(messages[:i], tools, add_generation_prompt=True)
-            through, _ = self.render(messages[: i + 1], tools)
-            if not through.startswith(before) or not text.startswith(through):
-                raise NotPrefixStable(
-                    f"chat template {self.origin} is not prefix-stable: the conversation up to assistant "
-                    f"turn {i} renders as something other than the start of the whole conversation (it "
-                    "rewrites earlier turns), so the assistant tokens cannot be found; give a template with "
-                    "{% generation %} markers (tokenizer.chat_template) or pack.loss: all"
-                )
-            spans.append((len(before), len(through)))
-        return text, spans
+        turns = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+        one = (spans or self.spans) == "auto" and len(turns) >= ONE_RENDER_TURNS
+        text, _, reads = self._render(messages, tools, False, False, watch=one)
+        if one:
+            first = self._turn(messages, tools, text, turns[0])
+            try:
+                last = self._turn(messages, tools, text, turns[-1])
+            except NotPrefixStable:  # refused below, naming the first turn that is, as prefixes do
+                last = None
+            found = last and one_render_spans(text, reads, messages, turns, first, last)
+            if found:
+                return text, found
+        return text, [self._turn(messages, tools, text, i) for i in turns]
+
+    def _turn(self, messages: list[dict[str, Any]], tools: Any, text: str, i: int) -> tuple[int, int]:
+        """Assistant turn i's span in `text` (the whole conversation's render), by prefix renders."""
+        before, _ = self.render(messages[:i], tools, add_generation_prompt=True)
+        through, _ = self.render(messages[: i + 1], tools)
+        if not through.startswith(before) or not text.startswith(through):
+            raise NotPrefixStable(
+                f"chat template {self.origin} is not prefix-stable: the conversation up to assistant "
+                f"turn {i} renders as something other than the start of the whole conversation (it "
+                "rewrites earlier turns), so the assistant tokens cannot be found; give a template with "
+                "{% generation %} markers (tokenizer.chat_template) or pack.loss: all"
+            )
+        return len(before), len(through)
+
+
+def message_starts(reads: list[tuple[int, int]], n: int) -> list[int] | None:
+    """Where each of n messages' output begins, from the template's reads of them while rendering
+    (message index, output length then): walking back from the last read, the pass that wrote the
+    messages in order (the template's loop over them) reads message j, then j - 1 before it; j's
+    output begins at the earliest read of j in that pass. Looks back inside it (at messages[0], at
+    the previous tool turn) are passed over, and so is what came before the pass (a template that
+    first scans the messages, reversed, for the last query); a look ahead at the next message is
+    taken for its start, which one_render_spans' checks catch. None when some message was not read
+    in such a pass."""
+    if n == 0:
+        return None
+    starts: list[int | None] = [None] * n
+    at = n - 1
+    for i, emitted in reversed(reads):
+        if i == at:
+            starts[at] = emitted
+        elif i == at - 1:
+            at -= 1
+            starts[at] = emitted
+        elif at == 0:
+            break
+    if at != 0 or any(x is None for x in starts):
+        return None
+    return [int(x) for x in starts if x is not None]
+
+
+def _form(body: str, content: Any) -> tuple[str, str] | None:
+    """(text before, text after) the content in an assistant turn's span `body`: the content as given
+    or stripped (Llama 3 trims it), where it stands first in `body`; None when it is not a non-empty
+    string found there."""
+    if not isinstance(content, str):
+        return None
+    for c in (content, content.strip()):
+        if c and (k := body.find(c)) >= 0:
+            return body[:k], body[k + len(c) :]
+    return None
+
+
+def _has_form(body: str, content: Any, form: tuple[str, str]) -> bool:
+    """Whether `body` is the form's text around the content (as given or stripped)."""
+    head, tail = form
+    if not isinstance(content, str) or len(body) < len(head) + len(tail):
+        return False
+    if not (body.startswith(head) and body.endswith(tail)):
+        return False
+    inner = body[len(head) : len(body) - len(tail)]
+    return inner in (content, content.strip())
+
+
+def _keys(message: dict[str, Any]) -> set[str]:
+    """What a message gives (keys with a value): what a template may render differently."""
+    return {k for k, v in message.items() if v is not None}
+
+
+def one_render_spans(
+    text: str,
+    reads: list[tuple[int, int]],
+    messages: list[dict[str, Any]],
+    turns: list[int],
+    first: tuple[int, int],
+    last: tuple[int, int],
+) -> list[tuple[int, int]] | None:
+    """Every assistant turn's span in `text`, the conversation rendered once with its reads
+    (message_starts), given the first and last turns' spans from prefix renders; None where the one
+    render cannot be trusted for this conversation (the caller renders prefixes instead).
+
+    A turn i spans from where message i begins plus the generation prompt's length, to where
+    message i + 1 begins (the end of the text after the last message). Taken only when the starts
+    give the first and last turns exactly the spans their prefix renders give (the generation
+    prompt's length measured on the first), and every turn between gives what the first or the
+    last gives (the same keys: a template renders reasoning or tool calls otherwise, and may drop
+    them from all but the last turn, which prefix renders would refuse) and is the template's text
+    around its content in the form the first and last turns show (the same text before and after
+    it). A start misplaced by a read the walk misjudged, a turn rendered otherwise, content that is
+    not a string: the whole conversation goes to prefix renders."""
+    starts = message_starts(reads, len(messages))
+    if starts is None:
+        return None
+    bounds = [*starts, len(text)]
+    if any(a > b for a, b in itertools.pairwise(bounds)):
+        return None
+    a, z = turns[0], turns[-1]
+    prompt = first[0] - bounds[a]
+    if prompt < 0 or first[1] != bounds[a + 1] or last != (bounds[z] + prompt, bounds[z + 1]):
+        return None
+    bodies = {a: text[first[0] : first[1]], z: text[last[0] : last[1]]}
+    form = _form(bodies[a], messages[a].get("content")) or _form(bodies[z], messages[z].get("content"))
+    if form is None or not all(_has_form(bodies[i], messages[i].get("content"), form) for i in (a, z)):
+        return None
+    shapes = (_keys(messages[a]), _keys(messages[z]))
+    spans = [first]
+    for i in turns[1:-1]:
+        if _keys(messages[i]) not in shapes:
+            return None
+        span = (bounds[i] + prompt, bounds[i + 1])
+        if not _has_form(text[span[0] : span[1]], messages[i].get("content"), form):
+            return None
+        spans.append(span)
+    return [*spans, last]
 
 
 def pair_spans(prompt: str, completion: str, loss: str) -> tuple[str, list[tuple[int, int]]]:
@@ -385,27 +554,39 @@ PROBES: tuple[tuple[dict[str, Any], ...], ...] = (
 
 @dataclass(frozen=True, slots=True)
 class Check:
-    """What the self-check found: conversations rendered, and the first that failed (None: all did)."""
+    """What the self-check found: conversations rendered, the first that failed (None: all did), and
+    the first whose turns one render found otherwise than prefix renders (None: none did)."""
 
     rendered: int
     failure: str | None
+    spans_differ: str | None = None
 
 
 def check_template(
     template: ChatTemplate, conversations: list[tuple[list[dict[str, Any]], Any]], loss: str
 ) -> Check:
     """Render each conversation as a job would (spans included): a template that is not prefix-stable
-    on any of them fails; one that refuses a probe (its own raise_exception) does not."""
+    on any of them fails; one that refuses a probe (its own raise_exception) does not. With
+    tokenizer.chat_spans auto, each conversation's spans are found both ways and compared."""
     rendered = 0
+    differ: str | None = None
     for messages, tools in conversations:
         try:
-            template.conversation(messages, tools, loss)
+            text, spans = template.conversation(messages, tools, loss)
+            if differ is None and template.spans == "auto":
+                _, exact = template.conversation(messages, tools, loss, spans="prefixes")
+                if spans != exact:
+                    turns = sum(m.get("role") == "assistant" for m in messages)
+                    differ = (
+                        f"a conversation of {turns} assistant turns ({text[:40]!r}): one render gave "
+                        f"spans {spans}, prefix renders {exact}"
+                    )
         except NotPrefixStable as e:
-            return Check(rendered, str(e))
+            return Check(rendered, str(e), differ)
         except RenderError:
             continue
         rendered += 1
-    return Check(rendered, None)
+    return Check(rendered, None, differ)
 
 
 def chat_rows(chat: dict[str, Any]) -> list[tuple[str, str]]:

@@ -478,6 +478,10 @@ def _check_sample(
     date = manifest.get("chat", {}).get("date")
     if config.tokenizer.chat_date is None and date is not None:  # the date the dataset was rendered with
         config = dataclasses.replace(config, tokenizer=dataclasses.replace(config.tokenizer, chat_date=date))
+    if manifest.get("chat", {}).get("spans") == "prefixes":  # the job's self-check took prefix renders
+        config = dataclasses.replace(
+            config, tokenizer=dataclasses.replace(config.tokenizer, chat_spans="prefixes")
+        )
     template = chat_template(config, tok)
     expected: dict[str, list[int]] = {}
     for shard_index, rows in wanted.items():

@@ -100,3 +100,64 @@ def conversation(rng: random.Random, i: int) -> list[dict[str, Any]]:
             content += " 日本語 — ü 🙂"
         msgs.append({"role": "assistant", "content": content})
     return msgs
+
+
+# Templates written after published ones' ways of rendering a turn, for the one-render spans'
+# tests: Llama 3's (content trimmed inside a {% set %}, BOS on the first message), Gemma's
+# (alternation checked against loop.index0, a role renamed), Zephyr's (a generation prompt shorter
+# than the turn's header), Mistral's (no generation prompt; [INST] around user turns), and Qwen3's
+# (a reversed scan of every message before any output; reasoning rendered only after the last
+# user query; an empty system prompt default).
+LLAMA3_LIKE = (
+    "{% for message in messages %}{% set content = '<|start_header_id|>' + message['role'] + "
+    "'<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+GEMMA_LIKE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}"
+    "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+    "{% if message['role'] == 'assistant' %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}"
+    "{% endif %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+ZEPHYR_LIKE = (
+    "{% for message in messages %}\n{% if message['role'] == 'user' %}\n"
+    "{{ '<|user|>\\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n"
+    "{{ '<|system|>\\n' + message['content'] + "
+    "eos_token }}\n{% elif message['role'] == 'assistant' %}\n{{ '<|assistant|>\\n' + message['content'] + "
+    "eos_token }}\n{% endif %}\n{% if loop.last and add_generation_prompt %}\n{{ '<|assistant|>' }}\n"
+    "{% endif %}\n{% endfor %}"
+)
+MISTRAL_LIKE = (
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+    "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ message['content'] + eos_token }}{% else %}{{ message['content'] }}{% endif %}{% endfor %}"
+)
+QWEN3_LIKE = (
+    "{%- if messages[0].role == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
+    "{%- for message in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}"
+    "{%- if ns.multi_step_tool and message.role == 'user' and message.content is string %}"
+    "{%- set ns.multi_step_tool = false %}{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}"
+    "{%- for message in messages %}"
+    "{%- if message.content is string %}{%- set content = message.content %}"
+    "{%- else %}{%- set content = '' %}"
+    "{%- endif %}"
+    "{%- if (message.role == 'user') or (message.role == 'system' and not loop.first) "
+    "or message.role == 'tool' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{%- if loop.index0 > ns.last_query_index and message.reasoning_content %}"
+    "{{- '<|im_start|>assistant\\n<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' + content }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + content }}{%- endif %}"
+    "{%- if message.tool_calls %}{%- for call in message.tool_calls %}"
+    "{{- '\\n<tool_call>' + (call.function | tojson) + '</tool_call>' }}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)

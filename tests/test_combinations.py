@@ -1,11 +1,11 @@
 """Every setting in combination: hypothesis draws whole jobs (input formats, mixture sources with
 their own format, fields and ids, plain text, conversations with and without generation markers,
 prompt/completion pairs, every output format, packer, mode, overflow policy, backend, BOS framing,
-max_depth), packs a small generated corpus with one tokenize worker on Ray and again with two, on
-Ray or on local processes (run.executor), and checks both against tests/oracle.py, which was
-written apart from the pipeline: every document (or each of its copies) once, token for token, its
-mask bit for bit, each source's share, the padding, and the same bytes whatever the number of
-workers and wherever they run.
+max_depth, how unmarked assistant turns are found), packs a small generated corpus with one
+tokenize worker on Ray and again with two, on Ray or on local processes (run.executor), and checks
+both against tests/oracle.py, which was written apart from the pipeline: every document (or each of
+its copies) once, token for token, its mask bit for bit, each source's share, the padding, and the
+same bytes whatever the number of workers and wherever they run.
 
 The light tier draws EXAMPLES jobs a run (a different draw each run: hypothesis picks them);
 `-m slow` draws SLOW_EXAMPLES. A failure prints the drawn job (hypothesis' "Falsifying example").
@@ -60,6 +60,7 @@ class Combo:
     id_field: bool  # the top level names an id field ("id")
     sources: tuple[Source, ...]
     template: str  # messages: "model" (the model directory's, no markers) or "marked" (a file)
+    chat_spans: str  # tokenizer.chat_spans: turns of the model's template by one render or prefixes
     loss: str
     output: str
     mode: str
@@ -113,6 +114,7 @@ def combos(draw: st.DrawFn) -> Combo:
         id_field=draw(st.booleans()),
         sources=sources,
         template=draw(st.sampled_from(("model", "marked"))),
+        chat_spans=draw(st.sampled_from(("auto", "prefixes"))),
         loss=loss,
         output=output,
         mode=mode,
@@ -264,6 +266,7 @@ def config(
             (root / "marked.jinja").write_text(CHATML_MARKED)
             data["tokenizer"]["chat_template"] = str(root / "marked.jinja")
         data["pack"]["loss"] = combo.loss
+        data["tokenizer"]["chat_spans"] = combo.chat_spans
     elif combo.kind == "pairs":
         data["input"] |= {"prompt_field": "prompt", "completion_field": "completion"}
         data["tokenizer"]["path"] = str(model)
@@ -432,4 +435,4 @@ def test_the_drawing_reaches_every_setting() -> None:
         "unset",
     }
     assert seen["template"] == {"model", "marked"} and seen["mode"] == {"global", "sharded"}
-    assert seen["executor"] == {"ray", "local"}
+    assert seen["executor"] == {"ray", "local"} and seen["chat_spans"] == {"auto", "prefixes"}

@@ -7,9 +7,10 @@ from datetime import datetime
 
 from raypack.errors import ConfigError
 
-__all__ = ["TOKENIZER_BACKENDS", "TokenizerConfig"]
+__all__ = ["CHAT_SPANS", "TOKENIZER_BACKENDS", "TokenizerConfig"]
 
 TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")  # raypack.pipeline.backends
+CHAT_SPANS = ("auto", "prefixes")  # raypack.chat
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,6 +37,14 @@ class TokenizerConfig:
     ISO date or date-time (2024-07-26). None: the day the dataset is packed, or for a rebuild the
     date its root's versions were packed with, so that a dataset never mixes dates; the manifest
     records it (chat.date) and verify renders with it."""
+    chat_spans: str = "auto"
+    """How a template without {% generation %} markers shows the assistant turns (pack.loss
+    assistant). prefixes: rendering growing prefixes of each conversation, two renders a turn
+    (O(turns²)); auto: a conversation of 3 or more assistant turns rendered once, where the template
+    is seen writing each message, taken where its first and last turns agree with their prefix
+    renders and every turn between has their form, else prefixes (raypack.chat). The job's
+    self-check compares both on its probes and corpus sample and takes prefixes for the whole job
+    on a difference (the manifest's chat.spans says which ran)."""
     backend: str = "auto"
     """What encodes: tokenizers (the reference), fastokens (exact and ×7-66 faster where it loads the
     tokenizer; a ConfigError where it cannot be used), or auto: fastokens when it loads the tokenizer
@@ -49,6 +58,10 @@ class TokenizerConfig:
         if self.backend not in TOKENIZER_BACKENDS:
             raise ConfigError(
                 f"tokenizer.backend must be one of {', '.join(TOKENIZER_BACKENDS)}, got {self.backend!r}"
+            )
+        if self.chat_spans not in CHAT_SPANS:
+            raise ConfigError(
+                f"tokenizer.chat_spans must be one of {', '.join(CHAT_SPANS)}, got {self.chat_spans!r}"
             )
         if self.concurrency is not None and self.concurrency < 1:
             raise ConfigError(f"tokenizer.concurrency must be >= 1 or null, got {self.concurrency}")

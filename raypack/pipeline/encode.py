@@ -150,7 +150,8 @@ def chat_template(cfg: JobConfig, tok: LoadedTokenizer) -> ChatTemplate | None:
         {"bos_token": text(cfg.tokenizer.bos_id), "eos_token": text(cfg.tokenizer.eos_id)},
     )
     date = cfg.tokenizer.chat_date
-    return ChatTemplate(source, origin, variables, datetime.fromisoformat(date) if date else None)
+    now = datetime.fromisoformat(date) if date else None
+    return ChatTemplate(source, origin, variables, now, spans=cfg.tokenizer.chat_spans)
 
 
 def encode_chat(

@@ -15,13 +15,14 @@ never depends on which units a sampled check happened to catch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TextIO
 
-from raypack.chat import PROBES, ChatTemplate, RenderError, check_template
+from raypack.chat import ONE_RENDER_TURNS, PROBES, ChatTemplate, RenderError, check_template
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError
 from raypack.pipeline.backends import (
@@ -103,6 +104,15 @@ def tokenize(
     records = _chat_records(cfg, units) if cfg.input.chat else []
     chat = check_chat(cfg, template, records)
     if chat is not None:
+        if chat.get("spans_differ"):  # the workers render every turn's prefixes too (tokenizer.chat_spans)
+            log(
+                "[raypack] one render found other assistant turns than prefix renders on "
+                f"{chat['spans_differ']}: every conversation's turns by prefix renders"
+            )
+            cfg = dataclasses.replace(
+                cfg, tokenizer=dataclasses.replace(cfg.tokenizer, chat_spans="prefixes")
+            )
+            template = chat_template(cfg, tok)
         log(f"[raypack] chat template: {chat['template']} ({chat['mask']})")
     remembered = remembered_failover(memory, cfg.tokenizer.backend, tok, cfg.storage) if memory else None
     if cfg.input.chat:  # ids and character offsets of what the template renders
@@ -137,7 +147,7 @@ def tokenize(
                 written.append(keyed[int(summary["shard"])])
 
         ordered = [keyed[i] for i in order]
-        pool.run(ordered, TokenizeShards, choice.backend, add, lambda: bool(totals.failovers))
+        pool.run(ordered, TokenizeShards, choice.backend, add, lambda: bool(totals.failovers), cfg)
         progress.close()
         return keyed, totals, written
 
@@ -198,14 +208,27 @@ def check_chat(cfg: JobConfig, template: ChatTemplate | None, records: list[Chat
     found = check_template(template, sample, cfg.loss)
     if found.failure is not None:
         raise ConfigError(found.failure)
+    spans: str | None = None
     if cfg.loss == "all":
         mask = "pack.loss all: every token"
     elif template.markers:
         mask = "assistant tokens from its {% generation %} markers"
     else:
-        mask = "assistant turns found by rendering growing prefixes (prefix-stable on the probes and sample)"
+        spans = "prefixes" if found.spans_differ else template.spans
+        how = {
+            "auto": f"one render for {ONE_RENDER_TURNS}+ assistant turns, checked, else growing prefixes",
+            "prefixes": "rendering growing prefixes",
+        }[spans]
+        mask = f"assistant turns found by {how} (prefix-stable on the probes and sample)"
     date = cfg.tokenizer.chat_date if template.prints_date else None
-    return info | {"template": template.origin, "mask": mask, "checked": found.rendered, "date": date}
+    return info | {
+        "template": template.origin,
+        "mask": mask,
+        "checked": found.rendered,
+        "date": date,
+        "spans": spans,
+        "spans_differ": found.spans_differ,
+    }
 
 
 def _chat_records(cfg: JobConfig, units: list[WorkUnit]) -> list[Chat]:

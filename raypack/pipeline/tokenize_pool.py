@@ -143,13 +143,16 @@ class TokenizePool:
         backend: str,
         on_summary: Callable[[dict[str, Any]], None],
         stop: Callable[[], bool] = lambda: False,
+        cfg: JobConfig | None = None,
     ) -> None:
         """Tokenize every row's unit, submitted in the given order, each node's window at a time;
         `on_summary` gets each summary as it arrives; once `stop()` says so, nothing more is
         submitted and the units running finish. An error that Ray's retries did not cure is raised
-        as Ray raises it."""
+        as Ray raises it. `cfg`: the job's as the self-check left it (tokenizer.chat_spans), else
+        the pool's."""
         import ray
 
+        cfg = cfg or self.cfg
         task = ray.remote(tokenize_unit)
         todo = iter(rows)
         running: dict[Any, str] = {}  # a unit's task -> the node it was given to
@@ -159,7 +162,7 @@ class TokenizePool:
             row = next(todo, None)
             if row is not None:
                 ref = task.options(**self.options, **_placed(node)).remote(
-                    self.run_id, self.cfg, cls, backend, self.patterns, row
+                    self.run_id, cfg, cls, backend, self.patterns, row
                 )
                 running[ref] = node
                 busy[node] += 1
@@ -264,15 +267,17 @@ class LocalTokenizePool:
         backend: str,
         on_summary: Callable[[dict[str, Any]], None],
         stop: Callable[[], bool] = lambda: False,
+        cfg: JobConfig | None = None,
     ) -> None:
         """TokenizePool.run, on the local processes."""
+        cfg = cfg or self.cfg
         todo = iter(rows)
         running: set[Future[Any]] = set()
 
         def submit() -> bool:
             row = next(todo, None)
             if row is not None:
-                running.add(self.runner.submit(tokenize_unit, self.run_id, self.cfg, cls, backend, None, row))
+                running.add(self.runner.submit(tokenize_unit, self.run_id, cfg, cls, backend, None, row))
             return row is not None
 
         while len(running) < self.window and submit():
