@@ -78,8 +78,8 @@ _REASONING = ("reasoning_content", "thinking", "reasoning")
 RENDER_VERSION = 3
 # 3: conversations of ONE_RENDER_TURNS or more assistant turns take their spans from one render.
 # From this many assistant turns a conversation's spans come from one render (tokenizer.chat_spans
-# auto): its checks render the first and last turns' prefixes (4 renders), which is what prefix
-# renders of two turns cost; with more turns prefix renders cost O(turns²).
+# auto): with its checks (the first turn's two prefix renders, the last's one: the whole text is
+# its other) 4 renders, what prefix renders of two turns cost; of ten turns, 20 (O(turns²)).
 ONE_RENDER_TURNS = 3
 # Templates that print the date (Llama 3.1-3.3: strftime_now("%d %b %Y")): the job fixes it.
 _PRINTS_DATE = re.compile(r"\bstrftime_now\b")
@@ -202,26 +202,9 @@ def _environment(now: datetime | None) -> Any:
             x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
         )
 
-    class Reading(ImmutableSandboxedEnvironment):
-        """Records, while `watched` is set (id of a message → its index), which message the template
-        reads as it writes and how much it has written then (`emitted`, kept by the render loop):
-        where each message's output begins (one_render_spans)."""
-
-        watched: dict[int, int] | None = None
-        reads: list[tuple[int, int]]
-        emitted = 0
-
-        def getitem(self, obj: Any, argument: Any) -> Any:
-            if self.watched is not None and (i := self.watched.get(id(obj))) is not None:
-                self.reads.append((i, self.emitted))
-            return super().getitem(obj, argument)
-
-        def getattr(self, obj: Any, attribute: str) -> Any:
-            if self.watched is not None and (i := self.watched.get(id(obj))) is not None:
-                self.reads.append((i, self.emitted))
-            return super().getattr(obj, attribute)
-
-    env = Reading(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     # transformers prints the day it runs; a dataset must not depend on the day it was packed (a
@@ -321,18 +304,22 @@ class ChatTemplate:
         reads: list[tuple[int, int]] = []
         env = self._env
         env.rendered_blocks, env.generation_spans = (blocks, spans) if track else (None, None)
+        emitted = [0]
         if watch:
-            env.watched, env.reads, env.emitted = {id(m): i for i, m in enumerate(normalized)}, reads, 0
+            _watch(env, {id(m): i for i, m in enumerate(normalized)}, reads, emitted)
         try:
             for block in self._template.generate(add_generation_prompt=add_generation_prompt, **args):
                 blocks.append(block)
-                env.emitted += len(block)
+                if watch:
+                    emitted[0] += len(block)
         except jinja2.exceptions.TemplateError as e:
             raise RenderError(f"chat template {self.origin}: {e.message or type(e).__name__}") from None
         except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
             raise RenderError(f"chat template {self.origin} failed on this conversation: {e}") from None
         finally:
-            env.rendered_blocks = env.generation_spans = env.watched = None
+            env.rendered_blocks = env.generation_spans = None
+            if watch:
+                del env.getitem, env.getattr  # the class's again: no cost to renders not watched
         return "".join(blocks), spans, reads
 
     def conversation(
@@ -362,7 +349,8 @@ class ChatTemplate:
     def _turn(self, messages: list[dict[str, Any]], tools: Any, text: str, i: int) -> tuple[int, int]:
         """Assistant turn i's span in `text` (the whole conversation's render), by prefix renders."""
         before, _ = self.render(messages[:i], tools, add_generation_prompt=True)
-        through, _ = self.render(messages[: i + 1], tools)
+        # The last message's: the whole text (a template renders the same messages the same way).
+        through = text if i + 1 == len(messages) else self.render(messages[: i + 1], tools)[0]
         if not through.startswith(before) or not text.startswith(through):
             raise NotPrefixStable(
                 f"chat template {self.origin} is not prefix-stable: the conversation up to assistant "
@@ -371,6 +359,25 @@ class ChatTemplate:
                 "{% generation %} markers (tokenizer.chat_template) or pack.loss: all"
             )
         return len(before), len(through)
+
+
+def _watch(env: Any, watched: dict[int, int], reads: list[tuple[int, int]], emitted: list[int]) -> None:
+    """Make `env` record, until its instance attributes are deleted, each read of a watched message
+    (id → index) with the output's length then (emitted[0], which the render loop keeps): the
+    compiled template reads every item and attribute through environment.getitem / getattr."""
+    getitem, getattr_ = env.getitem, env.getattr
+
+    def watched_getitem(obj: Any, argument: Any) -> Any:
+        if (i := watched.get(id(obj))) is not None:
+            reads.append((i, emitted[0]))
+        return getitem(obj, argument)
+
+    def watched_getattr(obj: Any, attribute: str) -> Any:
+        if (i := watched.get(id(obj))) is not None:
+            reads.append((i, emitted[0]))
+        return getattr_(obj, attribute)
+
+    env.getitem, env.getattr = watched_getitem, watched_getattr
 
 
 def message_starts(reads: list[tuple[int, int]], n: int) -> list[int] | None:
@@ -423,8 +430,11 @@ def _has_form(body: str, content: Any, form: tuple[str, str]) -> bool:
 
 
 def _keys(message: dict[str, Any]) -> set[str]:
-    """What a message gives (keys with a value): what a template may render differently."""
-    return {k for k, v in message.items() if v is not None}
+    """What a message gives (keys with a true value, as a template's `{% if %}` sees them): what a
+    template may render differently. An empty reasoning_content beside a filled one is another shape
+    (hypothesis found a template that shows only the last turn's reasoning: "" and "<" both had the
+    key)."""
+    return {k for k, v in message.items() if v}
 
 
 def one_render_spans(
@@ -496,12 +506,43 @@ def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]], text_len: int)
     - a span ends with the *last* token holding its last character: a character of several bytes
       is several tokens (日 is 3 in a byte-level BPE), and transformers' char_to_token gives the
       first, leaving a completion that ends in "日本語" two tokens short of what TRL trains.
-    A span no token holds trains nothing."""
+    A span no token holds trains nothing.
+
+    Offsets in order (every start and every end at least the one before: what a byte-level BPE, or
+    any tokenizer over one text, gives) are searched per span, O(spans log tokens): the first held
+    token (end > start) ending after the span's start holds its first held character, and the last
+    starting before its end holds its last; otherwise (_mask_by_characters) each character's first
+    and last token is found, O(characters). tests/test_chat_turns.py draws offsets both ways."""
     n = len(offsets)
     mask = np.zeros(n, dtype=bool)
     if n == 0 or not spans:
         return mask
     starts, ends = offsets[:, 0].astype(np.int64), offsets[:, 1].astype(np.int64)
+    ordered = (
+        starts[0] >= 0
+        and ends[-1] <= text_len
+        and bool(np.all(starts[1:] >= starts[:-1]))
+        and bool(np.all(ends[1:] >= ends[:-1]))
+    )
+    if not ordered:
+        return _mask_by_characters(starts, ends, spans, text_len)
+    held = np.flatnonzero(ends > starts)
+    held_starts, held_ends = starts[held], ends[held]
+    for s, e in spans:
+        s, e = max(s, 0), min(e, text_len)
+        lo = int(np.searchsorted(held_ends, s, side="right"))
+        hi = int(np.searchsorted(held_starts, e, side="left")) - 1
+        if s < e and lo <= hi:
+            mask[held[lo] : held[hi] + 1] = True
+    return mask
+
+
+def _mask_by_characters(
+    starts: np.ndarray, ends: np.ndarray, spans: list[tuple[int, int]], text_len: int
+) -> np.ndarray:
+    """token_mask for offsets in any order, character by character."""
+    n = len(starts)
+    mask = np.zeros(n, dtype=bool)
     width = np.maximum(ends - starts, 0)
     chars = np.repeat(starts, width) + (
         np.arange(int(width.sum())) - np.repeat(np.cumsum(width) - width, width)

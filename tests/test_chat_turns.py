@@ -106,12 +106,13 @@ class Counted(ChatTemplate):
 
 
 @pytest.mark.parametrize("name", ["chatml", "llama3", "gemma", "zephyr", "mistral", "qwen3"])
-def test_a_conversation_of_many_plain_turns_is_rendered_five_times_not_twice_a_turn(name: str) -> None:
-    """Ten assistant turns: one render, and the prefixes of the first and the last turn (4), against
-    one and two a turn (21); fewer than ONE_RENDER_TURNS turns: prefixes, which cost no more."""
+def test_a_conversation_of_many_plain_turns_is_rendered_four_times_not_twice_a_turn(name: str) -> None:
+    """Ten assistant turns: one render, the first turn's two prefixes and the last's one (the whole
+    text is its other): 4, against one and two a turn less that one (20); fewer than
+    ONE_RENDER_TURNS turns: prefixes, which cost no more."""
     rng = random.Random(4)
     system = name not in ("gemma", "mistral")
-    for turns, auto, prefixes in [(10, 5, 21), (ONE_RENDER_TURNS - 1, 1 + 2 * (ONE_RENDER_TURNS - 1), None)]:
+    for turns, auto, prefixes in [(10, 4, 20), (ONE_RENDER_TURNS - 1, 2 * (ONE_RENDER_TURNS - 1), None)]:
         messages = plain(rng, turns, system)
         template = Counted(TEMPLATES[name], name, VARIABLES)
         found = template.conversation(messages, None, "assistant")
@@ -130,13 +131,13 @@ def test_a_turn_unlike_the_first_and_last_sends_the_conversation_to_prefix_rende
     template = Counted(QWEN3_LIKE, "qwen3", VARIABLES)
     with pytest.raises(chat.NotPrefixStable, match="up to assistant turn 6 renders as something other"):
         template.conversation(messages, None, "assistant")
-    # The one render and its checks (5), then prefixes up to the turn that is refused (3 turns).
-    assert template.renders == 5 + 2 * 3
+    # The one render and its checks (4), then prefixes up to the turn that is refused (3 turns).
+    assert template.renders == 4 + 2 * 3
     del messages[6]["reasoning_content"]
     messages[6]["name"] = "a field the first and last turns do not have"
     template.renders = 0
     found = template.conversation(messages, None, "assistant")
-    assert template.renders == 5 + 2 * 5  # taken by prefixes, which find what one render would
+    assert template.renders == 4 + 2 * 5 - 1  # taken by prefixes, which find what one render would
     assert found == template.conversation(messages[:], None, "assistant", spans="prefixes")
 
 
@@ -179,7 +180,7 @@ def test_transformers_finds_the_same_turns_on_many_turn_conversations(tmp_path: 
         messages = plain(rng, turns)
         template.renders = 0
         text, spans = template.conversation(messages, None, "assistant")
-        assert template.renders == 5 and text == hf.apply_chat_template(messages, tokenize=False)
+        assert template.renders == 4 and text == hf.apply_chat_template(messages, tokenize=False)
         want = []
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
@@ -234,3 +235,32 @@ def test_a_job_whose_self_check_finds_a_difference_renders_prefixes(
     assert told["spans"] == "prefixes" and "one render gave spans" in told["spans_differ"]
     assert any("one render found other assistant turns than prefix renders" in line for line in logs)
     assert told_data == exact_data
+
+
+@st.composite
+def offsets_and_spans(draw: Any) -> tuple[Any, list[tuple[int, int]], int]:
+    """Token offsets in order as tokenizers gives them (gaps a trimmed space leaves, zero-width
+    tokens, a character of several bytes held by several tokens alike), or shuffled, and spans."""
+    import numpy as np
+
+    rows, at = [], 0
+    for _ in range(draw(st.integers(0, 25))):
+        at += draw(st.integers(0, 2))  # characters no token holds
+        width = draw(st.integers(0, 3))
+        rows += [(at, at + width)] * draw(st.integers(1, 3))
+        at += width
+    text_len = at + draw(st.integers(0, 3))
+    offsets = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+    if draw(st.booleans()) and len(offsets) > 1:
+        offsets = offsets[draw(st.permutations(range(len(offsets))))]
+    bound = st.integers(-1, text_len + 2)
+    spans = draw(st.lists(st.tuples(bound, bound), max_size=4))
+    return offsets, spans, text_len
+
+
+@settings(max_examples=400, deadline=None)
+@given(drawn=offsets_and_spans())
+def test_the_mask_searched_in_ordered_offsets_is_the_mask_character_by_character(drawn: Any) -> None:
+    offsets, spans, text_len = drawn
+    want = chat._mask_by_characters(offsets[:, 0], offsets[:, 1], spans, text_len)
+    assert chat.token_mask(offsets, spans, text_len).tolist() == want.tolist()
