@@ -135,7 +135,8 @@ def _time_line(result: JobResult, command_seconds: float | None) -> str:
     rest = command_seconds - total
     return (
         f"{command_seconds:.1f}s the whole command: {total:.1f}s in the stages ({stages}), "
-        f"{rest:.1f}s the rest (start, imports, Ray, report){where}"
+        f"{rest:.1f}s the rest (start, imports, {'Ray' if runner['name'] == 'ray' else 'the tokenizer'}, "
+        f"report){where}"
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
-from raypack.pipeline.finalize import commit, write_report_safely
+from raypack.pipeline.finalize import commit, warm_report, write_report_safely
 from raypack.pipeline.histogram import histogram
 from raypack.pipeline.plan import compare, plan, warm_planner
 from raypack.pipeline.prepare import Prepared, prepare
@@ -139,6 +139,7 @@ def _stages(
             ThreadPoolExecutor(1, thread_name_prefix="raypack-plan") as warming,
         ):
             warming.submit(warm_planner, cfg)
+            warming.submit(warm_report)  # the report, drawn after the commit, then takes ~0.5 s
             tokenized = tokenize(cfg, ready.tok, units, token_dir, pool, runner.width, memory, log, progress)
         totals = tokenized.totals
         check_rejects(cfg, totals)

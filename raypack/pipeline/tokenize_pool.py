@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from raypack.config import JobConfig
+from raypack.pipeline.assign import warm_assign
 from raypack.pipeline.runners import LocalRunner, Runner
 from raypack.pipeline.tasks import task_options, transient
 from raypack.pipeline.tokenize_task import TokenizeShards, preload, shards_for
@@ -254,6 +255,7 @@ class LocalTokenizePool:
 
     def __init__(self, runner: LocalRunner, cfg: JobConfig, size: int, capped: bool = False) -> None:
         self.runner, self.cfg, self.size = runner, cfg, size
+        self.warmed = False
         self.window = size if capped else IN_FLIGHT * size
         self.run_id = uuid.uuid4().hex
 
@@ -278,6 +280,12 @@ class LocalTokenizePool:
             row = next(todo, None)
             if row is not None:
                 running.add(self.runner.submit(tokenize_unit, self.run_id, cfg, cls, backend, None, row))
+            elif not self.warmed:
+                # Queued behind the last units: a worker with nothing left to tokenize loads what
+                # its assign task will need (0.44 s each, else at that task's start).
+                self.warmed = True
+                for _ in range(self.size):
+                    self.runner.submit(_warm_assign, cfg)
             return row is not None
 
         while len(running) < self.window and submit():
@@ -292,6 +300,12 @@ class LocalTokenizePool:
 
     def close(self) -> None:
         """Nothing to collect: the runner's processes stay for the next stages."""
+
+
+def _warm_assign(cfg: JobConfig) -> None:
+    """assign.warm_assign, which a job never fails for: its assign tasks load what it did not."""
+    with suppress(Exception):
+        warm_assign(cfg)
 
 
 def tokenize_pool(

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["FIGURE_PX", "fill_figures", "length_figure", "stage_figure", "truncation_figure"]
+__all__ = ["FIGURE_PX", "fill_figures", "length_figure", "stage_figure", "truncation_figure", "warm"]
 
 DPI = 100
 FIGURE_PX = (900, 340)
@@ -139,6 +139,20 @@ def stage_figure(stage_seconds: dict[str, float]) -> bytes | None:
     ax.set_xlabel("seconds")
     ax.set_title(f"Time per stage ({sum(seconds):.1f} s in all)")
     return _png(fig)
+
+
+def warm() -> None:
+    """Import matplotlib and draw one small figure of the kinds the report draws (log axes, a filled
+    outline, boxed text): what the first figure of a process pays, 0.5 s of imports and 0.4 s of
+    font and renderer setup on 2 cores. The job calls it in a thread while its stages run, so the
+    report drawn after the commit takes ~0.5 s instead of ~1.6 s (44 MB chat job)."""
+    fig, ax = _figure()
+    ax.stairs(np.array([1, 2, 3]), np.array([1.0, 2.0, 4.0, 8.0]), fill=True)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title("warm")
+    ax.text(2.0, 2.0, "warm", bbox={"facecolor": "white", "edgecolor": "none"})
+    _png(fig)
 
 
 def _figure(height: float | None = None) -> tuple[Figure, Axes]:
