@@ -2,18 +2,23 @@
 preparation of the same conversations (SFTTrainer: apply_chat_template with assistant masks, labels,
 bfd packing), on the same cores, in one run.
 
-    python benchmarks/bench_chat.py                  # 40 MB of conversations, 2 processes each
+    python benchmarks/bench_chat.py                  # 40 MB of conversations, 2 processes each, 3 rounds
     python benchmarks/bench_chat.py --mb 10
+    python benchmarks/bench_chat.py --mb 500 --rounds 1
+    python benchmarks/bench_chat.py --turns 8-16     # long conversations: one render against prefixes
 
 Conversations: real source text (bench_job's corpus) cut into turns of 200-1,500 characters, 1-3
-user/assistant turns each, a system prompt in one of four; JSONL shards of ~6 MB. Tokenizer: a
-byte-level BPE (8,192) trained on that text, with ChatML's special tokens, in a model directory whose
-template marks assistant text with {% generation %} (TRL's assistant_only_loss needs the markers).
-Both prepare packs of 4,096 tokens, a conversation never split (raypack: overflow truncate; TRL:
-bfd, which truncates too). raypack runs twice: with the markers, and with the same template without
-them (masks from growing prefixes: more renders). TRL runs in a process of its own with
-dataset_num_proc = the cores; its time is SFTTrainer's constructor (the dataset preparation; the
-tiny model takes milliseconds). Trained tokens are compared: the masks must agree.
+user/assistant turns each (--turns), a system prompt in one of four; JSONL shards of ~6 MB.
+Tokenizer: a byte-level BPE (8,192) trained on that text, with ChatML's special tokens, in a model
+directory whose template marks assistant text with {% generation %} (TRL's assistant_only_loss
+needs the markers). Both prepare packs of 4,096 tokens, a conversation never split (raypack:
+overflow truncate; TRL: bfd, which truncates too). raypack runs three ways: with the markers; with
+the same template without them (tokenizer.chat_spans auto: one render for 3+ assistant turns, else
+growing prefixes); and without them rendering every turn's prefixes (chat_spans prefixes). TRL runs
+in a process of its own with dataset_num_proc = the cores; its time is SFTTrainer's constructor
+(the dataset preparation; the tiny model takes milliseconds). Each round runs every preparation
+once, in turn; the table gives each one's median over the rounds (the machines are shared and
+noisy: a ratio of medians of interleaved runs). Trained tokens are compared: the masks must agree.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -71,23 +78,24 @@ print(json.dumps({"seconds": seconds, "packs": len(packed), "trained": trained})
 """
 
 
-def conversations(mb: int, seed: int = 0) -> list[dict[str, object]]:
+def conversations(mb: int, seed: int = 0, turns: tuple[int, int] = (1, 3)) -> list[dict[str, object]]:
     rng = random.Random(seed)
-    out, total, turns = [], 0, []
+    turns_hi = turns[1]
+    out, total, pieces = [], 0, []
     for text in source_texts():
         at = 0
         while at < len(text):
             n = rng.randint(200, 1500)
-            turns.append(text[at : at + n])
+            pieces.append(text[at : at + n])
             at += n
-        while len(turns) >= 6:
+        while len(pieces) >= 2 * turns_hi:
             messages = (
                 [{"role": "system", "content": "Answer as the code's author."}] if rng.random() < 0.25 else []
             )
-            for _ in range(rng.randint(1, 3)):
+            for _ in range(rng.randint(*turns)):
                 messages += [
-                    {"role": "user", "content": turns.pop()},
-                    {"role": "assistant", "content": turns.pop()},
+                    {"role": "user", "content": pieces.pop()},
+                    {"role": "assistant", "content": pieces.pop()},
                 ]
             out.append({"messages": messages})
             total += sum(len(m["content"].encode()) for m in messages)
@@ -126,10 +134,16 @@ def model_dir(folder: Path, records: list[dict[str, object]]) -> Path:
     return folder
 
 
-def raypack(work: Path, corpus: Path, model: Path, name: str, template: str | None) -> tuple[float, dict]:
+def raypack(
+    work: Path, corpus: Path, model: Path, name: str, template: str | None, spans: str = "auto"
+) -> tuple[float, dict]:
     cfg = {
         "input": {"paths": [f"{corpus}/*.jsonl"], "messages_field": "messages"},
-        "tokenizer": {"path": str(model), **({"chat_template": template} if template else {})},
+        "tokenizer": {
+            "path": str(model),
+            "chat_spans": spans,
+            **({"chat_template": template} if template else {}),
+        },
         "pack": {"seq_len": SEQ, "overflow": "truncate"},
         "output": {"path": str(work / name), "format": "trl", "shard_rows": 2000},
     }
@@ -137,7 +151,7 @@ def raypack(work: Path, corpus: Path, model: Path, name: str, template: str | No
     path.write_text(yaml.safe_dump(cfg))
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "raypack.cli", "pack", str(path), "--overwrite"],
+        [sys.executable, "-m", "raypack.cli", "pack", str(path), "--overwrite", "--quiet"],
         check=True,
         capture_output=True,
     )
@@ -145,52 +159,71 @@ def raypack(work: Path, corpus: Path, model: Path, name: str, template: str | No
     return seconds, json.loads((work / name / "metrics.json").read_text())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--mb", type=int, default=40)
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-chat")
-    args = parser.parse_args()
-    cores = os.cpu_count() or 1
-    records = conversations(args.mb)
-    corpus = args.work / f"chat-{args.mb}mb"
-    if not corpus.exists():
-        write_shards(records, corpus)
-    model = model_dir(args.work / "model", records)
-    mb = sum(f.stat().st_size for f in corpus.glob("*.jsonl")) / 1e6
-    print(f"{len(records):,} conversations, {mb:.1f} MB of JSONL, {cores} cores, seq_len {SEQ}")
-    marked_s, marked = raypack(args.work, corpus, model, "marked", None)
+def trl(model: Path, corpus: Path, cores: int) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as cache:  # a fresh datasets cache: its map results are cached
-        trl = subprocess.run(
+        done = subprocess.run(
             [sys.executable, "-c", TRL_SCRIPT, str(model), str(corpus), str(SEQ), str(cores)],
             check=True,
             capture_output=True,
             text=True,
             env={**os.environ, "HF_DATASETS_CACHE": cache},
         )
-    theirs = json.loads(trl.stdout.strip().splitlines()[-1])
-    plain_s, plain = raypack(args.work, corpus, model, "prefixes", str(model / "plain.jinja"))
-    rows = [
-        (
-            "raypack, {% generation %} markers",
-            marked_s,
-            marked["metrics"]["packs"],
-            marked["chat"]["trained_tokens_packed"],
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    return theirs["seconds"], theirs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--mb", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3, help="each preparation's runs (median taken)")
+    parser.add_argument("--turns", default="1-3", help="user/assistant turns a conversation: LO-HI")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-chat")
+    args = parser.parse_args()
+    lo, hi = (int(x) for x in args.turns.split("-"))
+    cores = os.cpu_count() or 1
+    records = conversations(args.mb, turns=(lo, hi))
+    corpus = args.work / f"chat-{args.mb}mb-{lo}-{hi}turns"
+    if not corpus.exists():
+        write_shards(records, corpus)
+    model = model_dir(args.work / "model", records)
+    mb = sum(f.stat().st_size for f in corpus.glob("*.jsonl")) / 1e6
+    print(
+        f"{len(records):,} conversations of {lo}-{hi} turns, {mb:.1f} MB of JSONL, {cores} cores, "
+        f"seq_len {SEQ}, {args.rounds} round(s)"
+    )
+    plain = str(model / "plain.jinja")
+    runs: dict[str, Any] = {
+        "raypack, {% generation %} markers": lambda: raypack(args.work, corpus, model, "marked", None),
+        "raypack, no markers (chat_spans auto)": lambda: raypack(args.work, corpus, model, "auto", plain),
+        "raypack, no markers, every turn's prefixes (chat_spans prefixes)": lambda: raypack(
+            args.work, corpus, model, "prefixes", plain, "prefixes"
         ),
-        (
-            "raypack, masks from prefixes",
-            plain_s,
-            plain["metrics"]["packs"],
-            plain["chat"]["trained_tokens_packed"],
-        ),
-        ("TRL SFTTrainer (assistant_only_loss, bfd)", theirs["seconds"], theirs["packs"], theirs["trained"]),
-    ]
-    print("| preparation | seconds | MB/s | packs | trained tokens | vs TRL |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, seconds, packs, trained in rows:
-        ratio = theirs["seconds"] / seconds
-        print(f"| {name} | {seconds:.1f} | {mb / seconds:.2f} | {packs:,} | {trained:,} | ×{ratio:.2f} |")
+        "TRL SFTTrainer (assistant_only_loss, bfd)": lambda: trl(model, corpus, cores),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in runs}
+    last: dict[str, Any] = {}
+    for _ in range(args.rounds):
+        for name, run in runs.items():
+            s, last[name] = run()
+            seconds[name].append(s)
+    theirs = statistics.median(seconds["TRL SFTTrainer (assistant_only_loss, bfd)"])
+    print("| preparation | seconds (median) | runs | MB/s | packs | trained tokens | vs TRL |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for name in runs:
+        m = last[name]
+        packs, trained = (
+            (m["packs"], m["trained"])
+            if name.startswith("TRL")
+            else (m["metrics"]["packs"], m["chat"]["trained_tokens_packed"])
+        )
+        median = statistics.median(seconds[name])
+        each = " ".join(f"{x:.1f}" for x in seconds[name])
+        print(
+            f"| {name} | {median:.1f} | {each} | {mb / median:.2f} | {packs:,} | {trained:,} | "
+            f"×{theirs / median:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -232,9 +232,25 @@ def processes_seconds(tokenizer: Path, texts: list[str]) -> tuple[float, int]:
     return seconds, sum(n for _, n in results)
 
 
+def _is_worker(p: psutil.Process) -> bool:
+    """A Ray worker, or a local runner's worker: a process forked from `raypack pack` (the same
+    command line as its parent's; the driver itself is not counted, as on Ray)."""
+    if "ray::" in (p.info["name"] or "") or "default_worker.py" in " ".join(p.info["cmdline"] or []):
+        return True
+    cmdline = p.info["cmdline"] or []
+    if not any("raypack" in part for part in cmdline):
+        return False
+    try:
+        parent = p.parent()
+        return parent is not None and parent.cmdline() == cmdline
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
 class WorkerMemory:
-    """Peak private memory and RSS over Ray worker processes, sampled in a thread, with the process
-    title at the private peak. statm is O(1) to read (psutil's USS walks every mapping)."""
+    """Peak private memory and RSS over worker processes (Ray's, or a local runner's), sampled in a
+    thread, with the process title at the private peak. statm is O(1) to read (psutil's USS walks
+    every mapping)."""
 
     def __init__(self) -> None:
         self.uss: dict[int, int] = {}
@@ -247,13 +263,8 @@ class WorkerMemory:
         workers: list[psutil.Process] = []
         tick = 0
         while not self._stop.is_set():
-            if tick % 10 == 0:  # rescan the process list every 2 s
-                workers = [
-                    p
-                    for p in psutil.process_iter(["name", "cmdline"])
-                    if "ray::" in (p.info["name"] or "")
-                    or "default_worker.py" in " ".join(p.info["cmdline"] or [])
-                ]
+            if tick % 5 == 0:  # rescan the process list every second (local workers fork late)
+                workers = [p for p in psutil.process_iter(["name", "cmdline"]) if _is_worker(p)]
             tick += 1
             for p in workers:
                 try:
