@@ -156,7 +156,8 @@ def raypack(
         capture_output=True,
     )
     seconds = time.perf_counter() - t0
-    return seconds, json.loads((work / name / "metrics.json").read_text())
+    run = json.loads((work / name / "metrics.json").read_text())
+    return seconds, {"packs": run["metrics"]["packs"], "trained": run["chat"]["trained_tokens_packed"]}
 
 
 def trl(model: Path, corpus: Path, cores: int) -> tuple[float, dict]:
@@ -212,12 +213,7 @@ def main() -> None:
     print("| preparation | seconds (median) | runs | MB/s | packs | trained tokens | vs TRL |")
     print("|---|---:|---|---:|---:|---:|---:|")
     for name in runs:
-        m = last[name]
-        packs, trained = (
-            (m["packs"], m["trained"])
-            if name.startswith("TRL")
-            else (m["metrics"]["packs"], m["chat"]["trained_tokens_packed"])
-        )
+        packs, trained = last[name]["packs"], last[name]["trained"]
         median = statistics.median(seconds[name])
         each = " ".join(f"{x:.1f}" for x in seconds[name])
         print(

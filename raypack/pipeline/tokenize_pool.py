@@ -285,7 +285,7 @@ class LocalTokenizePool:
                 # its assign task will need (0.44 s each, else at that task's start).
                 self.warmed = True
                 for _ in range(self.size):
-                    self.runner.submit(_warm_assign, cfg)
+                    self.runner.submit(warm_assign, cfg)
             return row is not None
 
         while len(running) < self.window and submit():
@@ -300,12 +300,6 @@ class LocalTokenizePool:
 
     def close(self) -> None:
         """Nothing to collect: the runner's processes stay for the next stages."""
-
-
-def _warm_assign(cfg: JobConfig) -> None:
-    """assign.warm_assign, which a job never fails for: its assign tasks load what it did not."""
-    with suppress(Exception):
-        warm_assign(cfg)
 
 
 def tokenize_pool(
