@@ -20,10 +20,19 @@ from raypack.formats.bridge import METADATA as BRIDGE_METADATA
 from raypack.formats.megatron import DATA_ARGS
 from raypack.formats.olmo import MASK_DIR
 from raypack.pipeline.encode import chat_template
+from raypack.pipeline.histogram import summarize_shard_warm
 from raypack.pipeline.read import input_files
-from raypack.pipeline.runners import LocalRunner, RayRunner, Runner, choose_runner, local_cpus
-from raypack.pipeline.tokenize_task import local_worker, preload
-from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_files
+from raypack.pipeline.runners import (
+    LocalRunner,
+    RayRunner,
+    Runner,
+    choose_runner,
+    forks,
+    local_cpus,
+    may_run_locally,
+)
+from raypack.pipeline.tokenize_task import load_fast, local_worker, preload
+from raypack.pipeline.tokenizer import TOKENIZER_FILE, LoadedTokenizer, load_tokenizer, tokenizer_files
 from raypack.pipeline.units import WorkUnit
 from raypack.report.model import REPORT
 from raypack.storage import exists, join, remove, remove_temporaries
@@ -70,30 +79,42 @@ def prepare(cfg: JobConfig, overwrite: bool, log: Callable[[str], None]) -> Prep
     cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
     out, storage = cfg.output.path, cfg.storage
     tokenizer = tokenizer_files(cfg.tokenizer, storage)
-    files = input_files(cfg.input, storage)
-    check_output(out, storage, overwrite)
-    executor = choose_runner(cfg, sum(f.shard.size for f in files))
-    ray: RayRunner | None = None
-    if executor == "ray":
-        with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
-            loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
-            ray = RayRunner()
-            tok = loading.result()
-    else:
-        tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
+    fast = cfg.tokenizer.backend != "tokenizers"
+    # Where the tasks may run on this machine's processes, fastokens' copy of the tokenizer is built
+    # here, beside the listing and tokenizers' parse (it releases the GIL): the workers forked from
+    # this process then have it. Each built its own before: 1.1 s for a 128k BPE, both at once on 2
+    # cores (1.3-1.5 s each), before any unit could start. The thread is joined before the fork.
+    with ThreadPoolExecutor(1, thread_name_prefix="raypack-fastokens") as early:
+        fast_loading = (
+            early.submit(load_fast, tokenizer[TOKENIZER_FILE].decode("utf-8", errors="replace"))
+            if fast and may_run_locally(cfg) and forks()
+            else None
+        )
+        files = input_files(cfg.input, storage)
+        check_output(out, storage, overwrite)
+        executor = choose_runner(cfg, sum(f.shard.size for f in files))
+        ray: RayRunner | None = None
+        if executor == "ray":
+            with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
+                loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
+                ray = RayRunner()
+                tok = loading.result()
+        else:
+            tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
+            summarize_shard_warm(cfg)  # preload's numba functions (0.3 s) while fastokens loads
+        fastokens = fast_loading.result() if fast_loading is not None and executor == "local" else None
     cfg = _fix_chat_date(cfg, tok, log)
     pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
     if pad[1] == "output.pad_id" and pad[0] == tok.bos_id:
         log(f"[raypack] note: output.pad_id {pad[0]} is the tokenizer's BOS")
     spec = make_spec(cfg.output.format, settings_of(cfg, tok.eos_id, tok.max_id, pad[0]))
     clear_output(out, storage)
-    fast = cfg.tokenizer.backend != "tokenizers"
     if ray is not None:
         log(f"[raypack] tasks on Ray: {ray.width} CPUs")
         return Prepared(cfg, tok, spec, pad, files, ray)
-    # The tokenizer, and numba's functions the summaries use, loaded here: the workers forked next
-    # have them (fastokens, whose objects do not survive a fork, each loads for itself).
-    preload(cfg, False, tok)
+    # The tokenizer, fastokens' copy and numba's functions the summaries use, loaded here: the
+    # workers forked next have them (spawned ones, in a process that runs threads, load their own).
+    preload(cfg, fast, tok, fastokens)
     local = LocalRunner(local_cpus(), local_worker, (cfg, fast))
     log(f"[raypack] tasks on {local.width} local processes (run.executor {cfg.run.executor})")
     return Prepared(cfg, tok, spec, pad, files, local)

@@ -28,7 +28,17 @@ from typing import Any, Protocol
 from raypack.config import JobConfig
 from raypack.pipeline.tasks import RETRIES, TransientStorageError, task_options
 
-__all__ = ["LocalRunner", "RayRunner", "Runner", "choose_runner", "cluster_cpus", "ensure_ray", "local_cpus"]
+__all__ = [
+    "LocalRunner",
+    "RayRunner",
+    "Runner",
+    "choose_runner",
+    "cluster_cpus",
+    "ensure_ray",
+    "forks",
+    "local_cpus",
+    "may_run_locally",
+]
 
 
 class Runner(Protocol):
@@ -62,15 +72,30 @@ def local_cpus() -> int:
 
 def choose_runner(cfg: JobConfig, input_bytes: int) -> str:
     """ "local" or "ray", for run.executor (auto: local without a cluster for a small input)."""
+    if not may_run_locally(cfg):
+        return "ray"
     if cfg.run.executor != "auto":
         return cfg.run.executor
+    return "local" if input_bytes <= cfg.run.local_max_bytes else "ray"
+
+
+def may_run_locally(cfg: JobConfig) -> bool:
+    """Whether choose_runner can say "local" (known before the input is listed): run.executor local,
+    or auto without a cluster named (RAY_ADDRESS) or running in this process."""
+    if cfg.run.executor != "auto":
+        return cfg.run.executor == "local"
     if os.environ.get("RAY_ADDRESS"):
-        return "ray"
+        return False
     import sys
 
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():  # a Ray this process runs
-        return "ray"
-    return "local" if input_bytes <= cfg.run.local_max_bytes else "ray"
+    return not ("ray" in sys.modules and sys.modules["ray"].is_initialized())  # a Ray this process runs
+
+
+def forks() -> bool:
+    """Whether a LocalRunner made now forks its workers: when this process runs no other thread
+    (what `raypack pack` is when it gets there), so no lock can be copied held. Else (a process
+    connected to Ray, a test session, a rebuild's lease keeper) they are spawned and load alone."""
+    return threading.active_count() == 1
 
 
 class RayRunner:
@@ -161,9 +186,9 @@ class LocalRunner:
         self, width: int, initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = ()
     ) -> None:
         self.width = width
-        # Forked when this process runs no other thread (what `raypack pack` is when it gets here):
-        # no lock can be copied held. Else (a process connected to Ray, a test session) spawned.
-        method = "fork" if threading.active_count() == 1 else "spawn"
+        method = "fork" if forks() else "spawn"
+        self.forked = method == "fork"
+        """The workers have what this process had loaded (preload) when it was built."""
         self.pool = ProcessPoolExecutor(
             width, mp_context=multiprocessing.get_context(method), initializer=initializer, initargs=initargs
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TextIO
@@ -35,6 +36,7 @@ from raypack.pipeline.backends import (
 from raypack.pipeline.encode import chat_template
 from raypack.pipeline.exchange import shard_runs
 from raypack.pipeline.histogram import Totals
+from raypack.pipeline.offsets import ByteOffsets
 from raypack.pipeline.readers import Chat, read_unit
 from raypack.pipeline.token_files import cached_rejects_file, token_key, token_settings
 from raypack.pipeline.tokenize_pool import LocalTokenizePool, TokenizePool
@@ -120,22 +122,45 @@ def tokenize(
     if cfg.input.chat:  # ids and character offsets of what the template renders
         sample = partial(_rendered, template, records)
         probe_texts = _rendered(template, [Chat(messages=p) for p in PROBES]) if template else []
-        choice = remembered or choose_backend(
-            cfg.tokenizer.backend, tok, sample, pool.fast_encoder, chat=True, probe_texts=probe_texts
+        check = partial(
+            choose_backend,
+            cfg.tokenizer.backend,
+            tok,
+            sample,
+            pool.fast_encoder,
+            chat=True,
+            probe_texts=probe_texts,
         )
     else:
         sample = partial(_corpus_sample, units, cfg.storage)
-        choice = remembered or choose_backend(cfg.tokenizer.backend, tok, sample, pool.fast_encoder)
-    log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
+        check = partial(choose_backend, cfg.tokenizer.backend, tok, sample, pool.fast_encoder)
+    # The workers may start with fastokens while the driver checks it, where they hold it already
+    # (a local pool forked after this process loaded it): the check took 0.6 s of a 500 MB job with
+    # the cores idle. A refusal deletes what they wrote and tokenizes every unit again.
+    # Not for conversations with a tokenizer whose offsets do not follow from its ids: refused surely.
+    ahead = (
+        pool.fast_ahead()
+        if remembered is None
+        and cfg.tokenizer.backend != "tokenizers"
+        and not (cfg.input.chat and ByteOffsets.of(tok.json) is None)
+        else None
+    )
+
+    def announce(choice: Choice) -> None:
+        log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
+
     runs = max(1, min(len(units), width))
     weights = unit_bytes(units)
     # Largest first: the last units to start are the shortest, so workers finish close together (the
     # summaries are folded in any order; nothing downstream depends on it).
     order = sorted(range(len(units)), key=lambda i: -weights[i])
 
-    def run(choice: Choice) -> tuple[list[WorkUnit], Totals, list[WorkUnit]]:
+    def run(
+        choice: Choice, refused: Callable[[], bool] = lambda: False
+    ) -> tuple[list[WorkUnit], Totals, list[WorkUnit]]:
         """Every unit keyed for `choice` and tokenized; with a fast backend, giving out units stops at
-        the first whose check found a difference. The units, their totals, the files it wrote."""
+        the first whose check found a difference, or once `refused` (the driver's check of a fast
+        backend the workers started with). The units, their totals, the files it wrote."""
         settings = {u.source: token_settings(cfg, tok, u.reading, choice, template) for u in units}
         keyed = [u.with_token_file(token_dir, token_key(u, settings[u.source])) for u in units]
         totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [u.source for u in keyed])
@@ -149,18 +174,48 @@ def tokenize(
                 written.append(keyed[int(summary["shard"])])
 
         ordered = [keyed[i] for i in order]
-        pool.run(ordered, TokenizeShards, choice.backend, add, lambda: bool(totals.failovers), cfg)
+        stop = lambda: bool(totals.failovers) or refused()  # noqa: E731
+        pool.run(ordered, TokenizeShards, choice.backend, add, stop, cfg)
         progress.close()
         return keyed, totals, written
 
-    keyed, totals, written = run(choice)
-    failovers = list(totals.failovers)
-    if failovers and choice.backend != "tokenizers":
-        log(f"[raypack] {choice.backend} gave other ids than tokenizers ({failovers[0]}): tokenizing again")
+    def discard(written: list[WorkUnit]) -> None:
+        """Token files a backend wrote in this run that must not reach the output, and the rejects
+        its units wrote (each unit writes its own again)."""
         for unit in written:
             remove(unit.token_file, cfg.storage)
             remove(cached_rejects_file(unit.token_file), cfg.storage)
-        remove(join(cfg.output.path, "rejects"), cfg.storage)  # each unit writes its own again
+        remove(join(cfg.output.path, "rejects"), cfg.storage)
+
+    if ahead is None:
+        choice = remembered or check()
+        announce(choice)
+        keyed, totals, written = run(choice)
+    else:
+        with ThreadPoolExecutor(1, thread_name_prefix="raypack-check") as checking:
+            checked = checking.submit(check)
+            checked.add_done_callback(lambda f: None if f.exception() else announce(f.result()))
+
+            def refused() -> bool:
+                if not checked.done():
+                    return False
+                return checked.exception() is not None or checked.result().label != ahead.label
+
+            keyed, totals, written = run(ahead, refused)
+            try:
+                choice = checked.result()  # the check's ConfigError (tokenizer.backend fastokens)
+            except BaseException:
+                discard(written)
+                raise
+        if choice.label != ahead.label:
+            began = f"{len(written)} units tokenized by {ahead.label} before its check"
+            log(f"[raypack] {began}: tokenizing again")
+            discard(written)
+            keyed, totals, written = run(choice)
+    failovers = list(totals.failovers)
+    if failovers and choice.backend != "tokenizers":
+        log(f"[raypack] {choice.backend} gave other ids than tokenizers ({failovers[0]}): tokenizing again")
+        discard(written)
         if memory:
             remember_failover(memory, choice, tok, failovers[0], cfg.storage)
         choice = failed_over(choice, tok, failovers[0])

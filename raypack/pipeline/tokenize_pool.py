@@ -37,9 +37,10 @@ import numpy as np
 
 from raypack.config import JobConfig
 from raypack.pipeline.assign import warm_assign
+from raypack.pipeline.backends import Choice
 from raypack.pipeline.runners import LocalRunner, Runner
 from raypack.pipeline.tasks import task_options, transient
-from raypack.pipeline.tokenize_task import TokenizeShards, preload, shards_for
+from raypack.pipeline.tokenize_task import TokenizeShards, preload, preloaded_fast, shards_for
 from raypack.pipeline.units import WorkUnit
 
 __all__ = ["IN_FLIGHT", "LocalTokenizePool", "RemoteFast", "TokenizePool", "tokenize_pool", "tokenize_unit"]
@@ -132,6 +133,10 @@ class TokenizePool:
             for node, n in self.slots.items()
             for _ in range(n)
         ]
+
+    def fast_ahead(self) -> Choice | None:
+        """None: Ray workers load fastokens themselves; the check runs before any unit."""
+        return None
 
     def fast_encoder(self) -> RemoteFast:
         """fastokens on a worker that has loaded it (for backends.choose_backend)."""
@@ -234,17 +239,25 @@ def _placed(node: str) -> dict[str, Any]:
 
 
 class LocalFast:
-    """A local worker's fastokens, as an Encoder for the driver's self-check (RemoteFast's twin)."""
+    """A local worker's fastokens, as an Encoder for the driver's self-check (RemoteFast's twin);
+    where the workers were forked from this process after it loaded fastokens, that very copy,
+    here (its encodes then wait behind no unit of the workers)."""
 
     name = "fastokens"
 
     def __init__(self, runner: LocalRunner, cfg: JobConfig) -> None:
         self.runner, self.cfg = runner, cfg
+        self.own = preloaded_fast(cfg) if runner.forked else None
+        if self.own is not None:
+            self.version = self.own.version
+            return
         self.version, error = runner.submit(fast_status, cfg).result()
         if error:
             raise ValueError(error)
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.own is not None:
+            return self.own.encode(texts)
         flat, lengths = self.runner.submit(fast_encode, self.cfg, texts).result()
         return flat, lengths
 
@@ -261,6 +274,12 @@ class LocalTokenizePool:
 
     def fast_encoder(self) -> LocalFast:
         return LocalFast(self.runner, self.cfg)
+
+    def fast_ahead(self) -> Choice | None:
+        """The fast backend the workers can start with before the driver's check ends: fastokens,
+        where they were forked holding it (prepare loads it before the fork), else None."""
+        fast = preloaded_fast(self.cfg) if self.runner.forked else None
+        return Choice("fastokens", fast.version, "being checked") if fast is not None else None
 
     def run(
         self,

@@ -43,7 +43,7 @@ from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import atomic_output, open_output, read_bytes, write_bytes
 
-__all__ = ["Preloaded", "TokenizeShards", "forget", "preload", "shards_for"]
+__all__ = ["Preloaded", "TokenizeShards", "forget", "load_fast", "preload", "preloaded_fast", "shards_for"]
 
 
 def _node_id() -> str:
@@ -85,11 +85,17 @@ _PRELOADED: list[Preloaded] = []
 _SHARDS: list[tuple[tuple[str, type[TokenizeShards], str], TokenizeShards]] = []
 
 
-def preload(cfg: JobConfig, fast: bool, tok: LoadedTokenizer | None = None) -> Preloaded:
-    """The tokenizer of cfg (and fastokens' copy of it when `fast`), loaded once a process: a worker
-    loads them as the job starts, while the driver still checks the backend, and every unit it is
-    then given finds them here. 128k BPE: fastokens 1.1 s, tokenizers 0.4 s to load. Numba's
-    functions of the summary are loaded too (0.5-0.75 s on a unit otherwise)."""
+def preload(
+    cfg: JobConfig,
+    fast: bool,
+    tok: LoadedTokenizer | None = None,
+    fastokens: tuple[FastokensEncoder | None, str] | None = None,
+) -> Preloaded:
+    """The tokenizer of cfg (and fastokens' copy of it when `fast`: `fastokens`, load_fast's result,
+    when already built), loaded once a process: a worker loads them as the job starts, while the
+    driver still checks the backend, and every unit it is then given finds them here. 128k BPE:
+    fastokens 1.1 s, tokenizers 0.4 s to load. Numba's functions of the summary are loaded too
+    (0.5-0.75 s on a unit otherwise)."""
     # Each task holds one CPU (num_cpus=1), but tokenizers' thread pool takes every core of the
     # machine: N workers × N threads on N cores. Two processes on 2 cores encode the demo corpus in
     # 6.7-6.8 s each with the default pool, 5.6-5.7 s each with one thread. Set before the first
@@ -104,11 +110,26 @@ def preload(cfg: JobConfig, fast: bool, tok: LoadedTokenizer | None = None) -> P
     # Tried until it loads or refuses: a load cut short (a preload task cancelled when a job
     # failed) leaves neither, and the next job of this process tries again.
     if fast and loaded.fast is None and not loaded.fast_error:
-        try:  # fastokens objects do not pickle: each process builds its own
-            loaded.fast = FastokensEncoder(loaded.tok.json)
-        except Exception as e:
-            loaded.fast_error = str(e).splitlines()[0] if str(e) else type(e).__name__
+        loaded.fast, loaded.fast_error = fastokens if fastokens is not None else load_fast(loaded.tok.json)
     return loaded
+
+
+def preloaded_fast(cfg: JobConfig) -> FastokensEncoder | None:
+    """fastokens' copy of cfg's tokenizer when this process has loaded it (preload), else None."""
+    if not _PRELOADED:
+        return None
+    loaded = _PRELOADED[0]
+    return loaded.fast if (loaded.cfg.tokenizer, loaded.cfg.storage) == (cfg.tokenizer, cfg.storage) else None
+
+
+def load_fast(tokenizer_json: str) -> tuple[FastokensEncoder | None, str]:
+    """fastokens' copy of the tokenizer, or why it refused it. Its objects do not pickle, so a Ray
+    worker builds its own; a local runner's workers inherit the driver's, built before the fork
+    (raypack.pipeline.prepare: it releases the GIL, so it loads beside the driver's own work)."""
+    try:
+        return FastokensEncoder(tokenizer_json), ""
+    except Exception as e:
+        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def shards_for(run: str, cls: type[TokenizeShards], cfg: JobConfig, backend: str) -> TokenizeShards:

@@ -26,7 +26,15 @@ from raypack.config import StorageConfig, TokenizerConfig
 from raypack.errors import ConfigError
 from raypack.storage import join, read_bytes, resolve
 
-__all__ = ["BOS_NAMES", "EOS_NAMES", "PAD_NAMES", "LoadedTokenizer", "load_tokenizer", "tokenizer_files"]
+__all__ = [
+    "BOS_NAMES",
+    "EOS_NAMES",
+    "PAD_NAMES",
+    "TOKENIZER_FILE",
+    "LoadedTokenizer",
+    "load_tokenizer",
+    "tokenizer_files",
+]
 
 BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")

@@ -6,7 +6,11 @@ and says so."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -304,3 +308,80 @@ def test_after_a_difference_nothing_the_fast_backend_wrote_reaches_the_output_an
             load_config(str(path), [f"output.path={tmp_path / 'root'}", "tokenizer.backend=fastokens"]),
             log=lambda _: None,
         )
+
+
+# A `raypack pack` process that forks its local workers (a test session runs threads: its runners
+# spawn), with fastokens made to differ on one word (none: "") and the driver's corpus sample slowed,
+# so that the workers tokenize units before the check ends. argv: the CLI's arguments.
+_FORKED = """
+import sys, time
+from raypack.cli import main
+from raypack.pipeline import tokenize, tokenize_task
+
+real = tokenize_task.FastokensEncoder
+
+
+class OneIdOff:
+    name = "fastokens"
+
+    def __init__(self, j):
+        self.inner = real(j)
+        self.version = self.inner.version
+
+    def encode(self, texts):
+        flat, lengths = self.inner.encode(texts)
+        flat, starts = flat.copy(), lengths.cumsum() - lengths
+        for i, text in enumerate(texts):
+            if WORD and WORD in text and lengths[i]:
+                flat[starts[i]] = (flat[starts[i]] + 1) % 100
+        return flat, lengths
+
+
+if __name__ == "__main__":
+    WORD = sys.argv[1]
+    tokenize_task.FastokensEncoder = OneIdOff
+    sample = tokenize._corpus_sample
+    tokenize._corpus_sample = lambda *a: (time.sleep(1.5), sample(*a))[1]
+    sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _forked(tmp: Path, word: str, args: list[str]) -> str:
+    """The log of `raypack` run as _FORKED does (AssertionError with it when it fails)."""
+    script = tmp / "forked.py"
+    script.write_text(_FORKED)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, str(script), word, *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_units_a_forked_worker_began_before_the_check_refused_fastokens_are_all_tokenized_again(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Workers forked holding fastokens start on the units while the driver checks it. Accepted: its
+    bytes are tokenizers'. Refused by the check (a fastokens that differs on a word of the corpus,
+    not of the probes): every unit the workers began is tokenized again by tokenizers, and the bytes
+    are tokenizers' again."""
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
+    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path, run={"executor": "local"})
+    reference = load_config(
+        str(path), [f"output.path={tmp_path / 'reference'}", "tokenizer.backend=tokenizers"]
+    )
+    run_job(reference, log=lambda _: None)
+    want = _data(tmp_path / "reference")
+
+    for name, word in (("accepted", ""), ("refused", "histogram")):
+        log = _forked(tmp_path, word, ["pack", str(path), "--set", f"output.path={tmp_path / name}"])
+        backend = json.loads((tmp_path / name / "manifest.json").read_text())["tokenizer"]["backend"]
+        began = re.search(r"\[raypack\] (\d+) units tokenized by fastokens \S+ before its check", log)
+        if word:
+            assert began is not None and int(began.group(1)) > 0, log
+            assert backend["chosen"].startswith("tokenizers ") and "histogram" in backend["reason"]
+            assert backend["units_by_backend"] == {"tokenizers": 4} and backend["failovers"] == []
+        else:
+            assert began is None and backend["chosen"].startswith("fastokens "), log
+            assert backend["units_by_backend"] == {"fastokens": 4}
+        assert _data(tmp_path / name) == want
+        assert not (tmp_path / name / "_staging").exists()
