@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
+import numba
 import numpy as np
 
 __all__ = ["PackPermutation"]
@@ -36,32 +37,43 @@ class PackPermutation:
         bits += bits % 2
         self._half = np.uint64(bits // 2)
         self._mask = np.uint64((1 << (bits // 2)) - 1)
-        self._keys = [
-            np.uint64(int.from_bytes(hashlib.blake2b(f"raypack:{seed}:{r}".encode(), digest_size=8).digest()))
-            for r in range(_ROUNDS)
-        ]
-
-    def _round(self, x: np.ndarray, key: np.uint64) -> np.ndarray:
-        with np.errstate(over="ignore"):
-            z = x + key
-            z = (z ^ (z >> np.uint64(30))) * _M1
-            z = (z ^ (z >> np.uint64(27))) * _M2
-        z ^= z >> np.uint64(31)
-        return z & self._mask
-
-    def _encrypt(self, x: np.ndarray) -> np.ndarray:
-        left, right = x >> self._half, x & self._mask
-        for key in self._keys:
-            left, right = right, left ^ self._round(right, key)
-        return (left << self._half) | right
+        self._keys = np.array(
+            [
+                int.from_bytes(hashlib.blake2b(f"raypack:{seed}:{r}".encode(), digest_size=8).digest())
+                for r in range(_ROUNDS)
+            ],
+            dtype=np.uint64,
+        )
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids)
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_packs):
             raise ValueError(f"pack ids must be in 0..{self.num_packs - 1}")
-        y = self._encrypt(ids.astype(np.uint64))
-        out = y >= self.num_packs
-        while out.any():  # cycle walking: stays inside [0, num_packs), still a bijection
-            y[out] = self._encrypt(y[out])
-            out = y >= self.num_packs
+        y = _permute(ids.astype(np.uint64), self._keys, self._half, self._mask, np.uint64(self.num_packs))
         return y.astype(ids.dtype)
+
+
+@numba.njit(cache=True, nogil=True)
+def _permute(ids, keys, half, mask, n):
+    """Each id through the Feistel network, again while it lands at or past n (cycle walking: stays
+    inside [0, n), still a bijection). Numba, an id at a time: the numpy version, a pass per round
+    and per walk over the ids still walking, took 0.36 s of a 2-core 500 MB job's assign task
+    (28,566 calls of its round function for 275 batches), this ~1 ms. uint64 throughout (numba turns
+    uint64 mixed with int64 into float64)."""
+    out = np.empty(ids.shape[0], dtype=np.uint64)
+    for i in range(ids.shape[0]):
+        y = ids[i]
+        while True:
+            left, right = y >> half, y & mask
+            for r in range(keys.shape[0]):
+                # splitmix64's finalizer on (half-block + round key); multiplications wrap mod 2^64.
+                z = right + keys[r]
+                z = (z ^ (z >> np.uint64(30))) * _M1
+                z = (z ^ (z >> np.uint64(27))) * _M2
+                z ^= z >> np.uint64(31)
+                left, right = right, left ^ (z & mask)
+            y = (left << half) | right
+            if y < n:
+                break
+        out[i] = y
+    return out

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from raypack.packing import ALGORITHMS, copy_runs, pack
+from raypack.packing import ALGORITHMS, PackPermutation, copy_runs, pack
 from raypack.packing._cache import cache_root
 
 __all__ = ["dispatchers", "warmup"]
@@ -42,6 +42,7 @@ def warmup() -> tuple[int, int]:
     # The writer's copy of items into packs (pipeline.materialize): int32 tokens, int64 offsets.
     starts = np.arange(3, dtype=np.int64)
     copy_runs(np.zeros(3, np.int32), starts, np.ones(3, np.int32), starts, np.ones(3, np.int64))
+    PackPermutation(5, 0)(np.arange(5))  # assign's pack shuffle
     misses = hits = 0
     for dispatcher in dispatchers():
         misses += sum(dispatcher.stats.cache_misses.values())

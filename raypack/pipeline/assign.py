@@ -128,6 +128,7 @@ def warm_assign(cfg: JobConfig) -> None:
         values = np.empty(3, dtype=np.int32)
         offsets, lengths = np.zeros(2, dtype=np.int64), np.asarray([1, 2], dtype=np.int64)
         copy_runs(values, offsets, np.arange(3, dtype=np.int32), offsets, lengths)
+        PackPermutation(5, cfg.pack.seed)(np.arange(5, dtype=np.int64))
 
 
 def items_table(
