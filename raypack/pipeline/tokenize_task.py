@@ -33,11 +33,11 @@ from raypack.pipeline.offsets import ByteOffsets, Coder, reference_coder
 from raypack.pipeline.readers import Batch, Reject, read_unit
 from raypack.pipeline.token_files import (
     DONE,
-    STAGED_OPTIONS,
     cached_rejects_file,
     read_finished,
     reason_counts,
     rejects_path,
+    staged_options,
 )
 from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
 from raypack.pipeline.units import WorkUnit
@@ -278,7 +278,7 @@ class TokenizeShards:
         # The rejects count is known only at the end: it goes on the last, empty record batch.
         with (
             open_output(path, self.storage) as sink,
-            pa.ipc.new_file(sink, schema.TOKENIZED, options=STAGED_OPTIONS) as writer,
+            pa.ipc.new_file(sink, schema.TOKENIZED, options=staged_options(path, cfg.output.path)) as writer,
         ):
             for batch in read_unit(unit, cfg.tokenizer.batch_size, self.storage):
                 rejects.extend(r.as_row(unit.relpath) for r in batch.rejects)
