@@ -138,7 +138,9 @@ def token_batches(path: str, storage: StorageConfig | None) -> Iterator[pa.Recor
     """A finished token file's record batches (schema.TOKENIZED) in the order they were written,
     the empty completion batch left out."""
     fs, inner = resolve(path, storage)
-    with fs.open_input_file(inner) as f:
+    # A local file is mapped: an uncompressed one's batches are then views of the page cache, not
+    # copies into fresh memory (what the kernel's page faults make slow).
+    with fs.open_input_file(inner) if is_uri(path) else pa.memory_map(inner) as f:
         reader = pa.ipc.open_file(f, options=STAGED_READ)
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)
