@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 
+import pyarrow as pa
+
 from raypack.config import JobConfig, StorageConfig
 from raypack.errors import ConfigError
 from raypack.formats import INDEX_DIR, Spec, make_spec, settings_of
@@ -101,7 +103,9 @@ def prepare(cfg: JobConfig, overwrite: bool, log: Callable[[str], None]) -> Prep
                 tok = loading.result()
         else:
             tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
-            summarize_shard_warm(cfg)  # preload's numba functions (0.3 s) while fastokens loads
+            # While fastokens loads: what every forked worker would load on its first unit otherwise.
+            summarize_shard_warm(cfg)  # preload's numba functions (0.3 s)
+            pa.array(["x"])  # pyarrow imports pandas on its first Python list (0.4 s)
         fastokens = fast_loading.result() if fast_loading is not None and executor == "local" else None
     cfg = _fix_chat_date(cfg, tok, log)
     pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
