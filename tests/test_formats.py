@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from raypack import schema
 from raypack.cli import main
 from raypack.config import JobConfig, load_config
 from raypack.convert import convert, target_spec
@@ -553,3 +554,71 @@ def test_a_vocabulary_with_gaps_gets_the_dtype_of_its_largest_id(tmp_path: Path)
             assert len(NumpyFSLDataset(*paths, **common)) == 2 * m["counts"]["packs"]  # uint16 by default
     with pytest.raises(ValueError, match=r"do not fit its uint16 tokens"):
         tokens_as(np.asarray([[1, 70_000]], dtype=np.int32), "uint16", "data/part-00000.npy")
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_parquet_file_written_a_row_group_at_a_time_has_the_bytes_of_the_whole_table_written_once(
+    tmp_path: Path, masked: bool
+) -> None:
+    """The write task streams a parquet file through one row group's buffer (materialize): its bytes
+    must be those of formats.parquet's encode of the same packs as one table, over several row
+    groups (2,500 packs: three), items arriving in pieces out of order, with and without a mask."""
+    from raypack.formats import Settings, make_spec
+    from raypack.pipeline.materialize import write_pack_file
+
+    rng = np.random.default_rng(7)
+    capacity, packs = 16, 2_500
+    rows = []
+    for pack in range(packs):
+        used, slot = 0, 0
+        while used < capacity - 2 and (slot == 0 or rng.random() < 0.6):
+            n = int(rng.integers(1, capacity - used))
+            ids = rng.integers(0, 500, n).astype(np.int32)
+            if masked:  # untrained tokens staged as -(id + 1)
+                ids = np.where(rng.random(n) < 0.3, -ids - 1, ids).astype(np.int32)
+            rows.append((pack, slot, f"d{pack}-{slot}", ids))
+            used, slot = used + n, slot + 1
+    order = rng.permutation(len(rows))
+    pieces = [
+        pa.table(
+            {
+                "file_key": pa.array(np.zeros(len(part), np.int64)),
+                "pack": pa.array([rows[i][0] for i in part], pa.int64()),
+                "slot": pa.array([rows[i][1] for i in part], pa.int32()),
+                "capacity": pa.array(np.full(len(part), capacity, np.int32)),
+                "doc_id": [rows[i][2] for i in part],
+                "chunk": pa.array(np.zeros(len(part), np.int32)),
+                "tokens": pa.array([rows[i][3] for i in part], pa.list_(pa.int32())),
+            },
+            schema=schema.ITEMS,
+        )
+        for part in np.array_split(order, 3)
+    ]
+    settings = Settings(
+        seq_len=capacity,
+        bucketed=False,
+        add_eos=True,
+        eos_id=1,
+        max_id=500,
+        pad_id=0,
+        shard_rows=packs,
+        masked=masked,
+    )
+    spec = make_spec("parquet", settings)
+    written = write_pack_file(pa.concat_tables(pieces), str(tmp_path), spec, bucketed=False)
+    path = tmp_path / written.column("path")[0].as_py()
+    data = path.read_bytes()
+    assert written.column("row_groups")[0].as_py() == [1024, 1024, 452]
+    table = pq.read_table(path)
+    ids = table.column("input_ids").combine_chunks().flatten().to_numpy().reshape(packs, capacity)
+    mask = None
+    if masked:
+        mask = table.column("loss_mask").combine_chunks().flatten().to_numpy().reshape(packs, capacity)
+    index = table.drop_columns([c for c in ("input_ids", "loss_mask") if c in table.column_names])
+    whole = spec.format.encode(Packs("part-00000", ids, index, mask), spec)
+    assert whole == {written.column("path")[0].as_py(): data}
+    # and the tokens are where the items said: pack p's items back to back, in slot order
+    for pack, slot, _, want in rows[:50]:
+        start = sum(len(r[3]) for r in rows if r[0] == pack and r[1] < slot)
+        got = ids[pack, start : start + len(want)]
+        assert np.array_equal(got, np.where(want < 0, -want - 1, want))
