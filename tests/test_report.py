@@ -186,3 +186,29 @@ def test_a_real_browser_shows_every_plot(tmp_path: Path) -> None:
     assert tops == sorted(tops) and len(set(tops)) == len(tops)  # in page order, one under another
     # The metrics table is drawn above the first figure: dark text pixels between the title and it.
     assert (screen[: tops[0]] < 80).all(axis=2).sum() > 2000
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_the_length_figure_drawn_during_the_write_is_the_one_the_report_shows(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A job draws the report's length figure while assign+write runs (from the histogram's document
+    lengths) and the report after the commit takes it: the page is byte for byte the one `raypack
+    report` makes from the dataset alone, where nothing was drawn ahead."""
+    from raypack.config import load_config
+    from raypack.pipeline.job import run_job
+    from raypack.report import plots
+    from tests.conftest import job_config, make_corpus
+
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=30, seed=3)
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path)))
+    plots._length_png.cache_clear()
+    run_job(cfg, log=lambda _: None)
+    assert plots._length_png.cache_info().hits == 1  # drawn once, ahead; the report's call a hit
+    page = (tmp_path / "out" / REPORT).read_text()
+    figure = _IMG.findall(page)[0][3]
+    plots._length_png.cache_clear()
+    assert main(["report", str(tmp_path / "out")]) == 0
+    remade = (tmp_path / "out" / REPORT).read_text()
+    assert _IMG.findall(remade)[0][3] == figure and remade == page
+    assert plots._length_png.cache_info().misses == 1

@@ -11,6 +11,7 @@ from typing import Any
 
 from raypack.config import StorageConfig
 from raypack.formats import Spec
+from raypack.metrics import DocStats
 from raypack.pipeline.record import (
     RunRecord,
     dataset_files,
@@ -52,6 +53,16 @@ def warm_report() -> None:
     # Whatever goes wrong here goes wrong again when the report is drawn, which says so.
     with suppress(Exception):
         warm()
+
+
+def warm_length_figure(stats: DocStats, seq_len: int) -> None:
+    """The report's length figure drawn ahead, from the histogram's document lengths, in a thread
+    while assign+write runs: the report after the commit finds it drawn (raypack.report.plots
+    keeps it by its inputs; other inputs, a miss, draw it there). Never fails a job."""
+    from raypack.report.plots import draw_length
+
+    with suppress(Exception):
+        draw_length({b: n for b, n in enumerate(stats.length_bins) if n}, (seq_len,))
 
 
 def write_report_safely(out: str, storage: StorageConfig | None, log: Callable[[str], None]) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
-from raypack.pipeline.finalize import commit, warm_report, write_report_safely
+from raypack.pipeline.finalize import commit, warm_length_figure, warm_report, write_report_safely
 from raypack.pipeline.histogram import histogram
 from raypack.pipeline.plan import compare, plan, warm_planner
 from raypack.pipeline.prepare import Prepared, prepare
@@ -158,7 +158,11 @@ def _stages(
         if cfg.pack.compare:
             with _stage(timings, "compare", log):
                 comparison = compare(cfg, hist, stats)
-        with _stage(timings, "assign+write", log):
+        with (
+            _stage(timings, "assign+write", log),
+            ThreadPoolExecutor(1, thread_name_prefix="raypack-report") as drawing,
+        ):
+            drawing.submit(warm_length_figure, stats, cfg.pack.seq_len)
             written = write(cfg, ready.spec, packs, totals, tokenized.units, runner, selection, log, progress)
     except (ConfigError, JobError):
         remove(ready.staging, storage)  # rejects/ stays, for the user to look at
