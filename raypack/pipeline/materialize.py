@@ -13,6 +13,7 @@ reordered (a copy of the largest column saved: items are placed by index instead
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -190,7 +191,8 @@ def _write_parquet(
             writer.write_table(block.table(), row_group_size=group)
             if trained is not None and mask is not None:
                 trained[lo:hi] = mask.sum(axis=1, dtype=np.int64)
-    files = {formats.data_file(stem, spec.format.suffix): sink.getvalue().to_pybytes()}
+    # The writer's buffer as it is (hashed, measured and written without a copy into bytes).
+    files: dict[str, bytes | pa.Buffer] = {formats.data_file(stem, spec.format.suffix): sink.getvalue()}
     return _written(files, spec, stem, index, capacity, trained, runs.length, 0, output, storage)
 
 
@@ -229,7 +231,7 @@ def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | 
 
 
 def _written(
-    files: dict[str, bytes],
+    files: Mapping[str, bytes | pa.Buffer],
     spec: Spec,
     stem: str,
     index: pa.Table,
