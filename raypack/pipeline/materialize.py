@@ -1,13 +1,14 @@
 """Stages 6-7, materialize and write: all items of one output file reach one write task (the
 exchange's pieces for its file range, raypack.pipeline.exchange; in sharded mode, the group's own
 items), become the file's packs (formats.Packs: tokens and pack index) in pack-id order, and are
-written in the dataset's output format (raypack.formats; this module does not know which) under
-names, rows and bytes that depend only on the plan, the seed and the corpus: never on how many
-workers ran or how the pieces were cut.
+written in the dataset's output format (raypack.formats; the parquet format, raypack's own, a row
+group at a time) under names, rows and bytes that depend only on the plan, the seed and the corpus:
+never on how many workers ran or how the pieces were cut.
 
-Memory of a write task: its file's items (≈ 4 bytes a token) plus the packed tokens (4 bytes a slot),
-the encoded files (2-4 bytes a slot) and one int64 index per item; the token column is never
-reordered (a copy of the largest column saved: items are placed by index instead).
+Memory of a write task: its file's items (≈ 4 bytes a token) plus the packed tokens (4 bytes a slot;
+for parquet, one row group's), the encoded files (≤ 4 bytes a slot) and a few int64 indexes per
+item; the token column is never reordered (a copy of the largest column saved: items are placed by
+index instead).
 """
 
 from __future__ import annotations
