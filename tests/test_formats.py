@@ -561,9 +561,10 @@ def test_a_parquet_file_written_a_row_group_at_a_time_has_the_bytes_of_the_whole
     tmp_path: Path, masked: bool
 ) -> None:
     """The write task streams a parquet file through one row group's buffer (materialize): its bytes
-    must be those of formats.parquet's encode of the same packs as one table, over several row
-    groups (2,500 packs: three), items arriving in pieces out of order, with and without a mask."""
-    from raypack.formats import Settings, make_spec
+    must be those of the same packs written as one table with PARQUET_SETTINGS, and of the format's
+    encode, over several row groups (2,500 packs: three), items arriving in pieces out of order,
+    with and without a mask."""
+    from raypack.formats import PARQUET_SETTINGS, Settings, make_spec
     from raypack.pipeline.materialize import write_pack_file
 
     rng = np.random.default_rng(7)
@@ -615,8 +616,11 @@ def test_a_parquet_file_written_a_row_group_at_a_time_has_the_bytes_of_the_whole
     if masked:
         mask = table.column("loss_mask").combine_chunks().flatten().to_numpy().reshape(packs, capacity)
     index = table.drop_columns([c for c in ("input_ids", "loss_mask") if c in table.column_names])
-    whole = spec.format.encode(Packs("part-00000", ids, index, mask), spec)
-    assert whole == {written.column("path")[0].as_py(): data}
+    packs = Packs("part-00000", ids, index, mask)
+    sink = pa.BufferOutputStream()  # the packs as one table, written once
+    pq.write_table(packs.table(), sink, **PARQUET_SETTINGS)
+    assert sink.getvalue().to_pybytes() == data
+    assert spec.format.encode(packs, spec) == {written.column("path")[0].as_py(): data}
     # and the tokens are where the items said: pack p's items back to back, in slot order
     for pack, slot, _, want in rows[:50]:
         start = sum(len(r[3]) for r in rows if r[0] == pack and r[1] < slot)

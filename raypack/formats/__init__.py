@@ -21,9 +21,9 @@ then, not a surprise at training time. The manifest records it under `format`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,7 @@ __all__ = [
     "INDEX_DIR",
     "PARQUET_SETTINGS",
     "ROW_GROUP_ROWS",
+    "BlockFormat",
     "Format",
     "Packs",
     "Settings",
@@ -235,6 +236,11 @@ class Packs:
         is_end[np.r_[0, last[:-1] + 1]] = False
         return pos[is_start], pos[is_end]
 
+    def slice(self, lo: int, hi: int) -> Packs:
+        """Packs lo .. hi - 1 (views, not copies)."""
+        mask = self.loss_mask[lo:hi] if self.loss_mask is not None else None
+        return Packs(self.stem, self.input_ids[lo:hi], self.index.slice(lo, hi - lo), mask)
+
     def table(self) -> pa.Table:
         """schema.PACKED: the index with input_ids in front."""
         ids = pa.FixedSizeListArray.from_arrays(pa.array(self.input_ids.reshape(-1)), self.capacity)
@@ -332,6 +338,21 @@ class Format(Protocol):
     def check_file(self, data: dict[str, bytes], packs: Packs, spec: Spec) -> list[str]:
         """Problems of one written file's own structure, beyond its tokens (verify): `data` holds its
         files' bytes by relative path, `packs` what the pack index and the tokens read say."""
+        ...
+
+
+@runtime_checkable
+class BlockFormat(Format, Protocol):
+    """A format that writes a file from its packs a block at a time (parquet: a row group), the
+    bytes of its encode of the packs whole: the write task then holds one block of packs, not the
+    file's (raypack.pipeline.materialize)."""
+
+    block_rows: int
+    """Packs a block (the last may hold fewer)."""
+
+    def encode_blocks(self, stem: str, blocks: Iterable[Packs], spec: Spec) -> dict[str, bytes]:
+        """encode's files from the file's packs in consecutive blocks of block_rows: each block is
+        written before the next is drawn, so the caller may fill the next into the same memory."""
         ...
 
 

@@ -3,13 +3,15 @@ raypack.reader, `datasets`, Ray Data or any Parquet reader (docs/output-format.m
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack.formats import PARQUET_SETTINGS, Packs, Settings, Spec
+from raypack import schema
+from raypack.formats import PARQUET_SETTINGS, ROW_GROUP_ROWS, Packs, Settings, Spec, data_file
 from raypack.storage import resolve
 
 __all__ = ["FORMAT"]
@@ -25,10 +27,30 @@ class Parquet:
     def spec(self, settings: Settings) -> Spec:
         return Spec(self.name, settings.pad_id, "int32", settings.eos_id, settings.masked)
 
+    block_rows = ROW_GROUP_ROWS
+
     def encode(self, packs: Packs, spec: Spec) -> dict[str, bytes]:
+        rows, size = packs.rows, self.block_rows
+        return self.encode_blocks(
+            packs.stem, (packs.slice(lo, lo + size) for lo in range(0, rows, size)), spec
+        )
+
+    def encode_blocks(self, stem: str, blocks: Iterable[Packs], spec: Spec) -> dict[str, bytes]:
+        """A row group a block: the bytes of pq.write_table(packs.table(), **PARQUET_SETTINGS) on the
+        packs whole (tested), where the write task holds one row group's packs (1,024 × 8192: 33 MB)
+        instead of a file's (10,000 × 8192: 330 MB, whose fresh pages took 0.55-0.63 s of the task)."""
         sink = pa.BufferOutputStream()
-        pq.write_table(packs.table(), sink, **PARQUET_SETTINGS)
-        return {f"data/{packs.stem}.parquet": sink.getvalue().to_pybytes()}
+        settings = {k: v for k, v in PARQUET_SETTINGS.items() if k != "row_group_size"}
+        writer: pq.ParquetWriter | None = None
+        for block in blocks:
+            table = block.table()
+            writer = writer or pq.ParquetWriter(sink, table.schema, **settings)
+            writer.write_table(table, row_group_size=self.block_rows)
+        if writer is None:  # no packs: the empty table, as write_table writes it
+            pq.write_table(schema.PACKED.empty_table(), sink, **PARQUET_SETTINGS)
+        else:
+            writer.close()
+        return {data_file(stem, self.suffix): sink.getvalue().to_pybytes()}
 
     def read_tokens(
         self, path: str, spec: Spec, capacity: int, first: int, count: int, storage: Any

@@ -14,7 +14,8 @@ index instead).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +23,7 @@ import pyarrow.parquet as pq
 
 from raypack import formats, schema
 from raypack.config import StorageConfig
-from raypack.formats import PARQUET_SETTINGS, ROW_GROUP_ROWS, Packs, Spec, encode_index, index_path, stem_of
+from raypack.formats import BlockFormat, Packs, Spec, encode_index, index_path, stem_of
 from raypack.metrics import fill_percent_counts
 from raypack.packing import copy_runs
 from raypack.pipeline.assign import split_file_key
@@ -121,31 +122,27 @@ def write_pack_file(
     chunk_of = np.repeat(np.arange(len(chunks)), [len(c) for c in chunks])[order]
     src = np.concatenate([o[:-1] for o in offsets])[order] if chunks else np.zeros(0, np.int64)
     runs = _Runs(values, chunk_of, src, length, starts, np.r_[first, len(order)])
-    if spec.format.name == "parquet":
-        return _write_parquet(runs, stem, index, fill, capacity, output, spec, part, storage)
+    if isinstance(spec.format, BlockFormat):
+        return _write_blocks(spec.format, runs, stem, index, fill, capacity, output, spec, part, storage)
     input_ids = runs.fill(0, n_packs, capacity, spec.pad_id, np.empty(n_packs * capacity, dtype=np.int32))
     loss_mask = loss_mask_of(input_ids, starts, fill, spec, part)
     packs = Packs(stem, input_ids, index, loss_mask)
     return write_packs(packs, output, spec, storage)
 
 
+@dataclass(frozen=True)
 class _Runs:
     """A file's items as runs of their pieces' value buffers, in (pack, slot) order: `values` a
-    buffer per piece, and for every item its piece, its start there, its length, its position in
-    the file's token stream (pack × capacity + slot offset); `first`: each pack's first item, then
-    the item count."""
+    buffer per piece, and for every item its piece (`chunk`), its start there (`src`), its length,
+    its position in the file's token stream (`dst`: pack × capacity + slot offset); `first`: each
+    pack's first item, then the item count."""
 
-    def __init__(
-        self,
-        values: list[np.ndarray],
-        chunk: np.ndarray,
-        src: np.ndarray,
-        length: np.ndarray,
-        dst: np.ndarray,
-        first: np.ndarray,
-    ) -> None:
-        self.values, self.chunk, self.src = values, chunk, src
-        self.length, self.dst, self.first = length, dst, first
+    values: list[np.ndarray]
+    chunk: np.ndarray
+    src: np.ndarray
+    length: np.ndarray
+    dst: np.ndarray
+    first: np.ndarray
 
     def fill(self, lo: int, hi: int, capacity: int, pad_id: int, buffer: np.ndarray) -> np.ndarray:
         """Packs lo..hi-1, (hi - lo, capacity) int32, in `buffer` (at least that many values):
@@ -160,7 +157,8 @@ class _Runs:
         return rows
 
 
-def _write_parquet(
+def _write_blocks(
+    fmt: BlockFormat,
     runs: _Runs,
     stem: str,
     index: pa.Table,
@@ -171,29 +169,23 @@ def _write_parquet(
     part: int,
     storage: StorageConfig | None,
 ) -> pa.Table:
-    """The parquet format's file, a row group at a time through one buffer of a row group's packs:
-    the same bytes as formats.parquet's encode of the whole file (one write_table with
-    row_group_size), without the file's packs in memory at once. A 10,000 × 8192 file held 330 MB
-    of packs, whose fresh pages took 0.55-0.63 s of a write task on 2 cores; now 33 MB, reused."""
-    rows = index.num_rows
-    group = ROW_GROUP_ROWS
-    buffer = np.empty(min(rows, group) * capacity, dtype=np.int32)
-    sink = pa.BufferOutputStream()
+    """A BlockFormat's file (parquet), its packs filled a block at a time into one buffer that each
+    next block reuses; its WRITTEN row."""
+    rows, size = index.num_rows, fmt.block_rows
+    buffer = np.empty(min(rows, size) * capacity, dtype=np.int32)
     trained = np.zeros(rows, dtype=np.int64) if spec.loss_mask else None
-    packed = schema.PACKED.append(schema.LOSS_MASK) if spec.loss_mask else schema.PACKED
-    settings = {k: v for k, v in PARQUET_SETTINGS.items() if k != "row_group_size"}
-    with pq.ParquetWriter(sink, packed, **settings) as writer:
-        for lo in range(0, rows, group):
-            hi = min(lo + group, rows)
+
+    def blocks() -> Iterator[Packs]:
+        for lo in range(0, rows, size):
+            hi = min(lo + size, rows)
             ids = runs.fill(lo, hi, capacity, spec.pad_id, buffer)
             a, b = int(runs.first[lo]), int(runs.first[hi])
             mask = loss_mask_of(ids, runs.dst[a:b] - lo * capacity, fill[lo:hi], spec, part)
-            block = Packs(stem, ids, index.slice(lo, hi - lo), mask)
-            writer.write_table(block.table(), row_group_size=group)
             if trained is not None and mask is not None:
                 trained[lo:hi] = mask.sum(axis=1, dtype=np.int64)
-    # The writer's buffer as it is (hashed, measured and written without a copy into bytes).
-    files: dict[str, bytes | pa.Buffer] = {formats.data_file(stem, spec.format.suffix): sink.getvalue()}
+            yield Packs(stem, ids, index.slice(lo, hi - lo), mask)
+
+    files = fmt.encode_blocks(stem, blocks(), spec)
     return _written(files, spec, stem, index, capacity, trained, runs.length, 0, output, storage)
 
 
@@ -232,7 +224,7 @@ def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | 
 
 
 def _written(
-    files: Mapping[str, bytes | pa.Buffer],
+    files: dict[str, bytes],
     spec: Spec,
     stem: str,
     index: pa.Table,
