@@ -9,6 +9,7 @@ part of a path we accept, log or write.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import posixpath
 import uuid
@@ -47,8 +48,9 @@ _DEFAULT = StorageConfig()
 
 
 def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileSystem, str]:
-    """(filesystem, path inside it) for a local path or a URI. Filesystems are cached per process:
-    resolving an s3:// URI without a region costs a request to find the bucket's region."""
+    """(filesystem, path inside it) for a local path or a URI. An S3 filesystem is remembered
+    (_s3: resolving an s3:// URI without a region costs a request to find the bucket's region),
+    under everything it is made from, so it is never used where it was not made for."""
     if not is_uri(path):
         return pafs.LocalFileSystem(), os.path.abspath(path)
     # Split by hand: urlsplit would read a `?` glob as the start of a query string.
@@ -63,7 +65,8 @@ def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileS
             "(or your cloud's standard variables) instead"
         )
     if scheme in ("s3", "s3a"):
-        return _s3(bucket, storage or _DEFAULT), rest.rstrip("/") or bucket
+        made_for = (os.getpid(), _credentials())
+        return _s3(bucket, storage or _DEFAULT, made_for), rest.rstrip("/") or bucket
     try:
         fs, inner = pafs.FileSystem.from_uri(path)
     except (ValueError, OSError) as e:  # pyarrow's ArrowInvalid is a ValueError
@@ -71,8 +74,33 @@ def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileS
     return fs, inner
 
 
+# The variables the AWS SDK reads credentials and their source from.
+_CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+)
+
+
+def _credentials() -> str:
+    """A digest of the credential variables as they are now (never the secrets themselves)."""
+    digest = hashlib.sha256()
+    for name in _CREDENTIAL_VARIABLES:
+        digest.update(f"{name}={os.environ.get(name, '')}\0".encode())
+    return digest.hexdigest()
+
+
 @functools.lru_cache(maxsize=64)
-def _s3(bucket: str, storage: StorageConfig) -> pafs.FileSystem:
+def _s3(bucket: str, storage: StorageConfig, made_for: tuple[int, str]) -> pafs.FileSystem:
+    """An S3 filesystem for `bucket`, remembered for `made_for`: this process (a filesystem holds
+    open connections: a forked child that used its parent's read the parent's replies, and
+    `exists()` said yes for a file never written) and the credentials in the environment (a second
+    job in the same process, after they changed, gets a filesystem that uses the new ones)."""
     storage = storage.from_environment()
     endpoint, region = storage.endpoint, storage.region
     if region is None and endpoint is None:
@@ -172,10 +200,11 @@ def remove(path: str, storage: StorageConfig | None = None) -> None:
     """Delete a file or a directory tree; nothing when it is not there."""
     fs, inner = resolve(path, storage)
     info = fs.get_file_info(inner)
-    if info.type == pafs.FileType.Directory:
-        fs.delete_dir(inner)
-    elif info.type == pafs.FileType.File:
-        fs.delete_file(inner)
+    with suppress(FileNotFoundError):
+        if info.type == pafs.FileType.Directory:
+            fs.delete_dir(inner)
+        elif info.type == pafs.FileType.File:
+            fs.delete_file(inner)
 
 
 def list_dir(path: str, storage: StorageConfig | None = None) -> list[pafs.FileInfo]:
