@@ -145,7 +145,12 @@ class ByteOffsets:
         width = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
         first = np.cumsum(width) - width
         char_start = np.searchsorted(first, start, side="right") - 1
-        char_end = np.where(end > start, np.searchsorted(first, end - 1, side="right"), char_start)
+        # An empty token (trim_offsets took all of it: a run of spaces) sits at a character
+        # boundary: the characters that start before it, however wide the one before ('é ': the
+        # space token is [2, 2], not [1, 1], where 'é' is 2 bytes).
+        empty_at = np.searchsorted(first, start, side="left")
+        char_end = np.where(end > start, np.searchsorted(first, end - 1, side="right"), empty_at)
+        char_start = np.where(end > start, char_start, empty_at)
         return np.stack([char_start, char_end], axis=1).astype(np.int64)
 
     def coder(self, fast: Any, reference: Coder) -> Coder:
