@@ -1,3 +1,72 @@
-"""raypack: turn sharded text corpora into packed token sequences for LLM training, on Ray."""
+"""raypack: turn sharded text corpora into packed token sequences for LLM training, on Ray.
+
+Used from Python, it runs what `raypack pack` runs:
+
+    import raypack
+
+    record = raypack.pack("job.yaml", overwrite=True)                # or a dict, or a loaded config
+    assert raypack.verify(record.output, raypack.load_config("job.yaml")).ok
+
+Each call is a job of its own: it loads its own tokenizer and starts its own workers (this
+machine's processes for a small corpus, else Ray), so two calls in one process write what two
+`raypack pack` commands write.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from raypack.config import JobConfig
+    from raypack.pipeline.record import RunRecord
+    from raypack.verifier import VerifyReport
 
 __version__ = "0.1.0"
+__all__ = ["__version__", "load_config", "pack", "verify"]
+
+
+def load_config(
+    config: str | os.PathLike[str] | dict[str, Any] | JobConfig, overrides: Sequence[str] = ()
+) -> JobConfig:
+    """A job config from a YAML file's path, a mapping of its sections, or a loaded config, with
+    `key.path=value` overrides (as `--set` takes them) applied; a ConfigError naming what is wrong."""
+    from raypack.config import load_config as load
+
+    return load(config, overrides)
+
+
+def pack(
+    config: str | os.PathLike[str] | dict[str, Any] | JobConfig,
+    *,
+    overwrite: bool = False,
+    overrides: Sequence[str] = (),
+    log: Callable[[str], None] | None = None,
+    progress: TextIO | None = None,
+) -> RunRecord:
+    """Pack the corpus `config` describes into its output.path, as `raypack pack` does, and return the
+    run's record (what metrics.json and the summary hold). `overwrite`: replace a dataset already
+    there; `overrides`: `key.path=value` settings; `log`: where the [raypack] lines go (default:
+    stderr, as the command; `lambda _: None` for none); `progress`: where the stages' progress goes
+    (default: none). A Ray this call starts is shut down before it returns; one the caller runs
+    stays theirs. ConfigError or JobError (one line) for what the user can fix, StorageError when
+    storage failed after every retry."""
+    from raypack.pipeline.job import run_job
+
+    cfg = load_config(config, overrides)
+    say = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+    return run_job(cfg, overwrite=overwrite, log=say, release_ray=True, progress=progress)
+
+
+def verify(
+    output: str, config: str | os.PathLike[str] | dict[str, Any] | JobConfig | None = None, sample: int = 64
+) -> VerifyReport:
+    """Check the dataset at `output` (or the version a rebuild root's LATEST names): every document
+    present exactly once, files and counts as the manifest says; with `config`, also that its
+    tokenizer and pack settings are the manifest's and that `sample` documents re-tokenize to the
+    tokens packed. The report's `ok` and `problems` say what was found."""
+    from raypack.verifier import verify as check
+
+    return check(output, load_config(config) if config is not None else None, sample=sample)

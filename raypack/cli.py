@@ -23,7 +23,7 @@ from raypack.errors import ConfigError, JobError, storage_cause
 from raypack.packing import ALGORITHMS
 
 if TYPE_CHECKING:
-    from raypack.verify import VerifyReport
+    from raypack.verifier import VerifyReport
 
 __all__ = ["main", "run"]
 
@@ -306,7 +306,7 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from raypack.verify import verify
+    from raypack.verifier import verify
 
     cfg = _config_of(args)
     report = verify(args.output, cfg, sample=args.sample)
@@ -342,7 +342,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     cfg = _config_of(args)
     storage = cfg.storage if cfg is not None else None
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
-    result = convert(args.dataset, args.format, args.out, overwrite=args.overwrite, storage=storage, log=log)
+    run = cfg.run if cfg is not None else None
+    result = convert(
+        args.dataset, args.format, args.out, overwrite=args.overwrite, storage=storage, log=log, run=run
+    )
     print(
         f"converted {result.source} to {result.format['name']}: {result.output} ({result.files:,} files, "
         f"{result.bytes / 2**20:.1f} MiB); report {result.report or 'not written'}"
@@ -369,7 +372,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from raypack.demo import demo_config
     from raypack.pipeline.job import run_job
     from raypack.summary import format_summary
-    from raypack.verify import verify
+    from raypack.verifier import verify
 
     out = Path(args.out).resolve()
     log, progress = _voice(args)

@@ -3,7 +3,8 @@ format, without tokenizing or packing again, so a team can keep one canonical da
 and give each trainer its own.
 
 Every file's packs are read through the source's format and written through the target's, file for
-file, by Ray tasks (one a run of files, retried like the job's storage tasks); `index/` and `rejects/`
+file, by the runner's tasks (raypack.pipeline.runners: local processes for a small dataset, else Ray;
+one a run of files, retried like the job's storage tasks); `index/` and `rejects/`
 are copied as they are; the manifest and metrics.json carry over with the new files and format and
 a `converted_from` entry (the source's path and its manifest's sha256). The files are byte for byte
 those `raypack pack` writes in that format (tests/test_formats.py), and the result is committed as a
@@ -26,7 +27,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raypack import schema
-from raypack.config import JobConfig, StorageConfig, from_dict
+from raypack.config import JobConfig, RunConfig, StorageConfig, from_dict
 from raypack.errors import ConfigError
 from raypack.formats import (
     Packs,
@@ -41,10 +42,9 @@ from raypack.formats import (
 )
 from raypack.pipeline.finalize import write_dataset_files, write_report_safely
 from raypack.pipeline.materialize import loss_mask_of, write_packs
-from raypack.pipeline.prepare import check_output, clear_output
+from raypack.pipeline.prepare import check_output, clear_output, open_runner
 from raypack.pipeline.record import manifest_files
-from raypack.pipeline.runners import ensure_ray
-from raypack.pipeline.tasks import task_options, transient
+from raypack.pipeline.tasks import transient
 from raypack.reader import pin
 from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic
 from raypack.versions import MANIFEST, METRICS
@@ -96,9 +96,10 @@ def convert(
     overwrite: bool = False,
     storage: StorageConfig | None = None,
     log: Callable[[str], None] = print,
+    run: RunConfig | None = None,
 ) -> ConvertResult:
-    import ray
-
+    """`run`: where the tasks run (run.executor; default auto: this machine's processes for a
+    dataset up to run.local_max_bytes, without a Ray cluster named or running)."""
     storage = (storage or StorageConfig()).from_environment()
     try:
         pinned = pin(source, storage)
@@ -110,20 +111,28 @@ def convert(
         raise ConfigError(f"--out {out} and the dataset {dataset} overlap: write the conversion elsewhere")
     check_output(out, storage, overwrite)
     clear_output(out, storage)
-    ensure_ray()
     source_spec = spec_of(manifest)
     files = sorted(manifest["files"], key=lambda f: str(f["path"]))
-    width = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    runs = min(len(files), width * RUNS_PER_CPU)
-    patterns, opts = task_options()
-    task = ray.remote(convert_files).options(**opts)
-    log(f"[raypack] convert: {len(files):,} files from {source_spec.name} to {spec.name}, {runs} tasks")
-    cuts = [len(files) * r // runs for r in range(runs + 1)]
-    refs = [
-        task.remote(dataset, files[a:b], source_spec, spec, out, storage, patterns)
-        for a, b in itertools.pairwise(cuts)
-    ]
-    written = sorted((row for t in ray.get(refs) for row in t.to_pylist()), key=lambda f: str(f["path"]))
+    runner = open_runner(
+        run or RunConfig(), total_bytes(files, (manifest.get("format") or {}).get("files", [])), None
+    )
+    try:
+        runs = min(len(files), runner.width * RUNS_PER_CPU)
+        log(
+            f"[raypack] convert: {len(files):,} files from {source_spec.name} to {spec.name}, {runs} tasks "
+            f"on {'Ray' if runner.name == 'ray' else 'local processes'}"
+        )
+        cuts = [len(files) * r // runs for r in range(runs + 1)]
+        calls = [
+            (dataset, files[a:b], source_spec, spec, out, storage, runner.patterns)
+            for a, b in itertools.pairwise(cuts)
+        ]
+        tables = runner.map(convert_files, calls)
+    except BaseException:
+        runner.close(release=True, failed=True)
+        raise
+    runner.close(release=True)
+    written = sorted((row for t in tables for row in t.to_pylist()), key=lambda f: str(f["path"]))
     _check_one_to_one(files, written, source_spec, spec)
     for part in ("index", "rejects"):
         if exists(join(dataset, part), storage):
@@ -154,7 +163,7 @@ def convert_files(
     storage: StorageConfig,
     patterns: tuple[str, ...] | None,
 ) -> pa.Table:
-    """Ray task: each file's packs read through `source`'s format, written through `spec`'s; their
+    """Task: each file's packs read through `source`'s format, written through `spec`'s; their
     WRITTEN rows."""
     with transient(patterns):
         rows = [

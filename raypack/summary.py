@@ -18,7 +18,12 @@ def format_summary(result: JobResult, command_seconds: float | None = None) -> s
     m = result.metrics
     rows = [
         ("output", result.output),
-        ("documents", f"{result.documents:,} ({result.rejected_records:,} records rejected, see rejects/)"),
+        (
+            "documents",
+            f"{result.documents:,} ({result.rejected_records:,} records rejected, see rejects/)"
+            if result.rejected_records
+            else f"{result.documents:,} (no record rejected)",
+        ),
         *(
             [("lost files", f"{result.lost_files:,} input files unreadable whole or in part (allowed)")]
             if result.lost_files

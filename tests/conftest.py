@@ -1,4 +1,12 @@
-"""Shared fixtures: one local Ray per test session, a real trained tokenizer, corpora on disk."""
+"""Shared fixtures: a real trained tokenizer, corpora on disk, a real S3 server, and one local Ray
+for the tests that are about Ray.
+
+Which path a test's job takes: the user's. A job run as the CLI and raypack.pack() run it, with
+run.executor auto, takes the runner a user's process takes: the local pool for a small corpus when
+no Ray is named or running in the process. So Ray is started in this process only for tests marked
+`ray` (or asking for ray_session), and those run after every other test (pytest_collection_modifyitems);
+every other test checks, as it starts, that no Ray runs here (users_path_or_ray): a test that ran
+on Ray while meaning the user's default path would fail instead of passing on another path."""
 
 from __future__ import annotations
 
@@ -55,6 +63,30 @@ WORDS = (
     ],
     *["bucket", "best", "fit"],
 )
+
+
+def _on_ray(item: pytest.Item) -> bool:
+    return item.get_closest_marker("ray") is not None or "ray_session" in item.fixturenames
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on Ray last, each module's in its order: before them, no Ray runs in this process."""
+    items.sort(key=_on_ray)  # stable
+
+
+@pytest.fixture(autouse=True)
+def users_path_or_ray(request: pytest.FixtureRequest) -> None:
+    """A test marked `ray` gets the session's Ray. Any other runs with no Ray in this process and no
+    RAY_ADDRESS: its jobs take the default executor's choice as a user's `raypack pack` would."""
+    if _on_ray(request.node):
+        request.getfixturevalue("ray_session")
+        return
+    import sys
+
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        pytest.fail("Ray runs in this process: this test would not take the user's path (mark it ray)")
+    if os.environ.get("RAY_ADDRESS"):
+        pytest.fail("RAY_ADDRESS is set: this test would not take the user's path")
 
 
 @pytest.fixture(scope="session")
@@ -190,3 +222,36 @@ def independent_tokens(corpus: Path, tokenizer_file: Path) -> dict[str, list[int
             for doc_id, text in zip(batch.ids, batch.texts, strict=True):
                 tokens[doc_id] = [*tok.encode(text, add_special_tokens=False).ids, eos]
     return tokens
+
+
+def packed_documents(out: Path) -> dict[str, list[int]]:
+    """Every document's tokens rebuilt from a parquet dataset's packs (its chunks in order), by id."""
+    pieces: dict[str, list[tuple[int, list[int]]]] = {}
+    for path in sorted((out / "data").rglob("*.parquet")):
+        for row in pq.read_table(path).to_pylist():
+            ends = row["doc_offsets"]
+            for k, doc_id in enumerate(row["doc_ids"]):
+                pieces.setdefault(doc_id, []).append(
+                    (row["chunk_index"][k], row["input_ids"][ends[k] : ends[k + 1]])
+                )
+    return {doc_id: [t for _, part in sorted(parts) for t in part] for doc_id, parts in pieces.items()}
+
+
+def train_tokenizer(path: Path, vocab_size: int, seed: int) -> Path:
+    """A byte-level BPE of `vocab_size` tokens trained on generated text of `seed`, saved at `path`
+    (with <|endoftext|> as EOS and <|pad|>): another seed or size gives other ids."""
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choice(WORDS) for _ in range(200)) for _ in range(200)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<s>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path

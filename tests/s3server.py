@@ -95,6 +95,9 @@ def free_ports(n: int) -> list[int]:
 
 
 def start(workdir: Path, timeout: float = 60.0) -> S3Server:
+    """A server with bucket BUCKET, its data under `workdir`; this process's environment (and so its
+    jobs' workers') holds its CREDENTIALS, as a user's shell would."""
+    os.environ.update(CREDENTIALS)
     data = workdir / "data"
     data.mkdir(parents=True, exist_ok=True)
     identities = workdir / "identities.json"

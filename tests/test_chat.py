@@ -27,13 +27,12 @@ from raypack.pipeline.job import run_job
 from raypack.pipeline.readers import Chat
 from raypack.pipeline.tokenizer import load_tokenizer
 from raypack.reader import batch_fields
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.chatdata import CHATML, CHATML_MARKED, DROPS_REASONING, chat_model, conversation, words
 from tests.conftest import write_jsonl, write_parquet
 
 transformers = pytest.importorskip("transformers")
 
-pytestmark = pytest.mark.usefixtures("ray_session")
 SEQ = 256
 quiet = {"log": lambda _: None}
 N = 90  # conversations a jsonl shard
@@ -928,21 +927,9 @@ def test_a_fast_backend_whose_offsets_differ_in_the_run_fails_over(
     every unit is tokenized again with tokenizers, and the bytes are tokenizers'."""
     pytest.importorskip("fastokens")
     from raypack.pipeline import tokenize as tokenize_stage
-    from raypack.pipeline.tokenize_task import TokenizeShards
+    from tests.fakes import Shifted
 
     run_job(job(tmp_path, corpus, model, "reference", tokenizer={"backend": "tokenizers"}), **quiet)
-
-    class Shifted(TokenizeShards):  # defined here, so Ray ships it by value to the workers
-        def __init__(self, cfg: Any, backend: str = "tokenizers") -> None:
-            super().__init__(cfg, backend)
-            if self.coder is not self.reference_coder:
-                inner = self.coder
-
-                def shifted(texts: list[str]) -> list[tuple[Any, Any]]:
-                    return [(ids, offsets + (offsets > 3)) for ids, offsets in inner(texts)]
-
-                self.coder = shifted
-
     monkeypatch.setattr(tokenize_stage, "TokenizeShards", Shifted)
     failed = run_job(job(tmp_path, corpus, model, "failed"), **quiet)
     assert failed.backend["chosen"].startswith("fastokens ") and failed.backend["finished_on"] == "tokenizers"

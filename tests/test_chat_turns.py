@@ -19,7 +19,7 @@ from raypack import chat
 from raypack.chat import ONE_RENDER_TURNS, ChatTemplate, RenderError, message_starts
 from raypack.config import load_config
 from raypack.pipeline.job import run_job
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.chatdata import (
     CHATML,
     DROPS_REASONING,
@@ -190,7 +190,6 @@ def test_transformers_finds_the_same_turns_on_many_turn_conversations(tmp_path: 
         assert spans == want
 
 
-@pytest.mark.usefixtures("ray_session")
 def test_a_job_whose_self_check_finds_a_difference_renders_prefixes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,7 +30,7 @@ VOCAB = 512  # the session tokenizer's
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path, ray_session: None) -> Path:
+def packed(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Path:
     tmp = tmp_path_factory.mktemp("clients")
     corpus = make_corpus(tmp, shards=3, docs_per_shard=30, seed=41)
     cfg = job_config(tmp, f"{corpus}/*", tokenizer_path, pack={"seq_len": SEQ_LEN}, output={"shard_rows": 7})

@@ -2,10 +2,11 @@
 their own format, fields and ids, plain text, conversations with and without generation markers,
 prompt/completion pairs, every output format, packer, mode, overflow policy, backend, BOS framing,
 max_depth, how unmarked assistant turns are found), packs a small generated corpus with one
-tokenize worker on Ray and again with two, on Ray or on local processes (run.executor), and checks
-both against tests/oracle.py, which was written apart from the pipeline: every document (or each of
-its copies) once, token for token, its mask bit for bit, each source's share, the padding, and the
-same bytes whatever the number of workers and wherever they run.
+tokenize worker and again with two, the way a user's job runs (raypack.pack, run.executor auto: for
+a corpus this small, this machine's processes), and checks both against tests/oracle.py, which was
+written apart from the pipeline: every document (or each of its copies) once, token for token, its
+mask bit for bit, each source's share, the padding, and the same bytes whatever the number of
+workers. (The same bytes on Ray: tests/pipeline/test_runners.py.)
 
 The light tier draws EXAMPLES jobs a run (a different draw each run: hypothesis picks them);
 `-m slow` draws SLOW_EXAMPLES. A failure prints the drawn job (hypothesis' "Falsifying example").
@@ -29,13 +30,11 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from raypack.config import load_config
-from raypack.pipeline.job import run_job
+import raypack
 from tests import oracle
 from tests.chatdata import CHATML_MARKED, chat_model, conversation
 from tests.conftest import WORDS
 
-pytestmark = pytest.mark.usefixtures("ray_session")
 EXAMPLES = 12
 SLOW_EXAMPLES = 150
 INPUT_FORMATS = ("jsonl", "jsonl.gz", "parquet", "text")
@@ -70,7 +69,6 @@ class Combo:
     add_bos: bool
     max_depth: int | None
     seq_len: int
-    executor: str  # of the second run, with two tokenize workers (the first: Ray, one worker)
     seed: int
 
 
@@ -126,7 +124,6 @@ def combos(draw: st.DrawFn) -> Combo:
         add_bos=draw(st.booleans()) and kind == "plain",  # the chat model names no BOS
         max_depth=draw(st.sampled_from((None, None, 3))),
         seq_len=draw(st.sampled_from((64, 96, 160) if kind == "plain" else (160, 256, 384))),
-        executor=draw(st.sampled_from(("ray", "local"))),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -357,13 +354,14 @@ def run_and_check(combo: Combo, tokenizer: Path, model: Path) -> None:
         corpus, inputs = write_corpus(combo, root, rng)
         expected = expected_documents(combo, corpus, tokenizer, model)
         outs = []
-        for workers, executor in ((1, "ray"), (2, combo.executor)):
+        for workers in (1, 2):
             out = root / f"out-{workers}"
             path = config(combo, root, inputs, tokenizer, model, out, workers)
-            result = run_job(load_config(str(path), [f"run.executor={executor}"]), log=lambda _: None)
+            result = raypack.pack(path, log=lambda _: None)
+            assert result.runner["name"] == "local"  # what `raypack pack` takes for a small corpus
             outs.append(out)
         manifest = json.loads((outs[0] / "manifest.json").read_text())
-        assert tree(outs[0]) == tree(outs[1]), f"other bytes with two tokenize workers on {combo.executor}"
+        assert tree(outs[0]) == tree(outs[1]), "other bytes with two tokenize workers"
         assert manifest["files"] == json.loads((outs[1] / "manifest.json").read_text())["files"]
         # Whitespace-only documents; chat records with no trained token, and the bad record written
         # into each chat source's first JSONL file.
@@ -435,4 +433,4 @@ def test_the_drawing_reaches_every_setting() -> None:
         "unset",
     }
     assert seen["template"] == {"model", "marked"} and seen["mode"] == {"global", "sharded"}
-    assert seen["executor"] == {"ray", "local"} and seen["chat_spans"] == {"auto", "prefixes"}
+    assert seen["chat_spans"] == {"auto", "prefixes"}

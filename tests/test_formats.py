@@ -35,11 +35,10 @@ from raypack.pipeline.job import run_job
 from raypack.pipeline.materialize import write_packs
 from raypack.pipeline.rebuild import run_rebuild
 from raypack.reader import IGNORE_INDEX, batch_fields, iter_batches, read_packed
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests import s3server
 from tests.conftest import make_corpus, s3_job_config
 
-pytestmark = pytest.mark.usefixtures("ray_session")
 ROOT = Path(__file__).resolve().parents[1]
 SEQ = 512
 VOCAB = 512  # the session tokenizer's
@@ -138,6 +137,10 @@ def test_the_reader_gives_the_same_batches_in_every_format(packed: dict[str, Any
                 assert np.array_equal(a[key], b[key]), (fmt, key)
             real = b["document_ids"] >= 0
             assert np.array_equal(a["input_ids"][real], b["input_ids"][real]), fmt
+
+
+@pytest.mark.ray
+def test_ray_data_reads_an_mds_dataset_pack_for_pack(packed: dict[str, Any]) -> None:
     rows = read_packed(str(packed["out"]["mds"])).take_all()
     assert sorted(list(r["doc_offsets"]) for r in rows) == sorted(
         o for o in stacked(packed["out"]["parquet"])[1].column("doc_offsets").to_pylist()

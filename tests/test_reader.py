@@ -15,10 +15,8 @@ import pytest
 from raypack.config import load_config
 from raypack.pipeline.job import run_job
 from raypack.reader import IGNORE_INDEX, iter_batches, read_packed
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import job_config, make_corpus
-
-pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def _pack_job(tmp: Path, tokenizer: Path, **pack: object) -> Path:
@@ -216,6 +214,7 @@ def test_bucket_batches_never_mix_lengths_and_ranks_agree_on_the_bucket(bucketed
     assert sorted(seen) == sorted(_all_packs(bucketed))
 
 
+@pytest.mark.ray
 def test_read_packed_is_a_ray_dataset_of_every_pack(packed: Path) -> None:
     ds = read_packed(str(packed))
     manifest = json.loads((packed / "manifest.json").read_text())

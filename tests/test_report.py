@@ -188,7 +188,6 @@ def test_a_real_browser_shows_every_plot(tmp_path: Path) -> None:
     assert (screen[: tops[0]] < 80).all(axis=2).sum() > 2000
 
 
-@pytest.mark.usefixtures("ray_session")
 def test_the_length_figure_drawn_during_the_write_is_the_one_the_report_shows(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:

@@ -21,7 +21,7 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import WORDS, job_config
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from raypack.config import load_config
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import job_config, make_corpus
 from tests.s3server import free_ports
 

@@ -19,7 +19,6 @@ from raypack.pipeline.job import run_job
 from tests import oracle
 from tests.conftest import job_config, make_corpus
 
-pytestmark = pytest.mark.usefixtures("ray_session")
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "trainers.md"
 SEQ = 256

@@ -4,8 +4,10 @@ unknown keys and wrong types refused with a message that names the key."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
+from collections.abc import Sequence
 from datetime import date, datetime
 from typing import Any, TypeVar
 
@@ -17,8 +19,18 @@ __all__ = ["apply_overrides", "from_dict", "load_config", "parse_override"]
 T = TypeVar("T")
 
 
-def load_config(path: str, overrides: list[str] | None = None) -> JobConfig:
-    """Read a YAML job config, apply `key.path=value` overrides, validate; ConfigError if anything is off."""
+def load_config(
+    source: str | os.PathLike[str] | dict[str, Any] | JobConfig, overrides: Sequence[str] | None = None
+) -> JobConfig:
+    """A job config from a YAML file's path, the same sections as a mapping, or a loaded JobConfig,
+    with `key.path=value` overrides applied, validated; ConfigError if anything is off."""
+    if isinstance(source, JobConfig):
+        if not overrides:
+            return source
+        source = source.to_dict()
+    if isinstance(source, dict):
+        return from_dict(JobConfig, apply_overrides(source, list(overrides or [])))
+    path = os.fspath(source)
     import yaml
 
     try:
@@ -32,7 +44,7 @@ def load_config(path: str, overrides: list[str] | None = None) -> JobConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: the top level must be a mapping of sections")
-    return from_dict(JobConfig, apply_overrides(data, overrides or []))
+    return from_dict(JobConfig, apply_overrides(data, list(overrides or [])))
 
 
 def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:

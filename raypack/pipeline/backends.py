@@ -36,7 +36,10 @@ __all__ = [
     "PROBES",
     "Choice",
     "Encoder",
+    "FastFailed",
+    "FastRefused",
     "FastokensEncoder",
+    "Guarded",
     "Mismatch",
     "TokenizersEncoder",
     "choose_backend",
@@ -87,7 +90,10 @@ class FastokensEncoder:
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         import fastokens
 
-        self.tokenizer = fastokens.Tokenizer.from_json_str(tokenizer_json)
+        try:
+            self.tokenizer = fastokens.Tokenizer.from_json_str(tokenizer_json)
+        except Exception as e:  # fastokens raises ValueError for what it does not support
+            raise FastRefused(_first_line(e)) from e
         self.version = fastokens_version() or "?"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -187,8 +193,56 @@ def first_difference(
     return None
 
 
+class FastRefused(ValueError):
+    """fastokens would not load the tokenizer (what it does not support)."""
+
+
+class FastFailed(Exception):
+    """fastokens loaded the tokenizer but could not encode a text of the check."""
+
+
+def _compared(
+    reference: TokenizersEncoder, fast: Encoder, texts: list[str], offsets: ByteOffsets | None
+) -> str | None:
+    """first_difference(reference, fast, texts, offsets); FastFailed where fastokens raised on the
+    texts, or panicked in Rust (pyo3's PanicException is a BaseException): then it is not usable."""
+    try:
+        return first_difference(reference, fast, texts, offsets)
+    except FastRefused:
+        raise
+    except Exception as e:
+        raise FastFailed(f"failed on the texts of the check: {_first_line(e)}") from e
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise FastFailed(f"panicked on the texts of the check: {_first_line(e)}") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 class Mismatch(Exception):
-    """The fast backend gave other ids than the reference on a sampled piece."""
+    """The fast backend gave other ids than the reference on a sampled piece (or raised on one)."""
+
+
+class Guarded:
+    """A fast encoder whose failures are differences: an exception (or a Rust panic) it raises on a
+    text that tokenizers encodes is a Mismatch, and the unit fails over to tokenizers."""
+
+    def __init__(self, inner: Encoder) -> None:
+        self.inner, self.name, self.version = inner, inner.name, inner.version
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return self.inner.encode(texts)
+        except Exception as e:
+            raise Mismatch(f"{self.name} raised on {len(texts)} texts: {_first_line(e)}") from e
+        except BaseException as e:
+            if type(e).__name__ != "PanicException":
+                raise
+            raise Mismatch(f"{self.name} panicked on {len(texts)} texts: {_first_line(e)}") from e
 
 
 @dataclass
@@ -294,16 +348,18 @@ def choose_backend(
         )
     if fastokens_version() is None:
         return refuse("fastokens is not installed (no wheel for this platform?)")
-    try:
-        fast = fast_encoder() if fast_encoder is not None else FastokensEncoder(tok.json)
-    except Exception as e:  # fastokens raises ValueError for what it does not support
-        return refuse(f"fastokens {fastokens_version()} refuses this tokenizer ({str(e).splitlines()[0]})")
     checked = [*probes(tok.tokenizer), *(probe_texts or [])]
     sample: list[str] = []
-    differs = first_difference(reference, fast, checked, offsets)
-    if differs is None:
-        sample = corpus_sample()
-        differs = first_difference(reference, fast, sample, offsets)
+    try:
+        fast = fast_encoder() if fast_encoder is not None else FastokensEncoder(tok.json)
+        differs = _compared(reference, fast, checked, offsets)
+        if differs is None:
+            sample = corpus_sample()
+            differs = _compared(reference, fast, sample, offsets)
+    except FastRefused as e:  # at load
+        return refuse(f"fastokens {fastokens_version()} refuses this tokenizer ({_first_line(e)})")
+    except FastFailed as e:
+        return refuse(f"fastokens {fastokens_version()} {e}")
     what = "ids and character offsets" if chat else "ids"
     if differs is not None:
         return refuse(f"fastokens {fast.version} gave other {what} than tokenizers on {differs}")

@@ -1,6 +1,7 @@
-"""Stages 5-7 of the global job on Ray tasks: assign every item to its pack, move it to the task that
-writes its output file, write the files. The fan-out of every task is bounded, so the number of Ray
-objects grows with the bytes moved, never with shards × files.
+"""Stages 5-7 of the global job on the runner's tasks (raypack.pipeline.runners: Ray's, or a local
+pool's): assign every item to its pack, move it to the task that writes its output file, write the
+files. The fan-out of every task is bounded, so the number of blobs (Ray objects, or a local run's
+files) grows with the bytes moved, never with shards × files.
 
     runs of shards ──assign_run (M tasks)──▶ a round of K pieces per ~ROUND_BYTES of items
       one hop:  K = R, piece k of a round goes to writer k
@@ -45,9 +46,10 @@ from raypack.packing import Plan
 from raypack.pipeline.assign import assign_items
 from raypack.pipeline.histogram import Totals, index_path
 from raypack.pipeline.materialize import write_pack_file
-from raypack.pipeline.tasks import task_options, transient
-from raypack.pipeline.tokenize_task import forget
+from raypack.pipeline.runners import Runner
+from raypack.pipeline.tasks import transient
 from raypack.pipeline.units import WorkUnit
+from raypack.pipeline.worker import forget
 from raypack.progress import Progress
 from raypack.storage import resolve
 
@@ -190,12 +192,11 @@ def layout(
     width: int,
     documents: int = 0,
     id_check: bool = False,
-    one_hop: bool = False,
 ) -> Layout:
     """The exchange for these runs and files. `shard_bytes`: each shard's item bytes (tokens × 4 +
     items × ITEM_BYTES); `file_bytes`: each output file's, in file key order; `width`: the cluster's
-    CPUs; `documents`, with `id_check`: the id check's parts, ~WRITER_BYTES of ids each; `one_hop`:
-    never a second hop (a local run's pieces are files: their number costs nothing)."""
+    CPUs; `documents`, with `id_check`: the id check's parts, ~WRITER_BYTES of ids each. A local
+    run's layout is a Ray run's: at up to 1 GiB of input it never comes near ONE_HOP_OBJECTS."""
     run_bytes = np.bincount(run_of_shard, weights=shard_bytes, minlength=runs)
     rounds = np.where(run_bytes > 0, np.ceil(run_bytes / ROUND_BYTES), 0).astype(np.int64)
     round_ends = tuple(run_bytes[g] * np.arange(1, rounds[g]) / rounds[g] for g in range(runs))
@@ -206,7 +207,7 @@ def layout(
     writers = len(writer_first) - 1
     id_parts = min(width, max(1, math.ceil(documents * ID_BYTES / WRITER_BYTES))) if id_check else 0
     one = Layout(run_of_shard, rounds, round_ends, writer_first, np.arange(writers + 1), 0, id_parts)
-    if one_hop or one.counts()["objects"] <= ONE_HOP_OBJECTS:
+    if one.counts()["objects"] <= ONE_HOP_OBJECTS:
         return one
     # K partitions, merges of J = c·K pieces (c = MERGE_BYTES / ROUND_BYTES: a merge's inputs are
     # MERGE_BYTES): objects ≈ rounds·K + rounds·R / (c·K), least at K = sqrt(R / c).
@@ -265,7 +266,7 @@ def assign_run(
     patterns: tuple[str, ...] | None,
     selection: Selection | None = None,
 ) -> Iterator[Any]:
-    """Ray task (a generator: each value is stored as it is yielded): `rounds` rounds, each one piece
+    """Task (a generator: each value is stored as it is yielded): `rounds` rounds, each one piece
     per partition (items sorted by file_key) and `id_parts` pieces of the ids of the documents read
     since the last round (a run with no items: one round of id pieces alone), then its counts. Ids
     ride with the rounds so that the task never holds more than a round's: all of a run's ids (at
@@ -310,7 +311,7 @@ def assign_run(
 def merge_pieces(
     writer_first_key: np.ndarray, patterns: tuple[str, ...] | None, *pieces: pa.Table
 ) -> Iterator[pa.Table]:
-    """Ray task (second hop; a generator): pieces of one partition, each sorted by file_key → one
+    """Task (second hop; a generator): pieces of one partition, each sorted by file_key → one
     piece per writer of the partition, made and yielded one at a time from slices of the inputs
     (which stay in the object store): the heap holds one output piece, so a merge can take many."""
     with transient(patterns):
@@ -324,14 +325,6 @@ def merge_pieces(
             yield _sorted([p for p in parts if p.num_rows])
 
 
-def merge_piece(
-    writer_first_key: np.ndarray, patterns: tuple[str, ...] | None, *pieces: pa.Table
-) -> pa.Table:
-    """merge_pieces for a partition of one writer (a Ray generator task needs two returns or more)."""
-    (piece,) = merge_pieces(writer_first_key, patterns, *pieces)
-    return piece
-
-
 def write_files(
     keys: np.ndarray,
     output: str,
@@ -341,7 +334,7 @@ def write_files(
     patterns: tuple[str, ...] | None,
     *pieces: pa.Table,
 ) -> pa.Table:
-    """Ray task: the files of `keys` (ascending), one at a time, from pieces sorted by file_key (read
+    """Task: the files of `keys` (ascending), one at a time, from pieces sorted by file_key (read
     in place from the object store: the heap holds one file). One WRITTEN row a file."""
     forget()
     with transient(patterns):
@@ -370,7 +363,7 @@ def write_files(
 
 
 def count_ids(examples: int, *pieces: pa.Table) -> dict[str, Any]:
-    """Ray task: ids of one hash part that more than one document carries, and the first `examples`
+    """Task: ids of one hash part that more than one document carries, and the first `examples`
     of them in id order."""
     ids = pa.concat_tables([p for p in pieces if p.num_rows] or [_ids_table([])])
     counts = ids.group_by("doc_id").aggregate([("doc_id", "count")])
@@ -417,6 +410,7 @@ def return_kinds(lay: Layout, run: int) -> list[tuple[str, int]]:
 
 
 def run_exchange(
+    runner: Runner,
     cfg: JobConfig,
     plan: Plan,
     lay: Layout,
@@ -428,108 +422,92 @@ def run_exchange(
     selection: Selection | None = None,
     progress: Progress | None = None,
 ) -> Exchanged:
-    """Submit every task of the exchange (Ray runs each once its inputs exist), then wait for the
-    writers (`progress` advanced by each one's files as it finishes). The driver drops its
-    references to the pieces as soon as their consumers are submitted, so Ray frees each piece
-    once its consumer is done."""
-    import ray
-
-    patterns, opts = task_options()
-    plan_ref = ray.put(plan)
+    """Submit every task of the exchange (the runner runs each once its input blobs exist), then wait
+    for the writers (`progress` advanced by each one's files as it finishes). The driver drops its
+    handles of the pieces as soon as their consumers are submitted, so Ray frees each piece once its
+    consumer is done (a local run deletes its piece files at the end)."""
+    patterns = runner.patterns
+    plan_blob = runner.put(plan)
     part_first_key = file_keys[lay.writer_first[lay.part_first[:-1]]]
     writer_first_key = file_keys[lay.writer_first[:-1]]
     to_part: list[list[Any]] = [[] for _ in range(lay.partitions)]
     to_ids: list[list[Any]] = [[] for _ in range(lay.id_parts)]
     counts = []
-    assign = ray.remote(assign_run)
     for run, base in totals.rank_bases():
         rounds = int(lay.rounds[run])
         if rounds == 0 and not lay.id_parts:
             continue
         members = [shards[s] for s in np.flatnonzero(lay.run_of_shard == run).tolist()]
-        per_round = lay.partitions + lay.id_parts
-        n = rounds * lay.partitions + lay.id_rounds(run) * lay.id_parts + 1
-        refs = _refs(
-            assign.options(num_returns=n, **opts).remote(
-                cfg,
-                plan_ref,
-                base,
-                members,
-                rounds,
-                lay.round_ends[run],
-                part_first_key,
-                lay.id_parts,
-                patterns,
-                selection,
-            ),
-            n,
+        kinds = return_kinds(lay, run)
+        args = (
+            cfg,
+            plan_blob,
+            base,
+            members,
+            rounds,
+            lay.round_ends[run],
+            part_first_key,
+            lay.id_parts,
+            patterns,
+            selection,
         )
-        for r in range(rounds):
-            for p in range(lay.partitions):
-                to_part[p].append(refs[r * per_round + p])
-        for r in range(lay.id_rounds(run)):
-            first = r * per_round + (lay.partitions if r < rounds else 0)
-            for q in range(lay.id_parts):
-                to_ids[q].append(refs[first + q])
-        counts.append(refs[-1])
-    del plan_ref
+        for (kind, index), blob in zip(kinds, runner.spread(assign_run, args, len(kinds)), strict=True):
+            if kind == "part":
+                to_part[index].append(blob)
+            elif kind == "ids":
+                to_ids[index].append(blob)
+            else:
+                counts.append(blob)
+    del plan_blob
 
     to_writer: list[list[Any]] = [[] for _ in range(lay.writers)]
     if lay.merge_width:
-        merge, merge_one = ray.remote(merge_pieces), ray.remote(merge_piece)
         for p in range(lay.partitions):
             first, last = int(lay.part_first[p]), int(lay.part_first[p + 1])
             for j in range(0, len(to_part[p]), lay.merge_width):
                 batch = to_part[p][j : j + lay.merge_width]
-                fn = merge if last - first > 1 else merge_one
-                out = _refs(
-                    fn.options(num_returns=last - first, **opts).remote(
-                        writer_first_key[first:last], patterns, *batch
-                    ),
-                    last - first,
+                out = runner.spread(
+                    merge_pieces, (writer_first_key[first:last], patterns, *batch), last - first
                 )
-                for w, ref in zip(range(first, last), out, strict=True):
-                    to_writer[w].append(ref)
+                for w, blob in zip(range(first, last), out, strict=True):
+                    to_writer[w].append(blob)
     else:
         to_writer = to_part
     del to_part
 
-    write = ray.remote(write_files)
     bucketed = cfg.pack.algorithm == "bucket"
-    writes = []
+    writes = {}
     for w in range(lay.writers):
         keys = file_keys[lay.writer_first[w] : lay.writer_first[w + 1]]
-        writes.append(
-            write.options(**opts).remote(
-                keys, cfg.output.path, spec, bucketed, cfg.storage, patterns, *to_writer[w]
-            )
-        )
+        args = (keys, cfg.output.path, spec, bucketed, cfg.storage, patterns, *to_writer[w])
+        writes[runner.submit(write_files, args)] = int(lay.writer_first[w + 1] - lay.writer_first[w])
     del to_writer
-    id_refs = [ray.remote(count_ids).options(num_cpus=1).remote(examples, *refs) for refs in to_ids]
+    id_tasks = [runner.submit(count_ids, (examples, *blobs)) for blobs in to_ids]
     del to_ids
 
-    files = {ref: int(lay.writer_first[w + 1] - lay.writer_first[w]) for w, ref in enumerate(writes)}
     written, pending = [], list(writes)
     while pending:
-        [done], pending = ray.wait(pending, num_returns=1)
-        table = ray.get(done)
+        done, table = runner.first_done(pending)
+        pending.remove(done)
         written += table.to_pylist()
         if progress is not None:
-            progress.advance(files[done], int(pc.sum(table.column("tokens")).as_py() or 0) * 4)
-    moved = ray.get(counts)
+            progress.advance(writes[done], int(pc.sum(table.column("tokens")).as_py() or 0) * 4)
+    moved = [runner.get(c) for c in counts]
+    found = [runner.first_done([t])[1] for t in id_tasks]
+    runner.discard_blobs()
     return Exchanged(
         written,
         sum(int(c["items"]) for c in moved),
         sum(int(c["tokens"]) for c in moved),
-        **shared_ids(ray.get(id_refs), examples),
+        **shared_ids(found, examples),
     )
 
 
 def index_ids(
     output: str, storage: Any, shards: list[int], parts: int, patterns: tuple[str, ...] | None
-) -> tuple[pa.Table, ...] | pa.Table:
-    """Ray task (sharded mode, whose groups write without an exchange): the ids of a run of shards'
-    index files (one a document, not a copy), hashed into `parts` pieces."""
+) -> Iterator[pa.Table]:
+    """Task (sharded mode, whose groups write without an exchange; a generator): the ids of a run of
+    shards' index files (one a document, not a copy), hashed into `parts` pieces."""
     with transient(patterns):
         ids: list[list[pa.Array]] = [[] for _ in range(parts)]
         for shard in shards:
@@ -539,27 +517,23 @@ def index_ids(
             # A mixture's copies of a document carry its id: count each document once.
             table = table.filter(pc.less_equal(table.column("copy"), 0))
             _add_ids(ids, table.column("doc_id").combine_chunks())
-        out = tuple(_ids_table(i) for i in ids)
-        return out if parts > 1 else out[0]
+        yield from (_ids_table(i) for i in ids)
 
 
-def check_index_ids(cfg: JobConfig, run_of_shard: np.ndarray, width: int, examples: int) -> Exchanged:
+def check_index_ids(runner: Runner, cfg: JobConfig, run_of_shard: np.ndarray, examples: int) -> Exchanged:
     """Ids carried by more than one document, from the index files: runs × parts pieces, parts <= W."""
-    import ray
-
-    patterns, opts = task_options()
     runs = int(run_of_shard.max()) + 1 if len(run_of_shard) else 0
-    parts = max(1, min(width, runs))
-    task = ray.remote(index_ids)
+    parts = max(1, min(runner.width, runs))
     to_part: list[list[Any]] = [[] for _ in range(parts)]
     for run in range(runs):
         members = np.flatnonzero(run_of_shard == run).tolist()
         if not members:
             continue
-        refs = task.options(num_returns=parts, **opts).remote(
-            cfg.output.path, cfg.storage, members, parts, patterns
+        pieces = runner.spread(
+            index_ids, (cfg.output.path, cfg.storage, members, parts, runner.patterns), parts
         )
-        for p, ref in enumerate(_refs(refs, parts)):
-            to_part[p].append(ref)
-    found = ray.get([ray.remote(count_ids).options(num_cpus=1).remote(examples, *r) for r in to_part])
+        for p, blob in enumerate(pieces):
+            to_part[p].append(blob)
+    found = runner.map(count_ids, [(examples, *blobs) for blobs in to_part])
+    runner.discard_blobs()
     return Exchanged([], 0, 0, **shared_ids(found, examples))

@@ -1,7 +1,8 @@
 """The job's executor: runs the stages in order, times them, cleans up when one fails. What each stage
-does, and the Ray tasks it runs, is in its own module; this one only wires their typed results.
+does, and the tasks it runs, is in its own module; this one only wires their typed results.
 
-    prepare   (prepare.py)   config, tokenizer, inputs and output checked before any work; Ray up
+    prepare   (prepare.py)   config, tokenizer, inputs and output checked before any work; the
+                             runner up (a local pool, or Ray: runners.py), the tokenizer preloaded
     read      (read.py)      input files → work units, each with its source's Reading (units.py)
     tokenize  (tokenize.py)  work units → token files + per-run histograms (tokenize_pool.py's tasks)
     select    (select.py)    a mixture's rules and copies (input.sources only)
@@ -38,7 +39,7 @@ from raypack.pipeline.record import RunRecord, run_record
 from raypack.pipeline.runners import ensure_ray
 from raypack.pipeline.select import Selection, select
 from raypack.pipeline.tokenize import check_rejects, tokenize
-from raypack.pipeline.tokenize_pool import tokenize_pool
+from raypack.pipeline.tokenize_pool import TokenizePool
 from raypack.pipeline.write import write
 from raypack.storage import join, remove
 
@@ -107,7 +108,7 @@ def _run(
                 record = dataclasses.replace(record, command_seconds=time.time() - started)
             commit(record, storage)
     except BaseException:
-        runner.close(release=False)
+        runner.close(release=False, failed=True)
         raise
     # The report's drawing (~1.8 s) beside the runner's closing (Ray's shutdown: ~1.4 s, mostly
     # waiting for its processes to exit): the dataset is committed, nothing is left to run.
@@ -130,9 +131,7 @@ def _stages(
     token_dir = cache if cache is not None else join(ready.staging, "tokens")
     units = read(ready.files, cfg.input.unit_bytes, storage, runner)
     concurrency = cfg.tokenizer.concurrency or runner.width
-    fast = cfg.tokenizer.backend != "tokenizers"
-    # The tokenize workers start loading the tokenizer now, beside the backend's self-check.
-    pool = tokenize_pool(runner, cfg, min(concurrency, len(units)), fast, capped=concurrency < runner.width)
+    pool = TokenizePool(runner, ready.ctx, min(concurrency, len(units)), capped=concurrency < runner.width)
     try:
         with (
             _stage(timings, "tokenize", log),
@@ -167,6 +166,4 @@ def _stages(
     except (ConfigError, JobError):
         remove(ready.staging, storage)  # rejects/ stays, for the user to look at
         raise
-    finally:
-        pool.close()
     return run_record(ready, tokenized, selection, sources, stats, packs, comparison, written, timings)

@@ -1,8 +1,14 @@
 """Stage 0, prepare: everything that can be wrong with the config or the environment fails here,
 before any work, with one line (a ConfigError): the tokenizer's files, the inputs, the output (the
-common mistakes, before Ray starts), then the tokenizer parsed beside Ray's start (3-4 s, mostly
-waiting on its processes; a 128k vocabulary takes 0.3-0.5 s to parse), its pad and the output
-format's Spec checked against it. Then the output directory is cleared for the new dataset.
+common mistakes, before any worker starts), then the tokenizer parsed beside the runner's start, its
+pad and the output format's Spec checked against it. Then the output directory is cleared for the
+new dataset.
+
+Where the job may run on this machine's processes, their pool starts first (its zygote imports the
+task modules, ~0.7 s, while this process reads the tokenizer and lists the input), and loads the
+tokenizer once from the bytes read here, before it forks the workers (raypack.pipeline.zygote). On
+Ray, Ray starts beside the tokenizer's parse (3-4 s, mostly waiting on its processes; a 128k
+vocabulary takes 0.3-0.5 s to parse) and a preload task a CPU loads it in Ray's workers.
 """
 
 from __future__ import annotations
@@ -13,34 +19,31 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 
-import pyarrow as pa
-
-from raypack.config import JobConfig, StorageConfig
+from raypack.config import JobConfig, RunConfig, StorageConfig
 from raypack.errors import ConfigError
 from raypack.formats import INDEX_DIR, Spec, make_spec, settings_of
 from raypack.formats.bridge import METADATA as BRIDGE_METADATA
 from raypack.formats.megatron import DATA_ARGS
 from raypack.formats.olmo import MASK_DIR
+from raypack.paths import is_uri
 from raypack.pipeline.encode import chat_template
-from raypack.pipeline.histogram import summarize_shard_warm
 from raypack.pipeline.read import input_files
 from raypack.pipeline.runners import (
     LocalRunner,
     RayRunner,
     Runner,
     choose_runner,
-    forks,
     local_cpus,
     may_run_locally,
 )
-from raypack.pipeline.tokenize_task import load_fast, local_worker, preload
-from raypack.pipeline.tokenizer import TOKENIZER_FILE, LoadedTokenizer, load_tokenizer, tokenizer_files
+from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_files, tokenizer_sha256
 from raypack.pipeline.units import WorkUnit
+from raypack.pipeline.worker import JobContext, preload_job
 from raypack.report.model import REPORT
 from raypack.storage import exists, join, remove, remove_temporaries
 from raypack.versions import LATEST, MANIFEST, METRICS
 
-__all__ = ["Prepared", "check_output", "clear_output", "prepare"]
+__all__ = ["Prepared", "check_output", "clear_output", "open_runner", "prepare"]
 
 # Everything a job writes under its output (formats' own files included), removed before it starts.
 OUTPUT_PARTS = (
@@ -69,59 +72,74 @@ class Prepared:
     files: list[WorkUnit]
     """The input files, whole, each with its source's Reading."""
     runner: Runner
-    """Where the tasks run: Ray, started beside the tokenizer's parse, or this machine's processes,
-    forked once it is parsed (raypack.pipeline.runners)."""
+    """Where the tasks run: Ray, started beside the tokenizer's parse, or this machine's processes
+    (raypack.pipeline.runners)."""
+    ctx: JobContext
+    """What the job's tasks are told of it (its run id, its tokenizer's sha256): the runner's
+    workers were given its tokenizer under it."""
 
     @property
     def staging(self) -> str:
         return join(self.cfg.output.path, "_staging")
 
 
+def staging_blobs(out: str) -> str | None:
+    """Where a local run keeps the blobs its tasks pass on (the exchange's pieces: about the job's
+    tokens × 4 bytes): the output's staging area on a local output, else (object storage) a
+    directory of the system temp dir."""
+    return None if is_uri(out) else join(out, "_staging")
+
+
+def open_runner(run: RunConfig, input_bytes: int, blob_dir: str | None) -> Runner:
+    """The runner for work without a tokenizer to share (convert): choose_runner's, started."""
+    if choose_runner(run, input_bytes) == "ray":
+        return RayRunner()
+    local = LocalRunner(local_cpus(), blob_dir)
+    local.start()
+    return local
+
+
 def prepare(cfg: JobConfig, overwrite: bool, log: Callable[[str], None]) -> Prepared:
     cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
     out, storage = cfg.output.path, cfg.storage
-    tokenizer = tokenizer_files(cfg.tokenizer, storage)
     fast = cfg.tokenizer.backend != "tokenizers"
-    # Where the tasks may run on this machine's processes, fastokens' copy of the tokenizer is built
-    # here, beside the listing and tokenizers' parse (it releases the GIL): the workers forked from
-    # this process then have it. Each built its own before: 1.1 s for a 128k BPE, both at once on 2
-    # cores (1.3-1.5 s each), before any unit could start. The thread is joined before the fork.
-    with ThreadPoolExecutor(1, thread_name_prefix="raypack-fastokens") as early:
-        fast_loading = (
-            early.submit(load_fast, tokenizer[TOKENIZER_FILE].decode("utf-8", errors="replace"))
-            if fast and may_run_locally(cfg) and forks()
-            else None
-        )
+    local = LocalRunner(local_cpus(), staging_blobs(out)) if may_run_locally(cfg.run) else None
+    runner: Runner | None = local
+    try:
+        tokenizer = tokenizer_files(cfg.tokenizer, storage)
+        ctx = JobContext(cfg, tokenizer_sha256(tokenizer), fast)
+        if local is not None:  # loaded in the zygote from these bytes, then the workers forked
+            local.preload(preload_job, (ctx, tokenizer))
+            local.start()
         files = input_files(cfg.input, storage)
         check_output(out, storage, overwrite)
-        executor = choose_runner(cfg, sum(f.shard.size for f in files))
-        ray: RayRunner | None = None
-        if executor == "ray":
+        if choose_runner(cfg.run, sum(f.shard.size for f in files)) == "ray":
+            if local is not None:
+                local.close(release=False, failed=True)
+                runner = local = None
             with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
                 loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
-                ray = RayRunner()
+                runner = RayRunner()
+                runner.preload(preload_job, (ctx, None))
                 tok = loading.result()
         else:
             tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
-            # While fastokens loads: what every forked worker would load on its first unit otherwise.
-            summarize_shard_warm(cfg)  # preload's numba functions (0.3 s)
-            pa.array(["x"])  # pyarrow imports pandas on its first Python list (0.4 s)
-        fastokens = fast_loading.result() if fast_loading is not None and executor == "local" else None
-    cfg = _fix_chat_date(cfg, tok, log)
-    pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
-    if pad[1] == "output.pad_id" and pad[0] == tok.bos_id:
-        log(f"[raypack] note: output.pad_id {pad[0]} is the tokenizer's BOS")
-    spec = make_spec(cfg.output.format, settings_of(cfg, tok.eos_id, tok.max_id, pad[0]))
-    clear_output(out, storage)
-    if ray is not None:
-        log(f"[raypack] tasks on Ray: {ray.width} CPUs")
-        return Prepared(cfg, tok, spec, pad, files, ray)
-    # The tokenizer, fastokens' copy and numba's functions the summaries use, loaded here: the
-    # workers forked next have them (spawned ones, in a process that runs threads, load their own).
-    preload(cfg, fast, tok, fastokens)
-    local = LocalRunner(local_cpus(), local_worker, (cfg, fast))
-    log(f"[raypack] tasks on {local.width} local processes (run.executor {cfg.run.executor})")
-    return Prepared(cfg, tok, spec, pad, files, local)
+        cfg = _fix_chat_date(cfg, tok, log)
+        pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
+        if pad[1] == "output.pad_id" and pad[0] == tok.bos_id:
+            log(f"[raypack] note: output.pad_id {pad[0]} is the tokenizer's BOS")
+        spec = make_spec(cfg.output.format, settings_of(cfg, tok.eos_id, tok.max_id, pad[0]))
+        clear_output(out, storage)
+    except BaseException:
+        if runner is not None:
+            runner.close(release=False, failed=True)
+        raise
+    assert runner is not None
+    if runner.name == "ray":
+        log(f"[raypack] tasks on Ray: {runner.width} CPUs")
+    else:
+        log(f"[raypack] tasks on {runner.width} local processes (run.executor {cfg.run.executor})")
+    return Prepared(cfg, tok, spec, pad, files, runner, ctx)
 
 
 def _fix_chat_date(cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], None]) -> JobConfig:

@@ -69,7 +69,7 @@ def read(files: list[WorkUnit], unit_bytes: int, storage: StorageConfig, runner:
 def scan_task(
     shard: Shard, start: int, stop: int, storage: StorageConfig, patterns: tuple[str, ...] | None
 ) -> tuple[int, int]:
-    """Ray task: scan_range."""
+    """Task: scan_range."""
     with transient(patterns):
         return scan_range(shard, start, stop, storage)
 

@@ -88,7 +88,8 @@ class RunRecord:
     output_format: dict[str, Any]
     """The manifest's `format`: name, pad_id, dtype, eos_id, loss_mask, dataset files, stray_eos."""
     runner: dict[str, Any]
-    """Where the tasks ran: {"name": "ray" or "local", "cpus": the CPUs they could use}."""
+    """Where the tasks ran: {"name": "ray" or "local", "cpus": the CPUs they could use, "retried":
+    tasks run again because their worker died (a local run counts them; Ray's are not counted)}."""
     format_files: dict[str, bytes]
     """The format's files of the whole dataset, by path (Megatron's data-args list, Bridge's pack
     metadata: bytes of the manifest's files, a few KB), written before the manifest."""
@@ -190,7 +191,7 @@ def run_record(
         duplicates=written.duplicates,
         output_format=format_entry(files, spec, made),
         format_files=made,
-        runner={"name": ready.runner.name, "cpus": ready.runner.width},
+        runner={"name": ready.runner.name, "cpus": ready.runner.width, "retried": ready.runner.retried},
         stage_seconds=stage_seconds,
     )
 

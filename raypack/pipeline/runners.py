@@ -1,32 +1,41 @@
 """Where the job's tasks run: on Ray (a cluster, or a local Ray for a large corpus), or in a pool of
-worker processes of this machine (a small corpus, no cluster). The stages do not know which: they
-hand their task functions to the runner (map, unordered) and build their tokenize pool and exchange
-from it; the task functions are the same either way, so the bytes written are the same (tested).
+this machine's processes (a small corpus, no cluster). The stages do not know which: they hand their
+task functions to a Runner, and every stage's data movement is written once against it. A runner
+differs only in how a task runs and how a value moves between tasks (a blob): a Ray object, or a
+file of the local pool (raypack.pipeline.local_pool). Either way:
 
-Why a local runner at all: on 2 cores Ray's start took 3-4.5 s (its GCS, raylet, dashboard, agents
-and prestarted workers, Python processes importing Ray on the cores the job needs), its shutdown
-1.2-1.7 s, and the workers' tokenizer load waited for both: 6.5 of the 10.7 s `raypack pack` took on
-13 MB. A local pool forks this process once its tokenizer is parsed (workers inherit it: no second
-parse, no Ray import), and is gone in milliseconds.
+- submit(fn, args) runs fn(*args) as a task and gives a handle; first_done(handles) waits for one;
+  map and unordered are built on them;
+- spread(fn, args, n) runs a generator task whose n yielded values become blobs as they are made;
+  put(value) makes one on the driver; a task given a blob as an argument runs once the blob exists
+  and gets its value; get(blob) reads one on the driver;
+- a task whose worker dies is run again (RETRIES times), and so is one that met a transient storage
+  error (raypack.pipeline.tasks), so each task must be idempotent (they are: a retry writes the same
+  bytes at the same names);
+- preload(fn, args) has the workers load what every task of the job needs (its tokenizer) before
+  their first task: on Ray a task a CPU slot, locally once in the pool's zygote, before it forks.
 
-What a local run gives up: a worker killed mid-task (the OOM killer, say) fails the job, where Ray
-would retry the task; a transient storage error is retried as on Ray (RETRIES times, after a pause).
-`run.executor` chooses (raypack.config.RunConfig); auto takes the local pool when no Ray cluster
-is named (RAY_ADDRESS) or running in this process and the input is at most run.local_max_bytes.
+The bytes written are the same whatever runs them (tested on every output format and mode).
+
+Why a local runner at all: on 2 cores Ray's start took 3-4.5 s (its GCS, raylet, dashboard, agents and
+prestarted workers, Python processes importing Ray on the cores the job needs), its shutdown 1.2-1.7 s,
+and the workers' tokenizer load waited for both: 6.5 of the 10.7 s `raypack pack` took on 13 MB.
+`run.executor` chooses (raypack.config.RunConfig); auto takes the local pool when no Ray cluster is
+named (RAY_ADDRESS) or running in this process and the input is at most run.local_max_bytes.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
-import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from typing import Any, Protocol
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from contextlib import suppress
+from typing import Any
 
-from raypack.config import JobConfig
-from raypack.pipeline.tasks import RETRIES, TransientStorageError, task_options
+from raypack.config import RunConfig
+from raypack.pipeline.local_pool import LocalPool
+from raypack.pipeline.tasks import task_options
 
 __all__ = [
     "LocalRunner",
@@ -35,31 +44,85 @@ __all__ = [
     "choose_runner",
     "cluster_cpus",
     "ensure_ray",
-    "forks",
     "local_cpus",
     "may_run_locally",
 ]
 
+# The modules whose functions the local workers run: imported by the pool's zygote before it forks
+# (0.3-0.5 s), so no worker imports them on its first task.
+TASK_MODULES = (
+    "raypack.pipeline.tokenize_pool",
+    "raypack.pipeline.exchange",
+    "raypack.pipeline.sharded",
+    "raypack.pipeline.select",
+    "raypack.pipeline.read",
+    "raypack.convert",
+)
 
-class Runner(Protocol):
+
+class Runner:
+    """What the stages see of where their tasks run (RayRunner, LocalRunner)."""
+
     name: str
     width: int
     """CPUs the tasks may use at once."""
     patterns: tuple[str, ...] | None
     """The transient storage errors' patterns the task functions take (tasks.transient)."""
+    retried = 0
+    """Tasks run again because their worker died (the local pool counts them; Ray does not say)."""
 
-    def map(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
-        """fn(*call) for every call, each a task (retried on a transient storage error); the results
-        in order."""
-        ...
+    def nodes(self) -> dict[str, int]:
+        """Task slots by node ({"": width} for one node, or one Ray schedules alone)."""
+        return {"": self.width}
+
+    def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        raise NotImplementedError
+
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], node: str = "", urgent: bool = False
+    ) -> Any:
+        """fn(*args) as a task (on `node` where it can; `urgent`: ahead of tasks still waiting, where
+        the runner can tell); its handle."""
+        raise NotImplementedError
+
+    def first_done(self, handles: list[Any]) -> tuple[Any, Any]:
+        """The first of `handles` to finish (the earliest in the list if several have), and its
+        result; the task's exception if it failed."""
+        raise NotImplementedError
+
+    def spread(self, fn: Callable[..., Any], args: tuple[Any, ...], returns: int) -> list[Any]:
+        """fn(*args) as a task, its generator's `returns` values stored as blobs as it yields them."""
+        raise NotImplementedError
+
+    def put(self, value: Any) -> Any:
+        raise NotImplementedError
+
+    def get(self, blob: Any) -> Any:
+        raise NotImplementedError
+
+    def discard_blobs(self) -> None:
+        """The blobs made so far are done with (Ray frees each once nothing refers to it)."""
+
+    def close(self, release: bool, failed: bool = False) -> None:
+        """Give back what the runner holds; `release`: a Ray this process started is shut down;
+        `failed`: the job failed, tasks still running are stopped."""
+        raise NotImplementedError
 
     def unordered(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> Iterator[tuple[int, Any]]:
         """(call index, result) of every call, as each task finishes."""
-        ...
+        index = {self.submit(fn, c): i for i, c in enumerate(calls)}
+        pending = list(index)
+        while pending:
+            done, value = self.first_done(pending)
+            pending.remove(done)
+            yield index[done], value
 
-    def close(self, release: bool) -> None:
-        """Give back what the runner holds; `release`: a Ray this process started is shut down."""
-        ...
+    def map(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
+        """fn(*call) for every call, each a task; the results in order."""
+        out: list[Any] = [None] * len(calls)
+        for i, value in self.unordered(fn, calls):
+            out[i] = value
+        return out
 
 
 def local_cpus() -> int:
@@ -70,20 +133,20 @@ def local_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def choose_runner(cfg: JobConfig, input_bytes: int) -> str:
+def choose_runner(run: RunConfig, input_bytes: int) -> str:
     """ "local" or "ray", for run.executor (auto: local without a cluster for a small input)."""
-    if not may_run_locally(cfg):
+    if not may_run_locally(run):
         return "ray"
-    if cfg.run.executor != "auto":
-        return cfg.run.executor
-    return "local" if input_bytes <= cfg.run.local_max_bytes else "ray"
+    if run.executor != "auto":
+        return run.executor
+    return "local" if input_bytes <= run.local_max_bytes else "ray"
 
 
-def may_run_locally(cfg: JobConfig) -> bool:
+def may_run_locally(run: RunConfig) -> bool:
     """Whether choose_runner can say "local" (known before the input is listed): run.executor local,
     or auto without a cluster named (RAY_ADDRESS) or running in this process."""
-    if cfg.run.executor != "auto":
-        return cfg.run.executor == "local"
+    if run.executor != "auto":
+        return run.executor == "local"
     if os.environ.get("RAY_ADDRESS"):
         return False
     import sys
@@ -91,14 +154,7 @@ def may_run_locally(cfg: JobConfig) -> bool:
     return not ("ray" in sys.modules and sys.modules["ray"].is_initialized())  # a Ray this process runs
 
 
-def forks() -> bool:
-    """Whether a LocalRunner made now forks its workers: when this process runs no other thread
-    (what `raypack pack` is when it gets there), so no lock can be copied held. Else (a process
-    connected to Ray, a test session, a rebuild's lease keeper) they are spawned and load alone."""
-    return threading.active_count() == 1
-
-
-class RayRunner:
+class RayRunner(Runner):
     name = "ray"
 
     def __init__(self) -> None:
@@ -110,28 +166,93 @@ class RayRunner:
         ensure_ray()
         self.width = cluster_cpus()
         self.patterns, self.options = task_options()
+        self._remote: dict[Any, Any] = {}
+        self._preloads: list[Any] = []
+        self._nodes = _cpu_nodes()
 
-    def map(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
-        import ray
+    def nodes(self) -> dict[str, int]:
+        return self._nodes if len(self._nodes) > 1 else {"": self.width}
 
-        task = ray.remote(fn).options(**self.options)
-        return list(ray.get([task.remote(*c) for c in calls]))
-
-    def unordered(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> Iterator[tuple[int, Any]]:
-        import ray
-
-        task = ray.remote(fn).options(**self.options)
-        index = {task.remote(*c): i for i, c in enumerate(calls)}
-        pending = list(index)
-        while pending:
-            [done], pending = ray.wait(pending, num_returns=1)
-            yield index[done], ray.get(done)
-
-    def close(self, release: bool) -> None:
-        if release and self.started:
+    def _task(self, fn: Callable[..., Any]) -> Any:
+        if fn not in self._remote:
             import ray
 
+            self._remote[fn] = ray.remote(fn)
+        return self._remote[fn]
+
+    def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """A task of fn a CPU slot, placed on each node in proportion (a worker process that ran one
+        has what it loaded; Ray reuses it for the tasks that follow)."""
+        for node, slots in self.nodes().items():
+            for _ in range(slots):
+                self._preloads.append(self.submit(fn, args, node))
+
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], node: str = "", urgent: bool = False
+    ) -> Any:
+        return self._task(fn).options(**self.options, **_placed(node)).remote(*args)
+
+    def first_done(self, handles: list[Any]) -> tuple[Any, Any]:
+        import ray
+
+        ready, _ = ray.wait(handles, num_returns=1)
+        return ready[0], ray.get(ready[0])
+
+    def spread(self, fn: Callable[..., Any], args: tuple[Any, ...], returns: int) -> list[Any]:
+        if returns == 1:  # a Ray generator task needs two returns or more
+            return [self._task(_single).options(**self.options).remote(fn, *args)]
+        return list(self._task(fn).options(num_returns=returns, **self.options).remote(*args))
+
+    def put(self, value: Any) -> Any:
+        import ray
+
+        return ray.put(value)
+
+    def get(self, blob: Any) -> Any:
+        import ray
+
+        return ray.get(blob)
+
+    def close(self, release: bool, failed: bool = False) -> None:
+        import ray
+
+        if self._preloads and ray.is_initialized():  # (ray.wait would start a Ray of its own)
+            # Cancelled if still running (a job that failed before it tokenized); an error in one
+            # (a missing file, say) is the units' to raise.
+            _, pending = ray.wait(self._preloads, num_returns=len(self._preloads), timeout=0)
+            for ref in pending:
+                ray.cancel(ref)
+            for ref in self._preloads:
+                with suppress(Exception):
+                    ray.get(ref)
+        self._preloads = []
+        if release and self.started:
             ray.shutdown()
+
+
+def _single(fn: Callable[..., Any], *args: Any) -> Any:
+    """Ray task: the one value fn's generator yields."""
+    (value,) = fn(*args)
+    return value
+
+
+def _cpu_nodes() -> dict[str, int]:
+    """The alive nodes that have CPUs, and how many (a KubeRay head often has none)."""
+    import ray
+
+    found = {
+        str(n["NodeID"]): int(n.get("Resources", {}).get("CPU", 0)) for n in ray.nodes() if n.get("Alive")
+    }
+    return {node: cpus for node, cpus in sorted(found.items()) if cpus >= 1}
+
+
+def _placed(node: str) -> dict[str, Any]:
+    """Task options that place a task on `node`, softly (anywhere if it is gone); {} for "": Ray's."""
+    if not node:
+        return {}
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
 
 
 def ensure_ray() -> None:
@@ -162,54 +283,52 @@ def cluster_cpus() -> int:
     return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def _retried(fn: Callable[..., Any], *args: Any) -> Any:
-    """fn(*args) in a worker, again after a TransientStorageError (which waited its pause), as Ray
-    retries a task: RETRIES times."""
-    for attempt in range(RETRIES + 1):
-        try:
-            return fn(*args)
-        except TransientStorageError:
-            if attempt == RETRIES:
-                raise
-    raise AssertionError("unreachable")
-
-
-class LocalRunner:
-    """A pool of `width` worker processes of this machine, forked from this one (what it has loaded,
-    the tokenizer and numba's compiled functions, is theirs without a second load)."""
+class LocalRunner(Runner):
+    """A pool of `width` processes of this machine (raypack.pipeline.local_pool): made at once, so
+    its zygote imports the task modules while the driver reads the config, the tokenizer and the
+    input listing; its workers are forked at start(), after the job's preload."""
 
     name = "local"
     # tasks.transient reads Ray Data's list on an error (none imported before).
     patterns: tuple[str, ...] | None = None
 
-    def __init__(
-        self, width: int, initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = ()
-    ) -> None:
+    def __init__(self, width: int, blob_dir: str | None = None) -> None:
         self.width = width
-        method = "fork" if forks() else "spawn"
-        self.forked = method == "fork"
-        """The workers have what this process had loaded (preload) when it was built."""
-        self.pool = ProcessPoolExecutor(
-            width, mp_context=multiprocessing.get_context(method), initializer=initializer, initargs=initargs
-        )
-        # The workers are forked at the first submission (all of them, with the fork method): now,
-        # while this process holds no thread but its own, and they start loading at once.
-        self.pool.submit(int)
+        self.pool = LocalPool(width, TASK_MODULES, blob_dir)
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        return self.pool.submit(_retried, fn, *args)
+    @property
+    def retried(self) -> int:  # type: ignore[override]
+        return self.pool.retried
 
-    def map(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> list[Any]:
-        futures = [self.submit(fn, *c) for c in calls]
-        return [f.result() for f in futures]
+    def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.pool.preload(fn, args)
 
-    def unordered(self, fn: Callable[..., Any], calls: list[tuple[Any, ...]]) -> Iterator[tuple[int, Any]]:
-        index = {self.submit(fn, *c): i for i, c in enumerate(calls)}
-        pending = set(index)
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                yield index[f], f.result()
+    def start(self) -> None:
+        self.pool.start()
 
-    def close(self, release: bool) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], node: str = "", urgent: bool = False
+    ) -> Any:
+        future, _ = self.pool.submit(fn, args, urgent=urgent)
+        return future
+
+    def first_done(self, handles: list[Future[Any]]) -> tuple[Future[Any], Any]:
+        finished, _ = wait(handles, return_when=FIRST_COMPLETED)
+        done = next(f for f in handles if f in finished)
+        return done, done.result()
+
+    def spread(self, fn: Callable[..., Any], args: tuple[Any, ...], returns: int) -> list[Any]:
+        _, blobs = self.pool.submit(fn, args, returns=returns)
+        return blobs
+
+    def put(self, value: Any) -> Any:
+        return self.pool.put(value)
+
+    def get(self, blob: Any) -> Any:
+        return self.pool.get(blob)
+
+    def discard_blobs(self) -> None:
+        self.pool.discard_blobs()
+
+    def close(self, release: bool, failed: bool = False) -> None:
+        self.pool.close(kill=failed)

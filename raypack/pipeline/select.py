@@ -1,5 +1,5 @@
 """Stage 3b, select (input.sources): which documents go into the output and how many times
-(raypack.mixture), on Ray tasks between tokenizing and planning.
+(raypack.mixture), on the runner's tasks between tokenizing and planning.
 
     each source's tokens and tokens by key bin (tokenize summaries, folded by the driver: Totals)
       ─▶ targets (a ConfigError when a source cannot meet its own) ─▶ the boundary bin of each
@@ -80,7 +80,7 @@ def _read_staged(cfg: JobConfig, shard: WorkUnit) -> pa.Table:
 def boundary_documents(
     cfg: JobConfig, shards: list[WorkUnit], bins: dict[str, int], patterns: tuple[str, ...] | None
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Ray task: for each source in `bins`, the keys and lengths of its documents (in these shards)
+    """Task: for each source in `bins`, the keys and lengths of its documents (in these shards)
     whose key falls in its boundary bin."""
     with transient(patterns):
         found: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {s: [] for s in bins}
@@ -133,7 +133,7 @@ def _runs(shards: list[WorkUnit], totals: Totals, sources: set[str] | None = Non
 def select_run(
     cfg: JobConfig, selection: Selection, shards: list[WorkUnit], patterns: tuple[str, ...] | None
 ) -> dict[str, Any]:
-    """Ray task: the final index of each shard of a run (a row a copy of each document, in document
+    """Task: the final index of each shard of a run (a row a copy of each document, in document
     order then copy order; -1 for a document left out), and the run's item histogram by copy layer,
     stats, per-shard items and tokens, and per-source counts."""
     with transient(patterns):

@@ -26,8 +26,8 @@ from raypack.pipeline.runners import Runner
 from raypack.pipeline.select import Selection
 from raypack.pipeline.tasks import transient
 from raypack.pipeline.token_files import read_tokens
-from raypack.pipeline.tokenize_task import forget
 from raypack.pipeline.units import WorkUnit
+from raypack.pipeline.worker import forget
 from raypack.progress import Progress
 
 __all__ = ["pack_group", "write_sharded"]
@@ -65,7 +65,7 @@ def pack_group(
     selection: Selection | None,
     patterns: tuple[str, ...] | None,
 ) -> pa.Table:
-    """Ray task: one group's documents packed alone and written; its WRITTEN rows. With a mixture's
+    """Task: one group's documents packed alone and written; its WRITTEN rows. With a mixture's
     `selection`, a document comes as many times as it has copies: every first copy of the group,
     then every second, ... (so that greedy, which keeps input order, does not put two copies side by
     side)."""

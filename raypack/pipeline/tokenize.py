@@ -32,6 +32,7 @@ from raypack.pipeline.backends import (
     Choice,
     choose_backend,
     failed_over,
+    fastokens_version,
     remember_failover,
     remembered_failover,
 )
@@ -41,7 +42,7 @@ from raypack.pipeline.histogram import Totals
 from raypack.pipeline.offsets import ByteOffsets
 from raypack.pipeline.readers import Chat, read_unit
 from raypack.pipeline.token_files import cached_rejects_file, token_key, token_settings
-from raypack.pipeline.tokenize_pool import LocalTokenizePool, TokenizePool
+from raypack.pipeline.tokenize_pool import TokenizePool
 from raypack.pipeline.tokenize_task import TokenizeShards
 from raypack.pipeline.tokenizer import LoadedTokenizer
 from raypack.pipeline.units import WorkUnit
@@ -97,7 +98,7 @@ def tokenize(
     tok: LoadedTokenizer,
     units: list[WorkUnit],
     token_dir: str,
-    pool: TokenizePool | LocalTokenizePool,
+    pool: TokenizePool,
     width: int,
     memory: str | None,
     log: Callable[[str], None],
@@ -136,13 +137,16 @@ def tokenize(
     else:
         sample = partial(_corpus_sample, units, cfg.storage)
         check = partial(choose_backend, cfg.tokenizer.backend, tok, sample, pool.fast_encoder)
-    # The workers may start with fastokens while the driver checks it, where they hold it already
-    # (a local pool forked after this process loaded it): the check took 0.6 s of a 500 MB job with
-    # the cores idle. A refusal deletes what they wrote and tokenizes every unit again.
-    # Not for conversations with a tokenizer whose offsets do not follow from its ids: refused surely.
+    # The workers start with fastokens while the driver checks it (its encodes go to a worker ahead
+    # of the units waiting): the check took 0.6 s of a 500 MB job with the cores idle. A refusal
+    # deletes what they wrote and tokenizes every unit again. Not where the check surely refuses:
+    # fastokens not installed here, or conversations with a tokenizer whose offsets do not follow
+    # from its ids.
+    version = fastokens_version()
     ahead = (
-        pool.fast_ahead()
-        if remembered is None
+        Choice("fastokens", version, "being checked")
+        if version is not None
+        and remembered is None
         and cfg.tokenizer.backend != "tokenizers"
         and not (cfg.input.chat and ByteOffsets.of(tok.json) is None)
         else None
@@ -183,11 +187,13 @@ def tokenize(
 
     def discard(written: list[WorkUnit]) -> None:
         """Token files a backend wrote in this run that must not reach the output, and the rejects
-        its units wrote (each unit writes its own again)."""
+        and index files its units wrote (each unit writes its own again; a job that stops here
+        leaves neither)."""
         for unit in written:
             remove(unit.token_file, cfg.storage)
             remove(cached_rejects_file(unit.token_file), cfg.storage)
-        remove(join(cfg.output.path, "rejects"), cfg.storage)
+        for part in ("rejects", "index", join("_staging", "index")):
+            remove(join(cfg.output.path, part), cfg.storage)
 
     if ahead is None:
         choice = remembered or check()
@@ -235,6 +241,8 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     ratio = rejects / records if records else 0.0
     where = join(cfg.output.path, "rejects")
     top = ", ".join(f"{kind} ({n:,})" for kind, n in Counter(reasons).most_common(REJECT_EXAMPLES))
+    if documents == 0 and rejects == 0:
+        raise JobError("no documents to pack: the input files hold no records")
     if documents == 0:
         raise JobError(f"no documents to pack: {rejects:,} records rejected: {top} (see {where})")
     if totals.lost_files > cfg.input.max_lost_files:

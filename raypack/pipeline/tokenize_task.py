@@ -1,8 +1,8 @@
 """The tokenize task's side: what a worker process of the tokenize stage does with a work unit.
 TokenizeShards turns a unit into its staged token file (raypack.pipeline.token_files) and rejects,
-and returns its summary (raypack.pipeline.histogram.summarize_shard). It runs on Ray tasks
-(raypack.pipeline.tokenize_pool) in worker processes that load the tokenizer once (preload) and keep
-one TokenizeShards from one unit of a run to the next (shards_for).
+and returns its summary (raypack.pipeline.histogram.summarize_shard). It runs as the runner's tasks
+(raypack.pipeline.tokenize_pool) in worker processes that hold the job's tokenizer
+(raypack.pipeline.worker) and keep one TokenizeShards from one unit of a pass to the next.
 
 With fastokens, a Checker (raypack.pipeline.encode) re-encodes a seeded sample of each unit's pieces
 with `tokenizers` within a fifth of the fast encoder's own time; on a difference the unit is
@@ -12,13 +12,8 @@ tokenized again with `tokenizers`, the summary says why, and the driver tokenize
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import json
-import os
-from contextlib import suppress
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,9 +21,9 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig
-from raypack.pipeline.backends import Encoder, FastokensEncoder, Mismatch, TokenizersEncoder
+from raypack.pipeline.backends import Encoder, Guarded, Mismatch, TokenizersEncoder
 from raypack.pipeline.encode import Checker, chat_template, encode_chat, encode_flat
-from raypack.pipeline.histogram import summarize_shard, summarize_shard_warm
+from raypack.pipeline.histogram import summarize_shard
 from raypack.pipeline.offsets import ByteOffsets, Coder, reference_coder
 from raypack.pipeline.readers import Batch, Reject, read_unit
 from raypack.pipeline.token_files import (
@@ -39,132 +34,34 @@ from raypack.pipeline.token_files import (
     rejects_path,
     staged_options,
 )
-from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import atomic_output, open_output, read_bytes, write_bytes
 
-__all__ = ["Preloaded", "TokenizeShards", "forget", "load_fast", "preload", "preloaded_fast", "shards_for"]
+if TYPE_CHECKING:
+    from raypack.pipeline.worker import JobState
+
+__all__ = ["TokenizeShards"]
 
 
 def _node_id() -> str:
-    """The Ray node this worker runs on ("" outside Ray): metrics.json reports how many nodes tokenized
-    each split file."""
+    """The Ray node this worker runs on ("" outside Ray: a local pool's workers never import it):
+    metrics.json reports how many nodes tokenized each split file."""
     import sys
 
-    if "ray" not in sys.modules or _LOCAL:  # a local runner's worker (importing ray costs 0.3 s)
+    if "ray" not in sys.modules:
         return ""
     import ray
 
     return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else ""
 
 
-_LOCAL: list[bool] = []
-"""Set in a local runner's workers (raypack.pipeline.runners), which may be forked from a process
-connected to Ray: they must not use that connection."""
-
-
-def local_worker(cfg: JobConfig, fast: bool) -> None:
-    """A local runner's worker initializer: it is one, and it preloads."""
-    _LOCAL.append(True)
-    preload(cfg, fast)
-
-
-@dataclass
-class Preloaded:
-    """What a tokenize worker process loads once, before it is given units."""
-
-    cfg: JobConfig
-    tok: LoadedTokenizer
-    fast: FastokensEncoder | None = None
-    fast_error: str = ""
-
-
-_PRELOADED: list[Preloaded] = []
-# The process's TokenizeShards, kept from one unit of a run to the next (it holds the tokenizer
-# and, once a check found a difference, the failover to tokenizers): (run, cls, backend) and it.
-_SHARDS: list[tuple[tuple[str, type[TokenizeShards], str], TokenizeShards]] = []
-
-
-def preload(
-    cfg: JobConfig,
-    fast: bool,
-    tok: LoadedTokenizer | None = None,
-    fastokens: tuple[FastokensEncoder | None, str] | None = None,
-) -> Preloaded:
-    """The tokenizer of cfg (and fastokens' copy of it when `fast`: `fastokens`, load_fast's result,
-    when already built), loaded once a process: a worker loads them as the job starts, while the
-    driver still checks the backend, and every unit it is then given finds them here. 128k BPE:
-    fastokens 1.1 s, tokenizers 0.4 s to load. Numba's functions of the summary are loaded too
-    (0.5-0.75 s on a unit otherwise)."""
-    # Each task holds one CPU (num_cpus=1), but tokenizers' thread pool takes every core of the
-    # machine: N workers × N threads on N cores. Two processes on 2 cores encode the demo corpus in
-    # 6.7-6.8 s each with the default pool, 5.6-5.7 s each with one thread. Set before the first
-    # encode, which builds the pool; a value the user set wins (fastokens: FastokensEncoder).
-    os.environ.setdefault("RAYON_NUM_THREADS", "1")
-    key = (cfg.tokenizer, cfg.storage)
-    if not _PRELOADED or (_PRELOADED[0].cfg.tokenizer, _PRELOADED[0].cfg.storage) != key:
-        parsed = tok or load_tokenizer(cfg.tokenizer, cfg.storage, framed=cfg.framed)
-        _PRELOADED[:] = [Preloaded(cfg, parsed)]
-        summarize_shard_warm(cfg)
-    loaded = _PRELOADED[0]
-    # Tried until it loads or refuses: a load cut short (a preload task cancelled when a job
-    # failed) leaves neither, and the next job of this process tries again.
-    if fast and loaded.fast is None and not loaded.fast_error:
-        loaded.fast, loaded.fast_error = fastokens if fastokens is not None else load_fast(loaded.tok.json)
-    return loaded
-
-
-def preloaded_fast(cfg: JobConfig) -> FastokensEncoder | None:
-    """fastokens' copy of cfg's tokenizer when this process has loaded it (preload), else None."""
-    if not _PRELOADED:
-        return None
-    loaded = _PRELOADED[0]
-    return loaded.fast if (loaded.cfg.tokenizer, loaded.cfg.storage) == (cfg.tokenizer, cfg.storage) else None
-
-
-def load_fast(tokenizer_json: str) -> tuple[FastokensEncoder | None, str]:
-    """fastokens' copy of the tokenizer, or why it refused it. Its objects do not pickle, so a Ray
-    worker builds its own; a local runner's workers inherit the driver's, built before the fork
-    (raypack.pipeline.prepare: it releases the GIL, so it loads beside the driver's own work)."""
-    try:
-        return FastokensEncoder(tokenizer_json), ""
-    except Exception as e:
-        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
-def shards_for(run: str, cls: type[TokenizeShards], cfg: JobConfig, backend: str) -> TokenizeShards:
-    """The process's TokenizeShards for this job run (`run`: a worker that served another run, a later
-    job of the same Ray session, starts afresh)."""
-    key = (run, cls, backend)
-    if not _SHARDS or _SHARDS[0][0] != key:
-        _SHARDS[:] = [(key, cls(cfg, backend))]
-    return _SHARDS[0][1]
-
-
-def forget() -> None:
-    """Drop this process's tokenizers: the assign, write and sharded-group tasks call it, as Ray
-    reuses the tokenize stage's processes for them (a 128k vocabulary loaded twice is ~0.2-0.3 GB
-    they would otherwise keep), and give the freed memory back to the system: Arrow's pool keeps
-    what the units' buffers used, glibc what the tokenizers' Rust allocations did (through malloc).
-    Measured: 429 MiB after preloading a 128k BPE with fastokens, 218 MiB after forget."""
-    if not (_PRELOADED or _SHARDS):
-        return
-    _SHARDS.clear()
-    _PRELOADED.clear()
-    gc.collect()
-    pa.default_memory_pool().release_unused()
-    with suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
 class TokenizeShards:
     """Tokenizes work units one at a time (unit): each names a shard and its token file, and gives the
     shard's summary. A token file that exists already (a rebuild's cache) is reused, not redone."""
 
-    def __init__(self, cfg: JobConfig, backend: str = "tokenizers") -> None:
+    def __init__(self, cfg: JobConfig, backend: str, loaded: JobState) -> None:
         self.cfg = cfg
         self.storage = cfg.storage
-        loaded = preload(cfg, fast=backend == "fastokens")
         self.tok = loaded.tok
         self.reference = TokenizersEncoder(self.tok.tokenizer)
         self.encoder: Encoder = self.reference
@@ -174,7 +71,7 @@ class TokenizeShards:
         """Why it encodes with tokenizers though fastokens was chosen (not a difference: exact either way)."""
         if backend == "fastokens":
             if loaded.fast is not None:
-                self.encoder = loaded.fast
+                self.encoder = Guarded(loaded.fast)
             else:  # not installed on this node, or refused: the reference, said so
                 self.note = (
                     f"fastokens did not load on a node ({loaded.fast_error}): tokenizers encoded there"

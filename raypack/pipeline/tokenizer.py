@@ -34,6 +34,7 @@ __all__ = [
     "LoadedTokenizer",
     "load_tokenizer",
     "tokenizer_files",
+    "tokenizer_sha256",
 ]
 
 BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
@@ -138,12 +139,9 @@ def load_tokenizer(
                 f"{vocab:,} tokens)"
             )
         found[kind] = (token_id, source)
-    digest = hashlib.sha256()
-    for name in sorted(files):  # one file: its own hash, as before model directories were read
-        digest.update(files[name] if len(files) == 1 else name.encode() + b"\0" + files[name])
     return LoadedTokenizer(
         tok,
-        digest.hexdigest(),
+        tokenizer_sha256(files),
         found["bos"][0],
         found["eos"][0],
         vocab,
@@ -153,6 +151,14 @@ def load_tokenizer(
         json=raw.decode("utf-8"),
         configs=configs,
     )
+
+
+def tokenizer_sha256(files: dict[str, bytes]) -> str:
+    """LoadedTokenizer.sha256 of these files (tokenizer_files')."""
+    digest = hashlib.sha256()
+    for name in sorted(files):  # one file: its own hash, as before model directories were read
+        digest.update(files[name] if len(files) == 1 else name.encode() + b"\0" + files[name])
+    return digest.hexdigest()
 
 
 def _read_files(path: str, storage: StorageConfig | None) -> dict[str, bytes]:

@@ -1,5 +1,5 @@
 """Stages 6-7, assign + write: every item placed by the plan and written into its output file, on
-Ray tasks (global mode: raypack.pipeline.exchange; sharded mode: raypack.pipeline.sharded), with the
+the runner's tasks (global mode: raypack.pipeline.exchange; sharded mode: raypack.pipeline.sharded), with the
 duplicate-id check folded in; then the commit check: the written files must be exactly the planned
 ones and hold every item and token, or nothing is committed.
 """
@@ -17,11 +17,10 @@ from raypack.config import JobConfig
 from raypack.formats import Spec, group_of, stem_of_file
 from raypack.packing import Plan
 from raypack.pipeline.exchange import ITEM_BYTES, check_index_ids, layout, run_exchange
-from raypack.pipeline.exchange_local import check_index_ids_local, run_exchange_local
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.materialize import data_file
 from raypack.pipeline.plan import file_keys, file_rows, planned_files
-from raypack.pipeline.runners import LocalRunner, Runner
+from raypack.pipeline.runners import Runner
 from raypack.pipeline.select import Selection
 from raypack.pipeline.sharded import write_sharded
 from raypack.pipeline.units import WorkUnit
@@ -75,10 +74,7 @@ def write(
         files = write_sharded(cfg, spec, units, selection, runner, progress)
         duplicates = Duplicates()
         if cfg.input.id_fields:  # each run's index files hashed into parts, counted part by part
-            if isinstance(runner, LocalRunner):
-                found = check_index_ids_local(runner, cfg, totals.run_of_shard, DUPLICATE_EXAMPLES)
-            else:
-                found = check_index_ids(cfg, totals.run_of_shard, runner.width, DUPLICATE_EXAMPLES)
+            found = check_index_ids(runner, cfg, totals.run_of_shard, DUPLICATE_EXAMPLES)
             duplicates = Duplicates(found.duplicate_ids, found.duplicate_documents, found.examples)
         planned = _sharded_files(cfg, spec, files)
     else:
@@ -105,21 +101,20 @@ def _write_global(
     selection: Selection | None,
     progress: Progress,
 ) -> tuple[list[dict[str, Any]], Duplicates]:
-    """Assign, exchange and write on tasks of bounded fan-out (raypack.pipeline.exchange; a local
-    runner's: raypack.pipeline.exchange_local, one hop)."""
-    local = isinstance(runner, LocalRunner)
+    """Assign, exchange and write on tasks of bounded fan-out (raypack.pipeline.exchange)."""
     keys, slots = file_keys(plan, cfg.output.shard_rows)
     unit_bytes = totals.tokens * 4 + totals.items * ITEM_BYTES
     runs = totals.hists.shape[0]
     ids = cfg.input.id_fields
-    lay = layout(totals.run_of_shard, runs, unit_bytes, slots * 4, runner.width, totals.documents, ids, local)
+    lay = layout(totals.run_of_shard, runs, unit_bytes, slots * 4, runner.width, totals.documents, ids)
     n = lay.counts()
     log(
         f"[raypack] exchange: {n['assign_tasks']} assign, {n['merge_tasks']} merge, {n['write_tasks']} "
         f"write tasks; {lay.hops} hop(s), {n['objects']:,} objects"
     )
-    args = (cfg, plan, lay, totals, units, keys, spec, DUPLICATE_EXAMPLES, selection, progress)
-    done = run_exchange_local(runner, *args) if isinstance(runner, LocalRunner) else run_exchange(*args)
+    done = run_exchange(
+        runner, cfg, plan, lay, totals, units, keys, spec, DUPLICATE_EXAMPLES, selection, progress
+    )
     if (done.items, done.tokens) != (totals.stats.items, totals.stats.tokens):
         raise RuntimeError(
             f"assign placed (items, tokens) = {(done.items, done.tokens)}, the histogram holds "

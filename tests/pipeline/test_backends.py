@@ -6,20 +6,18 @@ and says so."""
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import subprocess
-import sys
+import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+import raypack
 from raypack.cli import main
 from raypack.config import TokenizerConfig, load_config
 from raypack.demo import train_byte_level_bpe
@@ -29,8 +27,9 @@ from raypack.pipeline import tokenize as tokenize_stage
 from raypack.pipeline.backends import FastokensEncoder, TokenizersEncoder, choose_backend, first_difference
 from raypack.pipeline.job import run_job
 from raypack.pipeline.tokenizer import load_tokenizer
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import WORDS, job_config, make_corpus, write_jsonl
+from tests.fakes import Differs, OneIdOff, Unchecked
 
 pytest.importorskip("fastokens")  # installed wherever it has a wheel (pyproject); CI's x86_64 has one
 
@@ -153,33 +152,15 @@ def test_a_tokenizer_fastokens_refuses_runs_on_tokenizers_and_says_so(
         choose_backend("fastokens", loaded, list)
 
 
-class _OneIdOff:
-    """fastokens, but the first id of any text holding `word` is changed: what the checks must catch."""
-
-    name = "fastokens"
-
-    def __init__(self, inner: Any, word: str) -> None:
-        self.inner, self.word, self.version = inner, word, inner.version
-
-    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        flat, lengths = self.inner.encode(texts)
-        flat = flat.copy()
-        starts = np.cumsum(lengths) - lengths
-        for i, text in enumerate(texts):
-            if self.word in text and lengths[i]:
-                flat[starts[i]] = (flat[starts[i]] + 1) % 100
-        return flat, lengths
-
-
 def test_a_backend_made_to_differ_is_caught_by_the_self_check(
     tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tok = load_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
     real = backends.FastokensEncoder
-    monkeypatch.setattr(backends, "FastokensEncoder", lambda j: _OneIdOff(real(j), "日本語"))  # a probe
+    monkeypatch.setattr(backends, "FastokensEncoder", lambda j: OneIdOff(real(j), "日本語"))  # a probe
     choice = choose_backend("auto", tok, list)
     assert choice.backend == "tokenizers" and "gave other ids than tokenizers on text" in choice.reason
-    monkeypatch.setattr(backends, "FastokensEncoder", lambda j: _OneIdOff(real(j), "histogram"))  # corpus
+    monkeypatch.setattr(backends, "FastokensEncoder", lambda j: OneIdOff(real(j), "histogram"))  # corpus
     assert choose_backend("auto", tok, lambda: ["the histogram"]).backend == "tokenizers"
     with pytest.raises(ConfigError, match="gave other ids"):
         choose_backend("fastokens", tok, lambda: ["the histogram"])
@@ -189,7 +170,6 @@ def _data(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "data").rglob("*")) if p.is_file()}
 
 
-@pytest.mark.usefixtures("ray_session")
 def test_jobs_on_either_backend_write_the_same_bytes_and_a_difference_in_the_run_fails_over(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,15 +195,8 @@ def test_jobs_on_either_backend_write_the_same_bytes_and_a_difference_in_the_run
     manifest = json.loads((tmp_path / "fast" / "manifest.json").read_text())
     assert manifest["tokenizer"]["backend"] == fast.backend
 
-    # The self-check passes (patched here in the driver); the actors' encoder differs on "histogram".
-    from raypack.pipeline.tokenize_task import TokenizeShards
-
-    class Differs(TokenizeShards):  # defined here, so Ray ships it by value to the workers
-        def __init__(self, cfg: Any, backend: str = "tokenizers") -> None:
-            super().__init__(cfg, backend)
-            if self.encoder is not self.reference:
-                self.encoder = _OneIdOff(self.encoder, "histogram")
-
+    # The self-check passes (patched here in the driver); the workers' encoder differs on "histogram"
+    # (the driver passes the class to the tasks: they import it from tests.fakes).
     chosen = backends.Choice("fastokens", fast.backend["chosen"].split()[1], "patched: no self-check")
     monkeypatch.setattr(tokenize_stage, "choose_backend", lambda *a: chosen)
     monkeypatch.setattr(tokenize_stage, "TokenizeShards", Differs)
@@ -234,7 +207,6 @@ def test_jobs_on_either_backend_write_the_same_bytes_and_a_difference_in_the_run
     assert again == want
 
 
-@pytest.mark.usefixtures("ray_session")
 def test_the_summary_says_which_backend_ran_and_why(
     tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -251,7 +223,6 @@ def test_the_summary_says_which_backend_ran_and_why(
     assert "tokenizer.backend fastokens: fastokens 0.3" in capsys.readouterr().err
 
 
-@pytest.mark.usefixtures("ray_session")
 def test_after_a_difference_nothing_the_fast_backend_wrote_reaches_the_output_and_the_root_remembers(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -261,7 +232,6 @@ def test_after_a_difference_nothing_the_fast_backend_wrote_reaches_the_output_an
     the root picks tokenizers (reusing every file) without being told; asked for fastokens by name
     there, it refuses, saying why."""
     from raypack.pipeline.rebuild import cache_dir, run_rebuild
-    from raypack.pipeline.tokenize_task import TokenizeShards
 
     corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
     write_jsonl(corpus / "zz-last.jsonl", [{"text": "histogram plan"}, {"text": "a histogram"}])
@@ -271,18 +241,6 @@ def test_after_a_difference_nothing_the_fast_backend_wrote_reaches_the_output_an
     )
     run_job(reference, log=lambda _: None)
     want = _data(tmp_path / "reference")
-
-    class Unchecked(TokenizeShards):  # defined here, so Ray ships it by value to the workers
-        def __init__(self, cfg: Any, backend: str = "tokenizers") -> None:
-            super().__init__(cfg, backend)
-            if self.encoder is not self.reference:
-                self.encoder = _OneIdOff(self.encoder, "histogram")
-
-        def _tokenize_checked(self, unit: Any) -> Any:
-            if unit.relpath != "zz-last.jsonl" and self.encoder is not self.reference:
-                self._checker = None  # the sample missed this unit's differences
-                return self._tokenize(unit)
-            return super()._tokenize_checked(unit)
 
     cfg = load_config(str(path), [f"output.path={tmp_path / 'root'}"])
     monkeypatch.setattr(tokenize_stage, "TokenizeShards", Unchecked)
@@ -310,78 +268,72 @@ def test_after_a_difference_nothing_the_fast_backend_wrote_reaches_the_output_an
         )
 
 
-# A `raypack pack` process that forks its local workers (a test session runs threads: its runners
-# spawn), with fastokens made to differ on one word (none: "") and the driver's corpus sample slowed,
-# so that the workers tokenize units before the check ends. argv: the CLI's arguments.
-_FORKED = """
-import sys, time
-from raypack.cli import main
-from raypack.pipeline import tokenize, tokenize_task
-
-real = tokenize_task.FastokensEncoder
-
-
-class OneIdOff:
-    name = "fastokens"
-
-    def __init__(self, j):
-        self.inner = real(j)
-        self.version = self.inner.version
-
-    def encode(self, texts):
-        flat, lengths = self.inner.encode(texts)
-        flat, starts = flat.copy(), lengths.cumsum() - lengths
-        for i, text in enumerate(texts):
-            if WORD and WORD in text and lengths[i]:
-                flat[starts[i]] = (flat[starts[i]] + 1) % 100
-        return flat, lengths
-
-
-if __name__ == "__main__":
-    WORD = sys.argv[1]
-    tokenize_task.FastokensEncoder = OneIdOff
-    sample = tokenize._corpus_sample
-    tokenize._corpus_sample = lambda *a: (time.sleep(1.5), sample(*a))[1]
-    sys.exit(main(sys.argv[2:]))
-"""
-
-
-def _forked(tmp: Path, word: str, args: list[str]) -> str:
-    """The log of `raypack` run as _FORKED does (AssertionError with it when it fails)."""
-    script = tmp / "forked.py"
-    script.write_text(_FORKED)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    command = [sys.executable, str(script), word, *args]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout + done.stderr
-
-
-def test_units_a_forked_worker_began_before_the_check_refused_fastokens_are_all_tokenized_again(
-    tmp_path: Path, tokenizer_path: Path
+def test_units_the_workers_began_before_the_check_refused_fastokens_are_all_tokenized_again(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Workers forked holding fastokens start on the units while the driver checks it. Accepted: its
-    bytes are tokenizers'. Refused by the check (a fastokens that differs on a word of the corpus,
-    not of the probes): every unit the workers began is tokenized again by tokenizers, and the bytes
-    are tokenizers' again."""
+    """The workers start on the units with fastokens while the driver checks it. Accepted: its bytes
+    are tokenizers'. Refused by the check (a fastokens that differs on a word of the corpus, not of
+    the probes; the driver's corpus sample slowed, so that units are done before the check ends):
+    every unit the workers began is tokenized again by tokenizers, and the bytes are tokenizers'
+    again, with nothing of the refused run left in the output."""
+    from raypack.pipeline.tokenize_pool import PoolFast, TokenizePool
+
     corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
-    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path, run={"executor": "local"})
+    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
     reference = load_config(
         str(path), [f"output.path={tmp_path / 'reference'}", "tokenizer.backend=tokenizers"]
     )
     run_job(reference, log=lambda _: None)
     want = _data(tmp_path / "reference")
+    sample = tokenize_stage._corpus_sample
+    monkeypatch.setattr(tokenize_stage, "_corpus_sample", lambda *a: (time.sleep(1.5), sample(*a))[1])
 
     for name, word in (("accepted", ""), ("refused", "histogram")):
-        log = _forked(tmp_path, word, ["pack", str(path), "--set", f"output.path={tmp_path / name}"])
-        backend = json.loads((tmp_path / name / "manifest.json").read_text())["tokenizer"]["backend"]
-        began = re.search(r"\[raypack\] (\d+) units tokenized by fastokens \S+ before its check", log)
         if word:
-            assert began is not None and int(began.group(1)) > 0, log
+            monkeypatch.setattr(
+                TokenizePool,
+                "fast_encoder",
+                lambda self, w=word: OneIdOff(PoolFast(self.runner, self.ctx), w),
+            )
+        lines: list[str] = []
+        result = raypack.pack(str(path), overrides=[f"output.path={tmp_path / name}"], log=lines.append)
+        assert result.runner["name"] == "local"
+        backend = result.backend
+        began = next(
+            (x for x in lines if re.search(r"\d+ units tokenized by fastokens \S+ before its check", x)), None
+        )
+        if word:
+            assert began is not None and int(began.split()[1]) > 0, lines
             assert backend["chosen"].startswith("tokenizers ") and "histogram" in backend["reason"]
             assert backend["units_by_backend"] == {"tokenizers": 4} and backend["failovers"] == []
         else:
-            assert began is None and backend["chosen"].startswith("fastokens "), log
+            assert began is None and backend["chosen"].startswith("fastokens "), lines
             assert backend["units_by_backend"] == {"fastokens": 4}
         assert _data(tmp_path / name) == want
         assert not (tmp_path / name / "_staging").exists()
+
+
+def test_fastokens_asked_for_by_name_and_refused_after_the_workers_began_leaves_nothing(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tokenizer.backend fastokens, refused by the check after the workers tokenized units with it:
+    a one-line ConfigError, and the output holds none of what they wrote (index files, rejects,
+    staging); a rerun with auto finishes on tokenizers."""
+    from raypack.pipeline.tokenize_pool import PoolFast, TokenizePool
+
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
+    write_jsonl(corpus / "bad.jsonl", [b"{not json", {"text": "the plan"}])
+    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path, tokenizer={"backend": "fastokens"})
+    sample = tokenize_stage._corpus_sample
+    monkeypatch.setattr(tokenize_stage, "_corpus_sample", lambda *a: (time.sleep(1.5), sample(*a))[1])
+    monkeypatch.setattr(
+        TokenizePool, "fast_encoder", lambda self: OneIdOff(PoolFast(self.runner, self.ctx), "histogram")
+    )
+    lines: list[str] = []
+    with pytest.raises(ConfigError, match=r"tokenizer\.backend fastokens: fastokens .* other ids"):
+        raypack.pack(str(path), log=lines.append)
+    out = tmp_path / "out"
+    assert any("tokenize" in x for x in lines)
+    assert not out.exists() or not any(out.iterdir()), sorted(map(str, out.rglob("*")))
+    result = raypack.pack(str(path), overrides=["tokenizer.backend=auto"], log=lines.append)
+    assert result.backend["chosen"].startswith("tokenizers ") and verify(str(out)).ok

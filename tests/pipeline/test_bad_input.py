@@ -17,10 +17,8 @@ from raypack.cli import main
 from raypack.config import load_config
 from raypack.errors import JobError
 from raypack.pipeline.job import run_job
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import job_config, random_text, write_jsonl, write_parquet
-
-pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def quiet(_: str) -> None:
@@ -238,6 +236,37 @@ def test_a_job_where_every_record_is_bad_says_so(tmp_path: Path, tokenizer_path:
         JobError, match=r"no documents to pack: 3 records rejected: missing text field 'text' \(3\)"
     ):
         run_job(cfg, log=quiet)
+
+
+def test_a_corpus_of_empty_files_says_so_without_pointing_at_rejects_that_do_not_exist(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.jsonl", "b.jsonl"):
+        (corpus / name).write_bytes(b"")
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    assert main(["pack", str(cfg), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err == "raypack: job failed: no documents to pack: the input files hold no records\n"
+    assert not (tmp_path / "out" / "rejects").exists() and not (tmp_path / "out" / "_staging").exists()
+
+
+def test_the_summary_names_rejects_only_where_there_are_some(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"text": "the ray data"}, {"text": "a plan"}])
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("documents "))
+    assert line.split() == ["documents", "2", "(no", "record", "rejected)"]
+    assert not (tmp_path / "out" / "rejects").exists()
+    write_jsonl(corpus / "b.jsonl", [b"{not json"] + [{"text": f"the plan {i}"} for i in range(200)])
+    assert main(["pack", str(cfg), "--quiet", "--overwrite"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("documents "))
+    assert "(1 records rejected, see rejects/)" in line and (tmp_path / "out" / "rejects").is_dir()
 
 
 def test_files_with_a_renamed_text_column_count_as_all_their_rows_and_fail_the_job(

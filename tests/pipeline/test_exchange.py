@@ -23,7 +23,7 @@ from raypack.config import load_config
 from raypack.pipeline import exchange, runners, tasks
 from raypack.pipeline.exchange import layout, shard_runs
 from raypack.pipeline.job import run_job
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import job_config, random_text, write_jsonl
 
 
@@ -137,7 +137,7 @@ def _documents(out: Path) -> list[tuple[str, tuple[int, ...]]]:
     return sorted(docs)
 
 
-@pytest.mark.usefixtures("ray_session")
+@pytest.mark.ray  # `watched` reaches the tasks by value (Ray's cloudpickle), and the width is Ray's
 def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -211,7 +211,41 @@ def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
     assert pack("width1", concurrency=1) == want
 
 
-@pytest.mark.usefixtures("ray_session")
+def test_two_hops_on_local_processes_write_the_bytes_of_one(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exchange on the default executor's processes, in one hop and in two (merge tasks whose
+    inputs are pieces of several assign tasks, rounds of a few record batches): the same bytes. The
+    layout is the driver's; the local pool runs each task once its pieces exist."""
+    corpus, _ = _tiny_corpus(tmp_path, shards=60, seed=4)
+
+    def pack(name: str) -> tuple[dict[str, str], list[str]]:
+        cfg = job_config(
+            tmp_path,
+            f"{corpus}/*",
+            tokenizer_path,
+            input={"id_field": "id"},
+            pack={"seq_len": 128},
+            output={"shard_rows": 2, "path": str(tmp_path / name)},
+        )
+        logs: list[str] = []
+        result = run_job(load_config(str(cfg)), log=logs.append)
+        assert result.runner["name"] == "local"
+        assert result.duplicates is not None and result.duplicates.ids == 1
+        assert verify(str(tmp_path / name)).ok
+        return _digest(tmp_path / name), [line for line in logs if "exchange:" in line]
+
+    one, said = pack("one")
+    assert "1 hop(s)" in said[0]
+    monkeypatch.setattr(exchange, "ONE_HOP_OBJECTS", 0)
+    monkeypatch.setattr(exchange, "ROUND_BYTES", 4096)  # many rounds
+    monkeypatch.setattr(exchange, "WRITER_BYTES", 4096)  # a writer a few files
+    monkeypatch.setattr(exchange, "MERGE_BYTES", 4 * 4096)  # merges of a few pieces
+    two, said = pack("two")
+    assert "2 hop(s)" in said[0] and " 0 merge" not in said[0], said
+    assert two == one
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
 def test_a_large_file_split_into_units_packs_the_same_bytes(
     tmp_path: Path, tokenizer_path: Path, fmt: str

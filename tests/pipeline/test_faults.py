@@ -1,9 +1,12 @@
-"""Faults injected into real runs: a tokenizer actor and a write worker killed (SIGKILL, as the OOM
-killer would), the S3 server crashing during the write stage, the driver interrupted. Each run must end
-in the same bytes as an undisturbed one, or fail cleanly and leave a rerun to finish the job."""
+"""Faults injected into real runs, on the path a user's `raypack pack` takes (the default executor: a
+small corpus on this machine's processes; Ray where a test says so): a tokenize worker and a write
+worker killed (SIGKILL, as the OOM killer would), the S3 server crashing during the write stage, the
+driver interrupted. Each run must end in the same bytes as an undisturbed one, or fail cleanly and
+leave a rerun to finish the job."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -20,16 +23,15 @@ import psutil
 import pyarrow.fs as pafs
 import pytest
 
+import raypack
 from raypack.cli import main
 from raypack.config import StorageConfig, load_config
 from raypack.errors import storage_cause
 from raypack.pipeline.job import run_job
 from raypack.storage import write_bytes
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests import s3server
 from tests.conftest import job_config, make_corpus, s3_job_config
-
-pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def quiet(_: str) -> None:
@@ -45,6 +47,12 @@ def _digest(out: Path) -> dict[str, str]:
         for p in sorted(out.rglob("*"))
         if p.is_file() and p.name not in ("metrics.json", "report.html", "manifest.json")
     }
+
+
+def _running(task: str) -> list[psutil.Process]:
+    """The processes running `task` now: a local worker names itself rp-<task> (15 characters, as
+    Linux keeps them: raypack.pipeline.zygote.set_name), a Ray worker ray::<task>."""
+    return _ray_processes(f"rp-{task}"[:15]) + _ray_processes(f"ray::{task}")
 
 
 def _ray_processes(marker: str) -> list[psutil.Process]:
@@ -88,11 +96,11 @@ class Saboteur:
         self._thread.join()
 
 
-def _kill_first(marker: str) -> Callable[[], bool]:
-    """A ready() that SIGKILLs the first process whose title holds `marker` (and says it did)."""
+def _kill_first(task: str) -> Callable[[], bool]:
+    """A ready() that SIGKILLs the first process running `task` (and says it did)."""
 
     def ready() -> bool:
-        for p in _ray_processes(marker):
+        for p in _running(task):
             try:
                 p.send_signal(signal.SIGKILL)
                 return True
@@ -114,6 +122,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) ->
 
 
 @pytest.mark.parametrize(
+    "executor",
+    ["auto", pytest.param("ray", marks=pytest.mark.ray)],
+)
+@pytest.mark.parametrize(
     "victim",
     [
         "tokenize_unit",  # a worker holding a tokenizer, mid-shard
@@ -121,15 +133,61 @@ def reference(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) ->
     ],
 )
 def test_a_killed_worker_is_retried_and_the_output_is_byte_identical(
-    tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]], victim: str
+    tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]], victim: str, executor: str
 ) -> None:
     corpus, want = reference
-    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})))
+    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})
     with Saboteur(_kill_first(victim), lambda: None) as saboteur:
-        run_job(cfg, log=quiet)
+        result = raypack.pack(str(path), overrides=[f"run.executor={executor}"], log=quiet)
     assert saboteur.done, f"no {victim} process was seen to kill"
+    assert result.runner["name"] == ("local" if executor == "auto" else "ray")
+    if executor == "auto":  # (Ray does not say how many of its tasks it ran again)
+        assert result.runner["retried"] >= 1
     assert _digest(tmp_path / "out") == want
     assert verify(str(tmp_path / "out")).ok
+
+
+def test_a_worker_that_always_dies_fails_the_job_in_one_line(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A unit whose worker is killed every time (a document the machine's memory cannot hold): after
+    its retries, `raypack pack` ends with one line naming the task and the signal, exit 1, and leaves
+    no staging area and no worker process behind."""
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=400, seed=5)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, tokenizer={"backend": "tokenizers"})
+    with Saboteur(_kill_every("tokenize_unit"), lambda: None, timeout=60):
+        code = main(["pack", str(cfg), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.count("\n") == 1 and err.startswith(
+        "raypack: job failed: a local worker process was killed by SIGKILL"
+    )
+    assert "running tokenize_unit 5 times" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "_staging").exists() and not (tmp_path / "out" / "manifest.json").exists()
+    assert _gone(os.getpid())
+
+
+def _kill_every(task: str) -> Callable[[], bool]:
+    """A ready() that SIGKILLs every process running `task`, and never says it is done."""
+
+    def ready() -> bool:
+        for p in _running(task):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGKILL)
+        return False
+
+    return ready
+
+
+def _gone(pid: int, within: float = 10.0) -> bool:
+    """Whether process `pid` has no raypack pool process left (its zygote and workers), in time."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        left = [p for p in psutil.Process(pid).children(recursive=True) if p.name().startswith("rp-")]
+        if not left:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def test_the_s3_server_crashing_during_the_write_stage(
@@ -144,7 +202,7 @@ def test_the_s3_server_crashing_during_the_write_stage(
         cfg = load_config(
             str(s3_job_config(tmp_path, server, corpus, tokenizer_path, "crash", output={"shard_rows": 40}))
         )
-        with Saboteur(lambda: bool(_ray_processes("write_files")), lambda: server.restart(down=2.0)) as sab:
+        with Saboteur(lambda: bool(_running("write_files")), lambda: server.restart(down=2.0)) as sab:
             try:
                 run_job(cfg, log=quiet)
                 first_run = "completed"
@@ -164,6 +222,7 @@ def test_the_s3_server_crashing_during_the_write_stage(
         server.stop()
 
 
+@pytest.mark.ray
 def test_a_storage_error_in_a_ray_task_is_found_behind_rays_wrappers() -> None:
     """A task's OSError reaches the driver only as text inside Ray's RayTaskError(UserCodeException):
     storage_cause must still name it, and must not call a bug in a task a storage error."""
@@ -223,7 +282,7 @@ def test_storage_gone_for_good_fails_with_one_line_and_the_rerun_finishes(
             server.process.kill()
             server.process.wait()
 
-        with Saboteur(lambda: bool(_ray_processes("write_files")), kill) as sab:
+        with Saboteur(lambda: bool(_running("write_files")), kill) as sab:
             code = main(["pack", str(cfg)])
         assert sab.done, "the server was not killed during the write stage"
         err = capsys.readouterr().err.strip().splitlines()
@@ -245,24 +304,41 @@ def _ray_address() -> str:
     return str(ray.get_runtime_context().gcs_address)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.parametrize(
+    ("sig", "executor"),
+    [
+        (signal.SIGINT, "auto"),
+        (signal.SIGKILL, "auto"),
+        pytest.param(signal.SIGINT, "ray", marks=pytest.mark.ray, id="SIGINT-ray"),
+    ],
+)
 def test_an_interrupted_driver_leaves_no_dataset_and_the_rerun_finishes(
-    tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]], sig: signal.Signals
+    tmp_path: Path,
+    tokenizer_path: Path,
+    reference: tuple[Path, dict[str, str]],
+    sig: signal.Signals,
+    executor: str,
 ) -> None:
-    """`raypack pack` in a process of its own, on the test session's Ray cluster (as `ray job submit`
-    runs it), stopped by Ctrl-C or killed while it tokenizes."""
+    """`raypack pack` in a process of its own, stopped by Ctrl-C or killed while it tokenizes: on the
+    default executor (its local pool goes with it: no process is left), and on the test session's Ray
+    cluster (as `ray job submit` runs it)."""
     corpus, want = reference
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})
     out = tmp_path / "out"
-    env = {**os.environ, "RAY_ADDRESS": _ray_address()}
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    if executor == "ray":
+        env["RAY_ADDRESS"] = _ray_address()
     cmd = [sys.executable, "-m", "raypack.cli", "pack", str(cfg)]
     driver = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pool = psutil.Process(driver.pid)
     deadline = time.monotonic() + 120
     while (
         not any((out / "index").glob("*.parquet")) and driver.poll() is None and time.monotonic() < deadline
     ):
         time.sleep(0.01)
     assert driver.poll() is None, "the job ended before it could be interrupted"
+    helpers = [p for p in pool.children(recursive=True) if p.name().startswith("rp-")]
+    assert bool(helpers) == (executor == "auto")
     driver.send_signal(sig)
     _, err = driver.communicate(timeout=120)
     if sig == signal.SIGINT:
@@ -275,6 +351,8 @@ def test_an_interrupted_driver_leaves_no_dataset_and_the_rerun_finishes(
         assert "Traceback" not in err
     else:
         assert driver.returncode == -signal.SIGKILL
+    _, alive = psutil.wait_procs(helpers, timeout=10)
+    assert not alive, f"left behind: {alive}"
     assert not (out / "manifest.json").exists()
     assert not verify(str(out)).ok  # an incomplete output is never taken for a dataset
     rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)

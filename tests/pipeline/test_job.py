@@ -21,10 +21,8 @@ from raypack.packing import pack
 from raypack.pipeline.job import run_job
 from raypack.report.model import length_distribution
 from raypack.summary import format_summary
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import independent_tokens, job_config, make_corpus, write_jsonl
-
-pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def quiet(_: str) -> None:

@@ -20,10 +20,9 @@ from raypack.config import JobConfig, load_config
 from raypack.errors import JobError
 from raypack.packing import pack
 from raypack.pipeline.job import run_job
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import independent_tokens, job_config, make_corpus, random_text, write_jsonl
 
-pytestmark = pytest.mark.usefixtures("ray_session")
 SEQ_LEN = 512
 
 MODES: dict[str, dict[str, Any]] = {

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow.fs as pafs
 import pytest
 
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests import s3server
 from tests.conftest import job_config, make_corpus, s3_job_config
 

@@ -18,11 +18,10 @@ from raypack.config import JobConfig, load_config
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.job import run_job
 from raypack.pipeline.rebuild import run_rebuild
-from raypack.verify import verify
+from raypack.verifier import verify
 from raypack.versions import latest_version, list_versions
 from tests.conftest import make_corpus, random_text, write_jsonl
 
-pytestmark = pytest.mark.usefixtures("ray_session")
 quiet = {"log": lambda _: None}
 
 

@@ -22,8 +22,6 @@ from raypack.pipeline.tasks import RETRIES, TransientStorageError
 from raypack.progress import Progress
 from tests.conftest import job_config, make_corpus, write_jsonl
 
-pytestmark = pytest.mark.usefixtures("ray_session")
-
 
 def quiet(_: str) -> None:
     pass
@@ -40,6 +38,7 @@ def digests(out: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize(
     "sections",
     [
@@ -68,6 +67,7 @@ def test_local_runner_writes_the_bytes_ray_writes(
     assert any(name.startswith("data/") for name in found[0])
 
 
+@pytest.mark.ray
 def test_local_runner_reports_duplicate_ids_as_ray_does(tmp_path: Path, tokenizer_path: Path) -> None:
     """The id check runs on the runner's tasks (exchange_local's files instead of Ray objects)."""
     corpus = tmp_path / "corpus"
@@ -86,13 +86,14 @@ def test_local_runner_reports_duplicate_ids_as_ray_does(tmp_path: Path, tokenize
     assert found[0] == found[1] == (1, 3, ("x",))
 
 
+@pytest.mark.ray
 def test_auto_takes_the_local_runner_only_without_a_cluster(tmp_path: Path, tokenizer_path: Path) -> None:
     base = str(job_config(tmp_path, f"{tmp_path}/corpus/*", tokenizer_path))
     auto = load_config(base, ["run.local_max_bytes=1000"])
     # This session runs a Ray (the session fixture): auto takes it.
-    assert choose_runner(auto, 10) == "ray"
+    assert choose_runner(auto.run, 10) == "ray"
     for executor in ("local", "ray"):
-        assert choose_runner(load_config(base, [f"run.executor={executor}"]), 10**12) == executor
+        assert choose_runner(load_config(base, [f"run.executor={executor}"]).run, 10**12) == executor
 
 
 def test_auto_chooses_by_input_size_and_ray_address(
@@ -105,10 +106,10 @@ def test_auto_chooses_by_input_size_and_ray_address(
     )
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert choose_runner(cfg, 1000) == "local"
-    assert choose_runner(cfg, 1001) == "ray"
+    assert choose_runner(cfg.run, 1000) == "local"
+    assert choose_runner(cfg.run, 1001) == "ray"
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert choose_runner(cfg, 10) == "ray"
+    assert choose_runner(cfg.run, 10) == "ray"
 
 
 def test_run_config_values_are_checked(tmp_path: Path, tokenizer_path: Path) -> None:

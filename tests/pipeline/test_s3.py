@@ -18,12 +18,11 @@ from raypack.config import load_config
 from raypack.errors import ConfigError
 from raypack.pipeline.job import run_job
 from raypack.storage import expand_inputs
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests import s3server
 from tests.conftest import job_config, make_corpus, s3_job_config
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def s3_config(tmp: Path, server: s3server.S3Server, tokenizer: Path, prefix: str) -> Path:
@@ -84,13 +83,11 @@ def test_pack_on_s3_equals_pack_on_local_disk(tmp_path: Path, tokenizer_path: Pa
 def test_cli_on_s3_never_shows_the_secret(tmp_path: Path, tokenizer_path: Path, s3) -> None:
     """The whole CLI run, as a user would start it, with credentials in the environment: the secret
     must appear in no output stream and no file written (endpoint from AWS_ENDPOINT_URL this time)."""
-    import ray
-
     cfg_path = s3_config(tmp_path, s3, tokenizer_path, "secret")
     data = yaml.safe_load(cfg_path.read_text())
     del data["storage"]
     cfg_path.write_text(yaml.safe_dump(data))
-    env = dict(os.environ, AWS_ENDPOINT_URL=s3.endpoint, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"AWS_ENDPOINT_URL": s3.endpoint}
     runs = [
         subprocess.run(
             [sys.executable, "-m", "raypack.cli", *args],
@@ -120,15 +117,11 @@ def test_wrong_secret_is_a_one_line_config_error(tmp_path: Path, tokenizer_path:
     cfg_path = s3_config(tmp_path, s3, tokenizer_path, "wrongkey")
     wrong = "not-the-" + s3server.SECRET_KEY
     old = os.environ["AWS_SECRET_ACCESS_KEY"]
-    os.environ["AWS_SECRET_ACCESS_KEY"] = wrong
+    os.environ["AWS_SECRET_ACCESS_KEY"] = wrong  # after other jobs of this process used the right one
     try:
-        from raypack.storage import _s3
-
-        _s3.cache_clear()  # filesystems are cached per process with the credentials they were made with
         code = main(["pack", str(cfg_path)])
     finally:
         os.environ["AWS_SECRET_ACCESS_KEY"] = old
-        _s3.cache_clear()
     err = capsys.readouterr().err
     assert code == 2
     assert err.count("\n") == 1 and "raypack: error:" in err

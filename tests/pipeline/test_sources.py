@@ -25,10 +25,9 @@ from raypack.config import JobConfig, load_config
 from raypack.errors import ConfigError
 from raypack.pipeline.job import run_job
 from raypack.pipeline.rebuild import run_rebuild
-from raypack.verify import verify
+from raypack.verifier import verify
 from tests.conftest import independent_tokens, make_corpus, random_text, write_jsonl
 
-pytestmark = pytest.mark.usefixtures("ray_session")
 SEQ = 512
 quiet = {"log": lambda _: None}
 MIX = {

@@ -127,14 +127,13 @@ def test_the_cache_key_covers_the_config_files(tmp_path: Path, deepseek_like: Pa
     assert alone.sha256 not in (first.sha256, second.sha256)
 
 
-@pytest.mark.usefixtures("ray_session")
 def test_a_job_on_an_s3_model_directory(
     tmp_path: Path, deepseek_like: Path, s3: s3server.S3Server, tokenizer_path: Path
 ) -> None:
     """The model directory on S3, as a cluster reads it; every document ends with the EOS that
     tokenizer_config.json names, and the manifest says where it came from."""
     from raypack.pipeline.job import run_job
-    from raypack.verify import verify
+    from raypack.verifier import verify
 
     fs = s3.filesystem()
     pafs.copy_files(str(deepseek_like), f"{s3server.BUCKET}/models/ds", destination_filesystem=fs)

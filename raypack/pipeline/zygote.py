@@ -1,0 +1,246 @@
+"""The processes of a local run (raypack.pipeline.local_pool's driver side): one zygote a job, and the
+workers it forks.
+
+    driver ─spawns─▶ zygote (`python -m raypack.pipeline.zygote`: a fresh interpreter, never a fork
+                     of the driver) ─imports, then runs the job's preload once (its tokenizer)─▶
+                     forks the workers ─each connects back to the driver, takes a task at a time─▶
+
+Why a zygote: forking the driver handed each worker what the driver held: its S3 filesystem with its
+open connection (a worker then read the driver's replies: `exists()` was True for a file never
+written, and 9 `raypack pack` runs in 10 failed on S3), the native threads of the AWS SDK and Arrow,
+and the module caches of an earlier job in the same process (a notebook's second job packed with the
+first job's tokenizer). A zygote holds none of that: it touches no storage (the driver hands it the
+tokenizer's bytes), runs no job but this one, and is gone with it. What forking still buys is kept:
+the tokenizer and fastokens' copy are loaded once, in the zygote, and every worker has them at its
+fork (fastokens takes 1.1 s to load a 128k BPE: once, not once a worker), and a worker that dies is
+replaced by a fork that has them too, at once.
+
+The workers' connections are plain Unix sockets in a directory of the system temp dir that only this
+user can enter (mode 0700); a worker ignores SIGINT (the driver ends the run) and exits when the
+driver's end of its connection closes, as the zygote does when the driver is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+__all__ = ["BlobRef", "Failure", "connect", "load_blob", "serve", "set_name", "write_blob"]
+
+_ARROW_MAGIC = b"ARROW1"
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRef:
+    """A value one local task made for others (raypack.pipeline.runners: what a Ray object is on
+    Ray): the file that holds it, written by task `task`. A task given one as an argument gets the
+    value, read from the file (a table memory-mapped, so the page cache holds it, not the heap)."""
+
+    path: str
+    task: int
+    """The task that writes it (-1: the driver wrote it)."""
+
+
+def write_blob(path: str, value: Any) -> None:
+    """`value` into `path`, whole or not at all (a killed writer leaves a temporary name): an Arrow
+    table as an IPC file, anything else pickled."""
+    import pyarrow as pa
+
+    tmp = f"{path}.tmp-{os.getpid()}"
+    if isinstance(value, pa.Table):
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, value.schema) as writer:
+            writer.write_table(value)
+    else:
+        with open(tmp, "wb") as f:
+            pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+def load_blob(path: str) -> Any:
+    with open(path, "rb") as f:
+        arrow = f.read(len(_ARROW_MAGIC)) == _ARROW_MAGIC
+        if not arrow:
+            f.seek(0)
+            return pickle.load(f)
+    import pyarrow as pa
+
+    return pa.ipc.open_file(pa.memory_map(path)).read_all()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A task's exception as it travels back to the driver: the exception itself where it pickles
+    (a ConfigError stays one), else a RuntimeError with its text; and the worker's traceback."""
+
+    error: BaseException
+    trace: str
+
+    @classmethod
+    def of(cls, e: BaseException) -> Failure:
+        trace = "".join(traceback.format_exception(e))
+        try:
+            pickle.loads(pickle.dumps(e))
+        except Exception:
+            e = RuntimeError(f"{type(e).__name__}: {e}")
+        return cls(e, trace)
+
+
+def set_name(name: str) -> None:
+    """This process's name as `ps`, `top` and psutil show it (Linux: 15 characters): what a worker is
+    running, as Ray's `ray::<task>` titles say."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def connect(address: str) -> Connection:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address)
+    return Connection(sock.detach())
+
+
+def _resolved(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(load_blob(a.path) if isinstance(a, BlobRef) else a for a in args)
+
+
+def _run(kind: str, fn: Any, args: tuple[Any, ...], paths: list[str]) -> Any:
+    from raypack.pipeline.tasks import RETRIES, TransientStorageError
+
+    for attempt in range(RETRIES + 1):  # a transient storage error is retried, as Ray retries it
+        try:
+            if kind == "call":
+                return fn(*_resolved(args))
+            made = 0
+            for made, value in enumerate(fn(*_resolved(args)), start=1):
+                if made > len(paths):
+                    raise RuntimeError(f"{fn.__name__} yielded more than its {len(paths)} values")
+                write_blob(paths[made - 1], value)
+            if made != len(paths):
+                raise RuntimeError(f"{fn.__name__} yielded {made} values, not {len(paths)}")
+            return None
+        except TransientStorageError:
+            if attempt == RETRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _work(address: str) -> None:
+    """A worker: tasks one at a time from the driver until its end of the connection closes."""
+    conn = connect(address)
+    conn.send(("worker", os.getpid()))
+    set_name("rp-idle")
+    while True:
+        try:
+            task, payload = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            kind, fn, args, paths = pickle.loads(payload)
+            set_name(f"rp-{getattr(fn, '__name__', 'task')}")
+            reply: tuple[Any, ...] = (task, True, _run(kind, fn, args, paths))
+        except BaseException as e:
+            reply = (task, False, Failure.of(e))
+        try:
+            conn.send(reply)
+        except Exception as e:  # a result that does not pickle
+            conn.send((task, False, Failure.of(e)))
+        set_name("rp-idle")
+
+
+def _reap(children: set[int], ctrl: Connection) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            children.clear()
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        with contextlib.suppress(OSError):
+            ctrl.send(("exited", pid, status))
+
+
+def _loop(ctrl: Connection, address: str) -> None:
+    """The zygote's loop: the driver's requests in order, its children reaped between them."""
+    children: set[int] = set()
+    try:
+        while True:
+            _reap(children, ctrl)
+            if not wait([ctrl], timeout=0.05):
+                continue
+            try:
+                op, *rest = ctrl.recv()
+            except (EOFError, OSError):
+                return  # the driver is gone: so are we
+            if op == "run":  # the job's preload, once, before the forks
+                fn, args = rest
+                try:
+                    fn(*args)
+                    ctrl.send(("ran", None))
+                except BaseException as e:
+                    ctrl.send(("ran", Failure.of(e)))
+            elif op == "fork":
+                # No thread of the preload may outlive it into the fork: a lock one held would stay
+                # held in every worker. (numpy's OpenBLAS and pyarrow's jemalloc threads, there from
+                # their import, are native and both libraries reset them at fork.)
+                if threading.active_count() > 1:
+                    names = [t.name for t in threading.enumerate()]
+                    ctrl.send(("failed", Failure.of(RuntimeError(f"threads alive at the fork: {names}"))))
+                    return
+                for _ in range(rest[0]):
+                    pid = os.fork()
+                    if pid == 0:
+                        ctrl.close()
+                        code = 0
+                        try:
+                            _work(address)
+                        except BaseException:
+                            traceback.print_exc()
+                            code = 1
+                        finally:
+                            os._exit(code)  # never the zygote's own clean-up
+                    children.add(pid)
+            elif op == "exit":
+                return
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def serve(hello: dict[str, Any]) -> None:
+    """The zygote's life: connect to the driver, import what every worker needs, then serve."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    sys.path[:] = hello["sys_path"]
+    for name, value in hello["env"].items():
+        os.environ.setdefault(name, value)
+    ctrl = connect(hello["address"])
+    ctrl.send(("zygote", os.getpid()))
+    set_name("rp-zygote")
+    import importlib
+
+    try:
+        for module in hello["imports"]:
+            importlib.import_module(module)
+    except BaseException as e:
+        ctrl.send(("failed", Failure.of(e)))
+        raise
+    _loop(ctrl, hello["address"])
+
+
+if __name__ == "__main__":
+    # Run as `python -m`, this file is __main__: its classes (BlobRef, Failure) must come from the
+    # module by its name, as the driver unpickles them.
+    from raypack.pipeline import zygote
+
+    zygote.serve(pickle.load(sys.stdin.buffer))

@@ -1,0 +1,67 @@
+"""Test doubles that the job's workers run: at module level, so that a task that is given one finds it
+by its name (a local pool's workers import it; Ray's would too), as they find raypack's own classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from raypack.pipeline.tokenize_task import TokenizeShards
+
+__all__ = ["Differs", "OneIdOff", "Shifted", "Unchecked"]
+
+# The word the doubles below change the first id of (a word of the generated corpus, no probe's).
+WORD = "histogram"
+
+
+class OneIdOff:
+    """fastokens, but the first id of any text holding `word` is changed: what the checks must catch."""
+
+    name = "fastokens"
+
+    def __init__(self, inner: Any, word: str) -> None:
+        self.inner, self.word, self.version = inner, word, inner.version
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        flat, lengths = self.inner.encode(texts)
+        flat = flat.copy()
+        starts = np.cumsum(lengths) - lengths
+        for i, text in enumerate(texts):
+            if self.word in text and lengths[i]:
+                flat[starts[i]] = (flat[starts[i]] + 1) % 100
+        return flat, lengths
+
+
+class Differs(TokenizeShards):
+    """A worker whose fast encoder differs on WORD (its sampled check is to find it)."""
+
+    def __init__(self, cfg: Any, backend: str, loaded: Any) -> None:
+        super().__init__(cfg, backend, loaded)
+        if self.encoder is not self.reference:
+            self.encoder = OneIdOff(self.encoder, WORD)
+
+
+class Unchecked(Differs):
+    """Differs, with the sampled check missing every unit's difference but zz-last.jsonl's."""
+
+    def _tokenize_checked(self, unit: Any) -> Any:
+        if unit.relpath != "zz-last.jsonl" and self.encoder is not self.reference:
+            self._checker = None  # the sample missed this unit's differences
+            return self._tokenize(unit)
+        return super()._tokenize_checked(unit)
+
+
+class Shifted(TokenizeShards):
+    """A worker whose fast character offsets are shifted past the third character (a chat mask's
+    input): its sampled check is to find it."""
+
+    def __init__(self, cfg: Any, backend: str, loaded: Any) -> None:
+        super().__init__(cfg, backend, loaded)
+        if self.coder is not self.reference_coder:
+            inner = self.coder
+
+            def shifted(texts: list[str]) -> list[tuple[Any, Any]]:
+                return [(ids, offsets + (offsets > 3)) for ids, offsets in inner(texts)]
+
+            self.coder = shifted
