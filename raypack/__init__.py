@@ -53,11 +53,18 @@ def pack(
     (default: none). A Ray this call starts is shut down before it returns; one the caller runs
     stays theirs. ConfigError or JobError (one line) for what the user can fix, StorageError when
     storage failed after every retry."""
-    from raypack.pipeline.job import run_job
+    from raypack.pipeline.runners import early_local
 
-    cfg = load_config(config, overrides)
-    say = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
-    return run_job(cfg, overwrite=overwrite, log=say, release_ray=True, progress=progress)
+    local = early_local()  # its zygote imports beside the config's and the job's imports, as the CLI's
+    try:
+        from raypack.pipeline.job import run_job
+
+        cfg = load_config(config, overrides)
+        say = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+        return run_job(cfg, overwrite=overwrite, log=say, release_ray=True, progress=progress, local=local)
+    finally:
+        if local is not None:  # (the job closes it when it runs; this is for one that did not)
+            local.close(release=False, failed=True)
 
 
 def verify(

@@ -18,11 +18,11 @@ from functools import partial
 from typing import TYPE_CHECKING, NoReturn, TextIO
 
 from raypack import __version__
-from raypack.config import JobConfig, parse_override
 from raypack.errors import ConfigError, JobError, storage_cause
-from raypack.packing import ALGORITHMS
 
 if TYPE_CHECKING:
+    from raypack.config import JobConfig
+    from raypack.pipeline.runners import LocalRunner
     from raypack.verifier import VerifyReport
 
 __all__ = ["main", "run"]
@@ -58,6 +58,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from raypack.packing import ALGORITHMS
+
     parser = _Parser(
         prog="raypack", description="Pack tokenized corpora into fixed-length training sequences."
     )
@@ -237,6 +239,8 @@ def _config_of(args: argparse.Namespace) -> JobConfig | None:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from raypack import dryrun
+    from raypack.config import parse_override
+    from raypack.packing import ALGORITHMS
 
     if args.algorithm == "all":
         algorithms = list(ALGORITHMS)
@@ -285,7 +289,13 @@ def _cmd_pack(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, _job_overrides(args))
     log, progress = _voice(args)
     result = run_job(
-        cfg, overwrite=args.overwrite, log=log, release_ray=True, progress=progress, started=args.started
+        cfg,
+        overwrite=args.overwrite,
+        log=log,
+        release_ray=True,
+        progress=progress,
+        started=args.started,
+        local=args.local,
     )
     print(format_summary(result, time.time() - args.started))
     return 0
@@ -300,7 +310,9 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
     if args.wait < 0:
         raise ConfigError(f"--wait must be >= 0, got {args.wait}")
     log, progress = _voice(args)
-    result = run_rebuild(cfg, wait_s=args.wait, log=log, progress=progress, started=args.started)
+    result = run_rebuild(
+        cfg, wait_s=args.wait, log=log, progress=progress, started=args.started, local=args.local
+    )
     print(format_rebuild(result, time.time() - args.started))
     return 0
 
@@ -378,7 +390,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     log, progress = _voice(args)
     log(f"[raypack] building the demo corpus and tokenizer under {out} ...")
     cfg = load_config(str(demo_config(out, seq_len=args.seq_len)))
-    result = run_job(cfg, overwrite=True, log=log, progress=progress, started=args.started)
+    result = run_job(cfg, overwrite=True, log=log, progress=progress, started=args.started, local=args.local)
     print(format_summary(result, time.time() - args.started))
     report = verify(cfg.output.path, cfg, sample=32)
     if not report.ok:
@@ -458,9 +470,11 @@ def _main(argv: Sequence[str] | None) -> int:
         "demo": _cmd_demo,
     }
     started = _started if _started is not None else time.time()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    local = _early_local(argv)
     try:
         args = _build_parser().parse_args(argv)
-        args.started = started
+        args.started, args.local = started, local
         return commands[args.command](args)
     except ConfigError as e:
         print(f"raypack: error: {e}", file=sys.stderr)
@@ -479,6 +493,22 @@ def _main(argv: Sequence[str] | None) -> int:
             raise
         print(f"raypack: storage error: {cause}", file=sys.stderr)
         return 1
+    finally:
+        if local is not None:  # (the job closes it when it runs; this is for one that did not)
+            local.close(release=False, failed=True)
+
+
+# The commands that run a job: a local runner is started for them before anything else is imported
+# (runners.early_local), so that its zygote's imports run beside this process's.
+_JOB_COMMANDS = ("pack", "rebuild", "demo")
+
+
+def _early_local(argv: list[str]) -> LocalRunner | None:
+    if not argv or argv[0] not in _JOB_COMMANDS or {"-h", "--help"} & set(argv):
+        return None
+    from raypack.pipeline.runners import early_local
+
+    return early_local()
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import numpy as np
 
 from raypack.pipeline.tokenize_task import TokenizeShards
 
-__all__ = ["Differs", "OneIdOff", "Shifted", "Unchecked"]
+__all__ = ["Differs", "OneIdOff", "Shifted", "Unchecked", "dies_first", "pid"]
 
 # The word the doubles below change the first id of (a word of the generated corpus, no probe's).
 WORD = "histogram"
@@ -65,3 +65,22 @@ class Shifted(TokenizeShards):
                 return [(ids, offsets + (offsets > 3)) for ids, offsets in inner(texts)]
 
             self.coder = shifted
+
+
+def dies_first(marker: str, value: int) -> int:
+    """A task whose worker is killed (SIGKILL, as the OOM killer kills) the first time it runs it:
+    `marker` is the file that remembers it was; then `value` doubled."""
+    import os
+    import signal
+
+    if not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return value * 2
+
+
+def pid() -> int:
+    import os
+
+    return os.getpid()

@@ -84,14 +84,16 @@ class TokenizersEncoder:
 class FastokensEncoder:
     name = "fastokens"
 
-    def __init__(self, tokenizer_json: str) -> None:
+    def __init__(self, tokenizer_json: str, built: Any = None) -> None:
+        """`built`: fastokens' Tokenizer of this JSON where it was made already (a local pool's
+        zygote builds it as it starts: raypack.pipeline.worker)."""
         # One thread per worker, as for tokenizers' rayon pool: N workers × N threads on N cores lose
         # ~19% (measured for tokenizers). A value the user set wins.
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         import fastokens
 
         try:
-            self.tokenizer = fastokens.Tokenizer.from_json_str(tokenizer_json)
+            self.tokenizer = built if built is not None else fastokens.Tokenizer.from_json_str(tokenizer_json)
         except Exception as e:  # fastokens raises ValueError for what it does not support
             raise FastRefused(_first_line(e)) from e
         self.version = fastokens_version() or "?"

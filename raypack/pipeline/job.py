@@ -36,7 +36,7 @@ from raypack.pipeline.plan import compare, plan, warm_planner
 from raypack.pipeline.prepare import Prepared, prepare
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
-from raypack.pipeline.runners import ensure_ray
+from raypack.pipeline.runners import LocalRunner, ensure_ray
 from raypack.pipeline.select import Selection, select
 from raypack.pipeline.tokenize import check_rejects, tokenize
 from raypack.pipeline.tokenize_pool import TokenizePool
@@ -67,6 +67,7 @@ def run_job(
     memory: str | None = None,
     progress: TextIO | None = None,
     started: float | None = None,
+    local: LocalRunner | None = None,
 ) -> JobResult:
     """Pack the corpus into cfg.output.path. `cache`: a directory of token files to reuse and keep
     (a rebuild's); None: tokenize everything into a staging area that is removed at the end.
@@ -75,10 +76,12 @@ def run_job(
     the job started, once the manifest is written (`raypack pack`; one the caller runs stays);
     `progress`: where the tokenize and assign+write stages show theirs (raypack.progress);
     `started`: when the command began (time.time()), for the time it took to the commit
-    (metrics.json, the report). A storage failure that outlived every retry
-    is raised as a StorageError (one line), whatever wrapper Ray put around it."""
+    (metrics.json, the report); `local`: a local runner the caller started first
+    (runners.early_local: the command and raypack.pack() do), the job's to use or close. A storage
+    failure that outlived every retry is raised as a StorageError (one line), whatever wrapper Ray
+    put around it."""
     try:
-        return _run(cfg, overwrite, cache, log, release_ray, memory, progress, started)
+        return _run(cfg, overwrite, cache, log, release_ray, memory, progress, started, local)
     except (ConfigError, JobError):
         raise
     except Exception as e:
@@ -97,9 +100,10 @@ def _run(
     memory: str | None,
     progress: TextIO | None,
     started: float | None,
+    local: LocalRunner | None,
 ) -> JobResult:
     timings: dict[str, float] = {}
-    ready = prepare(cfg, overwrite, log)
+    ready = prepare(cfg, overwrite, log, local)
     cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
     try:
         record = _stages(ready, cache, memory, timings, log, progress)

@@ -86,14 +86,17 @@ class _Worker:
 
 class LocalPool:
     """`width` worker processes, forked (by start()) from a zygote that the pool spawns at once, so
-    the zygote's imports (~0.7 s) overlap whatever the driver does before start()."""
+    the zygote's imports (~0.5 s) overlap whatever the driver does before start()."""
 
-    def __init__(self, width: int, imports: tuple[str, ...] = (), blob_dir: str | None = None) -> None:
+    def __init__(self, width: int, imports: tuple[str, ...] = ()) -> None:
+        """`imports`: the task modules, the zygote's first request (before any job's)."""
         self.width = width
+        self.closed = False
         self.retried = 0
         """Tasks run again because their worker died."""
         self._home = tempfile.mkdtemp(prefix="raypack-pool-")  # 0700: only this user may connect
-        self._blob_base = blob_dir
+        self.blob_base: str | None = None
+        """Where the blobs go (set before the first is made): None, the system temp dir."""
         self._blobs: str | None = None
         self._blob_paths: list[str] = []
         self._address = os.path.join(self._home, "pool.sock")
@@ -104,7 +107,7 @@ class LocalPool:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._submitted: list[tuple[_Task, bool]] = []  # (task, urgent), from any thread
-        self._requests: list[tuple[Any, ...]] = []  # to the zygote, in order
+        self._requests: list[tuple[Any, ...]] = [("import", imports)]  # to the zygote, in order
         self._wake_r, self._wake_w = os.pipe()
         self._closing = False
         self._killing = False
@@ -116,12 +119,7 @@ class LocalPool:
         self._ctrl: Connection | None = None
         self._forked = 0
         self._fatal: BaseException | None = None
-        hello = {
-            "address": self._address,
-            "sys_path": list(sys.path),
-            "imports": list(imports),
-            "env": WORKER_ENV,
-        }
+        hello = {"address": self._address, "sys_path": list(sys.path), "env": WORKER_ENV}
         self._zygote = subprocess.Popen(
             [sys.executable, "-m", "raypack.pipeline.zygote"],
             stdin=subprocess.PIPE,
@@ -134,6 +132,12 @@ class LocalPool:
         self._thread.start()
 
     # ---- the driver's side: any thread
+
+    def early(self, loads: dict[str, tuple[str, str, tuple[Any, ...]]]) -> None:
+        """Loads by key, (module, callable's dotted name, plain arguments), each started in a thread
+        of the zygote at once, for the preload to take (zygote.early) while it does the rest."""
+        if loads:
+            self._request(("early", loads))
 
     def preload(self, fn: Any, args: tuple[Any, ...]) -> None:
         """fn(*args) once in the zygote, before it forks: every worker has what it loaded."""
@@ -192,7 +196,10 @@ class LocalPool:
 
     def close(self, kill: bool = False) -> None:
         """Let the workers and the zygote go (`kill`: at once, tasks running or not: a failed job)
-        and delete the pool's files; tasks not yet finished fail with CancelledError."""
+        and delete the pool's files; tasks not yet finished fail with CancelledError. Again: nothing."""
+        if self.closed:
+            return
+        self.closed = True
         with self._lock:
             self._closing = True
             self._killing = kill
@@ -216,7 +223,7 @@ class LocalPool:
     def _blob_path(self, name: str) -> str:
         with self._lock:
             if self._blobs is None:
-                base = self._blob_base or tempfile.gettempdir()
+                base = self.blob_base or tempfile.gettempdir()
                 os.makedirs(base, exist_ok=True)
                 self._blobs = tempfile.mkdtemp(prefix="raypack-blobs-", dir=base)
             path = os.path.join(self._blobs, name)

@@ -36,9 +36,15 @@ from raypack.pipeline.runners import (
     local_cpus,
     may_run_locally,
 )
-from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_files, tokenizer_sha256
+from raypack.pipeline.tokenizer import (
+    TOKENIZER_FILE,
+    LoadedTokenizer,
+    load_tokenizer,
+    tokenizer_files,
+    tokenizer_sha256,
+)
 from raypack.pipeline.units import WorkUnit
-from raypack.pipeline.worker import JobContext, preload_job
+from raypack.pipeline.worker import JobContext, early_loads, preload_job
 from raypack.report.model import REPORT
 from raypack.storage import exists, join, remove, remove_temporaries
 from raypack.versions import LATEST, MANIFEST, METRICS
@@ -94,21 +100,32 @@ def open_runner(run: RunConfig, input_bytes: int, blob_dir: str | None) -> Runne
     """The runner for work without a tokenizer to share (convert): choose_runner's, started."""
     if choose_runner(run, input_bytes) == "ray":
         return RayRunner()
-    local = LocalRunner(local_cpus(), blob_dir)
+    local = LocalRunner(local_cpus())
+    local.blobs_in(blob_dir)
     local.start()
     return local
 
 
-def prepare(cfg: JobConfig, overwrite: bool, log: Callable[[str], None]) -> Prepared:
-    cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
-    out, storage = cfg.output.path, cfg.storage
-    fast = cfg.tokenizer.backend != "tokenizers"
-    local = LocalRunner(local_cpus(), staging_blobs(out)) if may_run_locally(cfg.run) else None
+def prepare(
+    cfg: JobConfig, overwrite: bool, log: Callable[[str], None], local: LocalRunner | None = None
+) -> Prepared:
+    """`local`: a local runner the caller started first (runners.early_local), the job's to use or
+    close."""
     runner: Runner | None = local
     try:
+        cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
+        out, storage = cfg.output.path, cfg.storage
+        may_be_local = may_run_locally(cfg.run)
+        if local is not None and not may_be_local:
+            local.close(release=False, failed=True)
+            runner = local = None
+        fast = cfg.tokenizer.backend != "tokenizers"
         tokenizer = tokenizer_files(cfg.tokenizer, storage)
         ctx = JobContext(cfg, tokenizer_sha256(tokenizer), fast)
-        if local is not None:  # loaded in the zygote from these bytes, then the workers forked
+        if may_be_local:  # loaded in the zygote from these bytes, then the workers forked
+            runner = local = local or LocalRunner(local_cpus())
+            local.blobs_in(staging_blobs(out))
+            local.early(early_loads(ctx, tokenizer[TOKENIZER_FILE].decode("utf-8", errors="replace")))
             local.preload(preload_job, (ctx, tokenizer))
             local.start()
         files = input_files(cfg.input, storage)

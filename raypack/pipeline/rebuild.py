@@ -30,6 +30,7 @@ from raypack.config import JobConfig
 from raypack.errors import ConfigError
 from raypack.lease import Lease
 from raypack.pipeline.job import JobResult, run_job
+from raypack.pipeline.runners import LocalRunner
 from raypack.storage import TMP_PREFIX, exists, join, list_dir, read_bytes, remove, remove_temporaries
 from raypack.versions import (
     CACHE,
@@ -74,9 +75,10 @@ def run_rebuild(
     log: Callable[[str], None] = print,
     progress: TextIO | None = None,
     started: float | None = None,
+    local: LocalRunner | None = None,
 ) -> RebuildResult:
     """One rebuild of cfg.output.path. `wait_s`: how long to wait for another rebuild of the same root
-    to finish (0: exit at once, LeaseHeld, naming it); `progress`, `started`: as run_job's."""
+    to finish (0: exit at once, LeaseHeld, naming it); `progress`, `started`, `local`: as run_job's."""
     root, storage = cfg.output.path, cfg.storage.from_environment()
     try:
         if exists(join(root, MANIFEST), storage):
@@ -97,7 +99,13 @@ def run_rebuild(
         version_cfg = _keep_chat_date(version_cfg, root)
         memory = join(root, CACHE, BACKENDS)
         job = run_job(
-            version_cfg, cache=cache_dir(root), log=log, memory=memory, progress=progress, started=started
+            version_cfg,
+            cache=cache_dir(root),
+            log=log,
+            memory=memory,
+            progress=progress,
+            started=started,
+            local=local,
         )
         lease.check()  # a rebuild that lost its lease (paused past its expiry) commits nothing
         set_latest(root, number, storage)

@@ -33,7 +33,16 @@ from raypack.pipeline.backends import FastokensEncoder
 from raypack.pipeline.histogram import summarize_shard_warm
 from raypack.pipeline.tokenizer import TOKENIZER_FILE, LoadedTokenizer, load_tokenizer, tokenizer_files
 
-__all__ = ["JobContext", "JobState", "forget", "job_state", "load_fast", "preload_job"]
+__all__ = [
+    "JobContext",
+    "JobState",
+    "early_loads",
+    "fast_key",
+    "forget",
+    "job_state",
+    "load_fast",
+    "preload_job",
+]
 
 
 @dataclass(frozen=True)
@@ -84,11 +93,13 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
         forget()  # an earlier job's, if any
         cfg = ctx.cfg
         files = files if files is not None else tokenizer_files(cfg.tokenizer, cfg.storage)
-        # fastokens loads beside tokenizers' parse and numba's functions (its load releases the GIL):
-        # 1.1 s and 0.4 + 0.3 s for a 128k BPE, 1.2 s together instead of 1.8 s one after the other.
+        # fastokens loads beside tokenizers' parse, numba's functions and pandas (its load releases the
+        # GIL): 1.1 s, and 0.4 + 0.3 + 0.2 s for a 128k BPE, ~1.2 s together instead of 2 s in turn.
         with ThreadPoolExecutor(1, thread_name_prefix="raypack-fastokens") as beside:
             loading = (
-                beside.submit(load_fast, files[TOKENIZER_FILE].decode("utf-8", errors="replace"))
+                beside.submit(
+                    load_fast, files[TOKENIZER_FILE].decode("utf-8", errors="replace"), fast_key(ctx)
+                )
                 if ctx.fast
                 else None
             )
@@ -99,6 +110,7 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
                     f"{tok.sha256[:12]}, the job started with {ctx.tokenizer_sha256[:12]}): rerun the job"
                 )
             summarize_shard_warm(cfg)
+            pa.array(["x"])  # pyarrow imports pandas on its first Python list: 0.2-0.4 s a first unit
             state = JobState(ctx, tok)
             if loading is not None:
                 state.fast, state.fast_error = loading.result()
@@ -111,17 +123,34 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
 
 
 def preload_job(ctx: JobContext, files: dict[str, bytes] | None = None) -> None:
-    """A runner's preload (raypack.pipeline.runners): the job's state, and pandas, which pyarrow
-    imports on its first Python list (0.4 s in each worker's first unit otherwise)."""
+    """A runner's preload (raypack.pipeline.runners): the job's state."""
     job_state(ctx, files)
-    pa.array(["x"])
 
 
-def load_fast(tokenizer_json: str) -> tuple[FastokensEncoder | None, str]:
+def fast_key(ctx: JobContext) -> str:
+    """The key of fastokens' early build in a local pool's zygote (early_loads)."""
+    return f"fastokens:{ctx.tokenizer_sha256}"
+
+
+def early_loads(ctx: JobContext, tokenizer_json: str) -> dict[str, tuple[str, str, tuple[Any, ...]]]:
+    """What a local pool's zygote should start loading the moment it starts, beside its own imports
+    (raypack.pipeline.zygote.early): fastokens' build of the tokenizer, 1.1-1.5 s for a 128k BPE,
+    which then no longer follows the imports (0.45 s) but runs with them."""
+    from raypack.pipeline.backends import fastokens_version
+
+    if not ctx.fast or fastokens_version() is None:
+        return {}
+    return {fast_key(ctx): ("fastokens", "Tokenizer.from_json_str", (tokenizer_json,))}
+
+
+def load_fast(tokenizer_json: str, key: str | None = None) -> tuple[FastokensEncoder | None, str]:
     """fastokens' copy of the tokenizer, or why it refused it (its objects do not pickle: each
-    process that encodes builds or inherits its own)."""
+    process that encodes builds or inherits its own); `key`: the zygote's early build of it, where
+    there is one."""
+    from raypack.pipeline.zygote import early
+
     try:
-        return FastokensEncoder(tokenizer_json), ""
+        return FastokensEncoder(tokenizer_json, early(key) if key else None), ""
     except Exception as e:  # FastRefused, or fastokens not installed on this node
         return None, str(e).splitlines()[0] if str(e) else type(e).__name__
 

@@ -140,9 +140,9 @@ def test_a_killed_worker_is_retried_and_the_output_is_byte_identical(
     with Saboteur(_kill_first(victim), lambda: None) as saboteur:
         result = raypack.pack(str(path), overrides=[f"run.executor={executor}"], log=quiet)
     assert saboteur.done, f"no {victim} process was seen to kill"
+    # (Whether the kill landed before the task answered is a race the saboteur cannot see: the task
+    # run again is tests/pipeline/test_runners.py's, deterministically.)
     assert result.runner["name"] == ("local" if executor == "auto" else "ray")
-    if executor == "auto":  # (Ray does not say how many of its tasks it ran again)
-        assert result.runner["retried"] >= 1
     assert _digest(tmp_path / "out") == want
     assert verify(str(tmp_path / "out")).ok
 

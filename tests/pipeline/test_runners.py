@@ -150,6 +150,23 @@ def test_local_runner_retries_a_transient_storage_error_as_ray_does(tmp_path: Pa
         runner.close(release=True)
 
 
+def test_a_task_whose_local_worker_is_killed_runs_again_on_a_new_one(tmp_path: Path) -> None:
+    """A worker killed mid-task (SIGKILL) is replaced by a fork of the zygote and the task runs again
+    there, as Ray retries a task whose worker died; the other tasks are untouched; the count says so."""
+    from tests.fakes import dies_first, pid
+
+    runner = LocalRunner(2)
+    try:
+        assert runner.map(dies_first, [(str(tmp_path / "a"), 21), (str(tmp_path / "b"), 5)]) == [42, 10]
+        assert runner.retried == 2
+        killed = {int((tmp_path / name).read_text()) for name in ("a", "b")}
+        assert len(killed) == 2  # two workers died, each once
+        after = set(runner.map(pid, [()] * 8))
+        assert after and not after & killed  # their replacements serve now
+    finally:
+        runner.close(release=True)
+
+
 def test_local_cpus_follows_the_process_affinity() -> None:
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this system")
