@@ -335,6 +335,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     _print_lost_and_warnings(report)
     for problem in report.problems:
         print(f"FAIL: {report.dataset}: {problem}")
+    n = len(report.problems)
+    print(f"FAIL: {n} problem{'s' if n != 1 else ''} found in {report.dataset}")
     return 1
 
 
@@ -485,6 +487,13 @@ def _main(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print(_INTERRUPTED, file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of the output left (`raypack plan --json | head -1`): it has what it wanted.
+        # Nothing to say, as any tool killed by SIGPIPE; stdout goes nowhere now, so that the
+        # interpreter's last flush does not fail on it again.
+        with suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as e:
         # Storage that failed after its retries and Ray's, in any command; anything else is a bug and
         # keeps its traceback.

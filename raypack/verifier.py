@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig, StorageConfig
+from raypack.errors import ConfigError
 from raypack.formats import Spec, packs_of, spec_of
 from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
@@ -99,6 +100,9 @@ def verify(
         return report
     spec = spec_of(manifest)
     report.format = spec.name
+    differs = _settings_differ(config, manifest) if config is not None else []
+    for problem in differs:
+        report.add(problem)
     docs = _read_index(output, manifest, storage)
     # A row per input document, or per copy of one in a mixture (copy 0, 1, ...; -1 for a document
     # the mixture left out): the documents are the rows of copy 0 or -1.
@@ -114,7 +118,8 @@ def verify(
     report.duplicate_ids = len(shared)
     if "mixture" in manifest:
         _check_mixture(manifest, docs, report)
-    picks = _pick_sample(docs, shared, sample, seed) if config is not None else []
+    # With settings unlike the dataset's, every sampled document would differ: say which, not that.
+    picks = _pick_sample(docs, shared, sample, seed) if config is not None and not differs else []
     # The sampled documents' tokens are collected during the one pass over the data files.
     pieces: dict[str, list[tuple[int, list[int]]]] = {
         str(docs.column("doc_id")[i].as_py()): [] for i in picks
@@ -133,6 +138,50 @@ def verify(
     if config is not None and items is not None and report.ok:
         _check_sample(config, manifest, docs, picks, pieces, report)
     return report
+
+
+# Settings that do not change a dataset's bytes: where the tokenizer is read from (its content is
+# compared by sha256), how many units at once and in what batches, which encoder (every backend gives
+# tokenizers' ids), the date a job fixed and the render it chose for chat (read from the manifest),
+# and the packers only compared beside the one that wrote.
+_SAME_BYTES = {
+    "tokenizer": {"path", "concurrency", "batch_size", "backend", "chat_date", "chat_spans"},
+    "pack": {"compare"},
+}
+
+
+def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
+    """Each tokenizer and pack setting of `config` unlike the one the dataset was packed with, and
+    the tokenizer's files when they are not the ones it was packed with (by sha256), named."""
+    from raypack.pipeline.tokenizer import tokenizer_files, tokenizer_sha256
+
+    def plain(value: Any) -> Any:  # tuples as lists, as the manifest's JSON holds them
+        return json.loads(json.dumps(value, default=str))
+
+    now, then = plain(config.to_dict()), manifest.get("config", {})
+    found = []
+    for section, skip in _SAME_BYTES.items():
+        recorded = then.get(section, {})
+        for key in sorted(set(now[section]) & set(recorded)):  # (a key newer than the dataset: no record)
+            if key in skip:
+                continue
+            packed, given = recorded[key], now[section][key]
+            if packed != given:
+                found.append(
+                    f"{section}.{key}: the dataset was packed with {packed!r}, the config says {given!r}"
+                )
+    packed_sha = manifest.get("tokenizer", {}).get("sha256")
+    try:
+        given_sha = tokenizer_sha256(tokenizer_files(config.tokenizer, config.storage))
+    except ConfigError as e:
+        found.append(f"tokenizer.path: {e}")
+    else:
+        if packed_sha and given_sha != packed_sha:
+            found.append(
+                f"tokenizer.path: {config.tokenizer.path} is another tokenizer than the dataset's "
+                f"(sha256 {given_sha[:12]}, packed with {packed_sha[:12]})"
+            )
+    return found
 
 
 def _check_rejects(

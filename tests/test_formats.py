@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, ClassVar
@@ -344,8 +345,12 @@ def test_convert_writes_what_pack_writes(packed: dict[str, Any], tmp_path: Path,
         assert manifest(out)["counts"] == manifest(packed["out"][fmt])["counts"]
         assert verify(str(out), packed["cfg"][fmt], sample=8).ok
     back = tmp_path / "back"
+    capsys.readouterr()
     assert main(["convert", str(tmp_path / "conv-mds"), "--format", "parquet", "--out", str(back)]) == 0
     assert tree(back, "data", "index") == tree(source, "data", "index")
+    # A small dataset converts on this machine's processes: no Ray started for it (6.9 s it took).
+    assert "tasks on local processes" in capsys.readouterr().err
+    assert not ("ray" in sys.modules and sys.modules["ray"].is_initialized())
     # A dataset is not written over, nor into itself, and a format that cannot hold it is refused.
     assert main(["convert", str(source), "--format", "olmo", "--out", str(back)]) == 2
     assert main(["convert", str(source), "--format", "olmo", "--out", str(source / "x")]) == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from raypack.pipeline.job import run_job
 from raypack.report.model import length_distribution
 from raypack.summary import format_summary
 from raypack.verifier import verify
-from tests.conftest import independent_tokens, job_config, make_corpus, write_jsonl
+from tests.conftest import independent_tokens, job_config, make_corpus, train_tokenizer, write_jsonl
 
 
 def quiet(_: str) -> None:
@@ -306,8 +307,10 @@ def test_commit_check_refuses_files_that_add_up_but_are_not_the_plan() -> None:
 def test_verify_takes_the_overrides_the_dataset_was_packed_with(
     tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`raypack pack job.yaml --set ...` verifies against its own YAML with the same --set; without
-    them the re-tokenized sample differs (no EOS here), and --set without --config is refused."""
+    """`raypack pack job.yaml --set ...` verifies against its own YAML with the same --set. Without
+    them, or with settings or a tokenizer unlike the dataset's, verify names each key that differs
+    (not a "tokens differ" line a sampled document) and ends with the count; --set without --config
+    is refused."""
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=5)
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
     out = str(tmp_path / "out")
@@ -315,9 +318,38 @@ def test_verify_takes_the_overrides_the_dataset_was_packed_with(
     assert main(["verify", out, "--config", str(cfg), "--set", "tokenizer.add_eos=false"]) == 0
     assert "OK:" in capsys.readouterr().out
     assert main(["verify", out, "--config", str(cfg)]) == 1
-    assert "re-tokenizing the input gives" in capsys.readouterr().out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"FAIL: {out}: tokenizer.add_eos: the dataset was packed with False, the config says True",
+        f"FAIL: 1 problem found in {out}",
+    ]
+    other = train_tokenizer(tmp_path / "other" / "tokenizer.json", 400, 9)
+    sets = ["--set", "pack.seq_len=1024", "--set", "pack.algorithm=lpfhp", "--set", f"tokenizer.path={other}"]
+    assert main(["verify", out, "--config", str(cfg), "--set", "tokenizer.add_eos=false", *sets]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[2] for line in lines[:-1]] == [
+        "pack.algorithm",
+        "pack.seq_len",
+        "tokenizer.path",
+    ]
+    assert "is another tokenizer than the dataset's" in lines[2] and lines[-1].startswith("FAIL: 3 problems")
     assert main(["verify", out, "--set", "tokenizer.add_eos=false"]) == 2
     assert "give it with --config" in capsys.readouterr().err
+
+
+def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`raypack plan ... --json | head -1`: the first line, then no error (it said "storage error:
+    [Errno 32] Broken pipe" and exited 1)."""
+    import subprocess
+
+    command = (
+        f"{sys.executable} -m raypack.cli plan --sample 200000 --seq-len 2048 8192 --algorithm all --json"
+    )
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{command} | head -1"], capture_output=True, text=True, timeout=120
+    )
+    assert json.loads(done.stdout)["algorithm"] == "bfd"
+    assert done.stderr == "" and done.returncode == 141  # as a tool SIGPIPE ends
 
 
 def test_starting_local_ray_says_nothing_of_token_authentication(tmp_path: Path) -> None:

@@ -80,6 +80,31 @@ def test_pack_on_s3_equals_pack_on_local_disk(tmp_path: Path, tokenizer_path: Pa
     assert all("bytes" not in i for i in inputs if not i["path"].endswith(".jsonl"))
 
 
+@pytest.mark.parametrize("runs", [3, pytest.param(20, marks=pytest.mark.slow)])
+def test_the_same_job_on_s3_again_and_again(tmp_path: Path, tokenizer_path: Path, s3, runs: int) -> None:
+    """What a schedule does: the same `raypack pack --overwrite`, inputs, tokenizer and output on S3,
+    run after run, each a process of its own on the default executor (9 runs in 10 failed when the
+    workers were forks holding the driver's S3 connection). Every run passes and verifies, writes
+    the same data, and leaves nothing in its working directory."""
+    cfg_path = s3_config(tmp_path, s3, tokenizer_path, f"again{runs}")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    command = [sys.executable, "-m", "raypack.cli", "pack", str(cfg_path), "--overwrite", "--quiet"]
+    cfg = load_config(str(cfg_path))
+    first: dict[str, bytes] = {}
+    for run in range(runs):
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=work)
+        assert done.returncode == 0, f"run {run + 1} of {runs}: {done.stderr[-2000:]}"
+        assert "local processes" in done.stdout
+        report = verify(cfg.output.path, cfg, sample=10)
+        assert report.ok, (run, report.problems)
+        data = read_tree(s3.filesystem(), f"{s3server.BUCKET}/again{runs}/out", "data")
+        first = first or data
+        assert data and data == first, f"run {run + 1} wrote other data"
+    assert sorted(work.iterdir()) == []
+
+
 def test_cli_on_s3_never_shows_the_secret(tmp_path: Path, tokenizer_path: Path, s3) -> None:
     """The whole CLI run, as a user would start it, with credentials in the environment: the secret
     must appear in no output stream and no file written (endpoint from AWS_ENDPOINT_URL this time)."""
