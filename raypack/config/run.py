@@ -15,9 +15,9 @@ EXECUTORS = ("auto", "local", "ray")
 class RunConfig:
     executor: str = "auto"
     """ray: Ray tasks (RAY_ADDRESS's cluster, or a local Ray started for the job); local: a pool of
-    this machine's processes, forked once the tokenizer is loaded (no Ray start or shutdown: ~5 s
-    less on 2 cores; a killed worker fails the job instead of being retried); auto: local when no
-    Ray cluster is named (RAY_ADDRESS) or running in this process and the input is at most
+    this machine's processes, the job's own (raypack.pipeline.local_pool: no Ray start or shutdown,
+    ~5 s less on 2 cores; a killed worker's task runs again, as on Ray); auto: local when no Ray
+    cluster is named (RAY_ADDRESS) or running in this process and the input is at most
     local_max_bytes, else ray. The output's bytes are the same either way."""
     local_max_bytes: int = 1 << 30
     """auto: the most input bytes (as stored, compressed or not) a local run takes."""

@@ -7,9 +7,9 @@ summary the driver folds into per-run histograms and counts (raypack.pipeline.hi
 
 The backend: chat data is encoded by tokenizers (its mask needs character offsets); plain text by
 fastokens where it loads the tokenizer and gives tokenizers' ids on probes and a corpus sample
-(raypack.pipeline.backends), unless the rebuild root remembers it differing there. Workers forked
-holding fastokens start with it while the driver checks (a refusal deletes what they wrote and
-every unit is tokenized again). Each task re-checks a sample; at the first difference nothing more
+(raypack.pipeline.backends), unless the rebuild root remembers it differing there. The workers
+start with fastokens while the driver checks it (a refusal deletes what they wrote and every unit
+is tokenized again). Each task re-checks a sample; at the first difference nothing more
 is given out, every token file the fast backend wrote in the run is deleted, and every unit is
 tokenized again with tokenizers, so the output never depends on which units a sampled check
 happened to catch.
