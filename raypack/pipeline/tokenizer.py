@@ -117,7 +117,7 @@ def load_tokenizer(
         where = cfg.path if len(files) == 1 else join(cfg.path, TOKENIZER_FILE)
         raise ConfigError(f"{where} is not a tokenizers JSON file: {str(e).splitlines()[0]}") from None
     configs = {name: _json(cfg.path, name, data) for name, data in files.items() if name in CONFIG_FILES}
-    template = _template(json.loads(raw).get("post_processor"))
+    template = _template(_post_processor(tok, raw))
     ids = tok.get_vocab(with_added_tokens=True).values()
     vocab, max_id = len(ids), max(ids, default=-1)
     found = {}
@@ -225,6 +225,18 @@ def _special(
         if token_id is not None:
             return int(token_id), f"token name {name}"
     return None, ""
+
+
+def _post_processor(tok: Tokenizer, raw: bytes) -> Any:
+    """The tokenizer's post-processor as JSON: its own state (a few hundred bytes), not a parse of
+    the whole file (0.19 s for a 128k BPE's 9.7 MB, in the command and again in the pool's zygote)."""
+    processor = tok.post_processor
+    if processor is None:
+        return None
+    try:
+        return json.loads(processor.__getstate__())
+    except Exception:  # a tokenizers without it: the file's own key
+        return json.loads(raw).get("post_processor")
 
 
 def _template(processor: Any) -> dict[str, str | None]:
