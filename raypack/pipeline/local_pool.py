@@ -273,7 +273,13 @@ class LocalPool:
             watched: list[Any] = [self._listener, self._wake_r, *self._workers]
             if self._ctrl is not None:
                 watched.append(self._ctrl)
-            for ready in wait(watched):
+            ready_ones = wait(watched, timeout=1.0)
+            if not ready_ones and self._ctrl is None and self._zygote.poll() is not None:
+                # It died before it ever connected (an interpreter that cannot import raypack...).
+                self._fail_everything(
+                    JobError(f"the local runner's zygote process exited with code {self._zygote.returncode}")
+                )
+            for ready in ready_ones:
                 if ready is self._wake_r:
                     os.read(self._wake_r, 4096)
                 elif ready is self._listener:
@@ -383,14 +389,15 @@ class LocalPool:
         if not self._closing and self._ctrl is not None:
             self._to_zygote(("fork", 1))
         task = worker.task
-        if task is None:
-            return
-        task.attempts += 1
-        if task.attempts <= RETRIES and not self._closing:
-            self.retried += 1
-            self._queue.appendleft(task)
-            return
-        self._finish(task, WorkerDied(self._death(worker.pid, task)))
+        if task is not None:
+            task.attempts += 1
+            if task.attempts <= RETRIES and not self._closing:
+                self.retried += 1
+                self._queue.appendleft(task)
+            else:
+                self._finish(task, WorkerDied(self._death(worker.pid, task)))
+        if not self._workers and self._ctrl is None and not self._closing:  # none left, none to come
+            self._fail_everything(JobError("the local runner's workers died and its zygote is gone"))
 
     def _death(self, pid: int, task: _Task) -> str:
         deadline = time.monotonic() + 0.5  # the zygote reaps it within ~0.05 s
@@ -414,7 +421,8 @@ class LocalPool:
 
     def _finish(self, task: _Task, error: BaseException | None, value: Any = None) -> None:
         self._tasks.pop(task.id, None)
-        self._done[task.id] = error
+        with self._lock:  # get() reads it from other threads
+            self._done[task.id] = error
         if task.future.done():
             return
         if error is None:
@@ -425,7 +433,8 @@ class LocalPool:
     def _fail_everything(self, error: BaseException) -> None:
         with self._lock:
             self._fatal = error
-        for task in [*self._tasks.values(), *(t for t, _ in self._submitted)]:
+            submitted, self._submitted = self._submitted, []
+        for task in [*self._tasks.values(), *(t for t, _ in submitted)]:
             self._finish(task, error)
         self._queue.clear()
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from raypack.config import load_config
+from raypack.errors import JobError
 from raypack.pipeline import runners
 from raypack.pipeline.job import run_job
 from raypack.pipeline.runners import LocalRunner, choose_runner
@@ -163,6 +164,36 @@ def test_a_task_whose_local_worker_is_killed_runs_again_on_a_new_one(tmp_path: P
         assert len(killed) == 2  # two workers died, each once
         after = set(runner.map(pid, [()] * 8))
         assert after and not after & killed  # their replacements serve now
+    finally:
+        runner.close(release=True)
+
+
+def test_a_pool_whose_processes_cannot_run_fails_its_tasks_instead_of_waiting(tmp_path: Path) -> None:
+    """A zygote that cannot import the task modules, and a pool whose zygote and workers are all gone:
+    every task fails with the reason, none waits for ever."""
+    import signal
+
+    import psutil
+
+    from raypack.pipeline.local_pool import LocalPool
+    from tests.fakes import pid
+
+    broken = LocalPool(1, ("raypack.no_such_module",))
+    try:
+        future, _ = broken.submit(pid, ())
+        with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+            future.result(timeout=60)
+    finally:
+        broken.close()
+    runner = LocalRunner(1)
+    try:
+        worker = runner.map(pid, [()])[0]
+        (zygote,) = [p for p in psutil.Process().children() if p.name() == "rp-zygote"]
+        zygote.send_signal(signal.SIGKILL)
+        zygote.wait(10)
+        psutil.Process(worker).send_signal(signal.SIGKILL)
+        with pytest.raises(JobError, match="workers died and its zygote is gone"):
+            runner.first_done([runner.submit(pid, ())])
     finally:
         runner.close(release=True)
 
