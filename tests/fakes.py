@@ -9,7 +9,7 @@ import numpy as np
 
 from raypack.pipeline.tokenize_task import TokenizeShards
 
-__all__ = ["Differs", "OneIdOff", "Shifted", "Unchecked", "dies_first", "pid"]
+__all__ = ["Differs", "OneIdOff", "Shifted", "Unchecked", "always_dies", "dies_first", "pid"]
 
 # The word the doubles below change the first id of (a word of the generated corpus, no probe's).
 WORD = "histogram"
@@ -84,3 +84,11 @@ def pid() -> int:
     import os
 
     return os.getpid()
+
+
+def always_dies() -> None:
+    """A task whose worker is killed every time it runs it."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -280,14 +280,16 @@ class LocalPool:
                     JobError(f"the local runner's zygote process exited with code {self._zygote.returncode}")
                 )
             for ready in ready_ones:
+                # Each read below is polled first: an earlier one of this batch may have consumed
+                # what made a connection ready (_death reads the zygote's messages), or closed it.
                 if ready is self._wake_r:
                     os.read(self._wake_r, 4096)
                 elif ready is self._listener:
                     self._accept()
                 elif ready is self._ctrl:
                     self._from_zygote()
-                else:
-                    self._from_worker(self._workers[ready])  # type: ignore[index]
+                elif ready in self._workers:
+                    self._from_worker(self._workers[ready])
 
     def _accept(self) -> None:
         try:
@@ -316,6 +318,8 @@ class LocalPool:
     def _from_zygote(self) -> None:
         assert self._ctrl is not None
         try:
+            if not self._ctrl.poll(0):
+                return
             message = self._ctrl.recv()
         except (EOFError, OSError):
             self._lost_zygote("it exited")
@@ -367,6 +371,8 @@ class LocalPool:
 
     def _from_worker(self, worker: _Worker) -> None:
         try:
+            if not worker.conn.poll(0):
+                return
             task_id, ok, value = worker.conn.recv()
         except (EOFError, OSError):
             self._died(worker)

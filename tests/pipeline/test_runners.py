@@ -168,6 +168,28 @@ def test_a_task_whose_local_worker_is_killed_runs_again_on_a_new_one(tmp_path: P
         runner.close(release=True)
 
 
+def test_tasks_that_always_kill_their_workers_each_fail_after_their_retries(tmp_path: Path) -> None:
+    """Four tasks at once whose workers are killed every time (20 deaths, the zygote forking a worker
+    for each and reporting each exit while the pool reads the next): each fails with WorkerDied
+    naming it and SIGKILL after RETRIES + 1 runs, none waits for ever (a pool that read a message
+    its batch had seen ready, already taken, hung), and the pool still runs tasks afterwards."""
+    from raypack.pipeline.local_pool import WorkerDied
+    from tests.fakes import always_dies, pid
+
+    runner = LocalRunner(2)
+    try:
+        futures = [runner.submit(always_dies, ()) for _ in range(4)]
+        for future in futures:
+            with pytest.raises(
+                WorkerDied, match=rf"killed by SIGKILL.* running always_dies {RETRIES + 1} times"
+            ):
+                future.result(timeout=120)
+        assert runner.retried == 4 * RETRIES
+        assert len(set(runner.map(pid, [()] * 6))) >= 1
+    finally:
+        runner.close(release=True)
+
+
 def test_a_pool_whose_processes_cannot_run_fails_its_tasks_instead_of_waiting(tmp_path: Path) -> None:
     """A zygote that cannot import the task modules, and a pool whose zygote and workers are all gone:
     every task fails with the reason, none waits for ever."""
