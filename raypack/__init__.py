@@ -14,12 +14,13 @@ machine's processes for a small corpus, else Ray), so two calls in one process w
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (names for the annotations only: the package's namespace is __all__)
+    import os
+    from collections.abc import Callable, Sequence
+    from typing import Any, TextIO
+
     from raypack.config import JobConfig
     from raypack.pipeline.record import RunRecord
     from raypack.verifier import VerifyReport
@@ -60,11 +61,17 @@ def pack(
         from raypack.pipeline.job import run_job
 
         cfg = load_config(config, overrides)
-        say = log if log is not None else (lambda line: print(line, file=sys.stderr, flush=True))
+        say = log if log is not None else _to_stderr
         return run_job(cfg, overwrite=overwrite, log=say, release_ray=True, progress=progress, local=local)
     finally:
         if local is not None:  # (the job closes it when it runs; this is for one that did not)
             local.close(release=False, failed=True)
+
+
+def _to_stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
 
 
 def verify(

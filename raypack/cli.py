@@ -404,7 +404,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-_INTERRUPTED = "raypack: interrupted; rerun to finish (an output without manifest.json is incomplete)"
+_INTERRUPTED = (
+    "raypack: interrupted (a dataset is complete once its manifest.json exists: rerun to finish one without)"
+)
 # Ctrl-C raises KeyboardInterrupt in the main thread, but one that lands inside a finalizer or a
 # callback of Ray's is printed as "ignored" and lost (seen in CI: a driver interrupted mid-tokenize
 # ran to the end and exited 0). So a watchdog raises it again every second until main() has handled
@@ -418,7 +420,10 @@ class _Interrupts:
         self.handled = threading.Event()
         self.watchdog: threading.Thread | None = None
 
+    signum = signal.SIGINT
+
     def on_signal(self, signum: int, frame: object) -> None:
+        self.signum = signal.Signals(signum)
         if self.watchdog is None:
             self.watchdog = threading.Thread(target=self._watch, daemon=True)
             self.watchdog.start()
@@ -430,19 +435,26 @@ class _Interrupts:
                 return
             _thread.interrupt_main()
         print(_INTERRUPTED, file=sys.stderr, flush=True)
-        os._exit(130)
+        os._exit(128 + self.signum)
+
+
+# Ctrl-C, and what `kill`, `timeout`, `ray job stop` and Kubernetes send a job to end it: each
+# ends the command as Ctrl-C does (its workers, staging area and temp files cleaned up, one line),
+# with the exit code of that signal (130, 143, 129).
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     interrupts = _Interrupts()
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, interrupts.on_signal) if in_main_thread else None
+    previous = {s: signal.signal(s, interrupts.on_signal) for s in _STOPS} if in_main_thread else {}
     try:
-        return _main(argv)
+        code = _main(argv)
+        return 128 + interrupts.signum if code == 128 + signal.SIGINT else code
     finally:
         interrupts.handled.set()  # no re-raise or forced exit once main() is done
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run() -> NoReturn:

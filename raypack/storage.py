@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -45,6 +46,8 @@ __all__ = [
 ]
 
 _DEFAULT = StorageConfig()
+# A scheme with one slash after it: a URI mistyped (s3:/bucket, gs:/bucket), not a path one means.
+_ONE_SLASH = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/(?!/)")
 
 
 def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileSystem, str]:
@@ -52,6 +55,11 @@ def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileS
     (_s3: resolving an s3:// URI without a region costs a request to find the bucket's region),
     under everything it is made from, so it is never used where it was not made for."""
     if not is_uri(path):
+        if _ONE_SLASH.match(path):  # `s3:/bucket/x` would be a local directory named `s3:`
+            scheme, rest = path.split(":/", 1)
+            raise ConfigError(
+                f"{path} is a local path that looks like a URI: did you mean {scheme}://{rest}?"
+            )
         return pafs.LocalFileSystem(), os.path.abspath(path)
     # Split by hand: urlsplit would read a `?` glob as the start of a query string.
     scheme, _, rest = path.partition("://")

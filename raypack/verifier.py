@@ -140,25 +140,39 @@ def verify(
     return report
 
 
-# Settings that do not change a dataset's bytes: where the tokenizer is read from (its content is
-# compared by sha256), how many units at once and in what batches, which encoder (every backend gives
-# tokenizers' ids), the date a job fixed and the render it chose for chat (read from the manifest),
-# and the packers only compared beside the one that wrote.
+# The sections whose settings make a dataset's bytes, and in each the settings that do not: where the
+# corpus and the tokenizer are read from (verify reads them where the config says; the tokenizer's
+# content is compared by sha256), the reject thresholds and the size of work units, how many units at
+# once and in what batches, which encoder (every backend gives tokenizers' ids), the date a job fixed
+# and the render it chose for chat (read from the manifest), the packers only compared beside the
+# one that wrote, where the output is and how many versions a rebuild keeps.
 _SAME_BYTES = {
+    "input": {"paths", "root", "max_reject_ratio", "max_lost_files", "unit_bytes"},
     "tokenizer": {"path", "concurrency", "batch_size", "backend", "chat_date", "chat_spans"},
     "pack": {"compare"},
+    "output": {"path", "keep_versions"},
 }
+# A mixture source's own settings that do not either (its place, as input's).
+_SOURCE_SAME_BYTES = {"paths", "root"}
 
 
 def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
-    """Each tokenizer and pack setting of `config` unlike the one the dataset was packed with, and
-    the tokenizer's files when they are not the ones it was packed with (by sha256), named."""
+    """Each setting of `config` that makes the dataset's bytes (input, tokenizer, pack, output) unlike
+    the one it was packed with, and the tokenizer's files when they are not the ones it was packed
+    with (by sha256), named."""
     from raypack.pipeline.tokenizer import tokenizer_files, tokenizer_sha256
 
     def plain(value: Any) -> Any:  # tuples as lists, as the manifest's JSON holds them
         return json.loads(json.dumps(value, default=str))
 
-    now, then = plain(config.to_dict()), manifest.get("config", {})
+    def placeless(sections: dict[str, Any]) -> dict[str, Any]:
+        sources = sections.get("input", {}).get("sources")
+        if sources:
+            kept = [{k: v for k, v in src.items() if k not in _SOURCE_SAME_BYTES} for src in sources]
+            sections = {**sections, "input": {**sections["input"], "sources": kept}}
+        return sections
+
+    now, then = placeless(plain(config.to_dict())), placeless(manifest.get("config", {}))
     found = []
     for section, skip in _SAME_BYTES.items():
         recorded = then.get(section, {})

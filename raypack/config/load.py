@@ -24,12 +24,19 @@ def load_config(
 ) -> JobConfig:
     """A job config from a YAML file's path, the same sections as a mapping, or a loaded JobConfig,
     with `key.path=value` overrides applied, validated; ConfigError if anything is off."""
+    if isinstance(overrides, str):  # one override, not its characters
+        overrides = [overrides]
     if isinstance(source, JobConfig):
         if not overrides:
             return source
         source = source.to_dict()
     if isinstance(source, dict):
         return from_dict(JobConfig, apply_overrides(source, list(overrides or [])))
+    if not isinstance(source, str | os.PathLike):
+        raise ConfigError(
+            "a config is a YAML file's path, a mapping of its sections or a JobConfig, "
+            f"not {type(source).__name__}"
+        )
     path = os.fspath(source)
     import yaml
 

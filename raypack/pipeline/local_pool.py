@@ -74,7 +74,10 @@ class _Task:
 
     @property
     def label(self) -> str:
-        return getattr(self.fn, "__name__", "task")
+        """The task's function, and the work unit it was given if any (what a user can act on)."""
+        name = getattr(self.fn, "__name__", "task")
+        unit = next((a for a in self.args if hasattr(a, "relpath") and hasattr(a, "index")), None)
+        return name if unit is None else f"{name} on {unit.relpath} (unit {unit.index})"
 
 
 @dataclass
@@ -96,7 +99,8 @@ class LocalPool:
         """Tasks run again because their worker died."""
         self._home = tempfile.mkdtemp(prefix="raypack-pool-")  # 0700: only this user may connect
         self.blob_base: str | None = None
-        """Where the blobs go (set before the first is made): None, the system temp dir."""
+        """Where the blobs go (set before the first is made): None, the pool's directory in the
+        system temp dir."""
         self._blobs: str | None = None
         self._blob_paths: list[str] = []
         self._address = os.path.join(self._home, "pool.sock")
@@ -223,7 +227,7 @@ class LocalPool:
     def _blob_path(self, name: str) -> str:
         with self._lock:
             if self._blobs is None:
-                base = self.blob_base or tempfile.gettempdir()
+                base = self.blob_base or self._home  # (the pool's own directory goes with the pool)
                 os.makedirs(base, exist_ok=True)
                 self._blobs = tempfile.mkdtemp(prefix="raypack-blobs-", dir=base)
             path = os.path.join(self._blobs, name)
@@ -406,7 +410,7 @@ class LocalPool:
             self._fail_everything(JobError("the local runner's workers died and its zygote is gone"))
 
     def _death(self, pid: int, task: _Task) -> str:
-        deadline = time.monotonic() + 0.5  # the zygote reaps it within ~0.05 s
+        deadline = time.monotonic() + 2.0  # the zygote reaps it within ~0.05 s (a final failure only)
         while pid not in self._exits and self._ctrl is not None and time.monotonic() < deadline:
             if wait([self._ctrl], timeout=0.05):
                 self._from_zygote()

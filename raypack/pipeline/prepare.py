@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 
+import pyarrow.fs as pafs
+
 from raypack.config import JobConfig, RunConfig, StorageConfig
 from raypack.errors import ConfigError
 from raypack.formats import INDEX_DIR, Spec, make_spec, settings_of
@@ -46,7 +48,7 @@ from raypack.pipeline.tokenizer import (
 from raypack.pipeline.units import WorkUnit
 from raypack.pipeline.worker import JobContext, early_loads, preload_job
 from raypack.report.model import REPORT
-from raypack.storage import exists, join, remove, remove_temporaries
+from raypack.storage import exists, join, remove, remove_temporaries, resolve
 from raypack.versions import LATEST, MANIFEST, METRICS
 
 __all__ = ["Prepared", "check_output", "clear_output", "open_runner", "prepare"]
@@ -174,15 +176,35 @@ def _fix_chat_date(cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], No
 def check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
     """Refuse to write over a complete dataset without --overwrite, or into a rebuild's root; an
     unreachable or unauthorized output fails here, before any work."""
+    resolve(out, storage)  # a mistyped URI, named as the user wrote it
     try:
         holds_dataset = exists(join(out, MANIFEST), storage)
         holds_versions = exists(join(out, LATEST), storage)
+        bucket = _missing_bucket(out, storage)
     except OSError as e:
         raise ConfigError(f"cannot reach output {out}: {str(e).strip().splitlines()[0]}") from None
+    if bucket is not None:
+        raise ConfigError(
+            f"output {out}: bucket {bucket!r} does not exist; raypack writes into an existing bucket "
+            f"(create it first, e.g. `aws s3 mb s3://{bucket}`)"
+        )
     if holds_versions:
         raise ConfigError(f"{out} holds versioned datasets (LATEST): use `raypack rebuild`, or another path")
     if holds_dataset and not overwrite:
-        raise ConfigError(f"{out} already holds a dataset (manifest.json); pass --overwrite to replace it")
+        raise ConfigError(
+            f"{out} already holds a dataset (manifest.json); pass --overwrite (overwrite=True from Python) "
+            "to replace it"
+        )
+
+
+def _missing_bucket(out: str, storage: StorageConfig) -> str | None:
+    """The bucket (container) of a URI output when it does not exist: the first write would fail
+    there, in a task, after the tokenize stage had begun."""
+    if not is_uri(out):
+        return None
+    fs, inner = resolve(out, storage)
+    bucket = inner.split("/", 1)[0]
+    return bucket if fs.get_file_info(bucket).type == pafs.FileType.NotFound else None
 
 
 def clear_output(out: str, storage: StorageConfig) -> None:

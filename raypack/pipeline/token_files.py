@@ -161,7 +161,8 @@ def cached_rejects_file(token_path: str) -> str:
 def reason_counts(reasons: list[str]) -> dict[str, int]:
     """Rejects by kind: the reason up to its first colon, numbers replaced by N ("malformed JSON",
     "invalid UTF-8 at byte N", "record of N bytes, over input.max_document_bytes (N)")."""
-    kinds = Counter(re.sub(r"\d+", "N", r.split(":", 1)[0]) for r in reasons)
+    # A number in a name stays (UTF-8, UTF-16: not UTF-N).
+    kinds = Counter(re.sub(r"(?<![A-Za-z]-)\d+", "N", r.split(":", 1)[0]) for r in reasons)
     return dict(sorted(kinds.items()))
 
 

@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import os
 import pickle
+import shutil
 import signal
 import socket
 import sys
@@ -264,9 +265,16 @@ def _loop(ctrl: Connection, address: str) -> None:
             elif op == "exit":
                 return
     finally:
+        # Workers still here are killed and reaped: one left unreaped would be a zombie of whatever
+        # adopts it (never reaped under a PID 1 or subreaper that does not wait). The pool's
+        # directory goes too: the driver, if it was killed, cannot remove it.
         for pid in children:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        shutil.rmtree(os.path.dirname(address), ignore_errors=True)
 
 
 def serve(hello: dict[str, Any]) -> None:

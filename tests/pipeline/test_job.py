@@ -324,15 +324,22 @@ def test_verify_takes_the_overrides_the_dataset_was_packed_with(
         f"FAIL: 1 problem found in {out}",
     ]
     other = train_tokenizer(tmp_path / "other" / "tokenizer.json", 400, 9)
-    sets = ["--set", "pack.seq_len=1024", "--set", "pack.algorithm=lpfhp", "--set", f"tokenizer.path={other}"]
+    changed = {
+        "pack.seq_len": "1024",
+        "pack.algorithm": "lpfhp",
+        "tokenizer.path": str(other),
+        "input.text_field": "body",
+        "output.shard_rows": "7",
+        "input.unit_bytes": "4096",  # (the work units: the same bytes)
+        "tokenizer.backend": "tokenizers",  # (the same ids)
+    }
+    sets = [arg for key, value in changed.items() for arg in ("--set", f"{key}={value}")]
     assert main(["verify", out, "--config", str(cfg), "--set", "tokenizer.add_eos=false", *sets]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(": ")[2] for line in lines[:-1]] == [
-        "pack.algorithm",
-        "pack.seq_len",
-        "tokenizer.path",
-    ]
-    assert "is another tokenizer than the dataset's" in lines[2] and lines[-1].startswith("FAIL: 3 problems")
+    named = [line.split(": ")[2] for line in lines[:-1]]
+    expected = ["input.text_field", "pack.algorithm", "pack.seq_len", "output.shard_rows", "tokenizer.path"]
+    assert named == expected
+    assert "is another tokenizer than the dataset's" in lines[4] and lines[-1].startswith("FAIL: 5 problems")
     assert main(["verify", out, "--set", "tokenizer.add_eos=false"]) == 2
     assert "give it with --config" in capsys.readouterr().err
 

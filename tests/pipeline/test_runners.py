@@ -154,6 +154,8 @@ def test_local_runner_retries_a_transient_storage_error_as_ray_does(tmp_path: Pa
 def test_a_task_whose_local_worker_is_killed_runs_again_on_a_new_one(tmp_path: Path) -> None:
     """A worker killed mid-task (SIGKILL) is replaced by a fork of the zygote and the task runs again
     there, as Ray retries a task whose worker died; the other tasks are untouched; the count says so."""
+    import psutil
+
     from tests.fakes import dies_first, pid
 
     runner = LocalRunner(2)
@@ -166,6 +168,8 @@ def test_a_task_whose_local_worker_is_killed_runs_again_on_a_new_one(tmp_path: P
         assert after and not after & killed  # their replacements serve now
     finally:
         runner.close(release=True)
+    # Closed: every worker reaped by the zygote, which the pool reaped: no process left, no zombie.
+    assert not [p for p in after | killed if psutil.pid_exists(p)]
 
 
 def test_tasks_that_always_kill_their_workers_each_fail_after_their_retries(tmp_path: Path) -> None:

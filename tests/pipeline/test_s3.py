@@ -154,6 +154,33 @@ def test_wrong_secret_is_a_one_line_config_error(tmp_path: Path, tokenizer_path:
     assert wrong not in err and s3server.SECRET_KEY not in err
 
 
+def test_an_output_in_a_bucket_that_does_not_exist_fails_before_any_work(
+    tmp_path: Path, tokenizer_path: Path, s3, capsys
+) -> None:
+    """The first write failed in a task, after tokenizing had begun: now one line, exit 2, at once."""
+    cfg_path = s3_config(tmp_path, s3, tokenizer_path, "nobucket")
+    assert main(["pack", str(cfg_path), "--set", "output.path=s3://no-such-bucket/out"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (
+        "raypack: error: output s3://no-such-bucket/out: bucket 'no-such-bucket' does not exist; raypack "
+        "writes into an existing bucket (create it first, e.g. `aws s3 mb s3://no-such-bucket`)\n"
+    )
+    assert "tokenize" not in captured.out + captured.err
+
+
+def test_a_uri_with_one_slash_is_refused_not_taken_for_a_local_directory(
+    tmp_path: Path, tokenizer_path: Path, capsys
+) -> None:
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=5)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"path": "s3:/packed/x"})
+    assert main(["pack", str(cfg)]) == 2
+    assert (
+        "s3:/packed/x is a local path that looks like a URI: did you mean s3://packed/x?"
+        in capsys.readouterr().err
+    )
+    assert not (Path.cwd() / "s3:").exists()
+
+
 def test_unreachable_endpoint_fails_fast(tmp_path: Path, tokenizer_path: Path, capsys) -> None:
     (port,) = s3server.free_ports(1)
     cfg_path = job_config(
