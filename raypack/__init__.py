@@ -12,11 +12,9 @@ machine's processes for a small corpus, else Ray), so two calls in one process w
 `raypack pack` commands write.
 """
 
-from __future__ import annotations
+import typing as _typing
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # (names for the annotations only: the package's namespace is __all__)
+if _typing.TYPE_CHECKING:  # (names for the annotations only: the package's namespace is __all__)
     import os
     from collections.abc import Callable, Sequence
     from typing import Any, TextIO
@@ -30,8 +28,8 @@ __all__ = ["__version__", "load_config", "pack", "verify"]
 
 
 def load_config(
-    config: str | os.PathLike[str] | dict[str, Any] | JobConfig, overrides: Sequence[str] = ()
-) -> JobConfig:
+    config: "str | os.PathLike[str] | dict[str, Any] | JobConfig", overrides: "Sequence[str] | str" = ()
+) -> "JobConfig":
     """A job config from a YAML file's path, a mapping of its sections, or a loaded config, with
     `key.path=value` overrides (as `--set` takes them) applied; a ConfigError naming what is wrong."""
     from raypack.config import load_config as load
@@ -40,13 +38,13 @@ def load_config(
 
 
 def pack(
-    config: str | os.PathLike[str] | dict[str, Any] | JobConfig,
+    config: "str | os.PathLike[str] | dict[str, Any] | JobConfig",
     *,
     overwrite: bool = False,
-    overrides: Sequence[str] = (),
-    log: Callable[[str], None] | None = None,
-    progress: TextIO | None = None,
-) -> RunRecord:
+    overrides: "Sequence[str] | str" = (),
+    log: "Callable[[str], None] | None" = None,
+    progress: "TextIO | None" = None,
+) -> "RunRecord":
     """Pack the corpus `config` describes into its output.path, as `raypack pack` does, and return the
     run's record (what metrics.json and the summary hold). `overwrite`: replace a dataset already
     there; `overrides`: `key.path=value` settings; `log`: where the [raypack] lines go (default:
@@ -75,8 +73,8 @@ def _to_stderr(line: str) -> None:
 
 
 def verify(
-    output: str, config: str | os.PathLike[str] | dict[str, Any] | JobConfig | None = None, sample: int = 64
-) -> VerifyReport:
+    output: str, config: "str | os.PathLike[str] | dict[str, Any] | JobConfig | None" = None, sample: int = 64
+) -> "VerifyReport":
     """Check the dataset at `output` (or the version a rebuild root's LATEST names): every document
     present exactly once, files and counts as the manifest says; with `config`, also that its
     tokenizer and pack settings are the manifest's and that `sample` documents re-tokenize to the

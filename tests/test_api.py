@@ -55,6 +55,8 @@ def cli(
 
 def test_the_public_api_is_what_all_lists() -> None:
     assert raypack.__all__ == ["__version__", "load_config", "pack", "verify"]
+    public = {name for name in dir(raypack) if not name.startswith("_")}
+    assert public <= {"load_config", "pack", "verify", "config", "errors", "pipeline", "packing", "paths"}
 
 
 def test_two_calls_in_one_process_write_what_two_commands_write(tmp_path: Path, tokenizer_path: Path) -> None:
@@ -176,3 +178,8 @@ def test_config_mistakes_from_python_are_one_line_config_errors(tmp_path: Path) 
     )
     assert raypack.load_config(cfg) is cfg
     assert raypack.load_config(cfg, ["pack.seq_len=64"]).pack.seq_len == 64
+    assert raypack.load_config(cfg, "pack.seq_len=64").pack.seq_len == 64  # one override, not its letters
+    with pytest.raises(
+        ConfigError, match="a YAML file's path, a mapping of its sections or a JobConfig, not int"
+    ):
+        raypack.load_config(42)  # type: ignore[arg-type]

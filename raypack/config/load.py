@@ -20,7 +20,7 @@ T = TypeVar("T")
 
 
 def load_config(
-    source: str | os.PathLike[str] | dict[str, Any] | JobConfig, overrides: Sequence[str] | None = None
+    source: str | os.PathLike[str] | dict[str, Any] | JobConfig, overrides: Sequence[str] | str | None = None
 ) -> JobConfig:
     """A job config from a YAML file's path, the same sections as a mapping, or a loaded JobConfig,
     with `key.path=value` overrides applied, validated; ConfigError if anything is off."""
