@@ -21,7 +21,8 @@ which backend ran.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any, Protocol
@@ -207,17 +208,25 @@ def _compared(
     reference: TokenizersEncoder, fast: Encoder, texts: list[str], offsets: ByteOffsets | None
 ) -> str | None:
     """first_difference(reference, fast, texts, offsets); FastFailed where fastokens raised on the
-    texts, or panicked in Rust (pyo3's PanicException is a BaseException): then it is not usable."""
-    try:
+    texts or panicked: then it is not usable."""
+    with _failures_as(FastFailed, "", "the texts of the check"):
         return first_difference(reference, fast, texts, offsets)
+
+
+@contextmanager
+def _failures_as(kind: type[Exception], who: str, where: str) -> Iterator[None]:
+    """An exception the fast encoder raised (FastRefused aside: what it refused at load), or a Rust
+    panic of it (pyo3's PanicException is a BaseException), raised again as `kind`, saying which."""
+    try:
+        yield
     except FastRefused:
         raise
     except Exception as e:
-        raise FastFailed(f"failed on the texts of the check: {_first_line(e)}") from e
+        raise kind(f"{who}raised on {where}: {_first_line(e)}") from e
     except BaseException as e:
         if type(e).__name__ != "PanicException":
             raise
-        raise FastFailed(f"panicked on the texts of the check: {_first_line(e)}") from e
+        raise kind(f"{who}panicked on {where}: {_first_line(e)}") from e
 
 
 def _first_line(e: BaseException) -> str:
@@ -237,14 +246,8 @@ class Guarded:
         self.inner, self.name, self.version = inner, inner.name, inner.version
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        try:
+        with _failures_as(Mismatch, f"{self.name} ", f"{len(texts)} texts"):
             return self.inner.encode(texts)
-        except Exception as e:
-            raise Mismatch(f"{self.name} raised on {len(texts)} texts: {_first_line(e)}") from e
-        except BaseException as e:
-            if type(e).__name__ != "PanicException":
-                raise
-            raise Mismatch(f"{self.name} panicked on {len(texts)} texts: {_first_line(e)}") from e
 
 
 @dataclass

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -337,3 +338,42 @@ def test_fastokens_asked_for_by_name_and_refused_after_the_workers_began_leaves_
     assert not out.exists() or not any(out.iterdir()), sorted(map(str, out.rglob("*")))
     result = raypack.pack(str(path), overrides=["tokenizer.backend=auto"], log=lines.append)
     assert result.backend["chosen"].startswith("tokenizers ") and verify(str(out)).ok
+
+
+class _Raising:
+    """A fast encoder that loads but raises on every text (as fastokens may on what it cannot do)."""
+
+    name, version = "fastokens", "0.3.5"
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        raise self.error
+
+
+class PanicException(BaseException):
+    """The name pyo3 gives a Rust panic that reaches Python (a BaseException)."""
+
+
+def test_a_fast_encoder_that_raises_or_panics_on_a_text_is_not_used_and_crashes_nothing(
+    tokenizer_path: Path,
+) -> None:
+    """auto falls back to tokenizers saying why, fastokens by name is a one-line ConfigError, and in
+    the run such an encoder's failure is a difference (the unit fails over); Ctrl-C still passes."""
+    from raypack.pipeline.backends import Guarded, Mismatch
+
+    tok = load_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
+    for error, how in (
+        (ValueError("cannot encode this"), "raised"),
+        (PanicException("index out of bounds"), "panicked"),
+    ):
+        choice = choose_backend("auto", tok, list, lambda e=error: _Raising(e))
+        assert choice.backend == "tokenizers", choice
+        assert f"{how} on the texts of the check" in choice.reason and str(error) in choice.reason
+        with pytest.raises(ConfigError, match=f"tokenizer.backend fastokens: fastokens .* {how} on"):
+            choose_backend("fastokens", tok, list, lambda e=error: _Raising(e))
+        with pytest.raises(Mismatch, match=f"fastokens {how} on 2 texts: {error}"):
+            Guarded(_Raising(error)).encode(["a", "b"])
+    with pytest.raises(KeyboardInterrupt):
+        Guarded(_Raising(KeyboardInterrupt())).encode(["a"])
