@@ -9,7 +9,16 @@ import numpy as np
 
 from raypack.pipeline.tokenize_task import TokenizeShards
 
-__all__ = ["Differs", "OneIdOff", "Shifted", "Unchecked", "always_dies", "dies_first", "pid"]
+__all__ = [
+    "Differs",
+    "OneIdOff",
+    "Shifted",
+    "Unchecked",
+    "always_dies",
+    "dies_first",
+    "pid",
+    "slow_mark",
+]
 
 # The word the doubles below change the first id of (a word of the generated corpus, no probe's).
 WORD = "histogram"
@@ -92,3 +101,14 @@ def always_dies() -> None:
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def slow_mark(directory: str, seconds: float) -> None:
+    """A preload that takes `seconds`, then leaves a file named by its process: one cut short leaves
+    none."""
+    import os
+    import time
+
+    time.sleep(seconds)
+    with open(os.path.join(directory, str(os.getpid())), "w") as f:
+        f.write("done")

@@ -30,7 +30,6 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from raypack.pipeline.local_pool import LocalPool
@@ -233,15 +232,11 @@ class RayRunner(Runner):
     def close(self, release: bool, failed: bool = False) -> None:
         import ray
 
-        if self._preloads and ray.is_initialized():  # (ray.wait would start a Ray of its own)
-            # Cancelled if still running (a job that failed before it tokenized); an error in one
-            # (a missing file, say) is the units' to raise.
-            _, pending = ray.wait(self._preloads, num_returns=len(self._preloads), timeout=0)
-            for ref in pending:
-                ray.cancel(ref)
-            for ref in self._preloads:
-                with suppress(Exception):
-                    ray.get(ref)
+        # A preload still running (a small job ends before every worker has loaded) is left to end:
+        # ray.cancel raises KeyboardInterrupt in the worker, wherever it is, and one cut inside an
+        # import (pandas, 0.2-0.4 s of a preload) left that module half-made for every later task
+        # of the process ("module 'pandas' has no attribute 'core'" in a Ray Data read after it).
+        # An error in one (a missing file, say) is the units' to raise.
         self._preloads = []
         if release and self.started:
             ray.shutdown()

@@ -97,6 +97,26 @@ def test_auto_takes_the_local_runner_only_without_a_cluster(tmp_path: Path, toke
         assert choose_runner(load_config(base, [f"run.executor={executor}"]).run, 10**12) == executor
 
 
+@pytest.mark.ray
+def test_a_ray_job_that_ends_leaves_its_preloads_to_finish(tmp_path: Path) -> None:
+    """A preload still running when the job ends is not cancelled: ray.cancel interrupts the worker
+    wherever it is, and one cut inside an import (pandas) broke that module for every later task of
+    the worker (a Ray Data read after a small job: "module 'pandas' has no attribute 'core'")."""
+    import time
+
+    from raypack.pipeline.runners import RayRunner
+    from tests.fakes import slow_mark
+
+    runner = RayRunner()
+    runner.preload(slow_mark, (str(tmp_path), 1.5))
+    runner.close(release=False)
+    slots = sum(runner.nodes().values())
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.iterdir())) < slots and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(list(tmp_path.iterdir())) == slots  # every preload ran to its end
+
+
 def test_auto_chooses_by_input_size_and_ray_address(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tokenizer_path: Path
 ) -> None:
