@@ -9,7 +9,13 @@ BIN := $(VENV)/bin
 MDS_VENV ?= .venv-mds
 MDS_TORCH := $(if $(filter aarch64 arm64,$(shell uname -m)),torch==2.9.1 torchvision==0.24.1,torch==2.14.1 torchvision==0.29.1)
 
-.PHONY: demo plan-demo test test-slow soak lint browser mds-client bench report-screenshot clean
+# Real model tokenizers for the tests (tests/real_tokenizers.py): the files Mistral ships inside its
+# mistral-common wheel (SentencePiece models v1-v7, tekken), read from the wheel itself; the package
+# is not installed (it pins numpy < 2.4 on Python 3.11, which .venv does not hold).
+WHEELS ?= .cache/wheels
+MISTRAL_COMMON := mistral_common-1.13.1-py3-none-any.whl
+
+.PHONY: demo plan-demo test test-slow soak lint browser mds-client real-tokenizers bench report-screenshot clean
 
 $(BIN)/raypack: pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "raypack needs Python >= 3.11")'
@@ -52,7 +58,12 @@ $(MDS_VENV)/bin/python:
 
 mds-client: $(MDS_VENV)/bin/python
 
-test: lint browser mds-client
+$(WHEELS)/$(MISTRAL_COMMON): $(BIN)/raypack
+	$(BIN)/python -m pip download --quiet --no-deps --dest $(WHEELS) "mistral-common==1.13.1"
+
+real-tokenizers: $(WHEELS)/$(MISTRAL_COMMON)
+
+test: lint browser mds-client real-tokenizers
 	$(BIN)/pytest
 
 test-slow: $(BIN)/raypack
@@ -74,4 +85,4 @@ report-screenshot: demo browser
 	$(BIN)/python -c 'from PIL import Image; Image.open("raypack-demo/shot.png").convert("RGB").crop((0, 0, 980, 1200)).save("docs/report.png", optimize=True)'
 
 clean:
-	rm -rf $(VENV) $(MDS_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis raypack-demo
+	rm -rf $(VENV) $(MDS_VENV) .cache .pytest_cache .mypy_cache .ruff_cache .hypothesis raypack-demo

@@ -160,6 +160,12 @@ def _backend_line(b: dict[str, Any]) -> str:
         line += f"; {checked['texts']:,} texts ({mib:.1f} MiB) re-checked with tokenizers in the run"
     if b["failovers"]:
         line += f"; FAILED OVER to tokenizers: {b['failovers'][0]}"
+    long = b.get("long_texts") or {}
+    if long.get("cuts") or long.get("encoded_whole"):
+        line += (
+            f"; long texts cut at {long['cuts']:,} places, each checked ({long['rule']}; "
+            f"{long['cuts_refused']:,} refused), {long['encoded_whole']:,} encoded whole"
+        )
     return line
 
 

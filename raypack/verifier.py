@@ -43,6 +43,10 @@ from raypack.versions import MANIFEST, resolve_dataset
 __all__ = ["VerifyReport", "verify"]
 
 MAX_PROBLEMS = 20
+# A sampled document up to this many characters is re-tokenized whole (~100 bytes a token while
+# encoding: 64M characters ≈ 16M tokens ≈ 1.6 GB), whatever the job cut it at; longer ones at the
+# job's checked cuts (raypack.pipeline.cuts).
+WHOLE_CHARS = 64 << 20
 
 
 @dataclass
@@ -560,7 +564,9 @@ def _check_sample(
                 ends = np.cumsum(lengths)
                 encoded = [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
             else:
-                encoded = encode_documents(tok, config.tokenizer, [batch.texts[k] for k in keep])
+                # Whole, not cut as the job cut them: the cuts are what this checks too.
+                texts = [batch.texts[k] for k in keep]
+                encoded = encode_documents(tok, config.tokenizer, texts, whole=WHOLE_CHARS)
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
     copies = Counter(docs.column("doc_id").filter(pc.greater_equal(docs.column("copy"), 0)).to_pylist())

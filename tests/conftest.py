@@ -111,6 +111,22 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3server.S3Server]:
 
 
 @pytest.fixture(scope="session")
+def mistral_v1(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral-7B-v0.1's SentencePiece BPE, its published shape (tests/real_tokenizers.py)."""
+    from tests.real_tokenizers import mistral_v1
+
+    return mistral_v1(tmp_path_factory.mktemp("mistral-v1"))
+
+
+@pytest.fixture(scope="session")
+def mistral_v1_metaspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same model as transformers 5 converts it: a Metaspace pre-tokenizer."""
+    from tests.real_tokenizers import mistral_v1_metaspace
+
+    return mistral_v1_metaspace(tmp_path_factory.mktemp("mistral-v1-metaspace"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real byte-level BPE (512 tokens) trained on generated text, with <|endoftext|> and <s>."""
     rng = random.Random(0)

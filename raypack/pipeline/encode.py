@@ -10,7 +10,6 @@ decide what frames a document.
 
 from __future__ import annotations
 
-import itertools
 import random
 import time
 from datetime import datetime
@@ -20,6 +19,7 @@ import numpy as np
 from raypack.chat import ChatTemplate, RenderError, load_template, pair_spans, template_variables, token_mask
 from raypack.config import JobConfig, TokenizerConfig
 from raypack.pipeline.backends import Encoder, Mismatch, TokenizersEncoder
+from raypack.pipeline.cuts import cut_text
 from raypack.pipeline.offsets import Coder, reference_coder
 from raypack.pipeline.readers import Chat
 from raypack.pipeline.tokenizer import LoadedTokenizer
@@ -33,40 +33,26 @@ __all__ = [
     "encode_chat",
     "encode_documents",
     "encode_flat",
-    "split_text",
     "untrained",
 ]
 
-# A text longer than this is encoded piece by piece: an Encoding keeps ~100 bytes per token (ids,
-# offsets, token strings, masks) and `.ids` is a Python list (~36 bytes per token), so one 50M-token
-# document encoded whole would need ~7 GB in the worker. 1M characters ≈ 250k tokens ≈ 35 MB.
+# A text longer than this is encoded piece by piece, cut only where its tokens stay the whole text's
+# (raypack.pipeline.cuts): an Encoding keeps ~100 bytes per token (ids, offsets, token strings,
+# masks) and `.ids` is a Python list (~36 bytes per token), so one 50M-token document encoded whole
+# would need ~7 GB in the worker. 1M characters ≈ 250k tokens ≈ 35 MB.
 PIECE_CHARS = 1 << 20
 # Pieces are encoded in groups of at most this much text, so that few Encodings are alive at once
 # (the reader's batches are bounded alike: read.MAX_BATCH_BYTES).
 _GROUP_CHARS = 1 << 20
 
 
-def split_text(text: str, size: int = PIECE_CHARS) -> list[str]:
-    """Cut `text` into pieces of at most `size` characters, each cut just before a space that stands
-    between two non-space characters (searched in the second half of the piece). A pre-tokenizer that
-    splits at spaces (byte-level BPE, GPT-2 style: the space opens the next word's token) then gives
-    the same tokens as for the whole text. A piece with no such space is cut at `size` exactly: its
-    tokens may differ from the whole text's at that cut, none are lost."""
-    cuts = [0]
-    while len(text) - cuts[-1] > size:
-        lo, hi = cuts[-1] + size // 2, cuts[-1] + size
-        cut = text.rfind(" ", lo, hi)
-        while cut > lo and (text[cut - 1].isspace() or text[cut + 1].isspace()):
-            cut = text.rfind(" ", lo, cut)
-        cuts.append(cut if cut > lo else hi)
-    cuts.append(len(text))
-    return [text[a:b] for a, b in itertools.pairwise(cuts)]
-
-
-def encode_documents(tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str]) -> list[list[int]]:
+def encode_documents(
+    tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str], whole: int = 0
+) -> list[list[int]]:
     """Token ids of each text, framed by BOS/EOS as configured (the tokenizer's own template off),
-    by `tokenizers`: the reference (verify re-tokenizes with it)."""
-    flat, lengths = encode_flat(tok, cfg, texts)
+    by `tokenizers`: the reference (verify re-tokenizes with it). `whole`: texts up to this many
+    characters are encoded whole, never cut (verify's reference does not trust the cuts it checks)."""
+    flat, lengths = encode_flat(tok, cfg, texts, whole=whole)
     ends = np.cumsum(lengths)
     return [flat[e - n : e].tolist() for e, n in zip(ends.tolist(), lengths.tolist(), strict=True)]
 
@@ -77,16 +63,28 @@ def encode_flat(
     texts: list[str],
     encoder: Encoder | None = None,
     checker: Checker | None = None,
+    cuts: list[int] | None = None,
+    whole: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every text's tokens, framed by BOS/EOS as configured, as one int32 array and per-document
     lengths: no list per document is kept (at 55M tokens per job a per-token Python loop costs
-    seconds), and texts over PIECE_CHARS are encoded in pieces. `encoder`: tokenizers' unless
-    given; `checker`: re-checks a sample of the pieces (Mismatch on a difference)."""
+    seconds), and texts over PIECE_CHARS (and over `whole`) are encoded in pieces, cut where the
+    tokenizer's proven rule and a check at each cut allow (raypack.pipeline.cuts). `encoder`:
+    tokenizers' unless given; `checker`: re-checks a sample of the pieces (Mismatch on a
+    difference); `cuts`: [cuts made, cuts refused, texts whose rest was encoded whole] are
+    added to it."""
     encoder = encoder or TokenizersEncoder(tok.tokenizer)
     pieces: list[str] = []
     piece_doc: list[int] = []
     for i, text in enumerate(texts):
-        parts = split_text(text) if len(text) > PIECE_CHARS else [text]
+        if len(text) > max(PIECE_CHARS, whole):
+            parts, made, refused = cut_text(text, PIECE_CHARS, tok.cut_rule()[0], tok.encode_ids)
+            if cuts is not None:
+                cuts[0] += made
+                cuts[1] += refused
+                cuts[2] += len(parts[-1]) > PIECE_CHARS  # its rest encoded whole
+        else:
+            parts = [text]
         pieces += parts
         piece_doc += [i] * len(parts)
     raws: list[np.ndarray] = []

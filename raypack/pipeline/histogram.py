@@ -144,6 +144,9 @@ class Totals:
         """Units by what encoded them (a backend's name, or "cache")."""
         self.checked_texts = self.checked_bytes = 0
         """Texts (and their UTF-8 bytes) a fast backend's ids were re-checked on, with tokenizers."""
+        self.cuts = self.cuts_refused = self.long_whole = 0
+        """Where long texts were cut for encoding, the candidate cuts a check refused, and the long
+        texts (or their rests) encoded whole."""
         self.trained = 0
         """Trained tokens the documents hold (all of plain text's; chat data's loss mask)."""
         self.failovers: list[str] = []
@@ -178,6 +181,9 @@ class Totals:
         self.checked_texts += int(row.get("checked_texts", 0))
         self.trained += int(row.get("trained", row["tokens"]))
         self.checked_bytes += int(row.get("checked_bytes", 0))
+        self.cuts += int(row.get("cuts", 0))
+        self.cuts_refused += int(row.get("cuts_refused", 0))
+        self.long_whole += int(row.get("long_whole", 0))
         for said, kept in (
             (str(row.get("failover", "")), self.failovers),
             (str(row.get("note", "")), self.notes),

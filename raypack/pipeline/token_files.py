@@ -63,7 +63,9 @@ STAGED_DOCS = pa.ipc.IpcReadOptions(
 # 2: keyed on input.empty, input.max_document_bytes and the piece size too; written in place.
 # 3: keyed on the tokenizer library's version; rejects count records and lost files (footer JSON).
 # 4: Arrow IPC, not Parquet; the completion key rides on an empty last record batch.
-TOKEN_FORMAT = 4
+# 5: long texts cut only where their tokens stay the whole text's (pipeline.cuts): a file of 4 kept
+#    a SentencePiece BPE's long documents with a token too many at a cut.
+TOKEN_FORMAT = 5
 # Completion key, on the last record batch (empty), written last: a token file without it is
 # unfinished (see TokenizeShards._tokenize). Its value: {"rejects": rows of the rejects file,
 # "records": input records they stand for, "lost_files": files (or rests of files) that could not

@@ -76,6 +76,8 @@ class Tokenized:
     """Why the fast backend was abandoned in the run ([]: it was not)."""
     chat: dict[str, Any] | None
     """Chat data: its template, how the mask is found, what was checked (None for plain text)."""
+    cut_rule: str = ""
+    """Where long texts may be cut, and its proof (raypack.pipeline.cuts; "" when none was cut)."""
 
     def backend_record(self) -> dict[str, Any]:
         """The manifest's and the summary's account of what encoded and what was checked."""
@@ -90,6 +92,12 @@ class Tokenized:
             "failovers": self.failovers,
             "notes": list(totals.notes),
             "finished_on": self.choice.backend,
+            "long_texts": {
+                "rule": self.cut_rule,
+                "cuts": totals.cuts,
+                "cuts_refused": totals.cuts_refused,
+                "encoded_whole": totals.long_whole,
+            },
         }
 
 
@@ -229,7 +237,11 @@ def tokenize(
         choice = failed_over(choice, tok, failovers[0])
         keyed, totals, _ = run(choice)
     totals.check_complete()
-    return Tokenized(keyed, totals, choice, failovers, chat)
+    cut_rule = ""
+    if totals.cuts or totals.cuts_refused or totals.long_whole:
+        rule, why = tok.cut_rule()  # what the workers proved, proven again here (40-70 ms)
+        cut_rule = f"{rule.name}: {why}" if rule is not None else why
+    return Tokenized(keyed, totals, choice, failovers, chat, cut_rule)
 
 
 def check_rejects(cfg: JobConfig, totals: Totals) -> None:

@@ -77,6 +77,7 @@ class TokenizeShards:
                     f"fastokens did not load on a node ({loaded.fast_error}): tokenizers encoded there"
                 )
         self._checker: Checker | None = None
+        self._cuts = [0, 0, 0]
         self._trained = 0
         self.template = chat_template(cfg, self.tok)
         # Chat data's mask needs each token's character offsets: tokenizers' own, or a byte-level
@@ -138,6 +139,7 @@ class TokenizeShards:
         is tokenized again with tokenizers, which this worker keeps (the driver, told by the
         summary's failover, stops giving out units and tokenizes every unit again)."""
         self._checker = None
+        self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
         if self.encoder is self.reference:
             return self._tokenize(unit)
         self._checker = Checker(self.reference, f"{unit.relpath}:{unit.shard.unit_start}")
@@ -156,6 +158,9 @@ class TokenizeShards:
             "checked_bytes": checker.bytes if checker is not None and not cached else 0,
             "failover": self.failover,
             "note": self.note,
+            "cuts": 0 if cached else self._cuts[0],
+            "cuts_refused": 0 if cached else self._cuts[1],
+            "long_whole": 0 if cached else self._cuts[2],
         }
 
     def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:
@@ -211,7 +216,9 @@ class TokenizeShards:
             )
             self._trained += int(np.count_nonzero(flat >= 0))
         else:
-            flat, lengths = encode_flat(self.tok, self.cfg.tokenizer, batch.texts, self.encoder, checker)
+            flat, lengths = encode_flat(
+                self.tok, self.cfg.tokenizer, batch.texts, self.encoder, checker, self._cuts
+            )
             why = [None] * len(lengths)
             self._trained += len(flat)
         empty = np.flatnonzero(lengths == 0)

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 
 from raypack.config import StorageConfig, TokenizerConfig
 from raypack.errors import ConfigError
+from raypack.pipeline.cuts import CutRule, choose
 from raypack.storage import join, read_bytes, resolve
 
 __all__ = [
@@ -64,6 +65,21 @@ class LoadedTokenizer:
     configs: dict[str, dict[str, Any]] = field(default_factory=dict)
     """A model directory's tokenizer_config.json and special_tokens_map.json, parsed (the chat
     template and the special tokens a template sees come from them)."""
+    _cut: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    """cut_rule's answer, once proven (this tokenizer's, so it goes with it)."""
+
+    def encode_ids(self, texts: list[str]) -> list[list[int]]:
+        """Each text's ids by `tokenizers` (no special tokens added): the reference."""
+        return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def cut_rule(self) -> tuple[CutRule | None, str]:
+        """Where a long text may be cut without changing its tokens, and why (raypack.pipeline.cuts:
+        proven on a probe text when first asked, ~26 KB encoded three times: 40-70 ms)."""
+        if "rule" not in self._cut:
+            added = [t.content for t in self.tokenizer.get_added_tokens_decoder().values()]
+            self._cut["rule"] = choose(self.encode_ids, self.json, added)
+        rule: tuple[CutRule | None, str] = self._cut["rule"]
+        return rule
 
     def pad(self, explicit: int | None) -> tuple[int, str]:
         """What padding positions hold, and where it came from: output.pad_id (ConfigError when it is

@@ -405,20 +405,25 @@ def test_a_storage_failure_is_raised_not_recorded_as_a_reject(tmp_path: Path) ->
 
 
 def test_long_texts_are_cut_before_a_space_and_tokenize_the_same(tokenizer_path: Path) -> None:
+    """A byte-level BPE: cuts before a space between two words (the space opens the next piece, as
+    it opens the next pre-token), every piece within the size, and the tokens the whole text's."""
     from raypack.config import TokenizerConfig
     from raypack.pipeline import encode as tokenize
+    from raypack.pipeline.cuts import cut_text
     from raypack.pipeline.tokenizer import load_tokenizer
 
     words = ["alpha", "beta,", "gamma.", "delta\n", "  eps", "(zeta)", "eta"]
     text = " ".join(words[i % len(words)] + str(i % 13) for i in range(20000))
-    pieces = tokenize.split_text(text, 1000)
-    assert "".join(pieces) == text and len(pieces) > 100
-    assert all(len(p) <= 1000 for p in pieces)
-    assert all(p.startswith(" ") and not p[1].isspace() for p in pieces[1:])
-    unbroken = "x" * 2500
-    assert tokenize.split_text(unbroken, 1000) == ["x" * 1000, "x" * 1000, "x" * 500]
     cfg = TokenizerConfig(path=str(tokenizer_path))
     tok = load_tokenizer(cfg)
+    rule, _ = tok.cut_rule()
+    assert rule is not None and rule.name == "before"
+    pieces, made, refused = cut_text(text, 1000, rule, tok.encode_ids)
+    assert "".join(pieces) == text and len(pieces) > 100 and made == len(pieces) - 1 and refused == 0
+    assert all(len(p) <= 1000 for p in pieces)
+    assert all(p.startswith(" ") and not p[1].isspace() for p in pieces[1:])
+    unbroken = "x" * 2500  # nowhere to cut: one piece
+    assert cut_text(unbroken, 1000, rule, tok.encode_ids) == ([unbroken], 0, 0)
     whole = [*tok.tokenizer.encode(text, add_special_tokens=False).ids, tok.eos_id]
     (long_doc,) = tokenize.encode_documents(tok, cfg, [text])  # PIECE_CHARS: one piece
     original = tokenize.PIECE_CHARS

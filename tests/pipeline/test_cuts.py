@@ -1,0 +1,170 @@
+"""Long texts are encoded in pieces, and a document's tokens are still `tokenizers`' tokens for its
+whole text: with a real SentencePiece BPE (Mistral-7B-v0.1, both of its tokenizer.json shapes), a
+byte-level BPE, and a tokenizer that merges across spaces (no cut is proven: encoded whole)."""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import raypack
+from raypack.config import TokenizerConfig
+from raypack.pipeline import encode
+from raypack.pipeline.cuts import CutRule, cut_text
+from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
+from tests.conftest import job_config, packed_documents, write_jsonl
+
+
+def stdlib_text(chars: int) -> str:
+    """`chars` characters of this Python's standard library sources: code, comments, docstrings."""
+    parts, total = [], 0
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        total += len(text)
+        if total >= chars:
+            break
+    return "".join(parts)[:chars]
+
+
+@contextmanager
+def pieces_of(chars: int) -> Iterator[None]:
+    """encode.PIECE_CHARS set to `chars` (many cuts in a small text)."""
+    original = encode.PIECE_CHARS
+    encode.PIECE_CHARS = chars
+    try:
+        yield
+    finally:
+        encode.PIECE_CHARS = original
+
+
+def whole(tok: LoadedTokenizer, text: str) -> list[int]:
+    return [*tok.encode_ids([text])[0], *([tok.eos_id] if tok.eos_id is not None else [])]
+
+
+def loaded(path: Path) -> tuple[LoadedTokenizer, TokenizerConfig]:
+    cfg = TokenizerConfig(path=str(path))
+    return load_tokenizer(cfg), cfg
+
+
+@pytest.mark.parametrize("shape", ["mistral_v1", "mistral_v1_metaspace"])
+def test_a_sentencepiece_bpes_long_documents_are_their_whole_texts_tokens(
+    shape: str, request: pytest.FixtureRequest
+) -> None:
+    """Documents of 1 and 1.5 MiB (code, and code with its newlines made spaces) in pieces of
+    256 KiB give exactly the tokens of their whole texts. With Mistral's published shape the cut drops the
+    space (its normalizer prepends `▁` to every piece); cut before it, as raypack did, the pieces
+    give `▁▁` where the whole text has `▁`: what this test caught."""
+    tok, cfg = loaded(request.getfixturevalue(shape))
+    code = stdlib_text(1 << 20)
+    flat_code = stdlib_text(3 << 19).replace("\n", " ")
+    rule, proof = tok.cut_rule()
+    assert rule is not None and "cuts of a" in proof
+    assert rule.name == ("dropped" if shape == "mistral_v1" else "before")
+    counts = [0, 0, 0]
+    with pieces_of(256 << 10):
+        flat, lengths = encode.encode_flat(tok, cfg, ["short", code, flat_code], cuts=counts)
+    ends = lengths.cumsum().tolist()
+    assert flat[ends[0] : ends[1]].tolist() == whole(tok, code)
+    assert flat[ends[1] : ends[2]].tolist() == whole(tok, flat_code)
+    assert counts[0] >= 7 and counts[2] == 0  # cut (1 + 1.5 MiB in 256 KiB pieces), nothing whole
+    if shape == "mistral_v1":
+        before = CutRule("before", "")
+        pieces, made, _ = cut_text(flat_code, 256 << 10, before, lambda texts: [[] for _ in texts])
+        assert made >= 4
+        assert [t for p in pieces for t in tok.encode_ids([p])[0]] != whole(tok, flat_code)[:-1]
+
+
+def test_a_tokenizer_that_merges_across_spaces_encodes_long_texts_whole(tmp_path: Path) -> None:
+    """A BPE with no pre-tokenizer learns tokens that hold spaces ("the cat"): no cut is proven,
+    a long text is encoded whole (and counted so), and its tokens are the whole text's."""
+    from tokenizers import Tokenizer, models, trainers
+
+    sentence = "the cat sat on the mat and the dog ate the hat "
+    tok = Tokenizer(models.BPE())
+    tok.train_from_iterator([sentence * 50], trainers.BpeTrainer(vocab_size=300, show_progress=False))
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    assert any(" " in t.strip() for t in tok.get_vocab())  # tokens across spaces
+    cfg = TokenizerConfig(path=str(path), add_eos=False)
+    loaded_tok = load_tokenizer(cfg)
+    rule, why = loaded_tok.cut_rule()
+    assert rule is None and "encoded whole" in why
+    text = sentence * 200
+    counts = [0, 0, 0]
+    with pieces_of(1000):
+        flat, _ = encode.encode_flat(loaded_tok, cfg, [text], cuts=counts)
+    assert flat.tolist() == loaded_tok.encode_ids([text])[0]
+    assert counts == [0, 0, 1]
+
+
+def test_a_cut_the_check_refuses_moves_to_another_space(mistral_v1: Path) -> None:
+    """Each cut is checked where it falls: the wrong rule for Mistral's shape (before the space) is
+    refused at every candidate, and after MAX_TRIES the rest of the text is one piece."""
+    from raypack.pipeline.cuts import MAX_TRIES, check_cut
+
+    tok, _ = loaded(mistral_v1)
+    text = stdlib_text(64 << 10).replace("\n", " ")
+    at = text.index(" ", 40_000)
+    while not (text[at - 1] != " " and text[at + 1] != " "):
+        at = text.index(" ", at + 1)
+    assert check_cut(tok.encode_ids, CutRule("dropped", ""), text, at)
+    assert not check_cut(tok.encode_ids, CutRule("before", ""), text, at)
+    pieces, made, refused = cut_text(text, 16 << 10, CutRule("before", ""), tok.encode_ids)
+    assert (len(pieces), made, refused) == (1, 0, MAX_TRIES)
+
+
+_FRAGMENTS = ["word", " ", "  ", "\n", "\t", "é", "日本", "🙂", "x=1;", "don't", "▁", "12", ".", "\u0301"]
+
+
+@pytest.mark.parametrize("name", ["mistral_v1", "mistral_v1_metaspace", "tokenizer_path"])
+def test_cut_texts_give_the_whole_texts_tokens_for_any_text(
+    name: str, request: pytest.FixtureRequest
+) -> None:
+    """Property: whatever the text (spaces, runs of whitespace, combining marks, `▁` itself, emoji),
+    encoded in pieces of 200 characters it gives the whole text's tokens."""
+    tok, _ = loaded(request.getfixturevalue(name))
+    cfg = TokenizerConfig(path="unused", add_eos=False)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.sampled_from(_FRAGMENTS), min_size=100, max_size=600))
+    def check(parts: list[str]) -> None:
+        text = "".join(parts)
+        with pieces_of(200):
+            flat, _ = encode.encode_flat(tok, cfg, [text])
+        assert flat.tolist() == tok.encode_ids([text])[0]
+
+    check()
+
+
+def test_a_job_with_mistrals_tokenizer_packs_long_documents_exactly(tmp_path: Path, mistral_v1: Path) -> None:
+    """The user's path (raypack.pack, the executor the default picks): a 3 MiB document among short
+    ones is packed in chunks whose tokens add up to its whole text's; the manifest says where it was
+    cut and how that was proven, and verify (which re-tokenizes whole) passes."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    long_text = stdlib_text(3 << 20)
+    write_jsonl(
+        corpus / "a.jsonl",
+        [{"id": "long", "text": long_text}, *({"id": f"s{i}", "text": f"short text {i}"} for i in range(20))],
+    )
+    config = job_config(tmp_path, str(corpus / "*.jsonl"), mistral_v1, pack={"seq_len": 4096})
+    record = raypack.pack(str(config), log=lambda _: None)
+    tok, _ = loaded(mistral_v1)
+    packed = packed_documents(tmp_path / "out")
+    assert packed["a.jsonl:1"] == whole(tok, long_text)  # ids: file and line
+    assert packed["a.jsonl:5"] == whole(tok, "short text 3")
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    long_texts = manifest["tokenizer"]["backend"]["long_texts"]
+    assert long_texts["cuts"] >= 2 and long_texts["encoded_whole"] == 0
+    assert long_texts["rule"].startswith("dropped: ")
+    assert record is not None
+    report = raypack.verify(str(tmp_path / "out"), config=str(config))
+    assert report.ok, report.problems
