@@ -62,6 +62,8 @@ def _byte_alphabet() -> dict[str, int]:
 
 _ALPHABET = _byte_alphabet()
 _SPACE = next(c for c, b in _ALPHABET.items() if b == 0x20)  # "Ġ"
+# Normalizers that leave a text in their form as it is (tokenizers' names are unicodedata's).
+_FORMS = ("NFC", "NFD", "NFKC", "NFKD")
 
 
 @dataclass(frozen=True)
@@ -71,28 +73,31 @@ class ByteOffsets:
     length: np.ndarray
     lead: np.ndarray
     trail: np.ndarray
-    nfc: bool
-    """The tokenizer's normalizer is NFC: a text already in NFC is the text it encodes (others are
-    the reference's to encode)."""
+    forms: tuple[str, ...]
+    """The Unicode normal forms the tokenizer's normalizer applies (NFC, NFKC, ...; () for none or
+    an empty Sequence): a text each leaves as it is is the text it encodes (others are the
+    reference's to encode)."""
     keep_first: bool = False
     """A token starting the text keeps a leading space of one (trim_offsets with add_prefix_space)."""
 
     @classmethod
     def of(cls, tokenizer_json: str) -> ByteOffsets | None:
-        """The table of a byte-level BPE (its pre-tokenizer ByteLevel without a prefix space, no
-        normalizer but NFC, a post-processor that adds no offsets of its own); None for any other
-        tokenizer: its offsets do not follow from its ids."""
+        """The table of a byte-level BPE: its pre-tokenizer a ByteLevel without a prefix space,
+        maybe after Split, Digits or Punctuation (which only split); no normalizer but Unicode
+        normal forms, alone or in a Sequence (an empty one included); a post-processor that adds
+        no offsets of its own. None for any other tokenizer: its offsets do not follow from ids."""
         spec = json.loads(tokenizer_json)
-        model, normalizer = spec.get("model") or {}, spec.get("normalizer")
+        model = spec.get("model") or {}
         if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
             return None
-        if normalizer is not None and normalizer.get("type") != "NFC":
+        forms = tuple(n.get("type", "") for n in _steps(spec.get("normalizer"), "normalizers"))
+        if any(form not in _FORMS for form in forms):
             return None
         levels = _steps(spec.get("pre_tokenizer"), "pretokenizers")
         byte_level = [p for p in levels if p.get("type") == "ByteLevel"]
         if len(byte_level) != 1 or byte_level[0].get("add_prefix_space"):
             return None
-        if any(p.get("type") not in ("ByteLevel", "Split") for p in levels):
+        if any(p.get("type") not in ("ByteLevel", "Split", "Digits", "Punctuation") for p in levels):
             return None
         trim = keep_first = False
         for p in _steps(spec.get("post_processor"), "processors"):
@@ -122,11 +127,12 @@ class ByteOffsets:
             if trim:
                 lead[i] = len(content.encode("utf-8")) - len(content.lstrip().encode("utf-8"))
                 trail[i] = len(content.encode("utf-8")) - len(content.rstrip().encode("utf-8"))
-        return cls(length, lead, trail, (normalizer or {}).get("type") == "NFC", keep_first)
+        return cls(length, lead, trail, forms, keep_first)
 
     def identity(self, text: str) -> bool:
-        """Whether the tokenizer encodes `text` as it stands (no normalizer, or NFC text under NFC)."""
-        return not self.nfc or unicodedata.is_normalized("NFC", text)
+        """Whether the tokenizer encodes `text` as it stands: no normal form changes it (NFKC
+        changes 'ﬁ', '²', full-width letters; a text without them is its own NFKC)."""
+        return all(unicodedata.is_normalized(form, text) for form in self.forms)  # type: ignore[arg-type]
 
     def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
         """Each token's (start, end) character offsets in `text`, as tokenizers reports them."""
@@ -175,7 +181,7 @@ class ByteOffsets:
 
 
 def _steps(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:
-    """A pre-tokenizer's or post-processor's steps, a Sequence unfolded ([] for none)."""
+    """A normalizer's, pre-tokenizer's or post-processor's steps, a Sequence unfolded ([] for none)."""
     if spec is None:
         return []
     if spec.get("type") == "Sequence":
