@@ -104,11 +104,12 @@ def always_dies() -> None:
 
 
 def slow_mark(directory: str, seconds: float) -> None:
-    """A preload that takes `seconds`, then leaves a file named by its process: one cut short leaves
-    none."""
+    """A preload that takes `seconds`, then leaves a file of its own (two run by one process leave
+    two): one cut short leaves none."""
     import os
     import time
+    import uuid
 
     time.sleep(seconds)
-    with open(os.path.join(directory, str(os.getpid())), "w") as f:
+    with open(os.path.join(directory, f"{os.getpid()}-{uuid.uuid4().hex}"), "w") as f:
         f.write("done")
