@@ -20,7 +20,9 @@ which backend ran.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from raypack.config import TOKENIZER_BACKENDS as BACKENDS
-from raypack.pipeline.offsets import ByteOffsets, reference_coder
+from raypack.pipeline.offsets import ByteOffsets, normal_forms, reference_coder, unchanged
 
 __all__ = [
     "BACKENDS",
@@ -82,24 +84,78 @@ class TokenizersEncoder:
         return flat, lengths
 
 
+def fast_json(tokenizer_json: str) -> tuple[str, tuple[str, ...]]:
+    """What fastokens loads, and the normal forms taken out of it: a normalizer that only applies
+    Unicode normal forms (NFKC, NFC, NFD..., alone or in a Sequence) is left out, and a text one of
+    them would change is the reference's to encode (FastokensEncoder), so a text they leave as it is
+    tokenizes as without them: one way, checked per text. fastokens refuses NFKC and NFD at load (a
+    byte-level BPE with NFKC ran wholly on tokenizers: 127 MB in 30.7 s, issue 39). Other
+    normalizers stay, for fastokens to take or refuse. Only the normalizer's own JSON is parsed."""
+    found = _NORMALIZER.search(tokenizer_json)
+    if found is None or found.group(1) == "null":
+        return tokenizer_json, ()
+    start = found.start(1)
+    spec, end = json.JSONDecoder().raw_decode(tokenizer_json, start)
+    forms = normal_forms(spec)
+    if forms is None:
+        return tokenizer_json, ()
+    return tokenizer_json[:start] + "null" + tokenizer_json[end:], forms
+
+
+# tokenizers writes the normalizer after added_tokens, before the pre-tokenizer and the model.
+_NORMALIZER = re.compile(r'"normalizer":\s*(null|\{)')
+
+
 class FastokensEncoder:
     name = "fastokens"
 
     def __init__(self, tokenizer_json: str, built: Any = None) -> None:
-        """`built`: fastokens' Tokenizer of this JSON where it was made already (a local pool's
-        zygote builds it as it starts: raypack.pipeline.worker)."""
+        """`built`: fastokens' Tokenizer of fast_json(tokenizer_json) where it was made already (a
+        local pool's zygote builds it as it starts: raypack.pipeline.worker)."""
         # One thread per worker, as for tokenizers' rayon pool: N workers × N threads on N cores lose
         # ~19% (measured for tokenizers). A value the user set wins.
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         import fastokens
 
+        loaded, self.forms = fast_json(tokenizer_json)
+        self.json = tokenizer_json
+        self.reference: Encoder | None = None
+        """For the texts a normal form of `forms` changes: the job's tokenizers encoder, set by
+        whoever holds one (else made from the JSON when first needed)."""
         try:
-            self.tokenizer = built if built is not None else fastokens.Tokenizer.from_json_str(tokenizer_json)
+            self.tokenizer = built if built is not None else fastokens.Tokenizer.from_json_str(loaded)
         except Exception as e:  # fastokens raises ValueError for what it does not support
             raise FastRefused(_first_line(e)) from e
         self.version = fastokens_version() or "?"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.forms:
+            changed = [i for i, t in enumerate(texts) if not unchanged(self.forms, t)]
+            if changed:
+                return self._routed(texts, changed)
+        return self._encode(texts)
+
+    def _routed(self, texts: list[str], changed: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Texts a normal form changes encoded by the reference, the others by fastokens."""
+        if self.reference is None:
+            from tokenizers import Tokenizer
+
+            self.reference = TokenizersEncoder(Tokenizer.from_str(self.json))
+        skip = set(changed)
+        kept = [i for i in range(len(texts)) if i not in skip]
+        lengths = np.zeros(len(texts), dtype=np.int64)
+        pieces = [np.zeros(0, dtype=np.int32)] * len(texts)
+        for where, encode in ((kept, self._encode), (changed, self.reference.encode)):
+            if not where:
+                continue
+            flat, n = encode([texts[i] for i in where])
+            ends = np.cumsum(n)
+            for k, i in enumerate(where):
+                lengths[i] = n[k]
+                pieces[i] = flat[ends[k] - n[k] : ends[k]]
+        return np.concatenate(pieces).astype(np.int32, copy=False), lengths
+
+    def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         ids, offsets = self.tokenizer.encode_batch_flat(texts, add_special_tokens=False)
         flat = np.frombuffer(ids, dtype=np.uint32)
         ends = np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
@@ -356,7 +412,11 @@ def choose_backend(
     checked = [*probes(tok.tokenizer), *(probe_texts or [])]
     sample: list[str] = []
     try:
-        fast = fast_encoder() if fast_encoder is not None else FastokensEncoder(tok.json)
+        if fast_encoder is not None:
+            fast = fast_encoder()
+        else:
+            fast = FastokensEncoder(tok.json)
+            fast.reference = reference
         differs = _compared(reference, fast, checked, offsets)
         if differs is None:
             sample = corpus_sample()

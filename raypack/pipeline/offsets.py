@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ByteOffsets", "Coder", "reference_coder"]
+__all__ = ["ByteOffsets", "Coder", "normal_forms", "reference_coder", "unchanged"]
 
 Coder = Callable[[list[str]], list[tuple[np.ndarray, np.ndarray]]]
 """texts → each text's (ids int32, character offsets int64 (n, 2)), special tokens not added."""
@@ -90,8 +90,8 @@ class ByteOffsets:
         model = spec.get("model") or {}
         if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
             return None
-        forms = tuple(n.get("type", "") for n in _steps(spec.get("normalizer"), "normalizers"))
-        if any(form not in _FORMS for form in forms):
+        forms = normal_forms(spec.get("normalizer"))
+        if forms is None:
             return None
         levels = _steps(spec.get("pre_tokenizer"), "pretokenizers")
         byte_level = [p for p in levels if p.get("type") == "ByteLevel"]
@@ -130,9 +130,8 @@ class ByteOffsets:
         return cls(length, lead, trail, forms, keep_first)
 
     def identity(self, text: str) -> bool:
-        """Whether the tokenizer encodes `text` as it stands: no normal form changes it (NFKC
-        changes 'ﬁ', '²', full-width letters; a text without them is its own NFKC)."""
-        return all(unicodedata.is_normalized(form, text) for form in self.forms)  # type: ignore[arg-type]
+        """Whether the tokenizer encodes `text` as it stands (unchanged)."""
+        return unchanged(self.forms, text)
 
     def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
         """Each token's (start, end) character offsets in `text`, as tokenizers reports them."""
@@ -178,6 +177,21 @@ class ByteOffsets:
             return out
 
         return encode
+
+
+def unchanged(forms: tuple[str, ...], text: str) -> bool:
+    """Whether every normal form of `forms` leaves `text` as it is (NFKC changes 'ﬁ', '²' and
+    full-width letters; a text without such characters is its own NFKC). Python 3.11's unicodedata
+    is Unicode 14, newer than the tables of tokenizers' normalizer crate, and normalization is
+    stable across versions: a text Python finds normalized, tokenizers leaves as it is."""
+    return text.isascii() or all(unicodedata.is_normalized(form, text) for form in forms)  # type: ignore[arg-type]
+
+
+def normal_forms(spec: dict[str, Any] | None) -> tuple[str, ...] | None:
+    """A normalizer's Unicode normal forms in order (() for none or an empty Sequence), or None when
+    it does more than normal forms (Lowercase, Replace, Prepend...)."""
+    forms = tuple(n.get("type", "") for n in _steps(spec, "normalizers"))
+    return forms if all(form in _FORMS for form in forms) else None
 
 
 def _steps(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:

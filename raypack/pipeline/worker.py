@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from raypack.config import JobConfig
 from raypack.errors import JobError
-from raypack.pipeline.backends import FastokensEncoder
+from raypack.pipeline.backends import FastokensEncoder, TokenizersEncoder
 from raypack.pipeline.histogram import summarize_shard_warm
 from raypack.pipeline.tokenizer import TOKENIZER_FILE, LoadedTokenizer, load_tokenizer, tokenizer_files
 
@@ -119,6 +119,9 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
     # leaves neither, and the next task tries again.
     if ctx.fast and state.fast is None and not state.fast_error:
         state.fast, state.fast_error = load_fast(state.tok.json)
+    if state.fast is not None and state.fast.reference is None:
+        # The texts a normal form would change are tokenizers' to encode (backends.fast_json).
+        state.fast.reference = TokenizersEncoder(state.tok.tokenizer)
     return state
 
 
@@ -136,11 +139,11 @@ def early_loads(ctx: JobContext, tokenizer_json: str) -> dict[str, tuple[str, st
     """What a local pool's zygote should start loading the moment it starts, beside its own imports
     (raypack.pipeline.zygote.early): fastokens' build of the tokenizer, 1.1-1.5 s for a 128k BPE,
     which then no longer follows the imports (0.45 s) but runs with them."""
-    from raypack.pipeline.backends import fastokens_version
+    from raypack.pipeline.backends import fast_json, fastokens_version
 
     if not ctx.fast or fastokens_version() is None:
         return {}
-    return {fast_key(ctx): ("fastokens", "Tokenizer.from_json_str", (tokenizer_json,))}
+    return {fast_key(ctx): ("fastokens", "Tokenizer.from_json_str", (fast_json(tokenizer_json)[0],))}
 
 
 def load_fast(tokenizer_json: str, key: str | None = None) -> tuple[FastokensEncoder | None, str]:

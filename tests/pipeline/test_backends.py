@@ -81,11 +81,19 @@ def _nfkc(base: Path) -> Tokenizer:
     return tok
 
 
+def _stripping(base: Path) -> Tokenizer:
+    """A normalizer fastokens 0.3 refuses that is no normal form (it rewrites text)."""
+    tok = Tokenizer.from_file(str(base))
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Strip()])
+    return tok
+
+
 @pytest.fixture(scope="module")
 def fast_tokenizers(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dict[str, Path]:
     """Tokenizers fastokens loads: the tests' byte-level BPE, the demo's (a 2k GPT-2-style BPE with
     the demo's specials), a model directory (DeepSeek-style specials in tokenizer_config.json), a
-    SentencePiece-style BPE with byte fallback."""
+    SentencePiece-style BPE with byte fallback, the tests' BPE with an NFKC normalizer (fastokens
+    loads it without: a text NFKC changes is tokenizers' to encode, backends.fast_json)."""
     root = tmp_path_factory.mktemp("backends")
     demo = root / "demo.json"
     train_byte_level_bpe(_texts(), 2000, ["<|endoftext|>", "<|pad|>", "<think>", "</think>"]).save(str(demo))
@@ -98,7 +106,15 @@ def fast_tokenizers(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Pa
     )
     sp = root / "sp.json"
     _sentencepiece_style().save(str(sp))
-    return {"tests": tokenizer_path, "demo": demo, "model_directory": model, "sentencepiece": sp}
+    nfkc = root / "nfkc.json"
+    _nfkc(tokenizer_path).save(str(nfkc))
+    return {
+        "tests": tokenizer_path,
+        "demo": demo,
+        "model_directory": model,
+        "sentencepiece": sp,
+        "nfkc": nfkc,
+    }
 
 
 def _encoders(path: Path) -> tuple[Any, TokenizersEncoder, FastokensEncoder]:
@@ -109,7 +125,7 @@ def _encoders(path: Path) -> tuple[Any, TokenizersEncoder, FastokensEncoder]:
 SPECIALS = ["<|endoftext|>", "<s>", "</s>", "<think>", "<｜end▁of▁sentence｜>", "<unk>", "<0x41>"]
 
 
-@pytest.mark.parametrize("name", ["tests", "demo", "model_directory", "sentencepiece"])
+@pytest.mark.parametrize("name", ["tests", "demo", "model_directory", "sentencepiece", "nfkc"])
 def test_fastokens_gives_the_ids_of_tokenizers_on_adversarial_text(
     fast_tokenizers: dict[str, Path], name: str
 ) -> None:
@@ -137,11 +153,13 @@ def test_fastokens_gives_the_ids_of_tokenizers_on_adversarial_text(
     same()
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "metaspace", "nfkc"])
+@pytest.mark.parametrize("kind", ["wordpiece", "metaspace", "strip"])
 def test_a_tokenizer_fastokens_refuses_runs_on_tokenizers_and_says_so(
     tmp_path: Path, tokenizer_path: Path, kind: str
 ) -> None:
-    tok = {"wordpiece": _wordpiece, "metaspace": _metaspace, "nfkc": lambda: _nfkc(tokenizer_path)}[kind]()
+    tok = {"wordpiece": _wordpiece, "metaspace": _metaspace, "strip": lambda: _stripping(tokenizer_path)}[
+        kind
+    ]()
     path = tmp_path / f"{kind}.json"
     tok.save(str(path))
     loaded = load_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
@@ -151,6 +169,48 @@ def test_a_tokenizer_fastokens_refuses_runs_on_tokenizers_and_says_so(
         ConfigError, match=r"tokenizer.backend fastokens: fastokens .* refuses this tokenizer"
     ):
         choose_backend("fastokens", loaded, list)
+
+
+class _Spy(TokenizersEncoder):
+    """tokenizers, noting the texts it is given."""
+
+    def __init__(self, inner: TokenizersEncoder) -> None:
+        super().__init__(inner.tokenizer)
+        self.seen: list[list[str]] = []
+
+    def encode(self, texts: list[str]) -> tuple[Any, Any]:
+        self.seen.append(texts)
+        return super().encode(texts)
+
+
+def test_an_nfkc_byte_level_bpe_runs_on_fastokens_and_texts_nfkc_changes_on_tokenizers(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """fastokens refuses NFKC at load: it loads the tokenizer without it, a text NFKC leaves as it is
+    goes to it, one NFKC changes ('ﬁ', '²', full-width letters) to tokenizers; the ids of a batch
+    mixing both are tokenizers' in order; a job on the default path picks fastokens and writes
+    the bytes tokenizers writes."""
+    nfkc = tmp_path / "nfkc.json"
+    _nfkc(tokenizer_path).save(str(nfkc))
+    _, reference, fast = _encoders(nfkc)
+    assert fast.forms == ("NFKC",)
+    texts = ["plain words", "ﬁne x² Ｆｕｌｌ", "café 日本語", "", "Ｘ", " ".join(WORDS[:50])]
+    assert first_difference(reference, fast, texts) is None
+    spy = _Spy(reference)
+    fast.reference = spy
+    fast.encode(texts)
+    assert spy.seen == [["ﬁne x² Ｆｕｌｌ", "Ｘ"]]
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=20, seed=3)
+    write_jsonl(corpus / "compat.jsonl", [{"text": f"ﬁle {i}² Ｆｕｌｌ width"} for i in range(10)])
+    path = job_config(tmp_path, f"{corpus}/*", nfkc)
+    outs = {}
+    for backend in ("auto", "tokenizers"):
+        cfg = load_config(str(path), [f"output.path={tmp_path / backend}", f"tokenizer.backend={backend}"])
+        result = run_job(cfg, log=lambda _: None)
+        assert verify(str(tmp_path / backend), cfg, sample=40).ok
+        outs[backend] = (result.backend["chosen"], _data(tmp_path / backend))
+    assert outs["auto"][0].startswith("fastokens ") and outs["tokenizers"][0].startswith("tokenizers ")
+    assert outs["auto"][1] == outs["tokenizers"][1]
 
 
 def test_a_backend_made_to_differ_is_caught_by_the_self_check(
@@ -212,9 +272,9 @@ def test_the_summary_says_which_backend_ran_and_why(
     tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     corpus = make_corpus(tmp_path, shards=1, docs_per_shard=10, seed=10)
-    nfkc = tmp_path / "nfkc.json"
-    _nfkc(tokenizer_path).save(str(nfkc))
-    cfg = job_config(tmp_path, f"{corpus}/*", nfkc)
+    stripping = tmp_path / "strip.json"
+    _stripping(tokenizer_path).save(str(stripping))
+    cfg = job_config(tmp_path, f"{corpus}/*", stripping)
     assert main(["pack", str(cfg)]) == 0
     out = capsys.readouterr()
     line = next(x for x in out.out.splitlines() if x.startswith("tokenizer "))
