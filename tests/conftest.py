@@ -127,6 +127,14 @@ def mistral_v1_metaspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tekken(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Mistral's tekken: a tiktoken-style byte-level BPE of 131,072 ids (tests/real_tokenizers.py)."""
+    from tests.real_tokenizers import tekken
+
+    return tekken(tmp_path_factory.mktemp("tekken"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real byte-level BPE (512 tokens) trained on generated text, with <|endoftext|> and <s>."""
     rng = random.Random(0)

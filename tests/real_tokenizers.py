@@ -16,7 +16,7 @@ import os
 import zipfile
 from pathlib import Path
 
-__all__ = ["mistral_v1", "mistral_v1_metaspace", "wheel"]
+__all__ = ["mistral_v1", "mistral_v1_metaspace", "tekken", "wheel"]
 
 WHEEL = "mistral_common-1.13.1-py3-none-any.whl"
 
@@ -60,4 +60,38 @@ def mistral_v1(out: Path) -> Path:
     spec["pre_tokenizer"] = None
     path = out / "tokenizer.json"
     path.write_text(json.dumps(spec, ensure_ascii=False))
+    return path
+
+
+def tekken(out: Path) -> Path:
+    """Mistral's tekken (Mistral-NeMo, 2024-09-11): a tiktoken-style byte-level BPE of 131,072 ids,
+    its 1,000 special ids first (<unk>, <s>, </s>; the others named <SPECIAL_n> here: tekken's file
+    leaves their names to mistral-common), converted by transformers' TikTokenConverter as Hugging
+    Face converts tiktoken encodings (a Split of tekken's pattern, then ByteLevel)."""
+    import base64
+
+    from tokenizers import AddedToken
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    with zipfile.ZipFile(wheel()) as z:
+        spec = json.loads(z.read("mistral_common/data/tekken_240911.json"))
+    config = spec["config"]
+    specials = config["default_num_special_tokens"]
+    regular = config["default_vocab_size"] - specials
+    ranks = {base64.b64decode(t["token_bytes"]): t["rank"] for t in spec["vocab"][:regular]}
+
+    class Ranks(TikTokenConverter):
+        @staticmethod
+        def load_tiktoken_bpe(_: str) -> dict[bytes, int]:
+            return ranks
+
+    converter = Ranks(vocab_file="tekken", pattern=config["pattern"])
+    vocab, merges = converter.extract_vocab_merges_from_model("tekken")
+    names = ["<unk>", "<s>", "</s>", *(f"<SPECIAL_{i}>" for i in range(3, specials))]
+    shifted = {**{name: i for i, name in enumerate(names)}, **{t: i + specials for t, i in vocab.items()}}
+    converter.extract_vocab_merges_from_model = lambda _: (shifted, merges)  # type: ignore[method-assign]
+    tok = converter.converted()
+    tok.add_special_tokens([AddedToken(name, normalized=False, special=True) for name in names])
+    path = out / "tokenizer.json"
+    tok.save(str(path))
     return path

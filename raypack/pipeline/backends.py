@@ -44,9 +44,11 @@ __all__ = [
     "FastokensEncoder",
     "Guarded",
     "Mismatch",
+    "Route",
     "TokenizersEncoder",
     "choose_backend",
     "failed_over",
+    "fast_json",
     "fastokens_version",
     "first_difference",
     "probes",
@@ -84,26 +86,102 @@ class TokenizersEncoder:
         return flat, lengths
 
 
-def fast_json(tokenizer_json: str) -> tuple[str, tuple[str, ...]]:
-    """What fastokens loads, and the normal forms taken out of it: a normalizer that only applies
-    Unicode normal forms (NFKC, NFC, NFD..., alone or in a Sequence) is left out, and a text one of
-    them would change is the reference's to encode (FastokensEncoder), so a text they leave as it is
-    tokenizes as without them: one way, checked per text. fastokens refuses NFKC and NFD at load (a
-    byte-level BPE with NFKC ran wholly on tokenizers: 127 MB in 30.7 s, issue 39). Other
-    normalizers stay, for fastokens to take or refuse. Only the normalizer's own JSON is parsed."""
-    found = _NORMALIZER.search(tokenizer_json)
+@dataclass(frozen=True)
+class Route:
+    """Which texts fastokens' copy of a tokenizer (fast_json) encodes as the tokenizer does; the
+    others are the reference's (FastokensEncoder.encode)."""
+
+    forms: tuple[str, ...] = ()
+    """Normal forms taken out of the normalizer: a text one of them changes is not fastokens'."""
+    leading_space: bool = True
+    """False for a Metaspace rewritten as a Prepend: a text that starts with a space or `▁` is not
+    fastokens' (Metaspace prepends `▁` only where the text does not start with one)."""
+    added: re.Pattern[str] | None = None
+    """With the Metaspace rewrite, the added tokens: a text that holds one is not fastokens' (each
+    section after one starts afresh: `prepend_scheme: first` gives it no `▁`, Prepend does)."""
+
+    def takes(self, text: str) -> bool:
+        if not self.leading_space and text[:1] in (" ", "▁"):
+            return False
+        if self.added is not None and self.added.search(text):
+            return False
+        return not self.forms or unchanged(self.forms, text)
+
+
+def fast_json(tokenizer_json: str) -> tuple[str, Route]:
+    """What fastokens loads, and which texts it then encodes as the tokenizer does. Each rewrite
+    holds for the texts Route.takes, one way, checked per text; the others go to tokenizers:
+    - a normalizer that only applies Unicode normal forms (NFKC, NFC, NFD..., alone or in a
+      Sequence) is left out, for the texts they leave as they are. fastokens refuses NFKC and NFD
+      at load (a byte-level BPE with NFKC ran wholly on tokenizers: 127 MB in 30.7 s, issue 39);
+    - a SentencePiece BPE as transformers 5 converts it (Llama, Mistral: a Metaspace pre-tokenizer,
+      `prepend_scheme: first` or `always`, `split: false`, no normalizer), which fastokens
+      refuses, becomes the `Prepend("▁")` + `Replace(" ", "▁")` normalizer of the same model's
+      published tokenizer.json: the same string for BPE wherever the text does not start with a
+      space or `▁` (Metaspace prepends only where it does not; Prepend always) and holds no added
+      token (after one, `first` prepends nothing).
+    Other normalizers and pre-tokenizers stay, for fastokens to take or refuse. Only their own
+    JSON is parsed (a 128k vocabulary's file is 7-10 MB)."""
+    normalizer = _part(tokenizer_json, "normalizer")
+    if normalizer is not None:
+        spec, start, end = normalizer
+        forms = normal_forms(spec)
+        if forms is not None:
+            return tokenizer_json[:start] + "null" + tokenizer_json[end:], Route(forms=forms)
+        return tokenizer_json, Route()
+    pre = _part(tokenizer_json, "pre_tokenizer")
+    if pre is not None and _metaspace_always(pre[0]):
+        spec, start, end = pre
+        found = _NORMALIZER.search(tokenizer_json)
+        if found is not None and found.start(1) < start:
+            prepend = json.dumps(
+                {
+                    "type": "Sequence",
+                    "normalizers": [
+                        {"type": "Prepend", "prepend": spec["replacement"]},
+                        {"type": "Replace", "pattern": {"String": " "}, "content": spec["replacement"]},
+                    ],
+                },
+                ensure_ascii=False,
+            )
+            a, b = found.start(1), found.end(1)  # "null"
+            text = tokenizer_json[:a] + prepend + tokenizer_json[b:start] + "null" + tokenizer_json[end:]
+            return text, Route(leading_space=False, added=_added(tokenizer_json))
+    return tokenizer_json, Route()
+
+
+def _part(tokenizer_json: str, key: str) -> tuple[dict[str, Any], int, int] | None:
+    """tokenizer.json's `key` object, and where it stands in the text (None: null or absent)."""
+    found = re.search(rf'"{key}":\s*(null|\{{)', tokenizer_json)
     if found is None or found.group(1) == "null":
-        return tokenizer_json, ()
+        return None
     start = found.start(1)
     spec, end = json.JSONDecoder().raw_decode(tokenizer_json, start)
-    forms = normal_forms(spec)
-    if forms is None:
-        return tokenizer_json, ()
-    return tokenizer_json[:start] + "null" + tokenizer_json[end:], forms
+    return spec, start, end
+
+
+def _added(tokenizer_json: str) -> re.Pattern[str] | None:
+    """A pattern that finds any of the tokenizer's added tokens in a text (None: it has none)."""
+    found = re.search(r'"added_tokens":\s*\[', tokenizer_json)
+    if found is None:
+        return None
+    tokens, _ = json.JSONDecoder().raw_decode(tokenizer_json, found.end() - 1)
+    contents = sorted({str(t["content"]) for t in tokens if t.get("content")}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, contents))) if contents else None
+
+
+def _metaspace_always(spec: dict[str, Any]) -> bool:
+    return (
+        spec.get("type") == "Metaspace"
+        and spec.get("prepend_scheme") in ("always", "first")
+        and spec.get("split") is False
+        and isinstance(spec.get("replacement"), str)
+        and len(spec["replacement"]) == 1
+    )
 
 
 # tokenizers writes the normalizer after added_tokens, before the pre-tokenizer and the model.
-_NORMALIZER = re.compile(r'"normalizer":\s*(null|\{)')
+_NORMALIZER = re.compile(r'"normalizer":\s*(null)')
 
 
 class FastokensEncoder:
@@ -117,11 +195,11 @@ class FastokensEncoder:
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         import fastokens
 
-        loaded, self.forms = fast_json(tokenizer_json)
+        loaded, self.route = fast_json(tokenizer_json)
         self.json = tokenizer_json
         self.reference: Encoder | None = None
-        """For the texts a normal form of `forms` changes: the job's tokenizers encoder, set by
-        whoever holds one (else made from the JSON when first needed)."""
+        """For the texts `route` does not take: the job's tokenizers encoder, set by whoever holds
+        one (else made from the JSON when first needed)."""
         try:
             self.tokenizer = built if built is not None else fastokens.Tokenizer.from_json_str(loaded)
         except Exception as e:  # fastokens raises ValueError for what it does not support
@@ -129,14 +207,14 @@ class FastokensEncoder:
         self.version = fastokens_version() or "?"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        if self.forms:
-            changed = [i for i, t in enumerate(texts) if not unchanged(self.forms, t)]
+        if self.route != Route():
+            changed = [i for i, t in enumerate(texts) if not self.route.takes(t)]
             if changed:
                 return self._routed(texts, changed)
         return self._encode(texts)
 
     def _routed(self, texts: list[str], changed: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Texts a normal form changes encoded by the reference, the others by fastokens."""
+        """The texts at `changed` encoded by the reference, the others by fastokens."""
         if self.reference is None:
             from tokenizers import Tokenizer
 
