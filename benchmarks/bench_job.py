@@ -173,6 +173,39 @@ def large_tokenizer(work: Path) -> Path:
     return path
 
 
+# Real model tokenizers (tests/real_tokenizers.py: from the mistral-common wheel that
+# `make real-tokenizers` downloads): SentencePiece BPE 32k in its published shape and as
+# transformers 5 converts it, tekken (a 131k tiktoken-style byte-level BPE), and tekken with an NFKC
+# normalizer (a byte-level BPE that normalizes: fastokens takes the texts NFKC leaves as they are).
+REAL = ("mistral-v1", "mistral-v1-metaspace", "tekken", "tekken-nfkc")
+
+
+def real_tokenizer(work: Path, name: str) -> Path:
+    """A REAL tokenizer's tokenizer.json, made once into `work`."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests import real_tokenizers
+
+    out = work / "real" / name
+    path = out / "tokenizer.json"
+    if path.exists():
+        return path
+    out.mkdir(parents=True, exist_ok=True)
+    if name == "tekken-nfkc":
+        spec = json.loads(real_tokenizer(work, "tekken").read_text())
+        spec["normalizer"] = {"type": "NFKC"}
+        path.write_text(json.dumps(spec, ensure_ascii=False))
+        return path
+    make = {
+        "mistral-v1": real_tokenizers.mistral_v1,
+        "mistral-v1-metaspace": real_tokenizers.mistral_v1_metaspace,
+        "tekken": real_tokenizers.tekken,
+    }[name]
+    made = make(out)
+    if made != path:
+        path.write_text(made.read_text())
+    return path
+
+
 def encode_seconds(tokenizer: Path, texts: list[str], fast: bool) -> tuple[float, int]:
     from tokenizers import Tokenizer
 
@@ -341,7 +374,11 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--mb", type=int, nargs="+", default=[130, 500], help="corpus sizes")
-    parser.add_argument("--tokenizers", default="demo,large", help="demo, large, or both (comma-separated)")
+    parser.add_argument(
+        "--tokenizers",
+        default="demo,large",
+        help=f"comma-separated: demo, large, {', '.join(REAL)} (real model tokenizers)",
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-job")
     parser.add_argument(
         "--backends", default="tokenizers,fastokens", help="tokenizer.backend values to run the job with"
@@ -361,8 +398,10 @@ def main() -> int:
             tokenizers["demo 8k"] = args.work / "demo" / "tokenizer.json"
         elif name == "large":
             tokenizers["bpe 128k"] = large_tokenizer(args.work)
+        elif name in REAL:
+            tokenizers[name] = real_tokenizer(args.work, name)
         else:
-            raise SystemExit(f"unknown tokenizer {name!r}: demo or large")
+            raise SystemExit(f"unknown tokenizer {name!r}: demo, large or one of {', '.join(REAL)}")
     print(f"{os.cpu_count()} cores; ratios: encode_batch_fast seconds / job seconds, same texts, same run")
     for mb in args.mb:
         corpus, texts = make_corpus(args.work, mb)

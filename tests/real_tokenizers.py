@@ -58,6 +58,7 @@ def mistral_v1(out: Path) -> Path:
         ],
     }
     spec["pre_tokenizer"] = None
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "tokenizer.json"
     path.write_text(json.dumps(spec, ensure_ascii=False))
     return path
@@ -92,6 +93,7 @@ def tekken(out: Path) -> Path:
     converter.extract_vocab_merges_from_model = lambda _: (shifted, merges)  # type: ignore[method-assign]
     tok = converter.converted()
     tok.add_special_tokens([AddedToken(name, normalized=False, special=True) for name in names])
+    out.mkdir(parents=True, exist_ok=True)
     path = out / "tokenizer.json"
     tok.save(str(path))
     return path

@@ -70,6 +70,12 @@ class Combo:
     max_depth: int | None
     seq_len: int
     seed: int
+    tokenizer: str = "trained"  # plain text: the tests' BPE or a real model's (REAL_TOKENIZERS)
+
+
+# Real model tokenizers plain text draws (tests/real_tokenizers.py: the session's fixtures of these
+# names): Mistral-7B-v0.1's SentencePiece BPE in both its shapes, and tekken (131k, tiktoken-style).
+REAL_TOKENIZERS = ("mistral_v1", "mistral_v1_metaspace", "tekken")
 
 
 @st.composite
@@ -125,6 +131,9 @@ def combos(draw: st.DrawFn) -> Combo:
         max_depth=draw(st.sampled_from((None, None, 3))),
         seq_len=draw(st.sampled_from((64, 96, 160) if kind == "plain" else (160, 256, 384))),
         seed=draw(st.integers(0, 2**16)),
+        tokenizer=draw(st.sampled_from(("trained", "trained", *REAL_TOKENIZERS)))
+        if kind == "plain"
+        else "trained",
     )
 
 
@@ -256,6 +265,8 @@ def config(
         },
         "output": {"path": str(out), "format": combo.output, "shard_rows": 7},
     }
+    if combo.tokenizer != "trained" and combo.output == "olmo":  # no pad token, and EOS cannot pad
+        data["output"]["pad_id"] = 0  # <unk>
     if combo.kind == "messages":
         data["input"]["messages_field"] = "messages"
         data["tokenizer"]["path"] = str(model)
@@ -279,7 +290,7 @@ def expected_documents(
     if combo.kind == "plain":
         tok = Tokenizer.from_file(str(tokenizer))
         bos = tok.token_to_id("<s>") if combo.add_bos else None
-        eos = tok.token_to_id("<|endoftext|>")
+        eos = tok.token_to_id("<|endoftext|>" if combo.tokenizer == "trained" else "</s>")
         return {
             d.id: oracle.Expected(*oracle.plain_tokens(tok, str(d.text), bos, eos))
             for d in corpus.docs
@@ -308,6 +319,8 @@ def pad_of(combo: Combo, tokenizer: Path, model: Path) -> int:
     """What padding must hold: megatron's EOS, else the tokenizer's pad token (never a silent 0)."""
     if combo.kind == "plain":
         tok = Tokenizer.from_file(str(tokenizer))
+        if combo.tokenizer != "trained":  # no pad token: EOS, for megatron too; olmo's is set
+            return 0 if combo.output == "olmo" else tok.token_to_id("</s>")
         return tok.token_to_id("<|endoftext|>" if combo.output == "megatron" else "<|pad|>")
     return Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|endoftext|>")  # its pad_token
 
@@ -346,8 +359,9 @@ def tree(out: Path) -> dict[str, bytes]:
     }
 
 
-def run_and_check(combo: Combo, tokenizer: Path, model: Path) -> None:
+def run_and_check(combo: Combo, tokenizers: dict[str, Path], model: Path) -> None:
     note(repr(combo))
+    tokenizer = tokenizers[combo.tokenizer]
     root = oracle.work_dir()
     try:
         rng = random.Random(combo.seed)
@@ -390,19 +404,24 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return chat_model(tmp_path_factory.mktemp("combinations") / "model")
 
 
+@pytest.fixture(scope="module")
+def tokenizers(tokenizer_path: Path, request: pytest.FixtureRequest) -> dict[str, Path]:
+    return {"trained": tokenizer_path, **{name: request.getfixturevalue(name) for name in REAL_TOKENIZERS}}
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(combo=combos())
 def test_a_drawn_job_matches_the_oracle_and_is_the_same_on_two_workers(
-    combo: Combo, tokenizer_path: Path, model: Path
+    combo: Combo, tokenizers: dict[str, Path], model: Path
 ) -> None:
-    run_and_check(combo, tokenizer_path, model)
+    run_and_check(combo, tokenizers, model)
 
 
 @pytest.mark.slow
 @settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(combo=combos())
-def test_many_drawn_jobs_match_the_oracle(combo: Combo, tokenizer_path: Path, model: Path) -> None:
-    run_and_check(combo, tokenizer_path, model)
+def test_many_drawn_jobs_match_the_oracle(combo: Combo, tokenizers: dict[str, Path], model: Path) -> None:
+    run_and_check(combo, tokenizers, model)
 
 
 def test_the_drawing_reaches_every_setting() -> None:
@@ -421,6 +440,7 @@ def test_the_drawing_reaches_every_setting() -> None:
 
     collect()
     assert seen["kind"] == {"plain", "messages", "pairs"}
+    assert seen["tokenizer"] == {"trained", *REAL_TOKENIZERS}
     assert seen["format"] == set(INPUT_FORMATS)
     assert seen["output"] >= {"parquet", "megatron", "olmo", "trl", "bridge"} | (
         {"mds"} if oracle.mds_python() else set()

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from tokenizers import Tokenizer
 
 from raypack import schema
 from raypack.cli import main
@@ -386,6 +387,9 @@ def test_configs_a_trainer_cannot_read_right_are_refused_before_any_work(
         ("olmo", {"pack": {"algorithm": "bucket"}}, "several lengths"),
         ("megatron", {"tokenizer": {"add_eos": False}}, "add_eos"),
         ("olmo", {"tokenizer": {"add_eos": False}}, "add_eos"),
+        # Padding of EOS (a tokenizer without a pad token: Mistral's, tekken) would read as one-token
+        # documents in OLMo-core (the combination test found it with the real tokenizers).
+        ("olmo", {"output": {"pad_id": Tokenizer.from_file(str(tok)).token_to_id("<|endoftext|>")}}, "EOS"),
         ("mds", {"output": {"shard_rows": 2_000_000}}, "4 GiB"),
     ]
     for fmt, sections, words in cases:

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from raypack.errors import ConfigError
 from raypack.formats import (
     Packs,
     Settings,
@@ -69,6 +70,12 @@ class Olmo:
             "output.format olmo: OLMo-core's NumpyFSLDataset reads one sequence_length",
             "OLMo-core finds documents by EOS (generate_doc_lengths)",
         )
+        if settings.pad_id == eos:  # the pad fell back to EOS: the tokenizer names no pad token
+            raise ConfigError(
+                f"output.format olmo: OLMo-core finds documents by EOS, so padding of EOS (id {eos}) "
+                "would read as one-token documents; set output.pad_id to another id (padding is "
+                "never trained: e.g. the tokenizer's <unk> or another special token)"
+            )
         dtype = next(d for d in _DTYPES if settings.max_id <= np.iinfo(d).max)
         return Spec(self.name, settings.pad_id, dtype, eos)
 
