@@ -328,16 +328,28 @@ class LocalPool:
         except (EOFError, OSError):
             self._lost_zygote("it exited")
             return
+        self._heard(message)
+
+    def _heard(self, message: tuple[Any, ...]) -> bool:
+        """Take a message of the zygote's; whether it said it cannot run anything."""
         if message[0] == "exited":
             self._exits[int(message[1])] = int(message[2])
         elif message[0] == "failed":  # it could not import the task modules: nothing can run
             failure = message[1]
             failure.error.__cause__ = RemoteTraceback(failure.trace)
             self._fail_everything(failure.error)
+            return True
         # "ran": the preload's outcome; a failed one is met again by the tasks that need its state.
+        return False
 
     def _lost_zygote(self, why: str) -> None:
-        self._ctrl = None
+        ctrl, self._ctrl = self._ctrl, None
+        # What it said before it went is the reason (an import it failed, then exited: a request
+        # sent after that met a broken pipe), not how its going was noticed.
+        with contextlib.suppress(EOFError, OSError):
+            while ctrl is not None and ctrl.poll(0):
+                if self._heard(ctrl.recv()):
+                    return
         if not self._workers and not self._closing:
             self._fail_everything(JobError(f"the local runner's zygote process is gone ({why})"))
 
