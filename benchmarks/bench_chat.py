@@ -9,16 +9,17 @@ bfd packing), on the same cores, in one run.
 
 Conversations: real source text (bench_job's corpus) cut into turns of 200-1,500 characters, 1-3
 user/assistant turns each (--turns), a system prompt in one of four; JSONL shards of ~6 MB.
-Tokenizer: a byte-level BPE (8,192) trained on that text, with ChatML's special tokens, in a model
-directory whose template marks assistant text with {% generation %} (TRL's assistant_only_loss
-needs the markers). Both prepare packs of 4,096 tokens, a conversation never split (raypack:
-overflow truncate; TRL: bfd, which truncates too). raypack runs three ways: with the markers; with
-the same template without them (tokenizer.chat_spans auto: one render for 3+ assistant turns, else
-growing prefixes); and without them rendering every turn's prefixes (chat_spans prefixes). TRL runs
-in a process of its own with dataset_num_proc = the cores; its time is SFTTrainer's constructor
-(the dataset preparation; the tiny model takes milliseconds). Each round runs every preparation
-once, in turn; the table gives each one's median over the rounds (the machines are shared and
-noisy: a ratio of medians of interleaved runs). Trained tokens are compared: the masks must agree.
+Tokenizer: a byte-level BPE (8,192) trained on that text (--tokenizer: a real model's,
+bench_job.REAL), with ChatML's special tokens, in a model directory whose template marks assistant
+text with {% generation %} (TRL's assistant_only_loss needs the markers). Both prepare packs of
+4,096 tokens, a conversation never split (raypack: overflow truncate; TRL: bfd, which truncates
+too). raypack runs three ways: with the markers; with the same template without them
+(tokenizer.chat_spans auto: one render for 3+ assistant turns, else growing prefixes); and without
+them rendering every turn's prefixes (chat_spans prefixes). TRL runs in a process of its own with
+dataset_num_proc = the cores; its time is SFTTrainer's constructor (the dataset preparation; the
+tiny model takes milliseconds). Each round runs every preparation once, in turn; the table gives
+each one's median over the rounds (the machines are shared and noisy: a ratio of medians of
+interleaved runs). Trained tokens are compared: the masks must agree.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_job import source_texts
+from bench_job import REAL, real_tokenizer, source_texts
 
 from raypack.demo import train_byte_level_bpe
 
@@ -118,9 +119,17 @@ def write_shards(records: list[dict[str, object]], folder: Path) -> None:
         (folder / f"part-{index:04d}.jsonl").write_text("".join(shard))
 
 
-def model_dir(folder: Path, records: list[dict[str, object]]) -> Path:
-    texts = (m["content"] for r in records[:3000] for m in r["messages"])  # type: ignore[attr-defined]
-    tok = train_byte_level_bpe(texts, 8192, SPECIALS)
+def model_dir(folder: Path, records: list[dict[str, object]], tokenizer: str = "trained") -> Path:
+    """A model directory: the tokenizer (trained here, or a real one with ChatML's tokens added:
+    bench_job.REAL) and the ChatML template."""
+    if tokenizer == "trained":
+        texts = (m["content"] for r in records[:3000] for m in r["messages"])  # type: ignore[attr-defined]
+        tok = train_byte_level_bpe(texts, 8192, SPECIALS)
+    else:
+        from tokenizers import AddedToken, Tokenizer
+
+        tok = Tokenizer.from_file(str(real_tokenizer(folder.parent, tokenizer)))
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
     folder.mkdir(parents=True, exist_ok=True)
     tok.save(str(folder / "tokenizer.json"))
     config = {
@@ -181,6 +190,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="each preparation's runs (median taken)")
     parser.add_argument("--turns", default="1-3", help="user/assistant turns a conversation: LO-HI")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-chat")
+    parser.add_argument(
+        "--tokenizer",
+        default="trained",
+        choices=["trained", *REAL],
+        help="trained: a byte-level BPE of 8,192 trained here; else a real model's (ChatML's tokens added)",
+    )
     args = parser.parse_args()
     lo, hi = (int(x) for x in args.turns.split("-"))
     cores = os.cpu_count() or 1
@@ -188,11 +203,11 @@ def main() -> None:
     corpus = args.work / f"chat-{args.mb}mb-{lo}-{hi}turns"
     if not corpus.exists():
         write_shards(records, corpus)
-    model = model_dir(args.work / "model", records)
+    model = model_dir(args.work / f"model-{args.tokenizer}", records, args.tokenizer)
     mb = sum(f.stat().st_size for f in corpus.glob("*.jsonl")) / 1e6
     print(
         f"{len(records):,} conversations of {lo}-{hi} turns, {mb:.1f} MB of JSONL, {cores} cores, "
-        f"seq_len {SEQ}, {args.rounds} round(s)"
+        f"seq_len {SEQ}, {args.rounds} round(s), tokenizer {args.tokenizer}"
     )
     plain = str(model / "plain.jinja")
     runs: dict[str, Any] = {
