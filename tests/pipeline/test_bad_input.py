@@ -18,7 +18,7 @@ from raypack.config import load_config
 from raypack.errors import JobError
 from raypack.pipeline.job import run_job
 from raypack.verifier import verify
-from tests.conftest import job_config, random_text, write_jsonl, write_parquet
+from tests.conftest import job_config, packed_documents, random_text, write_jsonl, write_parquet
 
 
 def quiet(_: str) -> None:
@@ -50,6 +50,10 @@ def test_every_kind_of_bad_jsonl_record_is_a_reject_and_every_good_token_is_pack
         {"text": "  \n\t "},
         b"[1, 2, 3]",
         {"text": "x" * 20_000},  # over max_document_bytes below
+        # Valid JSON that is not text: half a UTF-16 pair escaped alone (tokenizers raised a
+        # TypeError that ended the job); in the text, and in the id of a job that reads one below.
+        b'{"text": "lone \\ud800 surrogate"}',
+        b'{"text": "a \\udc80 too", "other": "\\ud83d\\ude00 a pair is text"}',
     ]
     write_jsonl(corpus / "a.jsonl", good[:60] + bad)
     full = b"".join(json.dumps(r).encode() + b"\n" for r in good[60:])
@@ -82,6 +86,8 @@ def test_every_kind_of_bad_jsonl_record_is_a_reject_and_every_good_token_is_pack
         "whitespace-only document",
         "not a JSON object but list",
         "record of 20012 bytes, over input.max_document_bytes (10000)",
+        "unpaired surrogate escape in the JSON (half a surrogate pair",
+        "unpaired surrogate escape in the JSON (half a surrogate pair",
     ]
     broken = sorted(r["reason"].split(":")[0] for r in rejects if r["source"] != "a.jsonl")
     assert len(broken) == 2 and all(r.startswith("unreadable shard after line") for r in broken)
@@ -332,3 +338,31 @@ def test_a_truncated_text_file_is_a_lost_file(tmp_path: Path, tokenizer_path: Pa
     assert (
         lost["source"] == "cut.txt.gz" and lost["lost_file"] and lost["reason"].startswith("unreadable file")
     )
+
+
+def test_a_lone_surrogate_in_a_read_field_is_a_reject_and_a_bom_opens_a_file_quietly(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """An id of half a UTF-16 pair is a reject (it crashed the job where it was written); the same
+    escape in a field the job does not read keeps the document; a UTF-8 BOM before a file's first
+    record is no part of its JSON (it made that record a reject)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_bytes(
+        b'\xef\xbb\xbf{"id": "first", "text": "the first record"}\n'
+        b'{"id": "\\udc80", "text": "a bad id"}\n'
+        b'{"id": "kept", "text": "kept", "note": "\\ud800 unread"}\n'
+    )
+    cfg = load_config(
+        str(
+            job_config(
+                tmp_path, f"{corpus}/*", tokenizer_path, input={"id_field": "id", "max_reject_ratio": 0.5}
+            )
+        )
+    )
+    result = run_job(cfg, log=quiet)
+    assert [r["reason"] for r in _rejects(tmp_path / "out")] == [
+        "unpaired surrogate escape in the JSON (half a surrogate pair: not text)"
+    ]
+    assert result.documents == 2
+    assert sorted(packed_documents(tmp_path / "out")) == ["first", "kept"]

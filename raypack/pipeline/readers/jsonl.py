@@ -10,6 +10,7 @@ held whole.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,8 @@ def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_
                 continue
             if not line.strip():
                 continue  # a blank line is not a record
+            if lineno == 1 and line[:3] == BOM:  # the file's first line: a BOM is no part of the JSON
+                line = line[3:]
             doc = _parse_line(line, lineno, reading, shard.relpath, batch)
             if doc is not None:
                 batch.add(lineno, doc[0], doc[1], len(line))
@@ -94,7 +97,37 @@ def _parse_line(
     if not isinstance(record, dict):
         batch.rejects.append(Reject.bad(lineno, f"not a JSON object but {type(record).__name__}", decoded))
         return None
+    read = (
+        reading.text_field,
+        reading.id_field,
+        reading.messages_field,
+        reading.prompt_field,
+        reading.completion_field,
+        "tools",
+    )
+    if _SURROGATE_ESCAPE.search(decoded) and _lone_surrogate([record.get(f) for f in read if f]):
+        # Valid JSON, not text: half a UTF-16 pair escaped alone ("\ud800"), which no encoder
+        # takes (tokenizers raised a TypeError that ended the job). orjson refuses such lines.
+        reason = "unpaired surrogate escape in the JSON (half a surrogate pair: not text)"
+        batch.rejects.append(Reject.bad(lineno, reason, decoded))
+        return None
     return document(record, lineno, reading, default_id, batch, decoded)
+
+
+BOM = b"\xef\xbb\xbf"
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any) -> bool:
+    """Whether any string of a parsed JSON value holds an unpaired surrogate."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    items = [*value, *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else []
+    return any(_lone_surrogate(item) for item in items)
 
 
 @dataclass(frozen=True, slots=True)
