@@ -158,14 +158,26 @@ def _backend_line(b: dict[str, Any]) -> str:
     if checked["texts"]:
         mib = checked["bytes"] / 2**20
         line += f"; {checked['texts']:,} texts ({mib:.1f} MiB) re-checked with tokenizers in the run"
+    routed = b.get("routed_to_tokenizers") or {}
+    if routed.get("texts"):
+        line += (
+            f"; {routed['texts']:,} texts ({routed['bytes'] / 2**20:.1f} MiB) encoded by tokenizers: "
+            "fastokens' copy of this tokenizer does not encode them as it does"
+        )
     if b["failovers"]:
         line += f"; FAILED OVER to tokenizers: {b['failovers'][0]}"
     long = b.get("long_texts") or {}
     if long.get("cuts") or long.get("encoded_whole"):
-        line += (
-            f"; long texts cut at {long['cuts']:,} places, each checked ({long['rule']}; "
-            f"{long['cuts_refused']:,} refused), {long['encoded_whole']:,} encoded whole"
-        )
+        name, _, proof = str(long["rule"]).partition(": ")
+        where = {"dropped": "at spaces the next piece's ▁ stands for", "before": "before spaces"}
+        if name in where:
+            line += (
+                f"; texts over 1M characters cut at {long['cuts']:,} places {where[name]} ({proof}), "
+                f"each cut checked where it fell ({long['cuts_refused']:,} candidate cuts refused), "
+                f"{long['encoded_whole']:,} encoded whole"
+            )
+        else:  # no rule proven: every long text whole
+            line += f"; {long['encoded_whole']:,} texts over 1M characters encoded whole: {long['rule']}"
     return line
 
 

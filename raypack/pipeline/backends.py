@@ -197,6 +197,8 @@ class FastokensEncoder:
 
         loaded, self.route = fast_json(tokenizer_json)
         self.json = tokenizer_json
+        self.routed = [0, 0]
+        """Texts (and their UTF-8 bytes) `route` gave the reference (its owner resets it)."""
         self.reference: Encoder | None = None
         """For the texts `route` does not take: the job's tokenizers encoder, set by whoever holds
         one (else made from the JSON when first needed)."""
@@ -219,6 +221,8 @@ class FastokensEncoder:
             from tokenizers import Tokenizer
 
             self.reference = TokenizersEncoder(Tokenizer.from_str(self.json))
+        self.routed[0] += len(changed)
+        self.routed[1] += sum(len(texts[i].encode("utf-8", "surrogatepass")) for i in changed)
         skip = set(changed)
         kept = [i for i in range(len(texts)) if i not in skip]
         lengths = np.zeros(len(texts), dtype=np.int64)

@@ -144,6 +144,9 @@ class Totals:
         """Units by what encoded them (a backend's name, or "cache")."""
         self.checked_texts = self.checked_bytes = 0
         """Texts (and their UTF-8 bytes) a fast backend's ids were re-checked on, with tokenizers."""
+        self.routed_texts = self.routed_bytes = 0
+        """Texts (and UTF-8 bytes) that fastokens' copy of the tokenizer does not encode as the
+        tokenizer does (an NFKC change, a Metaspace text that starts with a space): tokenizers'."""
         self.cuts = self.cuts_refused = self.long_whole = 0
         """Where long texts were cut for encoding, the candidate cuts a check refused, and the long
         texts (or their rests) encoded whole."""
@@ -184,6 +187,8 @@ class Totals:
         self.cuts += int(row.get("cuts", 0))
         self.cuts_refused += int(row.get("cuts_refused", 0))
         self.long_whole += int(row.get("long_whole", 0))
+        self.routed_texts += int(row.get("routed_texts", 0))
+        self.routed_bytes += int(row.get("routed_bytes", 0))
         for said, kept in (
             (str(row.get("failover", "")), self.failovers),
             (str(row.get("note", "")), self.notes),

@@ -89,6 +89,7 @@ class Tokenized:
             "self_check": {"probes": self.choice.probes, "corpus_texts": self.choice.sampled},
             "units_by_backend": dict(sorted(totals.encoded_by.items())),
             "checked_in_run": {"texts": totals.checked_texts, "bytes": totals.checked_bytes},
+            "routed_to_tokenizers": {"texts": totals.routed_texts, "bytes": totals.routed_bytes},
             "failovers": self.failovers,
             "notes": list(totals.notes),
             "finished_on": self.choice.backend,

@@ -69,6 +69,7 @@ class TokenizeShards:
         """Why this worker went back to tokenizers after a difference ("" while it has not)."""
         self.note = ""
         """Why it encodes with tokenizers though fastokens was chosen (not a difference: exact either way)."""
+        self.fast = loaded.fast if backend == "fastokens" else None
         if backend == "fastokens":
             if loaded.fast is not None:
                 self.encoder = Guarded(loaded.fast)
@@ -140,6 +141,8 @@ class TokenizeShards:
         summary's failover, stops giving out units and tokenizes every unit again)."""
         self._checker = None
         self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
+        if self.fast is not None:
+            self.fast.routed = [0, 0]  # this unit's texts fastokens' copy does not take
         if self.encoder is self.reference:
             return self._tokenize(unit)
         self._checker = Checker(self.reference, f"{unit.relpath}:{unit.shard.unit_start}")
@@ -161,6 +164,8 @@ class TokenizeShards:
             "cuts": 0 if cached else self._cuts[0],
             "cuts_refused": 0 if cached else self._cuts[1],
             "long_whole": 0 if cached else self._cuts[2],
+            "routed_texts": self.fast.routed[0] if self.fast is not None and not cached else 0,
+            "routed_bytes": self.fast.routed[1] if self.fast is not None and not cached else 0,
         }
 
     def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:

@@ -225,9 +225,13 @@ def test_an_nfkc_byte_level_bpe_runs_on_fastokens_and_texts_nfkc_changes_on_toke
         cfg = load_config(str(path), [f"output.path={tmp_path / backend}", f"tokenizer.backend={backend}"])
         result = run_job(cfg, log=lambda _: None)
         assert verify(str(tmp_path / backend), cfg, sample=40).ok
-        outs[backend] = (result.backend["chosen"], _data(tmp_path / backend))
-    assert outs["auto"][0].startswith("fastokens ") and outs["tokenizers"][0].startswith("tokenizers ")
+        outs[backend] = (result.backend, _data(tmp_path / backend))
+    fast, reference = outs["auto"][0], outs["tokenizers"][0]
+    assert fast["chosen"].startswith("fastokens ") and reference["chosen"].startswith("tokenizers ")
     assert outs["auto"][1] == outs["tokenizers"][1]
+    # The texts NFKC changes went to tokenizers, and the run says how many (the 10 of compat.jsonl).
+    assert fast["routed_to_tokenizers"]["texts"] == 10 and fast["routed_to_tokenizers"]["bytes"] > 0
+    assert reference["routed_to_tokenizers"] == {"texts": 0, "bytes": 0}
 
 
 def test_a_backend_made_to_differ_is_caught_by_the_self_check(
