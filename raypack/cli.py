@@ -107,7 +107,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     pack = sub.add_parser(
         "pack",
-        help="run the packing job on local Ray, or on the cluster named by RAY_ADDRESS",
+        help="run the packing job: on this machine's processes (a small corpus, no cluster), on local Ray, "
+        "or on the cluster named by RAY_ADDRESS (run.executor)",
         description="Read, tokenize, pack and write a corpus as configured in CONFIG (YAML).",
     )
     pack.add_argument("config", metavar="CONFIG", help="job config (YAML): input, tokenizer, pack, output")
@@ -173,7 +174,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "demo",
         help="pack a built-in corpus (Python's standard library) with a built-in tokenizer, offline",
         description="Build a corpus from this Python's standard library sources, train a small BPE "
-        "tokenizer on it, pack it on local Ray, and verify the result.",
+        "tokenizer on it, pack it on this machine (the executor a small job takes), and verify the result.",
     )
     demo.add_argument("out", metavar="OUT", nargs="?", default="raypack-demo", help="work dir (raypack-demo)")
     demo.add_argument("--seq-len", type=int, default=2048)

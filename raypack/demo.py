@@ -1,4 +1,4 @@
-"""`raypack demo`: pack a real corpus with a real tokenizer, offline, on local Ray.
+"""`raypack demo`: pack a real corpus with a real tokenizer, offline, on this machine.
 
 The corpus is this Python's own standard library sources (~1,900 modules, 1 to ~300k tokens: a heavy
 tail like web text), written as gzipped JSONL shards. The tokenizer is a byte-level BPE trained on a

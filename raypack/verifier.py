@@ -95,7 +95,10 @@ def verify(
     output = resolve_dataset(output, storage)
     report = VerifyReport(dataset=output)
     if not exists(join(output, MANIFEST), storage):
-        report.add("no manifest.json: the dataset is incomplete (or not a raypack output)")
+        if not exists(output, storage):
+            report.add(f"{output} does not exist")
+        else:
+            report.add("no manifest.json: the dataset is incomplete (or not a raypack output)")
         return report
     manifest = json.loads(read_bytes(join(output, MANIFEST), storage))
     if manifest.get("schema_version") not in schema.READABLE_SCHEMA_VERSIONS:

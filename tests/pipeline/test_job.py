@@ -182,6 +182,7 @@ def test_verify_names_what_is_wrong(tmp_path: Path, tokenizer_path: Path) -> Non
     out = tmp_path / "out"
     run_job(load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path))), log=quiet)
     assert verify(str(out)).ok
+    assert verify(str(tmp_path / "nowhere")).problems == [f"{tmp_path / 'nowhere'} does not exist"]
     # Drop one item from a file and fix up the manifest's checksum, as a buggy writer would.
     victim = sorted((out / "data").glob("*.parquet"))[0]
     table = pq.read_table(victim)
