@@ -146,8 +146,11 @@ def test_orjson_reads_every_line_as_json_does(
     if id_field:
         assert ids["big id"] == "123456789012345678901234567890" and ids["u64 id"] == "18446744073709551615"
         assert ids["float id"] == "1.5" and ids["exp id"] == "inf" and ids["nan id"] == "nan"
-    assert ids["lone \ud800 surrogate"] and "last" in ids and "dup" not in ids
+    assert "last" in ids and "dup" not in ids and ids["pair 😀"]
+    # Half a surrogate pair is no text (tokenizers refused it with a TypeError that ended the job).
+    assert "lone \ud800 surrogate" not in ids
     reasons = [reason for _, reason in rejects]
+    assert "unpaired surrogate escape in the JSON (half a surrogate pair: not text)" in reasons
     assert "malformed JSON: nested too deeply" in reasons  # json's RecursionError, not a crash
     assert "text field 'text' is int, not a string" in reasons  # not float, as orjson would read it
 
