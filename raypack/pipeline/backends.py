@@ -123,39 +123,48 @@ def fast_json(tokenizer_json: str) -> tuple[str, Route]:
     Other normalizers and pre-tokenizers stay, for fastokens to take or refuse. Only their own
     JSON is parsed (a 128k vocabulary's file is 7-10 MB)."""
     normalizer = _part(tokenizer_json, "normalizer")
-    if normalizer is not None:
-        spec, start, end = normalizer
-        forms = normal_forms(spec)
-        if forms is not None:
-            return tokenizer_json[:start] + "null" + tokenizer_json[end:], Route(forms=forms)
+    if normalizer is None:  # absent: nothing to rewrite in place
         return tokenizer_json, Route()
+    spec, start, end = normalizer
+    if spec is not None:
+        forms = normal_forms(spec)
+        if forms is None:
+            return tokenizer_json, Route()
+        return tokenizer_json[:start] + "null" + tokenizer_json[end:], Route(forms=forms)
     pre = _part(tokenizer_json, "pre_tokenizer")
-    if pre is not None and _metaspace_always(pre[0]):
-        spec, start, end = pre
-        found = _NORMALIZER.search(tokenizer_json)
-        if found is not None and found.start(1) < start:
-            prepend = json.dumps(
-                {
-                    "type": "Sequence",
-                    "normalizers": [
-                        {"type": "Prepend", "prepend": spec["replacement"]},
-                        {"type": "Replace", "pattern": {"String": " "}, "content": spec["replacement"]},
-                    ],
-                },
-                ensure_ascii=False,
-            )
-            a, b = found.start(1), found.end(1)  # "null"
-            text = tokenizer_json[:a] + prepend + tokenizer_json[b:start] + "null" + tokenizer_json[end:]
-            return text, Route(leading_space=False, added=_added(tokenizer_json))
+    # tokenizers writes the normalizer before the pre-tokenizer: one splice after the other.
+    if pre is not None and pre[0] is not None and _metaspace_always(pre[0]) and end <= pre[1]:
+        replacement = pre[0]["replacement"]
+        prepend = json.dumps(
+            {
+                "type": "Sequence",
+                "normalizers": [
+                    {"type": "Prepend", "prepend": replacement},
+                    {"type": "Replace", "pattern": {"String": " "}, "content": replacement},
+                ],
+            },
+            ensure_ascii=False,
+        )
+        text = (
+            tokenizer_json[:start]
+            + prepend
+            + tokenizer_json[end : pre[1]]
+            + "null"
+            + tokenizer_json[pre[2] :]
+        )
+        return text, Route(leading_space=False, added=_added(tokenizer_json))
     return tokenizer_json, Route()
 
 
-def _part(tokenizer_json: str, key: str) -> tuple[dict[str, Any], int, int] | None:
-    """tokenizer.json's `key` object, and where it stands in the text (None: null or absent)."""
+def _part(tokenizer_json: str, key: str) -> tuple[dict[str, Any] | None, int, int] | None:
+    """tokenizer.json's `key` (an object, or None for null) and where it stands in the text; None
+    when the file has no such key."""
     found = re.search(rf'"{key}":\s*(null|\{{)', tokenizer_json)
-    if found is None or found.group(1) == "null":
+    if found is None:
         return None
     start = found.start(1)
+    if found.group(1) == "null":
+        return None, start, found.end(1)
     spec, end = json.JSONDecoder().raw_decode(tokenizer_json, start)
     return spec, start, end
 
@@ -178,10 +187,6 @@ def _metaspace_always(spec: dict[str, Any]) -> bool:
         and isinstance(spec.get("replacement"), str)
         and len(spec["replacement"]) == 1
     )
-
-
-# tokenizers writes the normalizer after added_tokens, before the pre-tokenizer and the model.
-_NORMALIZER = re.compile(r'"normalizer":\s*(null)')
 
 
 class FastokensEncoder:

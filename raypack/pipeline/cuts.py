@@ -138,9 +138,9 @@ def probe_text(added: list[str]) -> str:
     return " ".join(out)
 
 
-def choose(encode: Encode, json_text: str, added: list[str]) -> tuple[CutRule | None, str]:
-    """The first rule proven for the tokenizer (see the module's docstring), or None, and why."""
-    spec: dict[str, Any] = _parse(json_text)
+def choose(encode: Encode, spec: dict[str, Any], added: list[str]) -> tuple[CutRule | None, str]:
+    """The first rule proven for the tokenizer (see the module's docstring), or None, and why.
+    `spec`: its normalizer and pre_tokenizer as tokenizer.json writes them."""
     order = ["dropped", "before"] if _prepends(spec) else ["before", "dropped"]
     text = probe_text(added)
     whole = encode([text])[0]
@@ -162,16 +162,6 @@ def choose(encode: Encode, json_text: str, added: list[str]) -> tuple[CutRule | 
             return CutRule(name, proof), proof
         tried.append(f"{name}: {len(cuts)} cuts of the probe text change its tokens")
     return None, "no cut keeps this tokenizer's tokens (" + "; ".join(tried) + "): long texts encoded whole"
-
-
-def _parse(json_text: str) -> dict[str, Any]:
-    import json
-
-    try:
-        spec = json.loads(json_text) if json_text else {}
-    except ValueError:
-        return {}
-    return spec if isinstance(spec, dict) else {}
 
 
 def _prepends(spec: dict[str, Any]) -> bool:

@@ -74,10 +74,11 @@ class LoadedTokenizer:
 
     def cut_rule(self) -> tuple[CutRule | None, str]:
         """Where a long text may be cut without changing its tokens, and why (raypack.pipeline.cuts:
-        proven on a probe text when first asked, ~26 KB encoded three times: 40-70 ms)."""
+        proven on a probe text of 26-40 KB when first asked: 10-25 ms)."""
         if "rule" not in self._cut:
             added = [t.content for t in self.tokenizer.get_added_tokens_decoder().values()]
-            self._cut["rule"] = choose(self.encode_ids, self.json, added)
+            spec = {key: _part(self.tokenizer, self.json, key) for key in ("normalizer", "pre_tokenizer")}
+            self._cut["rule"] = choose(self.encode_ids, spec, added)
         rule: tuple[CutRule | None, str] = self._cut["rule"]
         return rule
 
@@ -133,7 +134,7 @@ def load_tokenizer(
         where = cfg.path if len(files) == 1 else join(cfg.path, TOKENIZER_FILE)
         raise ConfigError(f"{where} is not a tokenizers JSON file: {str(e).splitlines()[0]}") from None
     configs = {name: _json(cfg.path, name, data) for name, data in files.items() if name in CONFIG_FILES}
-    template = _template(_post_processor(tok, raw))
+    template = _template(_part(tok, raw, "post_processor"))
     ids = tok.get_vocab(with_added_tokens=True).values()
     vocab, max_id = len(ids), max(ids, default=-1)
     found = {}
@@ -243,16 +244,17 @@ def _special(
     return None, ""
 
 
-def _post_processor(tok: Tokenizer, raw: bytes) -> Any:
-    """The tokenizer's post-processor as JSON: its own state (a few hundred bytes), not a parse of
-    the whole file (0.19 s for a 128k BPE's 9.7 MB, in the command and again in the pool's zygote)."""
-    processor = tok.post_processor
-    if processor is None:
+def _part(tok: Tokenizer, raw: str | bytes, key: str) -> Any:
+    """The tokenizer's `key` (normalizer, pre_tokenizer, post_processor) as tokenizer.json writes it:
+    its own state (a few hundred bytes), not a parse of the whole file (0.19-0.27 s for a 128k BPE's
+    ~10 MB, in the command, in the pool's zygote, in each worker that cuts a long text)."""
+    component = getattr(tok, key)
+    if component is None:
         return None
     try:
-        return json.loads(processor.__getstate__())
+        return json.loads(component.__getstate__())
     except Exception:  # a tokenizers without it: the file's own key
-        return json.loads(raw).get("post_processor")
+        return json.loads(raw).get(key)
 
 
 def _template(processor: Any) -> dict[str, str | None]:
