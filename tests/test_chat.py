@@ -898,7 +898,8 @@ def test_chat_on_fastokens_writes_the_bytes_of_tokenizers(corpus: Path, model: P
     """A byte-level BPE's character offsets follow from its ids: chat data encodes with fastokens
     (ids and every offset proved equal to tokenizers' on the probes and a sample, re-checked in
     every task) and writes tokenizers' bytes, masks included; with a tokenizer whose offsets do not
-    follow from its ids (a SentencePiece-style BPE), auto keeps tokenizers and says why."""
+    follow from its ids (a SentencePiece-style BPE whose byte tokens are added tokens too: one id
+    for a byte and for the six characters "<0x0A>"), auto keeps tokenizers and says why."""
     pytest.importorskip("fastokens")
     reference = run_job(
         job(tmp_path, corpus, model, "reference", tokenizer={"backend": "tokenizers"}), **quiet
@@ -917,7 +918,45 @@ def test_chat_on_fastokens_writes_the_bytes_of_tokenizers(corpus: Path, model: P
     (sp / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "chat_template": CHATML}))
     other = run_job(job(tmp_path, corpus, sp, "sp"), **quiet)
     assert other.backend["chosen"].startswith("tokenizers ")
-    assert "not a byte-level BPE whose offsets follow from its ids" in other.backend["reason"]
+    assert "this tokenizer's do not follow from its ids" in other.backend["reason"]
+
+
+# Mistral-7B-Instruct's way of rendering a conversation (BOS, [INST] around a user turn, EOS after
+# an assistant's), with a tool call's absent content taken as empty.
+MISTRAL_V1 = (
+    "{{ bos_token }}{% for message in messages %}{% set content = message.get('content') or '' %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + content + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ content + eos_token }}{% else %}{{ content }}{% endif %}"
+    "{% endfor %}"
+)
+
+
+@pytest.mark.parametrize("shape", ["mistral_v1", "mistral_v1_metaspace"])
+def test_chat_with_a_real_sentencepiece_bpe_on_fastokens_writes_the_bytes_of_tokenizers(
+    shape: str, corpus: Path, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Mistral-7B's SentencePiece BPE (byte fallback, `▁` for a space) with a Mistral-style template:
+    offsets follow from fastokens' ids (PieceOffsets) and the job writes tokenizers' bytes, masks
+    included, every conversation on fastokens: in the published shape (Prepend + Replace) and in
+    transformers 5's Metaspace shape, whose renders start with `<s>` (no `▁` prepended anywhere:
+    fastokens' copy without the Prepend)."""
+    pytest.importorskip("fastokens")
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(request.getfixturevalue(shape), model / "tokenizer.json")
+    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": MISTRAL_V1}
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    reference = run_job(
+        job(tmp_path, corpus, model, "reference", tokenizer={"backend": "tokenizers"}), **quiet
+    )
+    fast = run_job(job(tmp_path, corpus, model, "fast"), **quiet)
+    assert reference.backend["chosen"].startswith("tokenizers ")
+    assert fast.backend["chosen"].startswith("fastokens ") and fast.backend["finished_on"] == "fastokens"
+    assert "ids and character offsets equal to tokenizers" in fast.backend["reason"]
+    assert not fast.backend["failovers"]
+    assert _data_files(tmp_path / "fast") == _data_files(tmp_path / "reference")
+    assert fast.backend["routed_to_tokenizers"]["texts"] == 0
+    assert fast.backend["checked_in_run"]["texts"] > 0
 
 
 def test_a_fast_backend_whose_offsets_differ_in_the_run_fails_over(

@@ -32,7 +32,16 @@ from typing import Any, Protocol
 import numpy as np
 
 from raypack.config import TOKENIZER_BACKENDS as BACKENDS
-from raypack.pipeline.offsets import ByteOffsets, normal_forms, reference_coder, unchanged
+from raypack.pipeline.offsets import (
+    PREPEND,
+    ByteOffsets,
+    PieceOffsets,
+    metaspace_copy,
+    normal_forms,
+    offsets_of,
+    reference_coder,
+    unchanged,
+)
 
 __all__ = [
     "BACKENDS",
@@ -88,38 +97,40 @@ class TokenizersEncoder:
 
 @dataclass(frozen=True)
 class Route:
-    """Which texts fastokens' copy of a tokenizer (fast_json) encodes as the tokenizer does; the
-    others are the reference's (FastokensEncoder.encode)."""
+    """Which of fastokens' copies of a tokenizer (fast_json) encodes a text as the tokenizer does;
+    the texts neither does are the reference's (FastokensEncoder.encode)."""
 
     forms: tuple[str, ...] = ()
     """Normal forms taken out of the normalizer: a text one of them changes is not fastokens'."""
-    leading_space: bool = True
-    """False for a Metaspace rewritten as a Prepend: a text that starts with a space or `▁` is not
-    fastokens' (Metaspace prepends `▁` only where the text does not start with one)."""
+    metaspace: str | None = None
+    """For a Metaspace rewritten as normalizers, its prepend_scheme: metaspace_copy says per text
+    whether the copy with the Prepend ("main") or the one without it ("plain") writes the text
+    as the Metaspace does."""
     added: re.Pattern[str] | None = None
-    """With the Metaspace rewrite, the added tokens: a text that holds one is not fastokens' (each
-    section after one starts afresh: `prepend_scheme: first` gives it no `▁`, Prepend does)."""
+    """With the Metaspace rewrite, the added tokens (a section starts after each one)."""
 
-    def takes(self, text: str) -> bool:
-        if not self.leading_space and text[:1] in (" ", "▁"):
-            return False
-        if self.added is not None and self.added.search(text):
-            return False
-        return not self.forms or unchanged(self.forms, text)
+    def copy(self, text: str) -> str | None:
+        """ "main" (fast_json's copy), "plain" (its Metaspace rewrite without the Prepend), or None."""
+        if self.forms and not unchanged(self.forms, text):
+            return None
+        if self.metaspace is None:
+            return "main"
+        copy = metaspace_copy(self.metaspace, self.added, text)
+        return None if copy is None else "main" if copy == PREPEND else "plain"
 
 
-def fast_json(tokenizer_json: str) -> tuple[str, Route]:
+def fast_json(tokenizer_json: str, *, prepend: bool = True) -> tuple[str, Route]:
     """What fastokens loads, and which texts it then encodes as the tokenizer does. Each rewrite
-    holds for the texts Route.takes, one way, checked per text; the others go to tokenizers:
+    holds for the texts Route.copy places, one way, checked per text; the others go to tokenizers:
     - a normalizer that only applies Unicode normal forms (NFKC, NFC, NFD..., alone or in a
       Sequence) is left out, for the texts they leave as they are. fastokens refuses NFKC and NFD
       at load (a byte-level BPE with NFKC ran wholly on tokenizers: 127 MB in 30.7 s, issue 39);
     - a SentencePiece BPE as transformers 5 converts it (Llama, Mistral: a Metaspace pre-tokenizer,
       `prepend_scheme: first` or `always`, `split: false`, no normalizer), which fastokens
       refuses, becomes the `Prepend("▁")` + `Replace(" ", "▁")` normalizer of the same model's
-      published tokenizer.json: the same string for BPE wherever the text does not start with a
-      space or `▁` (Metaspace prepends only where it does not; Prepend always) and holds no added
-      token (after one, `first` prepends nothing).
+      published tokenizer.json (`prepend=False`: the Replace alone, the "plain" copy): one of the
+      two writes a text as the Metaspace does wherever metaspace_copy says which (with `first`:
+      every text but one that holds an added token and starts with neither it, a space nor `▁`).
     Other normalizers and pre-tokenizers stay, for fastokens to take or refuse. Only their own
     JSON is parsed (a 128k vocabulary's file is 7-10 MB)."""
     normalizer = _part(tokenizer_json, "normalizer")
@@ -135,24 +146,19 @@ def fast_json(tokenizer_json: str) -> tuple[str, Route]:
     # tokenizers writes the normalizer before the pre-tokenizer: one splice after the other.
     if pre is not None and pre[0] is not None and _metaspace_always(pre[0]) and end <= pre[1]:
         replacement = pre[0]["replacement"]
-        prepend = json.dumps(
-            {
-                "type": "Sequence",
-                "normalizers": [
-                    {"type": "Prepend", "prepend": replacement},
-                    {"type": "Replace", "pattern": {"String": " "}, "content": replacement},
-                ],
-            },
-            ensure_ascii=False,
-        )
+        steps = [{"type": "Replace", "pattern": {"String": " "}, "content": replacement}]
+        if prepend:
+            steps.insert(0, {"type": "Prepend", "prepend": replacement})
+        normalizers = json.dumps({"type": "Sequence", "normalizers": steps}, ensure_ascii=False)
         text = (
             tokenizer_json[:start]
-            + prepend
+            + normalizers
             + tokenizer_json[end : pre[1]]
             + "null"
             + tokenizer_json[pre[2] :]
         )
-        return text, Route(leading_space=False, added=_added(tokenizer_json))
+        scheme = str(pre[0]["prepend_scheme"])
+        return text, Route(metaspace=scheme, added=_added(tokenizer_json))
     return tokenizer_json, Route()
 
 
@@ -204,6 +210,8 @@ class FastokensEncoder:
         self.json = tokenizer_json
         self.routed = [0, 0]
         """Texts (and their UTF-8 bytes) `route` gave the reference (its owner resets it)."""
+        self.plain: Any = None
+        """fastokens' copy without the Metaspace rewrite's Prepend (Route.copy "plain")."""
         self.reference: Encoder | None = None
         """For the texts `route` does not take: the job's tokenizers encoder, set by whoever holds
         one (else made from the JSON when first needed)."""
@@ -215,24 +223,25 @@ class FastokensEncoder:
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if self.route != Route():
-            changed = [i for i, t in enumerate(texts) if not self.route.takes(t)]
-            if changed:
-                return self._routed(texts, changed)
+            copies = [self.route.copy(t) for t in texts]
+            if any(c != "main" for c in copies):
+                return self._routed(texts, copies)
         return self._encode(texts)
 
-    def _routed(self, texts: list[str], changed: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The texts at `changed` encoded by the reference, the others by fastokens."""
-        if self.reference is None:
+    def _routed(self, texts: list[str], copies: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
+        """Each text encoded by the copy Route.copy named: "main", "plain" or (None) the reference."""
+        changed = [i for i, c in enumerate(copies) if c is None]
+        if changed and self.reference is None:
             from tokenizers import Tokenizer
 
             self.reference = TokenizersEncoder(Tokenizer.from_str(self.json))
         self.routed[0] += len(changed)
         self.routed[1] += sum(len(texts[i].encode("utf-8", "surrogatepass")) for i in changed)
-        skip = set(changed)
-        kept = [i for i in range(len(texts)) if i not in skip]
         lengths = np.zeros(len(texts), dtype=np.int64)
         pieces = [np.zeros(0, dtype=np.int32)] * len(texts)
-        for where, encode in ((kept, self._encode), (changed, self.reference.encode)):
+        encoders = {"main": self._encode, "plain": self._plain_encode, None: self._reference_encode}
+        for copy, encode in encoders.items():
+            where = [i for i, c in enumerate(copies) if c == copy]
             if not where:
                 continue
             flat, n = encode([texts[i] for i in where])
@@ -242,8 +251,24 @@ class FastokensEncoder:
                 pieces[i] = flat[ends[k] - n[k] : ends[k]]
         return np.concatenate(pieces).astype(np.int32, copy=False), lengths
 
+    def _reference_encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        assert self.reference is not None
+        return self.reference.encode(texts)
+
+    def _plain_encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The Metaspace rewrite without its Prepend (made when first needed: 32k ids, ~0.1 s)."""
+        if self.plain is None:
+            import fastokens
+
+            self.plain = fastokens.Tokenizer.from_json_str(fast_json(self.json, prepend=False)[0])
+        return self._flat(self.plain, texts)
+
     def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids, offsets = self.tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+        return self._flat(self.tokenizer, texts)
+
+    @staticmethod
+    def _flat(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False)
         flat = np.frombuffer(ids, dtype=np.uint32)
         ends = np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
         # Ids fit int32 (a vocabulary has < 2^31 entries): a view, not a copy.
@@ -311,7 +336,10 @@ PROBES = (
 
 
 def first_difference(
-    reference: TokenizersEncoder, fast: Encoder, texts: list[str], offsets: ByteOffsets | None = None
+    reference: TokenizersEncoder,
+    fast: Encoder,
+    texts: list[str],
+    offsets: ByteOffsets | PieceOffsets | None = None,
 ) -> str | None:
     """Where the two encoders first give other ids for `texts`, or None when every id is equal; with
     `offsets`, also where the fast ids' character offsets differ from tokenizers' own."""
@@ -348,7 +376,7 @@ class FastFailed(Exception):
 
 
 def _compared(
-    reference: TokenizersEncoder, fast: Encoder, texts: list[str], offsets: ByteOffsets | None
+    reference: TokenizersEncoder, fast: Encoder, texts: list[str], offsets: ByteOffsets | PieceOffsets | None
 ) -> str | None:
     """first_difference(reference, fast, texts, offsets); FastFailed where fastokens raised on the
     texts or panicked: then it is not usable."""
@@ -474,8 +502,9 @@ def choose_backend(
     `corpus_sample` is called (it reads the corpus) only once fastokens has loaded and passed the
     probes. `fast_encoder`: fastokens' encoder of tok (an exception when it refuses it); default one
     loaded here (the job's: a tokenize worker's, raypack.pipeline.tokenize_pool). `chat`: the job
-    needs character offsets too (a chat mask): only a byte-level BPE's follow from fast ids
-    (ByteOffsets), and every offset of the probes and sample is compared as well as every id;
+    needs character offsets too (a chat mask): only a byte-level or SentencePiece BPE's follow from
+    fast ids (raypack.pipeline.offsets.offsets_of), and every offset of the probes and sample is
+    compared as well as every id;
     `probe_texts` then adds the template's renders of the chat probes."""
     from raypack.errors import ConfigError
 
@@ -488,11 +517,12 @@ def choose_backend(
             raise ConfigError(f"tokenizer.backend fastokens: {reason}; use auto or tokenizers")
         return Choice("tokenizers", reference.version, reason)
 
-    offsets = ByteOffsets.of(tok.json) if chat else None
+    offsets = offsets_of(tok.json) if chat else None
     if chat and offsets is None:
         return refuse(
-            "chat data's mask needs character offsets, and this tokenizer is not a byte-level BPE whose "
-            "offsets follow from its ids (fastokens gives ids only)"
+            "chat data's mask needs character offsets, and this tokenizer's do not follow from its ids "
+            "(fastokens gives ids only; a byte-level BPE's offsets follow, and a SentencePiece BPE's with "
+            "byte fallback: raypack.pipeline.offsets)"
         )
     if fastokens_version() is None:
         return refuse("fastokens is not installed (no wheel for this platform?)")

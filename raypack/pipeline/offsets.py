@@ -1,7 +1,8 @@
 """Token ids with each token's character offsets, what a chat mask needs (raypack.chat.token_mask):
 from `tokenizers` (the reference: encode_batch with offsets, ~3 MB/s a core), or from a fast
-backend's ids alone where the tokenizer is a byte-level BPE, whose every id stands for a fixed byte
-string (ByteOffsets). Pure: no Ray, no files.
+backend's ids alone where every id stands for a fixed string: a byte-level BPE's bytes (ByteOffsets)
+or a SentencePiece BPE's characters (PieceOffsets). `offsets_of` picks the table a tokenizer has.
+Pure: no Ray, no files.
 
 A byte-level token's bytes are its vocabulary entry read through the GPT-2 byte alphabet (an added
 token: its content's UTF-8), so its byte offsets are running sums of those lengths. `tokenizers`
@@ -18,6 +19,7 @@ tokenizers, as ids do.
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +27,18 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ByteOffsets", "Coder", "normal_forms", "reference_coder", "unchanged"]
+__all__ = [
+    "PLAIN",
+    "PREPEND",
+    "ByteOffsets",
+    "Coder",
+    "PieceOffsets",
+    "metaspace_copy",
+    "normal_forms",
+    "offsets_of",
+    "reference_coder",
+    "unchanged",
+]
 
 Coder = Callable[[list[str]], list[tuple[np.ndarray, np.ndarray]]]
 """texts → each text's (ids int32, character offsets int64 (n, 2)), special tokens not added."""
@@ -129,8 +142,8 @@ class ByteOffsets:
                 trail[i] = len(content.encode("utf-8")) - len(content.rstrip().encode("utf-8"))
         return cls(length, lead, trail, forms, keep_first)
 
-    def identity(self, text: str) -> bool:
-        """Whether the tokenizer encodes `text` as it stands (unchanged)."""
+    def takes(self, text: str) -> bool:
+        """Whether the tokenizer encodes `text` as it stands (unchanged): its offsets follow."""
         return unchanged(self.forms, text)
 
     def offsets(self, text: str, ids: np.ndarray) -> np.ndarray:
@@ -158,25 +171,220 @@ class ByteOffsets:
         char_start = np.where(end > start, char_start, empty_at)
         return np.stack([char_start, char_end], axis=1).astype(np.int64)
 
-    def coder(self, fast: Any, reference: Coder) -> Coder:
+    def coder(self, fast: Any, reference: Coder, routed: list[int] | None = None) -> Coder:
         """A fast encoder's ids (one flat buffer a batch) with these offsets; texts the tokenizer
-        would normalize go to `reference`."""
+        would normalize go to `reference` (counted in `routed`: texts, UTF-8 bytes)."""
+        return _coder(self, fast, reference, routed)
 
-        def encode(texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-            plain = [i for i, t in enumerate(texts) if self.identity(t)]
-            out: list[Any] = [None] * len(texts)
-            if plain:
-                flat, lengths = fast.encode([texts[i] for i in plain])
-                ends = np.cumsum(lengths)
-                for k, i in enumerate(plain):
-                    ids = flat[ends[k] - lengths[k] : ends[k]]
-                    out[i] = (ids, self.offsets(texts[i], ids))
-            rest = [i for i in range(len(texts)) if out[i] is None]
-            for i, coded in zip(rest, reference([texts[i] for i in rest]) if rest else [], strict=True):
-                out[i] = coded
-            return out
 
-        return encode
+PREPEND, PLAIN = "prepend", "plain"
+
+
+def metaspace_copy(scheme: str, added: re.Pattern[str] | None, text: str) -> str | None:
+    """How a Metaspace pre-tokenizer (`split: false`, `prepend_scheme` `scheme`) writes `text`, in
+    terms of normalizers that do the same to a whole text: PREPEND (`Prepend("▁")` + `Replace(" ",
+    "▁")`: each section between added tokens gets a `▁`), PLAIN (the Replace alone: none does), or
+    None (some sections get one and others not). Metaspace prepends to a section that does not
+    start with `▁` after the Replace; with `first`, only to the section that starts the text
+    (tokenizers' metaspace.rs: `offsets_original().0 == 0`). `added`: a pattern finding any added
+    token, longest first."""
+    holds = added.search(text) if added is not None else None
+    if text[:1] in (" ", "▁"):
+        return PLAIN if scheme == "first" or holds is None else None
+    if holds is None:
+        return PREPEND
+    return PLAIN if scheme == "first" and holds.start() == 0 else None
+
+
+# A SentencePiece BPE's byte-fallback tokens, <0x00> ... <0xFF>: one byte of a character no piece holds.
+_BYTES = {f"<0x{b:02X}>": b for b in range(256)}
+_PIECE, _ADDED, _LEAD, _CONTINUATION = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class PieceOffsets:
+    """A SentencePiece BPE's offsets from its ids (Llama 2, Mistral 7B, Gemma: byte fallback, a
+    space written `▁`), for the shapes tokenizers gives such a model:
+    - a normalizer `Replace(" ", "▁")`, with or without `Prepend("▁")` (the published
+      tokenizer.json of Llama 2 and Mistral 7B have both, Gemma's the Replace alone), maybe with
+      Unicode normal forms (a text they change is the reference's), no pre-tokenizer;
+    - or no normalizer and a Metaspace pre-tokenizer, `split: false`, `prepend_scheme` first or
+      always (transformers 5's conversion): one of those two strings for the texts metaspace_copy
+      places (with `first`, every text but one that holds an added token and does not start with
+      one or a space); other texts are the reference's.
+    The normalized text is the text with `▁` for each space and, with Prepend, a `▁` before each
+    section between added tokens; tokenizers aligns that `▁` with the section's first character. A
+    piece then spans its length in normalized characters, an added token its content in the text,
+    and the 1-4 byte tokens of a character (byte fallback) each span that character, as tokenizers
+    reports them: `▁Hello` of "Hello" is (0, 5), `<0xF0><0x9F><0xA4><0x96>` of 🤖 are four (k, k+1)."""
+
+    length: np.ndarray
+    """Each id's length: a piece's characters, an added token's content's, 1 for a byte."""
+    kind: np.ndarray
+    """_PIECE, _ADDED, _LEAD (a byte that starts a character: ASCII or a UTF-8 lead) or _CONTINUATION."""
+    prepend: bool
+    forms: tuple[str, ...]
+    metaspace: str | None = None
+    """With the Metaspace shape, its prepend_scheme (metaspace_copy decides per text); else None."""
+    added: re.Pattern[str] | None = None
+    """A pattern finding any added token, longest first (with the Metaspace shape)."""
+
+    @classmethod
+    def of(cls, tokenizer_json: str) -> PieceOffsets | None:
+        """The table of a SentencePiece BPE of a shape above; None for any other tokenizer."""
+        spec = json.loads(tokenizer_json)
+        model = spec.get("model") or {}
+        if (
+            model.get("type") != "BPE"
+            or not model.get("byte_fallback")
+            or not isinstance(model.get("vocab"), dict)
+            or model.get("dropout")
+            or model.get("continuing_subword_prefix")
+            or model.get("end_of_word_suffix")
+            or not all(name in model["vocab"] for name in _BYTES)
+        ):
+            return None
+        shape = _sentencepiece_shape(spec.get("normalizer"), spec.get("pre_tokenizer"))
+        if shape is None:
+            return None
+        prepend, forms, scheme = shape
+        if any(
+            p.get("type") != "TemplateProcessing" for p in _steps(spec.get("post_processor"), "processors")
+        ):
+            return None
+        added = spec.get("added_tokens") or []
+        # An added token that strips the spaces beside it, matches the normalized text or must stand
+        # as a word spans other characters than its content; one named as a byte token ("<0x0A>",
+        # a BpeTrainer's special token) is one id for a byte and for six characters of text.
+        if any(
+            t.get("lstrip")
+            or t.get("rstrip")
+            or t.get("single_word")
+            or t.get("normalized")
+            or t.get("content") in _BYTES
+            for t in added
+        ):
+            return None
+        # A merge that makes a byte token's name ("<0x" + "0A>") would give it 6 characters, not 1.
+        for merge in model.get("merges") or []:
+            left, right = merge if isinstance(merge, list) else str(merge).split(" ", 1)
+            if left + right in _BYTES:
+                return None
+        contents = {int(t["id"]): str(t["content"]) for t in added}
+        size = max([*model["vocab"].values(), *contents, -1]) + 1
+        length = np.zeros(size, dtype=np.int64)
+        kind = np.full(size, _PIECE, dtype=np.int8)
+        for piece, i in model["vocab"].items():
+            length[i] = len(piece)
+            byte = _BYTES.get(piece)
+            if byte is not None:
+                length[i] = 1
+                kind[i] = _CONTINUATION if 0x80 <= byte < 0xC0 else _LEAD
+        for i, content in contents.items():
+            length[i], kind[i] = len(content), _ADDED
+        found = sorted(set(contents.values()), key=len, reverse=True)
+        pattern = re.compile("|".join(map(re.escape, found))) if found else None
+        return cls(length, kind, prepend, forms, scheme, pattern)
+
+    def takes(self, text: str) -> bool:
+        """Whether `text`'s offsets follow from its ids (else the reference encodes it)."""
+        if self.metaspace is not None and metaspace_copy(self.metaspace, self.added, text) is None:
+            return False
+        return unchanged(self.forms, text)
+
+    def offsets(self, text: str, ids: np.ndarray) -> np.ndarray | None:
+        """Each token's (start, end) character offsets in `text`, as tokenizers reports them; None
+        where the ids do not span the text exactly (they are not its encoding: the reference's)."""
+        kind = self.kind[ids]
+        advance = np.where(kind == _CONTINUATION, 0, self.length[ids])
+        prepend = self.prepend
+        if self.metaspace is not None:
+            prepend = metaspace_copy(self.metaspace, self.added, text) == PREPEND
+        if prepend and len(ids):
+            # A section's first piece holds the `▁` Prepend added, which spans no character of its own.
+            after_added = np.r_[True, kind[:-1] == _ADDED]
+            advance -= after_added & (kind == _PIECE)
+        end = np.cumsum(advance)
+        if (end[-1] if len(end) else 0) != len(text):
+            return None
+        start = end - advance
+        # A lone `▁` a section begins with spans the character it is aligned with.
+        end = start + np.maximum(advance, 1)
+        # A continuation byte spans its character: the offsets of the lead byte before it.
+        owner = np.maximum.accumulate(np.where(kind == _CONTINUATION, -1, np.arange(len(ids))))
+        owner = np.maximum(owner, 0)
+        return np.stack([start[owner], end[owner]], axis=1).astype(np.int64)
+
+    def coder(self, fast: Any, reference: Coder, routed: list[int] | None = None) -> Coder:
+        """A fast encoder's ids with these offsets; the texts `takes` refuses go to `reference`
+        (counted in `routed`: texts, UTF-8 bytes)."""
+        return _coder(self, fast, reference, routed)
+
+
+def _sentencepiece_shape(
+    normalizer: dict[str, Any] | None, pre_tokenizer: dict[str, Any] | None
+) -> tuple[bool, tuple[str, ...], str | None] | None:
+    """(prepends `▁`, the normal forms, the Metaspace's prepend_scheme or None) of a SentencePiece
+    BPE's normalizer and pre-tokenizer (PieceOffsets), or None for another shape."""
+    if normalizer is None:
+        if (
+            pre_tokenizer is not None
+            and pre_tokenizer.get("type") == "Metaspace"
+            and pre_tokenizer.get("replacement") == "▁"
+            and pre_tokenizer.get("split") is False
+            and pre_tokenizer.get("prepend_scheme") in ("first", "always")
+        ):
+            return True, (), str(pre_tokenizer["prepend_scheme"])
+        return None
+    if pre_tokenizer is not None:
+        return None
+    steps = _steps(normalizer, "normalizers")
+    replace = [s for s in steps if s.get("type") == "Replace"]
+    prepend = [s for s in steps if s.get("type") == "Prepend"]
+    forms = tuple(str(s.get("type")) for s in steps if s.get("type") in _FORMS)
+    if (
+        len(replace) != 1
+        or replace[0].get("pattern") != {"String": " "}
+        or replace[0].get("content") != "▁"
+        or len(prepend) > 1
+        or any(s.get("prepend") != "▁" for s in prepend)
+        or len(replace) + len(prepend) + len(forms) != len(steps)
+    ):
+        return None
+    return bool(prepend), forms, None
+
+
+def offsets_of(tokenizer_json: str) -> ByteOffsets | PieceOffsets | None:
+    """The table that gives this tokenizer's character offsets from its ids, or None where they do
+    not follow from its ids (WordPiece, Unigram, a normalizer that rewrites text...)."""
+    return ByteOffsets.of(tokenizer_json) or PieceOffsets.of(tokenizer_json)
+
+
+def _coder(table: ByteOffsets | PieceOffsets, fast: Any, reference: Coder, routed: list[int] | None) -> Coder:
+    """A fast encoder's ids (one flat buffer a batch) with `table`'s offsets; the texts it does not
+    take, or whose ids do not span them, go to `reference` (ids and offsets both), counted in
+    `routed` ([texts, UTF-8 bytes]) where given."""
+
+    def encode(texts: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        plain = [i for i, t in enumerate(texts) if table.takes(t)]
+        out: list[Any] = [None] * len(texts)
+        if plain:
+            flat, lengths = fast.encode([texts[i] for i in plain])
+            ends = np.cumsum(lengths)
+            for k, i in enumerate(plain):
+                ids = flat[ends[k] - lengths[k] : ends[k]]
+                offsets = table.offsets(texts[i], ids)
+                if offsets is not None:
+                    out[i] = (ids, offsets)
+        rest = [i for i in range(len(texts)) if out[i] is None]
+        if routed is not None and rest:
+            routed[0] += len(rest)
+            routed[1] += sum(len(texts[i].encode("utf-8", "surrogatepass")) for i in rest)
+        for i, coded in zip(rest, reference([texts[i] for i in rest]) if rest else [], strict=True):
+            out[i] = coded
+        return out
+
+    return encode
 
 
 def unchanged(forms: tuple[str, ...], text: str) -> bool:

@@ -24,7 +24,7 @@ from raypack.config import JobConfig
 from raypack.pipeline.backends import Encoder, Guarded, Mismatch, TokenizersEncoder
 from raypack.pipeline.encode import Checker, chat_template, encode_chat, encode_flat
 from raypack.pipeline.histogram import summarize_shard
-from raypack.pipeline.offsets import ByteOffsets, Coder, reference_coder
+from raypack.pipeline.offsets import Coder, offsets_of, reference_coder
 from raypack.pipeline.readers import Batch, Reject, read_unit
 from raypack.pipeline.token_files import (
     DONE,
@@ -86,11 +86,12 @@ class TokenizeShards:
         self.reference_coder = reference_coder(self.tok.tokenizer)
         self.coder: Coder = self.reference_coder
         if cfg.input.chat and self.encoder is not self.reference:
-            offsets = ByteOffsets.of(self.tok.json)
+            offsets = offsets_of(self.tok.json)
             if offsets is None:
                 self.encoder = self.reference
             else:
-                self.coder = offsets.coder(self.encoder, self.reference_coder)
+                routed = self.fast.routed if self.fast is not None else None
+                self.coder = offsets.coder(self.encoder, self.reference_coder, routed)
 
     def unit(self, unit: WorkUnit) -> dict[str, Any]:
         """One work unit → its summary, the row histogram.Totals.add folds. Makes sure the unit's
@@ -142,7 +143,7 @@ class TokenizeShards:
         self._checker = None
         self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
         if self.fast is not None:
-            self.fast.routed = [0, 0]  # this unit's texts fastokens' copy does not take
+            self.fast.routed[:] = [0, 0]  # this unit's texts fastokens' copy does not take
         if self.encoder is self.reference:
             return self._tokenize(unit)
         self._checker = Checker(self.reference, f"{unit.relpath}:{unit.shard.unit_start}")

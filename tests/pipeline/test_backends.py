@@ -234,6 +234,30 @@ def test_an_nfkc_byte_level_bpe_runs_on_fastokens_and_texts_nfkc_changes_on_toke
     assert reference["routed_to_tokenizers"] == {"texts": 0, "bytes": 0}
 
 
+def test_a_metaspace_sentencepiece_bpe_runs_on_two_fastokens_copies(mistral_v1_metaspace: Path) -> None:
+    """transformers 5's Metaspace (prepend_scheme first), which fastokens refuses, runs on two copies:
+    with Prepend + Replace where the Metaspace prepends `▁` to the text, with the Replace alone
+    where it prepends none (the text starts with a space, `▁` or an added token, as every chat
+    render that begins with `<s>` does); only a text with sections of both kinds is tokenizers'."""
+    _, reference, fast = _encoders(mistral_v1_metaspace)
+    assert fast.route.metaspace == "first"
+    texts = {
+        "Hello world": "main",
+        " Hello world": "plain",
+        "▁Hello": "plain",
+        "<s>[INST] Hello [/INST] world</s>": "plain",
+        " a</s> b": "plain",
+        "Hello</s> world": None,
+        "": "main",
+    }
+    assert {t: fast.route.copy(t) for t in texts} == texts
+    assert first_difference(reference, fast, list(texts)) is None
+    spy = _Spy(reference)
+    fast.reference = spy
+    fast.encode(list(texts))
+    assert spy.seen == [["Hello</s> world"]]
+
+
 def test_a_backend_made_to_differ_is_caught_by_the_self_check(
     tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,9 +1,14 @@
-"""Character offsets derived from a byte-level BPE's ids (raypack.pipeline.offsets) against the ones
-`tokenizers` reports, character for character, with and without trim_offsets."""
+"""Character offsets derived from ids (raypack.pipeline.offsets) against the ones `tokenizers`
+reports, character for character: byte-level BPEs with and without trim_offsets, and a real
+SentencePiece BPE (Mistral-7B's) in each shape tokenizers gives one."""
 
 from __future__ import annotations
 
+import json
 import random
+import unicodedata
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from raypack.config import TokenizerConfig
 from raypack.pipeline.backends import choose_backend
-from raypack.pipeline.offsets import ByteOffsets
+from raypack.pipeline.offsets import ByteOffsets, PieceOffsets, offsets_of, reference_coder
 from raypack.pipeline.tokenizer import load_tokenizer
 
 # Characters of 1 to 4 UTF-8 bytes, and the spaces trim_offsets takes out of a token.
@@ -123,12 +128,12 @@ def test_offsets_follow_from_ids_for_llama3_shaped_tokenizers(form: str) -> None
     words = [*PIECES, "don't", "12345", "café", "x\r\ny", "  \n"]
     for _ in range(300):
         text = "".join(rng.choice(words) for _ in range(rng.randint(1, 30)))
-        assert table.identity(text)
+        assert table.takes(text)
         encoding = tok.encode(text, add_special_tokens=False)
         want = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
         assert table.offsets(text, np.asarray(encoding.ids)).tolist() == want.tolist(), text
     changed = ["ﬁne", "x²", "Ｆｕｌｌ"]
-    assert [table.identity(t) for t in changed] == [form != "NFKC"] * 3  # NFC leaves them
+    assert [table.takes(t) for t in changed] == [form != "NFKC"] * 3  # NFC leaves them
 
 
 def test_a_normalizer_that_rewrites_text_is_not_taken() -> None:
@@ -137,3 +142,132 @@ def test_a_normalizer_that_rewrites_text_is_not_taken() -> None:
 
     tok = _llama3_shaped(normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()]))
     assert ByteOffsets.of(tok.to_str()) is None
+
+
+# SentencePiece BPEs (PieceOffsets): Mistral-7B's real 32k model in each shape tokenizers gives one.
+SP_PIECES = [
+    *PIECES,
+    "Hello",
+    " world",
+    "▁",
+    "<s>",
+    "</s>",
+    "[INST]",
+    "<0x0A>",  # the name of a byte token, as text: six characters
+    "\u0301",  # a combining accent: no piece of its own, byte fallback
+    "ﬁ",  # NFKC makes it 'fi'
+    "\x00",
+    "\U0010fffd",
+]
+_PREPEND = {"type": "Prepend", "prepend": "▁"}
+_REPLACE = {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}
+SP_SHAPES = {
+    "published (Prepend + Replace)": {"type": "Sequence", "normalizers": [_PREPEND, _REPLACE]},
+    "Gemma's (Replace alone)": _REPLACE,
+    "NFKC, Prepend, Replace": {"type": "Sequence", "normalizers": [{"type": "NFKC"}, _PREPEND, _REPLACE]},
+    "transformers 5 (Metaspace)": None,
+}
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_shapes(
+    mistral_v1: Path, mistral_v1_metaspace: Path
+) -> dict[str, tuple[Tokenizer, PieceOffsets | ByteOffsets | None]]:
+    """Each shape's tokenizer and its offsets table."""
+    shapes = {}
+    for name, normalizer in SP_SHAPES.items():
+        if normalizer is None:
+            text = mistral_v1_metaspace.read_text()
+        else:
+            spec = json.loads(mistral_v1.read_text())
+            spec["normalizer"] = normalizer
+            text = json.dumps(spec, ensure_ascii=False)
+        shapes[name] = (Tokenizer.from_str(text), offsets_of(text))
+    return shapes
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(list(SP_SHAPES)), st.lists(st.sampled_from(SP_PIECES), max_size=25))
+def test_a_sentencepiece_bpes_offsets_from_ids_are_the_tokenizers_own(
+    sentencepiece_shapes: dict[str, tuple[Tokenizer, PieceOffsets | ByteOffsets | None]],
+    shape: str,
+    pieces: list[str],
+) -> None:
+    """Every offset tokenizers reports, for every text the table takes: the `▁` Prepend adds aligned
+    with a section's first character, a section after each added token, a character's 1-4 byte
+    tokens each holding it. Texts it does not take: NFKC's changes, and with Metaspace a text that
+    holds an added token and starts with neither one, a space nor `▁`."""
+    text = "".join(pieces)
+    tok, table = sentencepiece_shapes[shape]
+    assert isinstance(table, PieceOffsets)
+    takes = table.takes(text)
+    if shape.startswith("NFKC"):
+        assert takes == unicodedata.is_normalized("NFKC", text)  # 'ﬁ', an accent after a letter
+    elif shape.startswith("transformers 5"):
+        # prepend_scheme first: a `▁` before the first section unless it starts with a space, `▁`
+        # or an added token; none before the others. A text with sections of both kinds is not taken.
+        added = any(t in text for t in ("<s>", "</s>"))
+        assert takes == (not added or text.startswith((" ", "▁", "<s>", "</s>")))
+    else:
+        assert takes
+    if takes:
+        encoding = tok.encode(text, add_special_tokens=False)
+        want = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        got = table.offsets(text, np.asarray(encoding.ids, dtype=np.int32))
+        assert got is not None and got.tolist() == want.tolist(), (text, encoding.tokens)
+
+
+def test_ids_that_do_not_span_the_text_go_to_the_reference(mistral_v1: Path) -> None:
+    """Ids that are not the text's encoding (a token missing) give no offsets: the coder takes that
+    text's ids and offsets from the reference, and counts it as routed."""
+    tok = Tokenizer.from_file(str(mistral_v1))
+    table = offsets_of(mistral_v1.read_text())
+    assert table is not None
+    texts = ["Hello world", "日本語 🙂 ok"]
+    right = [np.asarray(tok.encode(t, add_special_tokens=False).ids, dtype=np.int32) for t in texts]
+    assert table.offsets(texts[1], right[1][:-1]) is None
+
+    class Dropping:  # a fast encoder that loses the last id of the second text
+        def encode(self, batch: list[str]) -> tuple[np.ndarray, np.ndarray]:
+            ids = [right[0], right[1][:-1]]
+            return np.concatenate(ids), np.array([len(i) for i in ids])
+
+    routed = [0, 0]
+    coded = table.coder(Dropping(), reference_coder(tok), routed)(texts)
+    assert [c[0].tolist() for c in coded] == [r.tolist() for r in right]
+    assert routed == [1, len(texts[1].encode())]
+
+
+def test_sentencepiece_shapes_whose_offsets_do_not_follow_are_refused(mistral_v1: Path) -> None:
+    """A byte token that is also an added token ('<0x0A>' in the text is the same id as byte 0x0A),
+    a normalizer that rewrites (Lowercase), a Metaspace that splits at spaces, no byte fallback."""
+    base = json.loads(mistral_v1.read_text())
+
+    def variant(change: Any) -> str:
+        spec = json.loads(json.dumps(base))
+        change(spec)
+        return json.dumps(spec, ensure_ascii=False)
+
+    def added_byte(spec: dict[str, Any]) -> None:
+        spec["added_tokens"].append(
+            {**spec["added_tokens"][0], "id": spec["model"]["vocab"]["<0x0A>"], "content": "<0x0A>"}
+        )
+
+    def lowercase(spec: dict[str, Any]) -> None:
+        spec["normalizer"]["normalizers"].append({"type": "Lowercase"})
+
+    def splitting(spec: dict[str, Any]) -> None:
+        spec["normalizer"] = None
+        spec["pre_tokenizer"] = {
+            "type": "Metaspace",
+            "replacement": "▁",
+            "prepend_scheme": "always",
+            "split": True,
+        }
+
+    def no_fallback(spec: dict[str, Any]) -> None:
+        spec["model"]["byte_fallback"] = False
+
+    assert PieceOffsets.of(mistral_v1.read_text()) is not None
+    for change in (added_byte, lowercase, splitting, no_fallback):
+        assert offsets_of(variant(change)) is None, change.__name__
