@@ -101,18 +101,23 @@ class Route:
     the texts neither does are the reference's (FastokensEncoder.encode)."""
 
     forms: tuple[str, ...] = ()
-    """Normal forms taken out of the normalizer: a text one of them changes is not fastokens'."""
+    """Normal forms taken out of the normalizer: a text one of them changes is encoded as they
+    write it ("normalized"), or by the reference where it holds an added token."""
     metaspace: str | None = None
     """For a Metaspace rewritten as normalizers, its prepend_scheme: metaspace_copy says per text
     whether the copy with the Prepend ("main") or the one without it ("plain") writes the text
     as the Metaspace does."""
     added: re.Pattern[str] | None = None
-    """With the Metaspace rewrite, the added tokens (a section starts after each one)."""
+    """The added tokens, where a rewrite needs them (a section starts after each one)."""
 
     def copy(self, text: str) -> str | None:
-        """ "main" (fast_json's copy), "plain" (its Metaspace rewrite without the Prepend), or None."""
+        """Which copy: "main" (fast_json's), "plain" (its Metaspace rewrite without the Prepend),
+        "normalized" (main, given the text as the normal forms write it), or None (the reference)."""
         if self.forms and not unchanged(self.forms, text):
-            return None
+            # Holding no added token, the text is one section, normalized whole (tokenizers splits
+            # a text at its added tokens, then normalizes each section): main encodes it as
+            # tokenizers would, given tokenizers' own normalization of it (FastokensEncoder).
+            return "normalized" if self.added is None or not self.added.search(text) else None
         if self.metaspace is None:
             return "main"
         copy = metaspace_copy(self.metaspace, self.added, text)
@@ -123,8 +128,10 @@ def fast_json(tokenizer_json: str, *, prepend: bool = True) -> tuple[str, Route]
     """What fastokens loads, and which texts it then encodes as the tokenizer does. Each rewrite
     holds for the texts Route.copy places, one way, checked per text; the others go to tokenizers:
     - a normalizer that only applies Unicode normal forms (NFKC, NFC, NFD..., alone or in a
-      Sequence) is left out, for the texts they leave as they are. fastokens refuses NFKC and NFD
-      at load (a byte-level BPE with NFKC ran wholly on tokenizers: 127 MB in 30.7 s, issue 39);
+      Sequence) is left out: a text they leave as it is is encoded as it stands, one they change
+      as tokenizers' own normalizer writes it where it holds no added token. fastokens refuses
+      NFKC and NFD at load (a byte-level BPE with NFKC ran wholly on tokenizers: 127 MB in 30.7 s,
+      issue 39; the texts NFKC changes then went to tokenizers whole: 18 MB/s a core, not 74);
     - a SentencePiece BPE as transformers 5 converts it (Llama, Mistral: a Metaspace pre-tokenizer,
       `prepend_scheme: first` or `always`, `split: false`, no normalizer), which fastokens
       refuses, becomes the `Prepend("▁")` + `Replace(" ", "▁")` normalizer of the same model's
@@ -141,7 +148,8 @@ def fast_json(tokenizer_json: str, *, prepend: bool = True) -> tuple[str, Route]
         forms = normal_forms(spec)
         if forms is None:
             return tokenizer_json, Route()
-        return tokenizer_json[:start] + "null" + tokenizer_json[end:], Route(forms=forms)
+        route = Route(forms=forms, added=_added(tokenizer_json))
+        return tokenizer_json[:start] + "null" + tokenizer_json[end:], route
     pre = _part(tokenizer_json, "pre_tokenizer")
     # tokenizers writes the normalizer before the pre-tokenizer: one splice after the other.
     if pre is not None and pre[0] is not None and _metaspace_always(pre[0]) and end <= pre[1]:
@@ -210,6 +218,8 @@ class FastokensEncoder:
         self.json = tokenizer_json
         self.routed = [0, 0]
         """Texts (and their UTF-8 bytes) `route` gave the reference (its owner resets it)."""
+        self.normalizer: Any = None
+        """tokenizers' normalizer of route.forms, made when first needed ("normalized" texts)."""
         self.plain: Any = None
         """fastokens' copy without the Metaspace rewrite's Prepend (Route.copy "plain")."""
         self.reference: Encoder | None = None
@@ -228,8 +238,27 @@ class FastokensEncoder:
                 return self._routed(texts, copies)
         return self._encode(texts)
 
+    def _normalized(self, texts: list[str], copies: list[str | None]) -> list[str]:
+        """`texts` with each "normalized" one as tokenizers' normalizer writes it; one that then
+        holds an added token (matched in the normalized text) becomes the reference's."""
+        if self.normalizer is None:
+            from tokenizers import normalizers
+
+            forms = [getattr(normalizers, form)() for form in self.route.forms]
+            self.normalizer = normalizers.Sequence(forms)
+        out = list(texts)
+        for i, copy in enumerate(copies):
+            if copy == "normalized":
+                out[i] = self.normalizer.normalize_str(texts[i])
+                if self.route.added is not None and self.route.added.search(out[i]):
+                    copies[i], out[i] = None, texts[i]
+        return out
+
     def _routed(self, texts: list[str], copies: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-        """Each text encoded by the copy Route.copy named: "main", "plain" or (None) the reference."""
+        """Each text encoded by the copy Route.copy named: "main", "plain", "normalized" (main, on
+        the normalized text) or (None) the reference."""
+        if "normalized" in copies:
+            texts = self._normalized(texts, copies)
         changed = [i for i, c in enumerate(copies) if c is None]
         if changed and self.reference is None:
             from tokenizers import Tokenizer
@@ -241,7 +270,8 @@ class FastokensEncoder:
         pieces = [np.zeros(0, dtype=np.int32)] * len(texts)
         encoders = {"main": self._encode, "plain": self._plain_encode, None: self._reference_encode}
         for copy, encode in encoders.items():
-            where = [i for i, c in enumerate(copies) if c == copy]
+            # A normalized text is main's: one batch for both.
+            where = [i for i, c in enumerate(copies) if c == copy or (copy == "main" and c == "normalized")]
             if not where:
                 continue
             flat, n = encode([texts[i] for i in where])

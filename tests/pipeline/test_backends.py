@@ -203,22 +203,34 @@ class _Spy(TokenizersEncoder):
 def test_an_nfkc_byte_level_bpe_runs_on_fastokens_and_texts_nfkc_changes_on_tokenizers(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:
-    """fastokens refuses NFKC at load: it loads the tokenizer without it, a text NFKC leaves as it is
-    goes to it, one NFKC changes ('ﬁ', '²', full-width letters) to tokenizers; the ids of a batch
-    mixing both are tokenizers' in order; a job on the default path picks fastokens and writes
-    the bytes tokenizers writes."""
+    """fastokens refuses NFKC at load: it loads the tokenizer without it; a text NFKC leaves as it
+    is goes to it as it stands, one NFKC changes ('ﬁ', '²', full-width letters) as tokenizers'
+    NFKC writes it, and only one that also holds an added token (a text of several sections, each
+    normalized apart) to tokenizers; the ids of a batch mixing them are tokenizers' in order; a
+    job on the default path picks fastokens and writes the bytes tokenizers writes."""
     nfkc = tmp_path / "nfkc.json"
     _nfkc(tokenizer_path).save(str(nfkc))
     _, reference, fast = _encoders(nfkc)
     assert fast.route.forms == ("NFKC",)
-    texts = ["plain words", "ﬁne x² Ｆｕｌｌ", "café 日本語", "", "Ｘ", " ".join(WORDS[:50])]
+    texts = [
+        "plain words",
+        "ﬁne x² Ｆｕｌｌ",
+        "café 日本語",
+        "",
+        "Ｘ<s>",
+        " ".join(WORDS[:50]),
+        "e\u0301<s>x",
+    ]
+    assert [fast.route.copy(t) for t in texts] == ["main", "normalized", "main", "main", None, "main", None]
     assert first_difference(reference, fast, texts) is None
     spy = _Spy(reference)
     fast.reference = spy
     fast.encode(texts)
-    assert spy.seen == [["ﬁne x² Ｆｕｌｌ", "Ｘ"]]
+    assert spy.seen == [["Ｘ<s>", "e\u0301<s>x"]]
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=20, seed=3)
-    write_jsonl(corpus / "compat.jsonl", [{"text": f"ﬁle {i}² Ｆｕｌｌ width"} for i in range(10)])
+    compat = [{"text": f"ﬁle {i}² Ｆｕｌｌ width"} for i in range(10)]
+    compat += [{"text": f"ﬁle {i}² <s> Ｆｕｌｌ width"} for i in range(3)]  # an added token too
+    write_jsonl(corpus / "compat.jsonl", compat)
     path = job_config(tmp_path, f"{corpus}/*", nfkc)
     outs = {}
     for backend in ("auto", "tokenizers"):
@@ -229,8 +241,9 @@ def test_an_nfkc_byte_level_bpe_runs_on_fastokens_and_texts_nfkc_changes_on_toke
     fast, reference = outs["auto"][0], outs["tokenizers"][0]
     assert fast["chosen"].startswith("fastokens ") and reference["chosen"].startswith("tokenizers ")
     assert outs["auto"][1] == outs["tokenizers"][1]
-    # The texts NFKC changes went to tokenizers, and the run says how many (the 10 of compat.jsonl).
-    assert fast["routed_to_tokenizers"]["texts"] == 10 and fast["routed_to_tokenizers"]["bytes"] > 0
+    # The texts NFKC changes that hold an added token went to tokenizers, and the run says how many
+    # (the 3 of compat.jsonl); the 10 others went to fastokens normalized.
+    assert fast["routed_to_tokenizers"]["texts"] == 3 and fast["routed_to_tokenizers"]["bytes"] > 0
     assert reference["routed_to_tokenizers"] == {"texts": 0, "bytes": 0}
 
 
