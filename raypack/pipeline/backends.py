@@ -38,7 +38,6 @@ from raypack.pipeline.offsets import (
     PieceOffsets,
     metaspace_copy,
     normal_forms,
-    offsets_of,
     reference_coder,
     unchanged,
 )
@@ -547,7 +546,7 @@ def choose_backend(
             raise ConfigError(f"tokenizer.backend fastokens: {reason}; use auto or tokenizers")
         return Choice("tokenizers", reference.version, reason)
 
-    offsets = offsets_of(tok.json) if chat else None
+    offsets = tok.offsets() if chat else None
     if chat and offsets is None:
         return refuse(
             "chat data's mask needs character offsets, and this tokenizer's do not follow from its ids "

@@ -39,7 +39,6 @@ from raypack.pipeline.backends import (
 from raypack.pipeline.encode import chat_template
 from raypack.pipeline.exchange import shard_runs
 from raypack.pipeline.histogram import Totals
-from raypack.pipeline.offsets import offsets_of
 from raypack.pipeline.readers import Chat, read_unit
 from raypack.pipeline.token_files import cached_rejects_file, token_key, token_settings
 from raypack.pipeline.tokenize_pool import TokenizePool
@@ -157,7 +156,7 @@ def tokenize(
         if version is not None
         and remembered is None
         and cfg.tokenizer.backend != "tokenizers"
-        and not (cfg.input.chat and offsets_of(tok.json) is None)
+        and not (cfg.input.chat and tok.offsets() is None)
         else None
     )
 

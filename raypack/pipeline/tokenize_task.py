@@ -24,7 +24,7 @@ from raypack.config import JobConfig
 from raypack.pipeline.backends import Encoder, Guarded, Mismatch, TokenizersEncoder
 from raypack.pipeline.encode import Checker, chat_template, encode_chat, encode_flat
 from raypack.pipeline.histogram import summarize_shard
-from raypack.pipeline.offsets import Coder, offsets_of, reference_coder
+from raypack.pipeline.offsets import Coder, reference_coder
 from raypack.pipeline.readers import Batch, Reject, read_unit
 from raypack.pipeline.token_files import (
     DONE,
@@ -86,7 +86,7 @@ class TokenizeShards:
         self.reference_coder = reference_coder(self.tok.tokenizer)
         self.coder: Coder = self.reference_coder
         if cfg.input.chat and self.encoder is not self.reference:
-            offsets = offsets_of(self.tok.json)
+            offsets = self.tok.offsets()
             if offsets is None:
                 self.encoder = self.reference
             else:

@@ -109,6 +109,8 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
                     f"the tokenizer at {cfg.tokenizer.path} changed while the job ran (sha256 "
                     f"{tok.sha256[:12]}, the job started with {ctx.tokenizer_sha256[:12]}): rerun the job"
                 )
+            if cfg.input.chat:  # here, in a local pool's zygote, not in each worker it forks
+                tok.offsets()
             summarize_shard_warm(cfg)
             pa.array(["x"])  # pyarrow imports pandas on its first Python list: 0.2-0.4 s a first unit
             state = JobState(ctx, tok)

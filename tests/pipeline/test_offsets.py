@@ -44,7 +44,7 @@ TOKENIZERS = {trim: _trained(trim) for trim in (False, True)}
 def _both(trim: bool, text: str) -> tuple[np.ndarray, np.ndarray]:
     tok = TOKENIZERS[trim]
     encoding = tok.encode(text, add_special_tokens=False)
-    table = ByteOffsets.of(tok.to_str())
+    table = ByteOffsets.of(tok)
     assert table is not None
     want = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
     return want, table.offsets(text, np.asarray(encoding.ids))
@@ -122,7 +122,7 @@ def test_offsets_follow_from_ids_for_llama3_shaped_tokenizers(form: str) -> None
         "NFC in a sequence": normalizers.Sequence([normalizers.NFC()]),
     }[form]
     tok = _llama3_shaped(normalizer)
-    table = ByteOffsets.of(tok.to_str())
+    table = ByteOffsets.of(tok)
     assert table is not None
     rng = random.Random(2)
     words = [*PIECES, "don't", "12345", "café", "x\r\ny", "  \n"]
@@ -141,7 +141,7 @@ def test_a_normalizer_that_rewrites_text_is_not_taken() -> None:
     from tokenizers import normalizers
 
     tok = _llama3_shaped(normalizers.Sequence([normalizers.NFC(), normalizers.Lowercase()]))
-    assert ByteOffsets.of(tok.to_str()) is None
+    assert ByteOffsets.of(tok) is None
 
 
 # SentencePiece BPEs (PieceOffsets): Mistral-7B's real 32k model in each shape tokenizers gives one.
@@ -182,7 +182,8 @@ def sentencepiece_shapes(
             spec = json.loads(mistral_v1.read_text())
             spec["normalizer"] = normalizer
             text = json.dumps(spec, ensure_ascii=False)
-        shapes[name] = (Tokenizer.from_str(text), offsets_of(text))
+        tok = Tokenizer.from_str(text)
+        shapes[name] = (tok, offsets_of(tok))
     return shapes
 
 
@@ -221,7 +222,7 @@ def test_ids_that_do_not_span_the_text_go_to_the_reference(mistral_v1: Path) -> 
     """Ids that are not the text's encoding (a token missing) give no offsets: the coder takes that
     text's ids and offsets from the reference, and counts it as routed."""
     tok = Tokenizer.from_file(str(mistral_v1))
-    table = offsets_of(mistral_v1.read_text())
+    table = offsets_of(tok)
     assert table is not None
     texts = ["Hello world", "日本語 🙂 ok"]
     right = [np.asarray(tok.encode(t, add_special_tokens=False).ids, dtype=np.int32) for t in texts]
@@ -240,13 +241,14 @@ def test_ids_that_do_not_span_the_text_go_to_the_reference(mistral_v1: Path) -> 
 
 def test_sentencepiece_shapes_whose_offsets_do_not_follow_are_refused(mistral_v1: Path) -> None:
     """A byte token that is also an added token ('<0x0A>' in the text is the same id as byte 0x0A),
-    a normalizer that rewrites (Lowercase), a Metaspace that splits at spaces, no byte fallback."""
+    a normalizer that rewrites (Lowercase), a Metaspace that splits at spaces, no byte fallback,
+    ignore_merges (a word of the vocabulary taken whole: '<0x0A>' as text, the byte's token)."""
     base = json.loads(mistral_v1.read_text())
 
-    def variant(change: Any) -> str:
+    def variant(change: Any) -> Tokenizer:
         spec = json.loads(json.dumps(base))
         change(spec)
-        return json.dumps(spec, ensure_ascii=False)
+        return Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
 
     def added_byte(spec: dict[str, Any]) -> None:
         spec["added_tokens"].append(
@@ -268,6 +270,9 @@ def test_sentencepiece_shapes_whose_offsets_do_not_follow_are_refused(mistral_v1
     def no_fallback(spec: dict[str, Any]) -> None:
         spec["model"]["byte_fallback"] = False
 
-    assert PieceOffsets.of(mistral_v1.read_text()) is not None
-    for change in (added_byte, lowercase, splitting, no_fallback):
+    def whole_words(spec: dict[str, Any]) -> None:  # "<0x0A>" as text would be the byte's token
+        spec["model"]["ignore_merges"] = True
+
+    assert PieceOffsets.of(Tokenizer.from_file(str(mistral_v1))) is not None
+    for change in (added_byte, lowercase, splitting, no_fallback, whole_words):
         assert offsets_of(variant(change)) is None, change.__name__
