@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import suppress
@@ -66,6 +67,8 @@ class JobState:
     fast: FastokensEncoder | None = None
     fast_error: str = ""
     """Why fastokens did not load here ("" when it did or was not asked for)."""
+    pid: int = field(default_factory=os.getpid)
+    """The process that loaded it: another one is a fork of it (a local pool's zygote's worker)."""
     passes: dict[tuple[str, Any, str], Any] = field(default_factory=dict)
     """The tokenize stage's TokenizeShards of each pass (a pass's id, class, backend): a worker keeps
     one from unit to unit (it holds the failover to tokenizers once a check found a difference)."""
@@ -167,6 +170,12 @@ def forget() -> None:
     units' buffers used, glibc what the tokenizers' Rust allocations did (through malloc).
     Measured: 429 MiB after preloading a 128k BPE with fastokens, 218 MiB after forget."""
     if not _STATE:
+        return
+    if all(state.pid != os.getpid() for state in _STATE.values()):
+        # A fork of a local pool's zygote, which loaded the state: its pages are the zygote's,
+        # shared until written. Freeing it here frees nothing (the zygote keeps them) and writes to
+        # every page the frees touch: 0.3-0.35 s a worker at the start of assign with a 131k BPE,
+        # on the job's critical path.
         return
     _STATE.clear()
     gc.collect()
