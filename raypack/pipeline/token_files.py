@@ -160,11 +160,15 @@ def cached_rejects_file(token_path: str) -> str:
     return token_path.removesuffix(".arrow") + ".rejects.parquet"
 
 
+# A number that stands alone ("byte 13", "(4096)", "22.5%"), not one inside a word or a path:
+# UTF-8 stays UTF-8, and /tmp/run-154/model0/ stays as it is (it was /tmp/run-N/modelN/).
+_NUMBER = re.compile(r"(?<![\w/.-])\d+(?:\.\d+)?(?![\w/-])")
+
+
 def reason_counts(reasons: list[str]) -> dict[str, int]:
     """Rejects by kind: the reason up to its first colon, numbers replaced by N ("malformed JSON",
     "invalid UTF-8 at byte N", "record of N bytes, over input.max_document_bytes (N)")."""
-    # A number in a name stays (UTF-8, UTF-16: not UTF-N).
-    kinds = Counter(re.sub(r"(?<![A-Za-z]-)\d+", "N", r.split(":", 1)[0]) for r in reasons)
+    kinds = Counter(_NUMBER.sub("N", r.split(":", 1)[0]) for r in reasons)
     return dict(sorted(kinds.items()))
 
 

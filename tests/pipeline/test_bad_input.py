@@ -366,3 +366,26 @@ def test_a_lone_surrogate_in_a_read_field_is_a_reject_and_a_bom_opens_a_file_qui
     ]
     assert result.documents == 2
     assert sorted(packed_documents(tmp_path / "out")) == ["first", "kept"]
+
+
+def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
+    """The summary's rejects by kind put N for a count or a size, not for a digit inside a word or a
+    path: a template's path was shown as /tmp/pytest-N/modelN/ (issue 39's trial)."""
+    from raypack.pipeline.token_files import reason_counts
+
+    reasons = [
+        "invalid UTF-8 at byte 13",
+        "invalid UTF-8 at byte 4107",
+        "record of 20012 bytes, over input.max_document_bytes (10000)",
+        "chat template /tmp/run-154/model0/tokenizer_config.json: 'dict object' has no attribute 'content'",
+        "message 0 of 'messages' is not an object with a string role",
+        "message 12 of 'messages' is not an object with a string role",
+        "a UTF-16 thing at 2.5%",
+    ]
+    assert reason_counts(reasons) == {
+        "a UTF-16 thing at N%": 1,
+        "chat template /tmp/run-154/model0/tokenizer_config.json": 1,
+        "invalid UTF-8 at byte N": 2,
+        "message N of 'messages' is not an object with a string role": 2,
+        "record of N bytes, over input.max_document_bytes (N)": 1,
+    }
