@@ -7,9 +7,10 @@ machine whose speed drifts through the day (the same baseline took 71-88 s on on
 
 The other revision is checked out with `git worktree` under --work (once), and run by this
 environment's interpreter with that tree ahead of the installed raypack (the same dependencies).
-Corpus and tokenizers: bench_job.py's (real source text in gzipped JSONL shards; the demo's 8k BPE, or
-a 128k BPE trained here). Each round runs the revision, then this checkout, as a CLI process with
-run.executor auto (the default path), timed from start to exit; the data files must be identical.
+Corpus and tokenizers: bench_job.py's (real source text in gzipped JSONL shards; the demo's 8k BPE, a
+128k BPE trained here, or a real model's: bench_job.REAL). Each round runs the revision, then this
+checkout, as a CLI process with run.executor auto (the default path), timed from start to exit; the
+data files must be identical.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def main() -> int:
     )
     parser.add_argument("--rev", required=True, help="the revision to run against (a commit, tag or branch)")
     parser.add_argument("--mb", type=int, default=500, help="corpus size (bench_job.py's corpus)")
-    parser.add_argument("--tokenizer", choices=["demo", "large"], default="large")
+    parser.add_argument("--tokenizer", choices=["demo", "large", *bench_job.REAL], default="large")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-job")
@@ -65,8 +66,10 @@ def main() -> int:
     if args.tokenizer == "demo":
         demo_config(args.work / "demo")
         tokenizer = args.work / "demo" / "tokenizer.json"
-    else:
+    elif args.tokenizer == "large":
         tokenizer = bench_job.large_tokenizer(args.work)
+    else:  # a real model's (bench_job.REAL: `make real-tokenizers` first)
+        tokenizer = bench_job.real_tokenizer(args.work, args.tokenizer)
     corpus, texts = bench_job.make_corpus(args.work, args.mb)
     shards = len(list(corpus.glob("*.jsonl.gz")))
     print(f"{args.mb} MB: {len(texts):,} documents, {shards} shards, {args.tokenizer} tokenizer", flush=True)
