@@ -56,12 +56,19 @@ DROPS_REASONING = (
 )
 
 
-def chat_model(root: Path) -> Path:
-    """A model directory: a byte-level BPE (600 tokens) with ChatML's specials, tokenizer_config.json
-    naming them and holding CHATML."""
-    rng = random.Random(1)
-    texts = [" ".join(rng.choice(WORDS) for _ in range(200)) for _ in range(200)]
-    tok = train_byte_level_bpe(texts, 600, SPECIALS)
+def chat_model(root: Path, tokenizer: Path | None = None) -> Path:
+    """A model directory: a byte-level BPE (600 tokens) with ChatML's specials, or the real
+    `tokenizer` (tests/real_tokenizers.py) with them added, as a fine-tune adds them;
+    tokenizer_config.json naming them and holding CHATML."""
+    if tokenizer is None:
+        rng = random.Random(1)
+        texts = [" ".join(rng.choice(WORDS) for _ in range(200)) for _ in range(200)]
+        tok = train_byte_level_bpe(texts, 600, SPECIALS)
+    else:
+        from tokenizers import AddedToken, Tokenizer
+
+        tok = Tokenizer.from_file(str(tokenizer))
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIALS])
     root.mkdir(parents=True, exist_ok=True)
     tok.save(str(root / "tokenizer.json"))
     config = {

@@ -70,7 +70,7 @@ class Combo:
     max_depth: int | None
     seq_len: int
     seed: int
-    tokenizer: str = "trained"  # plain text: the tests' BPE or a real model's (REAL_TOKENIZERS)
+    tokenizer: str = "trained"  # the tests' BPE or a real model's (REAL_TOKENIZERS); chat: with ChatML added
 
 
 # Real model tokenizers plain text draws (tests/real_tokenizers.py: the session's fixtures of these
@@ -131,9 +131,8 @@ def combos(draw: st.DrawFn) -> Combo:
         max_depth=draw(st.sampled_from((None, None, 3))),
         seq_len=draw(st.sampled_from((64, 96, 160) if kind == "plain" else (160, 256, 384))),
         seed=draw(st.integers(0, 2**16)),
-        tokenizer=draw(st.sampled_from(("trained", "trained", *REAL_TOKENIZERS)))
-        if kind == "plain"
-        else "trained",
+        # Chat: the real tokenizer with ChatML's tokens added (chatdata.chat_model).
+        tokenizer=draw(st.sampled_from(("trained", "trained", *REAL_TOKENIZERS))),
     )
 
 
@@ -359,9 +358,9 @@ def tree(out: Path) -> dict[str, bytes]:
     }
 
 
-def run_and_check(combo: Combo, tokenizers: dict[str, Path], model: Path) -> None:
+def run_and_check(combo: Combo, tokenizers: dict[str, Path], models: dict[str, Path]) -> None:
     note(repr(combo))
-    tokenizer = tokenizers[combo.tokenizer]
+    tokenizer, model = tokenizers[combo.tokenizer], models[combo.tokenizer]
     root = oracle.work_dir()
     try:
         rng = random.Random(combo.seed)
@@ -400,8 +399,13 @@ def run_and_check(combo: Combo, tokenizers: dict[str, Path], model: Path) -> Non
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return chat_model(tmp_path_factory.mktemp("combinations") / "model")
+def models(tmp_path_factory: pytest.TempPathFactory, tokenizers: dict[str, Path]) -> dict[str, Path]:
+    """Each tokenizer's chat model directory (ChatML's tokens and template)."""
+    root = tmp_path_factory.mktemp("combinations")
+    return {
+        name: chat_model(root / name, None if name == "trained" else path)
+        for name, path in tokenizers.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -412,16 +416,18 @@ def tokenizers(tokenizer_path: Path, request: pytest.FixtureRequest) -> dict[str
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(combo=combos())
 def test_a_drawn_job_matches_the_oracle_and_is_the_same_on_two_workers(
-    combo: Combo, tokenizers: dict[str, Path], model: Path
+    combo: Combo, tokenizers: dict[str, Path], models: dict[str, Path]
 ) -> None:
-    run_and_check(combo, tokenizers, model)
+    run_and_check(combo, tokenizers, models)
 
 
 @pytest.mark.slow
 @settings(max_examples=SLOW_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(combo=combos())
-def test_many_drawn_jobs_match_the_oracle(combo: Combo, tokenizers: dict[str, Path], model: Path) -> None:
-    run_and_check(combo, tokenizers, model)
+def test_many_drawn_jobs_match_the_oracle(
+    combo: Combo, tokenizers: dict[str, Path], models: dict[str, Path]
+) -> None:
+    run_and_check(combo, tokenizers, models)
 
 
 def test_the_drawing_reaches_every_setting() -> None:
@@ -437,10 +443,13 @@ def test_the_drawing_reaches_every_setting() -> None:
         for s in combo.sources:
             for key, value in vars(s).items():
                 seen.setdefault(f"source.{key}", set()).add(value)
+        seen.setdefault(f"tokenizer, {'plain' if combo.kind == 'plain' else 'chat'}", set()).add(
+            combo.tokenizer
+        )
 
     collect()
     assert seen["kind"] == {"plain", "messages", "pairs"}
-    assert seen["tokenizer"] == {"trained", *REAL_TOKENIZERS}
+    assert seen["tokenizer, plain"] == seen["tokenizer, chat"] == {"trained", *REAL_TOKENIZERS}
     assert seen["format"] == set(INPUT_FORMATS)
     assert seen["output"] >= {"parquet", "megatron", "olmo", "trl", "bridge"} | (
         {"mds"} if oracle.mds_python() else set()
