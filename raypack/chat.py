@@ -63,6 +63,7 @@ __all__ = [
     "special_tokens",
     "template_variables",
     "token_mask",
+    "token_masks",
 ]
 
 CHAT_FILE = "chat_template.jinja"
@@ -534,6 +535,53 @@ def token_mask(offsets: np.ndarray, spans: list[tuple[int, int]], text_len: int)
         hi = int(np.searchsorted(held_starts, e, side="left")) - 1
         if s < e and lo <= hi:
             mask[held[lo] : held[hi] + 1] = True
+    return mask
+
+
+def token_masks(
+    offsets: np.ndarray, lengths: np.ndarray, spans: list[list[tuple[int, int]]], text_lens: list[int]
+) -> np.ndarray:
+    """token_mask of a batch of texts at once: `offsets` every text's tokens back to back, each in
+    its own text, `lengths` their counts; the masks back to back. Each text's characters are placed
+    after the ones before it, so one search over the batch finds every span's tokens (per text,
+    numpy's calls cost ~25 µs a conversation). A text whose offsets are out of order is masked on
+    its own (token_mask)."""
+    n, texts = len(offsets), len(lengths)
+    mask = np.zeros(n, dtype=bool)
+    if n == 0:
+        return mask
+    lengths = np.asarray(lengths, dtype=np.int64)
+    size = np.asarray(text_lens, dtype=np.int64)
+    doc = np.repeat(np.arange(texts), lengths)
+    first = np.cumsum(lengths) - lengths
+    starts, ends = offsets[:, 0].astype(np.int64), offsets[:, 1].astype(np.int64)
+    # token_mask's condition for its search, per text: starts and ends in order, within the text.
+    disorder = np.zeros(texts, dtype=bool)
+    back = (doc[1:] == doc[:-1]) & ((starts[1:] < starts[:-1]) | (ends[1:] < ends[:-1]))
+    disorder[doc[1:][back]] = True
+    some = lengths > 0
+    last = first + lengths - 1
+    disorder[some] |= (starts[first[some]] < 0) | (ends[last[some]] > size[some])
+    base = np.cumsum(size) - size
+    held = np.flatnonzero((ends > starts) & ~disorder[doc])
+    held_starts, held_ends = starts[held] + base[doc[held]], ends[held] + base[doc[held]]
+    count = np.fromiter(map(len, spans), dtype=np.int64, count=texts)
+    if count.sum():
+        span_doc = np.repeat(np.arange(texts), count)
+        pairs = np.asarray([pair for own in spans for pair in own], dtype=np.int64).reshape(-1, 2)
+        s, e = np.maximum(pairs[:, 0], 0), np.minimum(pairs[:, 1], size[span_doc])
+        # As token_mask: the first held token ending after the span's start, the last starting
+        # before its end. Neither can be another text's: a text's tokens lie within its characters.
+        lo = np.searchsorted(held_ends, s + base[span_doc], side="right")
+        hi = np.searchsorted(held_starts, e + base[span_doc], side="left") - 1
+        use = (s < e) & (lo <= hi) & ~disorder[span_doc]
+        edges = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(edges, held[lo[use]], 1)
+        np.add.at(edges, held[hi[use]] + 1, -1)
+        mask = np.cumsum(edges[:-1]) > 0
+    for d in np.flatnonzero(disorder).tolist():
+        a, b = int(first[d]), int(first[d] + lengths[d])
+        mask[a:b] = token_mask(offsets[a:b], spans[d], int(size[d]))
     return mask
 
 

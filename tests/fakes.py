@@ -70,8 +70,9 @@ class Shifted(TokenizeShards):
         if self.coder is not self.reference_coder:
             inner = self.coder
 
-            def shifted(texts: list[str]) -> list[tuple[Any, Any]]:
-                return [(ids, offsets + (offsets > 3)) for ids, offsets in inner(texts)]
+            def shifted(texts: list[str]) -> Any:
+                coded = inner(texts)
+                return coded._replace(offsets=coded.offsets + (coded.offsets > 3))
 
             self.coder = shifted
 

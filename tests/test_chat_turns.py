@@ -263,3 +263,19 @@ def test_the_mask_searched_in_ordered_offsets_is_the_mask_character_by_character
     offsets, spans, text_len = drawn
     want = chat._mask_by_characters(offsets[:, 0], offsets[:, 1], spans, text_len)
     assert chat.token_mask(offsets, spans, text_len).tolist() == want.tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(batch=st.lists(offsets_and_spans(), max_size=6))
+def test_a_batchs_masks_at_once_are_each_texts_mask(batch: list[Any]) -> None:
+    """token_masks (a batch's offsets back to back, one search for all its spans) gives each text
+    the mask token_mask gives it alone: texts in order or not, empty ones, spans out of range."""
+    import numpy as np
+
+    offsets = np.concatenate([o for o, _, _ in batch]) if batch else np.zeros((0, 2), dtype=np.int64)
+    lengths = np.asarray([len(o) for o, _, _ in batch], dtype=np.int64)
+    got = chat.token_masks(
+        offsets.reshape(-1, 2), lengths, [s for _, s, _ in batch], [n for _, _, n in batch]
+    )
+    want = [chat.token_mask(o, s, n) for o, s, n in batch]
+    assert got.tolist() == (np.concatenate(want).tolist() if want else [])

@@ -375,8 +375,8 @@ def first_difference(
     if not texts:
         return None
     if offsets is not None:
-        want_coded = reference_coder(reference.tokenizer)(texts)
-        got_coded = offsets.coder(fast, reference_coder(reference.tokenizer))(texts)
+        want_coded = reference_coder(reference.tokenizer)(texts).split()
+        got_coded = offsets.coder(fast, reference_coder(reference.tokenizer))(texts).split()
         for i, (text, (a, oa), (b, ob)) in enumerate(zip(texts, want_coded, got_coded, strict=True)):
             if not np.array_equal(a, b):
                 return f"text {i} ({text[:40]!r}, {len(text):,} characters): {len(a)} ids against {len(b)}"

@@ -16,11 +16,11 @@ from datetime import datetime
 
 import numpy as np
 
-from raypack.chat import ChatTemplate, RenderError, load_template, pair_spans, template_variables, token_mask
+from raypack.chat import ChatTemplate, RenderError, load_template, pair_spans, template_variables, token_masks
 from raypack.config import JobConfig, TokenizerConfig
 from raypack.pipeline.backends import Encoder, Mismatch, TokenizersEncoder
 from raypack.pipeline.cuts import cut_text
-from raypack.pipeline.offsets import Coder, reference_coder
+from raypack.pipeline.offsets import Coded, Coder, reference_coder
 from raypack.pipeline.readers import Chat
 from raypack.pipeline.tokenizer import LoadedTokenizer
 
@@ -189,32 +189,35 @@ def encode_chat(
     coded = coder([texts[i] for i in rendered])
     if checker is not None:
         checker.check_coded([texts[i] for i in rendered], coded, time.perf_counter() - t0)
-    encodings: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(docs)
-    for i, c in zip(rendered, coded, strict=True):
-        encodings[i] = c
+    # The batch as whole arrays (Coded): a document's tokens are a run of them.
+    mask = token_masks(
+        coded.offsets, coded.lengths, [spans[i] for i in rendered], [len(texts[i]) for i in rendered]
+    )
+    ids, n = coded.ids, coded.lengths.copy()
     pairs = template is None
     bos = tok.bos_id if pairs and cfg.tokenizer.add_bos else None
     eos = tok.eos_id if pairs and cfg.tokenizer.add_eos else None
-    parts: list[np.ndarray] = []
+    if bos is not None or eos is not None:
+        # BOS (not trained) before each document, EOS (trained with the completion) after it: in
+        # one insert, BOS first where a document is empty (np.insert keeps equal places in order).
+        first = np.cumsum(n) - n
+        framing = [(first, bos, False)] if bos is not None else []
+        framing += [(first + n, eos, True)] if eos is not None else []
+        at = np.concatenate([place for place, _, _ in framing])
+        ids = np.insert(ids, at, np.concatenate([np.full(len(n), t, np.int32) for _, t, _ in framing]))
+        mask = np.insert(mask, at, np.concatenate([np.full(len(n), m) for _, _, m in framing]))
+        n = n + len(framing)
+    first = np.cumsum(n) - n
+    mask[first[n > 0]] = False  # a document's first token is no target (nothing before it predicts it)
+    counted = np.r_[0, np.cumsum(mask)]
+    trained = counted[first + n] - counted[first]
+    what = "assistant turn" if template is not None else "completion token"
+    for k in np.flatnonzero(trained == 0).tolist():
+        reasons[rendered[k]] = f"no trained token (pack.loss {loss}: no {what})"
+    kept = np.repeat(trained > 0, n)
+    flat = np.where(mask, ids, untrained(ids)).astype(np.int32)[kept]
     lengths = np.zeros(len(docs), dtype=np.int64)
-    for i, enc in enumerate(encodings):
-        if enc is None:
-            continue
-        ids, offsets = enc
-        mask = token_mask(offsets, spans[i], len(texts[i]))
-        if bos is not None:
-            ids, mask = np.r_[np.int32(bos), ids], np.r_[False, mask]
-        if eos is not None:
-            ids, mask = np.r_[ids, np.int32(eos)], np.r_[mask, True]
-        if len(mask):
-            mask[0] = False  # a document's first token is no target (nothing before it predicts it)
-        if not mask.any():
-            what = "assistant turn" if template is not None else "completion token"
-            reasons[i] = f"no trained token (pack.loss {loss}: no {what})"
-            continue
-        parts.append(np.where(mask, ids, untrained(ids)).astype(np.int32))
-        lengths[i] = len(ids)
-    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+    lengths[rendered] = np.where(trained > 0, n, 0)
     return flat, lengths, reasons
 
 
@@ -259,17 +262,16 @@ class Checker:
         self.texts += len(picked)
         self.bytes += sum(len(texts[i].encode("utf-8", errors="surrogatepass")) for i in picked)
 
-    def check_coded(
-        self, texts: list[str], coded: list[tuple[np.ndarray, np.ndarray]], fast_s: float
-    ) -> None:
+    def check_coded(self, texts: list[str], coded: Coded, fast_s: float) -> None:
         """The sampled texts' ids and character offsets against tokenizers' (a chat mask's input)."""
         picked = self._pick(texts, fast_s)
         if not picked:
             return
         t0 = time.perf_counter()
-        want = self.coded([texts[i] for i in picked])
+        want = self.coded([texts[i] for i in picked]).split()
+        got = coded.split()
         for (ids, offsets), i in zip(want, picked, strict=True):
-            got_ids, got_offsets = coded[i]
+            got_ids, got_offsets = got[i]
             if not np.array_equal(ids, got_ids) or not np.array_equal(offsets, got_offsets):
                 what = "ids" if not np.array_equal(ids, got_ids) else "character offsets"
                 raise Mismatch(

@@ -235,7 +235,7 @@ def test_ids_that_do_not_span_the_text_go_to_the_reference(mistral_v1: Path) -> 
 
     routed = [0, 0]
     coded = table.coder(Dropping(), reference_coder(tok), routed)(texts)
-    assert [c[0].tolist() for c in coded] == [r.tolist() for r in right]
+    assert [ids.tolist() for ids, _ in coded.split()] == [r.tolist() for r in right]
     assert routed == [1, len(texts[1].encode())]
 
 
@@ -276,3 +276,42 @@ def test_sentencepiece_shapes_whose_offsets_do_not_follow_are_refused(mistral_v1
     assert PieceOffsets.of(Tokenizer.from_file(str(mistral_v1))) is not None
     for change in (added_byte, lowercase, splitting, no_fallback, whole_words):
         assert offsets_of(variant(change)) is None, change.__name__
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.sampled_from(list(SP_SHAPES)),
+    st.lists(st.lists(st.sampled_from(SP_PIECES), max_size=12).map("".join), max_size=6),
+    st.booleans(),
+)
+def test_a_batch_has_each_texts_offsets(
+    sentencepiece_shapes: dict[str, tuple[Tokenizer, PieceOffsets | ByteOffsets | None]],
+    shape: str,
+    texts: list[str],
+    byte_level: bool,
+) -> None:
+    """Offsets of a batch at once (every text's ids back to back) are each text's own, each in its
+    own text, byte-level (trim_offsets, multi-byte characters) and SentencePiece alike; a text whose
+    ids are cut short is told apart, the others unharmed."""
+    if byte_level:
+        tok, table = TOKENIZERS[True], ByteOffsets.of(TOKENIZERS[True])
+        texts = [t.replace("▁", " ") for t in texts]
+    else:
+        tok, table = sentencepiece_shapes[shape]
+        texts = [t for t in texts if table is not None and table.takes(t)]
+    assert table is not None
+    encodings = [tok.encode(t, add_special_tokens=False) for t in texts]
+    ids = [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+    if ids and len(ids[0]):
+        ids[0] = ids[0][:-1]  # not the first text's encoding any more
+    flat = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
+    lengths = np.asarray([len(i) for i in ids], dtype=np.int64)
+    offsets, ok = table.batch(texts, flat, lengths)
+    ends = np.cumsum(lengths)
+    for k, (text, encoding) in enumerate(zip(texts, encodings, strict=True)):
+        if k == 0 and len(encoding.ids):
+            assert not ok[0]
+            continue
+        assert ok[k]
+        want = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        assert offsets[ends[k] - lengths[k] : ends[k]].tolist() == want.tolist(), text
