@@ -166,10 +166,22 @@ _NUMBER = re.compile(r"(?<![\w/.-])\d+(?:\.\d+)?(?![\w/-])")
 
 
 def reason_counts(reasons: list[str]) -> dict[str, int]:
-    """Rejects by kind: the reason up to its first colon, numbers replaced by N ("malformed JSON",
+    """Rejects by kind: the reason up to its first colon outside parentheses, numbers replaced by N
+    ("malformed JSON",
     "invalid UTF-8 at byte N", "record of N bytes, over input.max_document_bytes (N)")."""
-    kinds = Counter(_NUMBER.sub("N", r.split(":", 1)[0]) for r in reasons)
+    kinds = Counter(_NUMBER.sub("N", _kind(r)) for r in reasons)
     return dict(sorted(kinds.items()))
+
+
+def _kind(reason: str) -> str:
+    """A reason up to its first colon outside parentheses: "no trained token (pack.loss
+    assistant: no assistant turn)" whole, not cut inside its parenthesis."""
+    depth = 0
+    for i, c in enumerate(reason):
+        depth += (c == "(") - (c == ")")
+        if c == ":" and depth <= 0:
+            return reason[:i]
+    return reason
 
 
 def rejects_path(output: str, shard: int) -> str:

@@ -252,7 +252,11 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     records = documents + rejects
     ratio = rejects / records if records else 0.0
     where = join(cfg.output.path, "rejects")
-    top = ", ".join(f"{kind} ({n:,})" for kind, n in Counter(reasons).most_common(REJECT_EXAMPLES))
+    kinds = Counter(reasons)
+    top = ", ".join(f"{kind} ({n:,})" for kind, n in kinds.most_common(REJECT_EXAMPLES))
+    if len(kinds) > REJECT_EXAMPLES:  # not a hidden kind: how many more there are, in rejects/
+        more = len(kinds) - REJECT_EXAMPLES
+        top += f" and {more} more kind{'s' if more > 1 else ''}"
     if documents == 0 and rejects == 0:
         raise JobError("no documents to pack: the input files hold no records")
     if documents == 0:

@@ -141,7 +141,7 @@ def load_tokenizer(
         tok = Tokenizer.from_str(raw.decode("utf-8"))
     except Exception as e:  # tokenizers raises its own Exception type on bad JSON
         where = cfg.path if len(files) == 1 else join(cfg.path, TOKENIZER_FILE)
-        raise ConfigError(f"{where} is not a tokenizers JSON file: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{where} is not a tokenizers JSON file: {_why_not(raw, e)}") from None
     configs = {name: _json(cfg.path, name, data) for name, data in files.items() if name in CONFIG_FILES}
     template = _template(_part(tok, raw, "post_processor"))
     ids = tok.get_vocab(with_added_tokens=True).values()
@@ -264,6 +264,22 @@ def _part(tok: Tokenizer, raw: str | bytes, key: str) -> Any:
         return json.loads(component.__getstate__())
     except Exception:  # a tokenizers without it: the file's own key
         return json.loads(raw).get(key)
+
+
+def _why_not(raw: bytes, error: Exception) -> str:
+    """Why tokenizers would not load `raw`: JSON that is no tokenizer says so, where tokenizers'
+    own message points at a line and column of a file that parses ('{"hello": "world"}': "expected
+    `,` or `}` at line 1 column 9")."""
+    try:
+        spec = json.loads(raw)
+    except ValueError:
+        return str(error).splitlines()[0]  # not JSON: tokenizers' position is the JSON error's
+    if not isinstance(spec, dict):
+        return f"it holds a JSON {type(spec).__name__}, not a tokenizer's object"
+    if "model" not in spec:
+        keys = ", ".join(sorted(spec)[:5]) or "none"
+        return f'it has no "model" (its keys: {keys}); a tokenizer.json is what tokenizers\' save writes'
+    return str(error).splitlines()[0]
 
 
 def _template(processor: Any) -> dict[str, str | None]:

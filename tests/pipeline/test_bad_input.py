@@ -370,7 +370,8 @@ def test_a_lone_surrogate_in_a_read_field_is_a_reject_and_a_bom_opens_a_file_qui
 
 def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
     """The summary's rejects by kind put N for a count or a size, not for a digit inside a word or a
-    path: a template's path was shown as /tmp/pytest-N/modelN/ (issue 39's trial)."""
+    path (a template's path was shown as /tmp/pytest-N/modelN/), and a kind ends at a colon outside
+    parentheses ("no trained token (pack.loss assistant" was one): issue 39's trials."""
     from raypack.pipeline.token_files import reason_counts
 
     reasons = [
@@ -381,11 +382,38 @@ def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
         "message 0 of 'messages' is not an object with a string role",
         "message 12 of 'messages' is not an object with a string role",
         "a UTF-16 thing at 2.5%",
+        "no trained token (pack.loss assistant: no assistant turn)",
     ]
     assert reason_counts(reasons) == {
         "a UTF-16 thing at N%": 1,
+        "no trained token (pack.loss assistant: no assistant turn)": 1,  # not cut inside its parenthesis
         "chat template /tmp/run-154/model0/tokenizer_config.json": 1,
         "invalid UTF-8 at byte N": 2,
         "message N of 'messages' is not an object with a string role": 2,
         "record of N bytes, over input.max_document_bytes (N)": 1,
     }
+
+
+def test_a_reject_limit_names_how_many_kinds_it_does_not_show(tmp_path: Path) -> None:
+    """The job's failure shows the three commonest kinds of reject and says how many more there are
+    (they were left out without a word: issue 39's trial)."""
+    from types import SimpleNamespace
+
+    from raypack.config import JobConfig as Job
+    from raypack.config import from_dict
+    from raypack.pipeline.tokenize import check_rejects
+
+    cfg = from_dict(
+        Job,
+        {
+            "input": {"paths": ["x"]},
+            "tokenizer": {"path": "t"},
+            "pack": {"seq_len": 8},
+            "output": {"path": str(tmp_path)},
+        },
+    )
+    reasons = {"a": 5, "b": 4, "c": 3, "d": 2, "e": 1}
+    totals = SimpleNamespace(documents=1, rejected_records=15, reasons=reasons, lost_files=0)
+    with pytest.raises(JobError) as caught:
+        check_rejects(cfg, totals)  # type: ignore[arg-type]
+    assert "a (5), b (4), c (3) and 2 more kinds; see" in str(caught.value)

@@ -165,3 +165,22 @@ def test_a_job_on_an_s3_model_directory(
 def _cfg(tmp: Path, tokenizer: str, storage: dict[str, str]) -> Path:
     corpus = make_corpus(tmp, shards=2, docs_per_shard=10, seed=31)
     return job_config(tmp, f"{corpus}/*", tokenizer, storage=storage)
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ('{"hello": "world"}', 'it has no "model" (its keys: hello)'),
+        ("[1, 2]", "it holds a JSON list, not a tokenizer's object"),
+        ("{not json", "key must be a string"),
+    ],
+)
+def test_a_file_that_is_no_tokenizer_says_why(tmp_path: Path, content: str, said: str) -> None:
+    """JSON that is no tokenizer is named as such: tokenizers' own message pointed at a line and
+    column of a file that parses (issue 39's trial); JSON that does not parse keeps its position."""
+    path = tmp_path / "tokenizer.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as caught:
+        load_tokenizer(TokenizerConfig(path=str(path)))
+    assert f"{path} is not a tokenizers JSON file: " in str(caught.value)
+    assert said in str(caught.value)
