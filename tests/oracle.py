@@ -100,8 +100,8 @@ def chat_tokens(
 ) -> tuple[list[int], list[bool]]:
     """transformers' ids of the conversation and its trained tokens: the {% generation %} blocks'
     (return_assistant_tokens_mask), or, without markers, each assistant turn as what rendering
-    messages[:i+1] adds to messages[:i] with the generation prompt, from the token holding its first
-    character through the one holding its last."""
+    messages[:i+1] adds to messages[:i] with the generation prompt, from the first token holding a
+    character of it through the last."""
     args = {"chat_template": template} if template else {}
     if loss == "all":
         ids = list(hf.apply_chat_template(messages, tokenize=True, return_dict=True, **args)["input_ids"])
@@ -112,16 +112,19 @@ def chat_tokens(
         )
         return list(out["input_ids"]), [bool(m) for m in out["assistant_masks"]]
     text = hf.apply_chat_template(messages, tokenize=False, **args)
-    enc = hf(text, add_special_tokens=False)
-    ids = list(enc["input_ids"])
+    enc = hf(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
     mask = [False] * len(ids)
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
         start = len(hf.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True, **args))
         end = len(hf.apply_chat_template(messages[: i + 1], tokenize=False, **args))
-        held = [enc.char_to_token(c) for c in range(start, end)]
-        held = [t for t in held if t is not None]
+        # The tokens holding a character of the turn, first to last: through the *last* token that
+        # holds its last character (raypack.chat.token_mask's rule, where transformers' char_to_token
+        # gives the first). A SentencePiece BPE writes the "\n" after <|im_end|> as "▁" and <0x0A>,
+        # both holding it: the turn's "\n" is both.
+        held = [t for t, (a, b) in enumerate(offsets) if b > a and b > start and a < end]
         if held:
             for t in range(held[0], held[-1] + 1):
                 mask[t] = True

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -217,6 +218,8 @@ class FastokensEncoder:
         self.json = tokenizer_json
         self.routed = [0, 0]
         """Texts (and their UTF-8 bytes) `route` gave the reference (its owner resets it)."""
+        self.last_routed: tuple[tuple[int, ...], float] = ((), 0.0)
+        """The latest encode's texts the reference encoded (their places), and its seconds on them."""
         self.normalizer: Any = None
         """tokenizers' normalizer of route.forms, made when first needed ("normalized" texts)."""
         self.plain: Any = None
@@ -231,6 +234,7 @@ class FastokensEncoder:
         self.version = fastokens_version() or "?"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        self.last_routed = ((), 0.0)
         if self.route != Route():
             copies = [self.route.copy(t) for t in texts]
             if any(c != "main" for c in copies):
@@ -268,16 +272,20 @@ class FastokensEncoder:
         lengths = np.zeros(len(texts), dtype=np.int64)
         pieces = [np.zeros(0, dtype=np.int32)] * len(texts)
         encoders = {"main": self._encode, "plain": self._plain_encode, None: self._reference_encode}
+        spent = 0.0
         for copy, encode in encoders.items():
             # A normalized text is main's: one batch for both.
             where = [i for i, c in enumerate(copies) if c == copy or (copy == "main" and c == "normalized")]
             if not where:
                 continue
+            t0 = time.perf_counter()
             flat, n = encode([texts[i] for i in where])
+            spent += time.perf_counter() - t0 if copy is None else 0.0
             ends = np.cumsum(n)
             for k, i in enumerate(where):
                 lengths[i] = n[k]
                 pieces[i] = flat[ends[k] - n[k] : ends[k]]
+        self.last_routed = (tuple(changed), spent)
         return np.concatenate(pieces).astype(np.int32, copy=False), lengths
 
     def _reference_encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -444,6 +452,12 @@ class Guarded:
 
     def __init__(self, inner: Encoder) -> None:
         self.inner, self.name, self.version = inner, inner.name, inner.version
+
+    @property
+    def last_routed(self) -> tuple[tuple[int, ...], float]:
+        """The inner encoder's (FastokensEncoder.last_routed), where it has one."""
+        routed: tuple[tuple[int, ...], float] = getattr(self.inner, "last_routed", ((), 0.0))
+        return routed
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         with _failures_as(Mismatch, f"{self.name} ", f"{len(texts)} texts"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence
 from datetime import datetime
 
 import numpy as np
@@ -98,7 +99,10 @@ def encode_flat(
         t0 = time.perf_counter()
         flat, n = encoder.encode(pieces[start:end])
         if checker is not None:
-            checker.check(pieces[start:end], flat, n, time.perf_counter() - t0)
+            # The texts a fast encoder gave tokenizers are tokenizers' ids already: neither their
+            # time (20% of it was the check's budget) nor the texts are the check's.
+            routed, routed_s = getattr(encoder, "last_routed", ((), 0.0))
+            checker.check(pieces[start:end], flat, n, time.perf_counter() - t0 - routed_s, routed)
         raws.append(flat)
         piece_len.append(n)
         start = end
@@ -187,8 +191,9 @@ def encode_chat(
     rendered = [i for i, why in enumerate(reasons) if why is None]
     t0 = time.perf_counter()
     coded = coder([texts[i] for i in rendered])
-    if checker is not None:
-        checker.check_coded([texts[i] for i in rendered], coded, time.perf_counter() - t0)
+    if checker is not None:  # (the conversations tokenizers encoded: not the check's, as above)
+        spent = time.perf_counter() - t0 - coded.routed_s
+        checker.check_coded([texts[i] for i in rendered], coded, spent, coded.routed)
     # The batch as whole arrays (Coded): a document's tokens are a run of them.
     mask = token_masks(
         coded.offsets, coded.lengths, [spans[i] for i in rendered], [len(texts[i]) for i in rendered]
@@ -243,12 +248,16 @@ class Checker:
         self.texts = self.bytes = 0
         self.rate = 1e6  # the reference's characters a second, until measured (tokenizers: 1-2.5 MB/s)
 
-    def _pick(self, texts: list[str], fast_s: float) -> list[int]:
-        """A seeded sample of `texts` the budget allows (fast_s: the fast backend's time on them)."""
-        self.fast_s += fast_s
+    def _pick(self, texts: list[str], fast_s: float, routed: Sequence[int] = ()) -> list[int]:
+        """A seeded sample of `texts` the budget allows (fast_s: the fast backend's time on them;
+        `routed`: texts tokenizers encoded, not sampled)."""
+        self.fast_s += max(fast_s, 0.0)
         budget = max(CHECK_SHARE * self.fast_s, CHECK_FLOOR_S) - self.check_s
         picked, cost = [], 0.0
+        skip = set(routed)
         for i in self.rng.sample(range(len(texts)), len(texts)):
+            if i in skip:
+                continue
             need = len(texts[i]) / self.rate
             if cost + need <= budget:
                 picked.append(i)
@@ -262,9 +271,9 @@ class Checker:
         self.texts += len(picked)
         self.bytes += sum(len(texts[i].encode("utf-8", errors="surrogatepass")) for i in picked)
 
-    def check_coded(self, texts: list[str], coded: Coded, fast_s: float) -> None:
+    def check_coded(self, texts: list[str], coded: Coded, fast_s: float, routed: Sequence[int] = ()) -> None:
         """The sampled texts' ids and character offsets against tokenizers' (a chat mask's input)."""
-        picked = self._pick(texts, fast_s)
+        picked = self._pick(texts, fast_s, routed)
         if not picked:
             return
         t0 = time.perf_counter()
@@ -279,8 +288,15 @@ class Checker:
                 )
         self._spent(texts, picked, time.perf_counter() - t0)
 
-    def check(self, pieces: list[str], flat: np.ndarray, lengths: np.ndarray, fast_s: float) -> None:
-        picked = self._pick(pieces, fast_s)
+    def check(
+        self,
+        pieces: list[str],
+        flat: np.ndarray,
+        lengths: np.ndarray,
+        fast_s: float,
+        routed: Sequence[int] = (),
+    ) -> None:
+        picked = self._pick(pieces, fast_s, routed)
         if not picked:
             return
         t0 = time.perf_counter()

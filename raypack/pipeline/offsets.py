@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +54,10 @@ class Coded(NamedTuple):
     """int64 (tokens, 2)"""
     lengths: np.ndarray
     """int64 (texts,)"""
+    routed: tuple[int, ...] = ()
+    """The texts a fast coder gave the reference (their ids and offsets are its own)."""
+    routed_s: float = 0.0
+    """The reference's seconds on them."""
 
     def split(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each text's ids and offsets (views)."""
@@ -482,10 +487,11 @@ def _coder(table: ByteOffsets | PieceOffsets, fast: Any, reference: Coder, route
         if routed is not None and rest:
             routed[0] += len(rest)
             routed[1] += sum(len(texts[i].encode("utf-8", "surrogatepass")) for i in rest)
+        t0 = time.perf_counter()
         if rest:
             for i, coded in zip(rest, reference([texts[i] for i in rest]).split(), strict=True):
                 out[i] = coded
-        return Coded.of(out)
+        return Coded.of(out)._replace(routed=tuple(rest), routed_s=time.perf_counter() - t0)
 
     return encode
 
