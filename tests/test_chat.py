@@ -259,6 +259,10 @@ def test_every_conversation_is_packed_whole_or_truncated_or_rejected(
     assert set(got) | set(reasons) >= {f"a.jsonl:{i}" for i in range(1, N + len(BAD) + 1)}
     assert not set(got) & set(reasons)
     assert "no trained token" in reasons[f"a.jsonl:{N + 5}"]
+    # A conversation rejected once rendered keeps its record as JSON, as one rejected when read does
+    # (it was Python's repr of the reader's Chat).
+    raw = {f"{r['source']}:{r['row']}": r["raw"] for r in rejects}[f"a.jsonl:{N + 5}"]
+    assert json.loads(raw) == BAD[4]
     assert "not a list" in reasons[f"a.jsonl:{N + 1}"] and "missing messages" in reasons[f"a.jsonl:{N + 2}"]
     truncated = 0
     for doc, (ids, mask) in want.items():

@@ -30,6 +30,15 @@ class Chat:
             return sum(len(str(m.get("content") or "")) for m in self.messages)
         return len(self.prompt) + len(self.completion)
 
+    def __str__(self) -> str:
+        """The record as JSON: a reject's raw text (it was the dataclass's repr, Chat(messages=...),
+        for a conversation rejected when rendered: issue 39's trial)."""
+        if self.messages:
+            record = {"messages": list(self.messages), **({"tools": self.tools} if self.tools else {})}
+        else:
+            record = {"prompt": self.prompt, "completion": self.completion}
+        return json.dumps(record, ensure_ascii=False, default=str)
+
 
 def chat_fields(reading: Reading) -> list[str]:
     """The columns a chat record is read from."""
