@@ -111,12 +111,18 @@ def _kill_first(task: str) -> Callable[[], bool]:
     return ready
 
 
+SHARD_ROWS = 10
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> tuple[Path, dict[str, str]]:
     """An undisturbed run: 6 shards of 200 documents (~2 s of tokenizing on two cores)."""
     tmp = tmp_path_factory.mktemp("reference")
     corpus = make_corpus(tmp, shards=6, docs_per_shard=200, seed=21)
-    cfg = load_config(str(job_config(tmp, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})))
+    # Files of 10 packs: the write tasks run long enough to be seen and killed (a local worker no
+    # longer spends ~0.3 s dropping its job state first, and with files of 40 packs the saboteur
+    # missed every write_files task in 1 CI run of 3).
+    cfg = load_config(str(job_config(tmp, f"{corpus}/*", tokenizer_path, output={"shard_rows": SHARD_ROWS})))
     run_job(cfg, log=quiet)
     return corpus, _digest(tmp / "out")
 
@@ -136,7 +142,7 @@ def test_a_killed_worker_is_retried_and_the_output_is_byte_identical(
     tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]], victim: str, executor: str
 ) -> None:
     corpus, want = reference
-    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})
+    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": SHARD_ROWS})
     with Saboteur(_kill_first(victim), lambda: None) as saboteur:
         result = raypack.pack(str(path), overrides=[f"run.executor={executor}"], log=quiet)
     assert saboteur.done, f"no {victim} process was seen to kill"
@@ -201,7 +207,11 @@ def test_the_s3_server_crashing_during_the_write_stage(
     server = s3server.start(tmp_path / "seaweedfs")
     try:
         cfg = load_config(
-            str(s3_job_config(tmp_path, server, corpus, tokenizer_path, "crash", output={"shard_rows": 40}))
+            str(
+                s3_job_config(
+                    tmp_path, server, corpus, tokenizer_path, "crash", output={"shard_rows": SHARD_ROWS}
+                )
+            )
         )
         with Saboteur(lambda: bool(_running("write_files")), lambda: server.restart(down=2.0)) as sab:
             try:
@@ -275,7 +285,7 @@ def test_storage_gone_for_good_fails_with_one_line_and_the_rerun_finishes(
             corpus,
             tokenizer_path,
             "gone",
-            output={"shard_rows": 40},
+            output={"shard_rows": SHARD_ROWS},
             storage={"max_attempts": 1},
         )
 
@@ -326,7 +336,7 @@ def test_an_interrupted_driver_leaves_no_dataset_and_the_rerun_finishes(
     no process is left, not even a zombie, and nothing in the temp dir), and on the test session's
     Ray cluster (as `ray job submit` runs it)."""
     corpus, want = reference
-    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": 40})
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": SHARD_ROWS})
     out, temp = tmp_path / "out", tmp_path / "temp"
     temp.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"TMPDIR": str(temp)}
