@@ -898,13 +898,10 @@ def _data_files(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted((out / "data").rglob("*")) if p.is_file()}
 
 
-def test_chat_on_fastokens_writes_the_bytes_of_tokenizers(corpus: Path, model: Path, tmp_path: Path) -> None:
-    """A byte-level BPE's character offsets follow from its ids: chat data encodes with fastokens
-    (ids and every offset proved equal to tokenizers' on the probes and a sample, re-checked in
-    every task) and writes tokenizers' bytes, masks included; with a tokenizer whose offsets do not
-    follow from its ids (a SentencePiece-style BPE whose byte tokens are added tokens too: one id
-    for a byte and for the six characters "<0x0A>"), auto keeps tokenizers and says why."""
-    pytest.importorskip("fastokens")
+def _fast_writes_the_bytes_of_tokenizers(tmp_path: Path, corpus: Path, model: Path) -> dict[str, Any]:
+    """The chat job on tokenizers and on auto: auto chooses fastokens for ids and offsets, finishes
+    on it with texts re-checked in the run and no failover, and writes tokenizers' data files.
+    Returns auto's backend record."""
     reference = run_job(
         job(tmp_path, corpus, model, "reference", tokenizer={"backend": "tokenizers"}), **quiet
     )
@@ -914,6 +911,17 @@ def test_chat_on_fastokens_writes_the_bytes_of_tokenizers(corpus: Path, model: P
     assert "ids and character offsets equal to tokenizers" in fast.backend["reason"]
     assert fast.backend["checked_in_run"]["texts"] > 0 and not fast.backend["failovers"]
     assert _data_files(tmp_path / "fast") == _data_files(tmp_path / "reference")
+    return fast.backend
+
+
+def test_chat_on_fastokens_writes_the_bytes_of_tokenizers(corpus: Path, model: Path, tmp_path: Path) -> None:
+    """A byte-level BPE's character offsets follow from its ids: chat data encodes with fastokens
+    (ids and every offset proved equal to tokenizers' on the probes and a sample, re-checked in
+    every task) and writes tokenizers' bytes, masks included; with a tokenizer whose offsets do not
+    follow from its ids (a SentencePiece-style BPE whose byte tokens are added tokens too: one id
+    for a byte and for the six characters "<0x0A>"), auto keeps tokenizers and says why."""
+    pytest.importorskip("fastokens")
+    _fast_writes_the_bytes_of_tokenizers(tmp_path, corpus, model)
     from tests.pipeline.test_backends import _sentencepiece_style
 
     sp = tmp_path / "sp"
@@ -950,17 +958,8 @@ def test_chat_with_a_real_sentencepiece_bpe_on_fastokens_writes_the_bytes_of_tok
     shutil.copy(request.getfixturevalue(shape), model / "tokenizer.json")
     config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": MISTRAL_V1}
     (model / "tokenizer_config.json").write_text(json.dumps(config))
-    reference = run_job(
-        job(tmp_path, corpus, model, "reference", tokenizer={"backend": "tokenizers"}), **quiet
-    )
-    fast = run_job(job(tmp_path, corpus, model, "fast"), **quiet)
-    assert reference.backend["chosen"].startswith("tokenizers ")
-    assert fast.backend["chosen"].startswith("fastokens ") and fast.backend["finished_on"] == "fastokens"
-    assert "ids and character offsets equal to tokenizers" in fast.backend["reason"]
-    assert not fast.backend["failovers"]
-    assert _data_files(tmp_path / "fast") == _data_files(tmp_path / "reference")
-    assert fast.backend["routed_to_tokenizers"]["texts"] == 0
-    assert fast.backend["checked_in_run"]["texts"] > 0
+    fast = _fast_writes_the_bytes_of_tokenizers(tmp_path, corpus, model)
+    assert fast["routed_to_tokenizers"]["texts"] == 0
 
 
 def test_a_fast_backend_whose_offsets_differ_in_the_run_fails_over(

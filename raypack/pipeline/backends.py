@@ -37,6 +37,7 @@ from raypack.pipeline.offsets import (
     PREPEND,
     ByteOffsets,
     PieceOffsets,
+    added_pattern,
     metaspace_copy,
     normal_forms,
     reference_coder,
@@ -189,8 +190,7 @@ def _added(tokenizer_json: str) -> re.Pattern[str] | None:
     if found is None:
         return None
     tokens, _ = json.JSONDecoder().raw_decode(tokenizer_json, found.end() - 1)
-    contents = sorted({str(t["content"]) for t in tokens if t.get("content")}, key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, contents))) if contents else None
+    return added_pattern(str(t["content"]) for t in tokens if t.get("content"))
 
 
 def _metaspace_always(spec: dict[str, Any]) -> bool:

@@ -22,7 +22,7 @@ import json
 import re
 import time
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -35,6 +35,7 @@ __all__ = [
     "Coded",
     "Coder",
     "PieceOffsets",
+    "added_pattern",
     "metaspace_copy",
     "normal_forms",
     "offsets_of",
@@ -362,9 +363,7 @@ class PieceOffsets:
                 follow[i] = (byte >= 0xC0) + (byte >= 0xE0) + (byte >= 0xF0)
         for i, content in contents.items():
             length[i], kind[i] = len(content), _ADDED
-        found = sorted(set(contents.values()), key=len, reverse=True)
-        pattern = re.compile("|".join(map(re.escape, found))) if found else None
-        return cls(length, kind, follow, prepend, forms, scheme, pattern)
+        return cls(length, kind, follow, prepend, forms, scheme, added_pattern(contents.values()))
 
     def takes(self, text: str) -> bool:
         """Whether `text`'s offsets follow from its ids (else the reference encodes it)."""
@@ -494,6 +493,13 @@ def _coder(table: ByteOffsets | PieceOffsets, fast: Any, reference: Coder, route
         return Coded.of(out)._replace(routed=tuple(rest), routed_s=time.perf_counter() - t0)
 
     return encode
+
+
+def added_pattern(contents: Iterable[str]) -> re.Pattern[str] | None:
+    """A pattern that finds any of these added tokens in a text, the longest first where several
+    match at one place (as tokenizers matches them); None for none."""
+    found = sorted({c for c in contents if c}, key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, found))) if found else None
 
 
 def _docs(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
