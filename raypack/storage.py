@@ -41,6 +41,7 @@ __all__ = [
     "remove",
     "remove_temporaries",
     "resolve",
+    "whole_output",
     "write_bytes",
     "write_bytes_atomic",
 ]
@@ -185,6 +186,21 @@ def atomic_output(path: str, storage: StorageConfig | None = None) -> Iterator[p
         with suppress(OSError):
             fs.delete_file(tmp)
         raise
+
+
+@contextmanager
+def whole_output(path: str, storage: StorageConfig | None = None) -> Iterator[pa.NativeFile]:
+    """A large file that readers see whole or not at all, of any size: a local one through
+    atomic_output (a rename), an object written in place (an upload becomes visible only when it
+    completes, and atomic_output's CopyObject refuses sources over 5 GB). An object cut short by an
+    error is visible, as open_output leaves it: its readers must tell (a token file's completion
+    key)."""
+    if is_uri(path):
+        with open_output(path, storage) as f:
+            yield f
+    else:
+        with atomic_output(path, storage) as f:
+            yield f
 
 
 def write_bytes_atomic(path: str, data: bytes | pa.Buffer, storage: StorageConfig | None = None) -> None:

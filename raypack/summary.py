@@ -9,6 +9,7 @@ from raypack.formats import total_bytes
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
+from raypack.pipeline.store import size_text
 
 __all__ = ["format_rebuild", "format_summary"]
 
@@ -96,7 +97,17 @@ def format_summary(result: JobResult, command_seconds: float | None = None) -> s
     if result.chat is not None:
         rows += chat_rows(result.chat)
     shards = result.shards_reused + result.shards_tokenized
-    if result.shards_reused:
+    if result.token_store is not None:
+        store = result.token_store
+        rows.append(
+            (
+                "token store",
+                f"{store['path']}: {store['hits']:,} of {shards:,} units found there, "
+                f"{result.shards_tokenized:,} tokenized; it holds {store['entries']:,} units, "
+                f"{size_text(store['bytes'])}",
+            )
+        )
+    elif result.shards_reused:
         rows.append(
             (
                 "shards",

@@ -8,6 +8,7 @@ names the key. A new key is a field (with its docstring and check) in its sectio
 line in the README's configuration reference.
 """
 
+from raypack.config.cache import CacheConfig
 from raypack.config.input import INPUT_FORMATS, InputConfig, Reading, SourceConfig
 from raypack.config.job import BYTES_PER_FILE_POSITION, MAX_FILE_POSITIONS, SHARDED_ALGORITHMS, JobConfig
 from raypack.config.load import apply_overrides, from_dict, load_config, parse_override
@@ -29,6 +30,7 @@ __all__ = [
     "PACK_MODES",
     "SHARDED_ALGORITHMS",
     "TOKENIZER_BACKENDS",
+    "CacheConfig",
     "ConfigError",
     "InputConfig",
     "JobConfig",

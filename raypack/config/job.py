@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from raypack.config.cache import CacheConfig
 from raypack.config.input import InputConfig
 from raypack.config.output import MASKED_FORMATS, OutputConfig, StorageConfig
 from raypack.config.pack import PackConfig
@@ -34,6 +35,7 @@ class JobConfig:
     pack: PackConfig = field(default_factory=PackConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
     def __post_init__(self) -> None:
         if self.pack.mode == "sharded" and self.pack.algorithm not in SHARDED_ALGORITHMS:
@@ -58,6 +60,20 @@ class JobConfig:
                     f"{pattern} looks for files: a later run would read the output as input; write it "
                     "elsewhere"
                 )
+        store = self.cache.path
+        if store is not None:
+            # `--overwrite` clears the output; an input directory would read the store back as input.
+            if contains(self.output.path, store):
+                raise ConfigError(
+                    f"cache.path {store} lies inside output.path {self.output.path}, which a pack with "
+                    "--overwrite clears: keep the token store elsewhere"
+                )
+            for pattern in self.input.all_paths:
+                if contains(input_base(pattern), store):
+                    raise ConfigError(
+                        f"cache.path {store} lies inside {input_base(pattern)}, where input {pattern} "
+                        "looks for files: keep the token store elsewhere"
+                    )
         positions = self.output.shard_rows * self.pack.seq_len
         if positions > MAX_FILE_POSITIONS:
             most = MAX_FILE_POSITIONS // self.pack.seq_len

@@ -12,11 +12,12 @@ does, and the tasks it runs, is in its own module; this one only wires their typ
     finalize  (finalize.py)  the run's record (record.py) as metrics.json, format files, manifest.json
                              last; report.html
 
-Token files live in `<output>/_staging/tokens/` (removed at the end), or in a cache directory that a
-rebuild keeps (raypack.pipeline.rebuild). The driver holds the unit list (~300 bytes a unit), one
-histogram per run of units (runs <= the cluster's CPUs), the plan (O(seq_len²)), one WRITTEN row per
-output file (~1 KB) and the exchange's object references (~3 KB each); documents and tokens never
-pass through it.
+Token files live in `<output>/_staging/tokens/` (removed at the end), or in a token store that
+outlives the job (cache.path, or a rebuild's own: raypack.pipeline.store). The driver holds the
+unit list (~300 bytes a unit), one histogram per run of units (runs <= the cluster's CPUs), the
+plan (O(seq_len²)), one WRITTEN row per output file (~1 KB), the exchange's object references (~3 KB
+each) and, with a store, one content digest a file (~80 bytes); documents and tokens never pass
+through it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
 from raypack.pipeline.runners import LocalRunner, ensure_ray
 from raypack.pipeline.select import Selection, select
+from raypack.pipeline.store import content_digests, store_record
 from raypack.pipeline.tokenize import check_rejects, tokenize
 from raypack.pipeline.tokenize_pool import TokenizePool
 from raypack.pipeline.write import write
@@ -69,8 +71,8 @@ def run_job(
     started: float | None = None,
     local: LocalRunner | None = None,
 ) -> JobResult:
-    """Pack the corpus into cfg.output.path. `cache`: a directory of token files to reuse and keep
-    (a rebuild's); None: tokenize everything into a staging area that is removed at the end.
+    """Pack the corpus into cfg.output.path. `cache`: a token store to reuse and fill (a rebuild's
+    own); None: cfg.cache.path's, or without one a staging area that is removed at the end.
     `memory`: a file where a rebuild's root keeps what runs learnt of the backends (a fast one that
     gave other ids is not chosen again there). `release_ray`: shut down (or disconnect from) a Ray
     the job started, once the manifest is written (`raypack pack`; one the caller runs stays);
@@ -132,7 +134,8 @@ def _stages(
     progress: TextIO | None,
 ) -> RunRecord:
     cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
-    token_dir = cache if cache is not None else join(ready.staging, "tokens")
+    store = cache if cache is not None else cfg.cache.path
+    token_dir = store if store is not None else join(ready.staging, "tokens")
     units = read(ready.files, cfg.input.unit_bytes, storage, runner)
     concurrency = cfg.tokenizer.concurrency or runner.width
     pool = TokenizePool(runner, ready.ctx, min(concurrency, len(units)), capped=concurrency < runner.width)
@@ -143,7 +146,12 @@ def _stages(
         ):
             warming.submit(warm_planner, cfg)
             warming.submit(warm_report)  # the report, drawn after the commit, then takes ~0.5 s
-            tokenized = tokenize(cfg, ready.tok, units, token_dir, pool, runner.width, memory, log, progress)
+            digests = content_digests(ready.files, storage, runner) if store is not None else None
+            tokenized = tokenize(
+                cfg, ready.tok, units, token_dir, pool, runner.width, memory, log, progress, digests
+            )
+            if store is not None:
+                tokenized.store = store_record(store, storage, tokenized.totals.reused)
         totals = tokenized.totals
         check_rejects(cfg, totals)
         selection: Selection | None = None

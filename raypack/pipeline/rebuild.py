@@ -1,8 +1,9 @@
 """`raypack rebuild`: a scheduled, incremental, atomic rebuild of a packed dataset.
 
 Each run writes a new version under the output root (raypack.versions) with the ordinary job, whose
-token files live in `<root>/_cache/tokens/` keyed by each shard's fingerprint and the tokenization
-settings: unchanged shards are read from the cache, new or changed ones tokenized, removed ones drop out.
+token files live in a token store (raypack.pipeline.store: `<root>/_cache/tokens/`, or cache.path)
+keyed by each shard's content and the tokenization settings: unchanged shards are read from the
+store, new or changed ones tokenized, removed ones drop out.
 Packing always runs over the whole corpus (it takes seconds), so a rebuild's data files are byte for byte
 those of a from-scratch run on the same inputs. Only then does LATEST move to the new version; old
 versions beyond output.keep_versions and cache entries no version uses are deleted last.
@@ -98,9 +99,10 @@ def run_rebuild(
         version_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, path=join(root, name)))
         version_cfg = _keep_chat_date(version_cfg, root)
         memory = join(root, CACHE, BACKENDS)
+        store = cfg.cache.path or cache_dir(root)
         job = run_job(
             version_cfg,
-            cache=cache_dir(root),
+            cache=store,
             log=log,
             memory=memory,
             progress=progress,
@@ -110,7 +112,9 @@ def run_rebuild(
         lease.check()  # a rebuild that lost its lease (paused past its expiry) commits nothing
         set_latest(root, number, storage)
         removed = prune_versions(root, cfg.output.keep_versions, storage)
-        dropped = _prune_cache(cache_dir(root), set(job.token_keys), cfg)
+        # The root's own store holds this corpus alone; a named one (cache.path) may serve other
+        # jobs too, and is pruned by `raypack cache prune` only.
+        dropped = _prune_cache(store, set(job.token_keys), cfg) if cfg.cache.path is None else 0
     finally:
         lease.release()
     return RebuildResult(job, name, removed, swept, dropped)

@@ -94,6 +94,8 @@ class RunRecord:
     """The format's files of the whole dataset, by path (Megatron's data-args list, Bridge's pack
     metadata: bytes of the manifest's files, a few KB), written before the manifest."""
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    token_store: dict[str, Any] | None = None
+    """The token store the run used (tokenize.Tokenized.store); None: its own staging area."""
     command_seconds: float | None = None
     """From the command's start (its process's, for `raypack pack`) to the commit; None for a job
     run by the API without a start time."""
@@ -193,6 +195,7 @@ def run_record(
         format_files=made,
         runner={"name": ready.runner.name, "cpus": ready.runner.width, "retried": ready.runner.retried},
         stage_seconds=stage_seconds,
+        token_store=tokenized.store,
     )
 
 
@@ -208,6 +211,9 @@ def manifest(record: RunRecord) -> dict[str, Any]:
         "config": record.config.to_dict(),
         "inputs": list(record.inputs),
         "tokenizer": record.tokenizer | {"backend": record.backend},
+        # Where the token files came from, and how many units were found there (None: tokenized
+        # into the job's own staging area).
+        "token_store": record.token_store,
         "counts": {
             "shards": len(record.inputs),
             "documents": record.documents,
@@ -246,6 +252,7 @@ def metrics_document(record: RunRecord) -> dict[str, Any]:
         "command_seconds": record.command_seconds,
         "runner": record.runner,
         "shards": {"reused": record.shards_reused, "tokenized": record.shards_tokenized},
+        "token_store": record.token_store,
         "rejects_by_reason": record.reject_reasons,
         "rejected_records": record.rejected_records,
         "lost_files": record.lost_files,

@@ -115,12 +115,18 @@ def tokenizer_library() -> str:
     return f"tokenizers {tokenizers.__version__}"
 
 
-def token_key(unit: WorkUnit, settings: dict[str, Any]) -> str:
-    """Cache key of a unit's token file: its file's relative path (document ids contain it), its
-    fingerprint (size + modification time; an object store sets the time on every PUT), its range
-    within the file (a unit of a large file) and the settings."""
+def token_key(unit: WorkUnit, settings: dict[str, Any], content: str | None = None) -> str:
+    """Key of a unit's token file: its file's relative path (document ids contain it), what the
+    file holds, its range within the file (a unit of a large file) and the settings. What it holds:
+    `content`, the file's digest (raypack.pipeline.store.file_digest: a token store's keys, the same
+    wherever the file lies and whenever it was written), else its size and modification time (a
+    job's own staging area, which no other job reads)."""
     shard = unit.shard
-    fingerprint: dict[str, Any] = {"relpath": shard.relpath, "size": shard.size, "mtime_ns": shard.mtime_ns}
+    fingerprint: dict[str, Any] = {"relpath": shard.relpath}
+    if content is not None:
+        fingerprint["content"] = content
+    else:
+        fingerprint |= {"size": shard.size, "mtime_ns": shard.mtime_ns}
     fingerprint |= unit.entry(rows=False)
     fingerprint.update(settings)
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:32]

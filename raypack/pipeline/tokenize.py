@@ -18,6 +18,7 @@ happened to catch.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -46,7 +47,7 @@ from raypack.pipeline.tokenize_task import TokenizeShards
 from raypack.pipeline.tokenizer import LoadedTokenizer
 from raypack.pipeline.units import WorkUnit
 from raypack.progress import Progress
-from raypack.storage import join, remove
+from raypack.storage import join, list_dir, remove
 
 __all__ = ["REJECT_EXAMPLES", "Tokenized", "check_rejects", "tokenize"]
 
@@ -77,6 +78,9 @@ class Tokenized:
     """Chat data: its template, how the mask is found, what was checked (None for plain text)."""
     cut_rule: str = ""
     """Where long texts may be cut, and its proof (raypack.pipeline.cuts; "" when none was cut)."""
+    store: dict[str, Any] | None = None
+    """The token store the units were found in or added to: its path, units found there
+    ("hits"), its entries and bytes after this stage (None: the job's own staging area)."""
 
     def backend_record(self) -> dict[str, Any]:
         """The manifest's and the summary's account of what encoded and what was checked."""
@@ -111,10 +115,12 @@ def tokenize(
     memory: str | None,
     log: Callable[[str], None],
     stream: TextIO | None = None,
+    digests: dict[str, str] | None = None,
 ) -> Tokenized:
-    """Every unit tokenized into `token_dir` (a staging area, or a rebuild's cache: finished files
+    """Every unit tokenized into `token_dir` (a staging area, or a token store: finished files
     there are reused); `memory`: a rebuild root's record of backends that differed there; `stream`:
-    where the stage's progress goes (units done, MB/s, ETA)."""
+    where the stage's progress goes (units done, MB/s, ETA); `digests`: each input file's content
+    digest by path (raypack.pipeline.store), which a store's keys are made of."""
     template = chat_template(cfg, tok)  # conversations only: compiled once, checked, keyed
     records = _chat_records(cfg, units) if cfg.input.chat else []
     chat = check_chat(cfg, template, records)
@@ -169,14 +175,23 @@ def tokenize(
     # summaries are folded in any order; nothing downstream depends on it).
     order = sorted(range(len(units)), key=lambda i: -weights[i])
 
+    def keyed_for(choice: Choice) -> list[WorkUnit]:
+        settings = {u.source: token_settings(cfg, tok, u.reading, choice, template) for u in units}
+        return [
+            u.with_token_file(
+                token_dir,
+                token_key(u, settings[u.source], None if digests is None else digests[u.shard.path]),
+            )
+            for u in units
+        ]
+
     def run(
         choice: Choice, refused: Callable[[], bool] = lambda: False
     ) -> tuple[list[WorkUnit], Totals, list[WorkUnit]]:
         """Every unit keyed for `choice` and tokenized; with a fast backend, giving out units stops at
         the first whose check found a difference, or once `refused` (the driver's check of a fast
         backend the workers started with). The units, their totals, the files it wrote."""
-        settings = {u.source: token_settings(cfg, tok, u.reading, choice, template) for u in units}
-        keyed = [u.with_token_file(token_dir, token_key(u, settings[u.source])) for u in units]
+        keyed = keyed_for(choice)
         totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [u.source for u in keyed])
         written: list[WorkUnit] = []
         progress = Progress("tokenize", len(keyed), "units", sum(weights), stream)
@@ -203,7 +218,20 @@ def tokenize(
         for part in ("rejects", "index", join("_staging", "index")):
             remove(join(cfg.output.path, part), cfg.storage)
 
-    if ahead is None:
+    if ahead is not None and digests is not None and _stored(keyed_for(ahead), token_dir, cfg):
+        # Every unit is in the token store under the fast backend's key: a job whose check passed
+        # on this tokenizer, backend version and settings wrote them (a refused backend's files are
+        # discarded). The check (~1 s on the driver, before a repack's assign) is then not run,
+        # unless a unit is tokenized after all (an entry that was not whole).
+        choice = dataclasses.replace(ahead, reason="every unit found in the token store")
+        keyed, totals, written = run(choice)
+        if written:
+            choice = check()
+            if choice.label != ahead.label:
+                discard(written)
+                keyed, totals, written = run(choice)
+        announce(choice)
+    elif ahead is None:
         choice = remembered or check()
         announce(choice)
         keyed, totals, written = run(choice)
@@ -242,6 +270,12 @@ def tokenize(
         rule, why = tok.cut_rule()  # what the workers proved, proven again here (10-25 ms)
         cut_rule = f"{rule.name}: {why}" if rule is not None else why
     return Tokenized(keyed, totals, choice, failovers, chat, cut_rule)
+
+
+def _stored(keyed: list[WorkUnit], token_dir: str, cfg: JobConfig) -> bool:
+    """Whether a token file of every unit is in `token_dir` (one listing)."""
+    names = {info.base_name for info in list_dir(token_dir, cfg.storage)}
+    return all(posixpath.basename(u.token_file) in names for u in keyed)
 
 
 def check_rejects(cfg: JobConfig, totals: Totals) -> None:

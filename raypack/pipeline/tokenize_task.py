@@ -35,7 +35,7 @@ from raypack.pipeline.token_files import (
     staged_options,
 )
 from raypack.pipeline.units import WorkUnit
-from raypack.storage import atomic_output, open_output, read_bytes, write_bytes
+from raypack.storage import atomic_output, open_output, read_bytes, whole_output, write_bytes
 
 if TYPE_CHECKING:
     from raypack.pipeline.worker import JobState
@@ -172,12 +172,12 @@ class TokenizeShards:
     def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:
         """Tokenize the unit into its token file; rejects go beside it and into the output.
 
-        The file is written in place, not to a temporary name then moved: on S3 a move is a
-        CopyObject, limited to 5 GB, and a shard of 10 GB of text makes a ~10 GB token file. It counts
-        as finished only by the key on its last record batch, written last (DONE, with the rejects
-        count): an error mid-way closes the writer without it, a killed writer leaves no footer
-        locally and no object at all on S3 (a multipart upload completes only on close), and
-        either is redone."""
+        A local file is written under a temporary name and renamed when finished, so that another
+        job reading the same token store never opens a part of it. On S3 it is written in place (a
+        move is a CopyObject, limited to 5 GB, and a shard of 10 GB of text makes a ~10 GB token
+        file): an upload is visible only once complete. Either way it counts as finished only by
+        the key on its last record batch, written last (DONE, with the rejects count): an error
+        mid-way closes the writer without it, and such a file is redone."""
         cfg = self.cfg
         path = unit.token_file
         rejects: list[dict[str, Any]] = []
@@ -185,7 +185,7 @@ class TokenizeShards:
         self._trained = 0
         # The rejects count is known only at the end: it goes on the last, empty record batch.
         with (
-            open_output(path, self.storage) as sink,
+            whole_output(path, self.storage) as sink,
             pa.ipc.new_file(sink, schema.TOKENIZED, options=staged_options(path, cfg.output.path)) as writer,
         ):
             for batch in read_unit(unit, cfg.tokenizer.batch_size, self.storage):

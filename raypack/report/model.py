@@ -191,9 +191,25 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
             f"{counts['tokens']:,} tokens",
         ),
         ("files", f"{len(files):,} {fmt['name']} files, {size / 2**20:,.1f} MiB"),
+        *_store(manifest, counts["shards"]),
         *_time(doc),
         ("raypack", str(manifest.get("raypack_version", "?"))),
     )
+
+
+def _store(manifest: dict[str, Any], units: int) -> list[tuple[str, str]]:
+    """The token store the run read and filled (runs that used one)."""
+    store = manifest.get("token_store")
+    if not store:
+        return []
+    return [
+        (
+            "token store",
+            f"{store['path']}: {store['hits']:,} of {units:,} units found there, "
+            f"{units - store['hits']:,} tokenized; it holds {store['entries']:,} units, "
+            f"{store['bytes'] / 2**20:,.1f} MiB",
+        )
+    ]
 
 
 def _time(doc: dict[str, Any]) -> list[tuple[str, str]]:

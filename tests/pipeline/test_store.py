@@ -1,0 +1,306 @@
+"""The token store (cache.path): tokenize once, pack many. Keys by content (a copied corpus hits, a
+change misses), several jobs filling one store at once, `raypack cache prune`, on local disk and
+on the real S3 server."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pytest
+
+from raypack.cli import main
+from raypack.config import ConfigError, load_config
+from raypack.pipeline.store import file_digest
+from raypack.storage import Shard
+from raypack.verifier import verify
+from tests import s3server
+from tests.conftest import (
+    independent_tokens,
+    job_config,
+    make_corpus,
+    packed_documents,
+    random_text,
+    s3_job_config,
+    write_jsonl,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def units(out: Path) -> dict[str, int]:
+    """metrics.json's count of units found in the store and tokenized."""
+    return json.loads((out / "metrics.json").read_text())["shards"]
+
+
+def data_files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((out / "data").iterdir())}
+
+
+def token_files(store: Path) -> list[Path]:
+    """The store's entries (pathlib's glob takes the .tmp-* files too)."""
+    return sorted(p for p in store.glob("*.arrow") if not p.name.startswith(".tmp-"))
+
+
+def store_files(store: Path) -> list[str]:
+    return sorted(p.name for p in store.iterdir())
+
+
+def test_a_copied_corpus_hits_and_a_repack_pays_no_tokenization(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(tmp_path / "a", shards=4, docs_per_shard=30, seed=3)
+    store = tmp_path / "store"
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    first = manifest(tmp_path / "out")
+    assert units(tmp_path / "out") == {"reused": 0, "tokenized": 4}
+    assert {k: v for k, v in first["token_store"].items() if k != "bytes"} == {
+        "path": str(store),
+        "hits": 0,
+        "entries": 4,
+    }
+    assert first["token_store"]["bytes"] == sum(p.stat().st_size for p in store.iterdir())
+    assert len([n for n in store_files(store) if n.endswith(".arrow")]) == 4
+    assert not [n for n in store_files(store) if n.startswith(".tmp-")]
+    assert "token store" in capsys.readouterr().out
+
+    # The same bytes elsewhere, written now (other paths, other mtimes): every unit is found.
+    copy = tmp_path / "b" / "corpus"
+    shutil.copytree(corpus, copy)
+    for p in copy.iterdir():
+        os.utime(p, ns=(7, 7))
+    out2 = tmp_path / "out2"
+    args = ["--set", f"input.paths=['{copy}/*']", "--set", f"output.path={out2}", "--quiet"]
+    assert main(["pack", str(cfg), *args]) == 0
+    second = manifest(out2)
+    assert units(out2) == {"reused": 4, "tokenized": 0}
+    assert second["token_store"]["hits"] == 4 and second["token_store"]["entries"] == 4
+    assert "every unit found in the token store" in second["tokenizer"]["backend"]["reason"]
+    assert data_files(out2) == data_files(tmp_path / "out")
+    assert "4 of 4 units found there" in (out2 / "report.html").read_text()
+
+    # A repack at another seq_len and algorithm: from the store, every token where it belongs.
+    out3 = tmp_path / "out3"
+    more = ["--set", "pack.seq_len=256", "--set", "pack.algorithm=spfhp", "--set", f"output.path={out3}"]
+    assert main(["pack", str(cfg), *more, "--quiet"]) == 0
+    assert units(out3) == {"reused": 4, "tokenized": 0}
+    assert packed_documents(out3) == independent_tokens(corpus, tokenizer_path)
+    report = verify(
+        str(out3),
+        load_config(str(cfg), [f"output.path={out3}", "pack.seq_len=256", "pack.algorithm=spfhp"]),
+        sample=8,
+    )
+    assert report.ok, report.problems
+
+
+def test_any_change_of_content_or_settings_misses(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=8)
+    store = tmp_path / "store"
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+
+    # One shard rewritten with other bytes of the same size and the same mtime: its content misses.
+    path = next(p for p in sorted(corpus.iterdir()) if p.suffix == ".jsonl")
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    at = data.index(b'"text": "') + len(b'"text": "')
+    data[at] = ord("Q") if data[at] != ord("Q") else ord("R")
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    assert main(["pack", str(cfg), "--overwrite", "--quiet"]) == 0
+    assert units(tmp_path / "out") == {"reused": 2, "tokenized": 1}
+    assert packed_documents(tmp_path / "out") == independent_tokens(corpus, tokenizer_path)
+
+    # A tokenization setting: every unit misses; a packing setting: none does.
+    assert main(["pack", str(cfg), "--overwrite", "--quiet", "--set", "tokenizer.add_eos=false"]) == 0
+    assert units(tmp_path / "out") == {"reused": 0, "tokenized": 3}
+    assert main(["pack", str(cfg), "--overwrite", "--quiet", "--set", "pack.seed=5"]) == 0
+    assert units(tmp_path / "out") == {"reused": 3, "tokenized": 0}
+    assert len([n for n in store_files(store) if n.endswith(".arrow")]) == 3 + 1 + 3
+
+
+def test_two_jobs_fill_one_store_at_once(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=6, docs_per_shard=40, seed=11)
+    store = tmp_path / "store"
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    jobs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "raypack.cli", "pack", str(cfg), "--quiet", "--set", f"output.path={out}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for out in (tmp_path / "one", tmp_path / "two")
+    ]
+    for job in jobs:
+        output, _ = job.communicate(timeout=300)
+        assert job.returncode == 0, output.decode()
+    assert data_files(tmp_path / "one") == data_files(tmp_path / "two")
+    names = store_files(store)
+    assert len([n for n in names if n.endswith(".arrow")]) == 6 and not [
+        n for n in names if n.startswith(".tmp-")
+    ]
+    assert main(["pack", str(cfg), "--quiet", "--set", f"output.path={tmp_path / 'three'}"]) == 0
+    assert units(tmp_path / "three") == {"reused": 6, "tokenized": 0}
+    assert data_files(tmp_path / "three") == data_files(tmp_path / "one")
+
+
+def test_prune_by_age_and_by_size(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=20, seed=2)
+    store = tmp_path / "store"
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    entries = token_files(store)
+    now = time.time()
+    for days, entry in enumerate(entries):  # entry k written k days ago
+        os.utime(entry, (now - days * 86400 - 60, now - days * 86400 - 60))
+    stale = store / ".tmp-0123-left-by-a-killed-writer.arrow"
+    stale.write_bytes(b"x")
+    os.utime(stale, (now - 3 * 86400, now - 3 * 86400))
+    fresh = store / ".tmp-4567-being-written.arrow"
+    fresh.write_bytes(b"x")
+
+    assert main(["cache", "info", str(store)]) == 0
+    assert f"{store}: 4 units" in capsys.readouterr().out
+    assert main(["cache", "prune", str(store), "--older-than", "1.5d"]) == 0
+    said = capsys.readouterr().out
+    assert "removed 2 units" in said and "1 stale temporary files" in said, said
+    assert token_files(store) == entries[:2] and fresh.exists() and not stale.exists()
+
+    # By size: the oldest go first until the rest fits.
+    keep = entries[0].stat().st_size + sum(
+        p.stat().st_size for p in store.glob(f"{entries[0].stem}.*rejects*")
+    )
+    assert main(["cache", "prune", "--config", str(cfg), "--max-size", f"{keep + len(b'x')}B"]) == 0
+    assert token_files(store) == entries[:1]
+    # What is left is still a store: the next pack finds that unit and tokenizes the others.
+    assert main(["pack", str(cfg), "--overwrite", "--quiet"]) == 0
+    assert units(tmp_path / "out") == {"reused": 1, "tokenized": 3}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cache", "prune", "STORE"], "say what to prune"),
+        (["cache", "prune", "STORE", "--older-than", "soon"], "--older-than takes a number and a unit"),
+        (["cache", "prune", "STORE", "--max-size", "12 apples"], "--max-size takes a number and a unit"),
+        (["cache", "info"], "name the store"),
+        (["cache", "info", "STORE", "--max-size", "1GB"], "are for prune"),
+    ],
+)
+def test_cache_command_mistakes_are_one_line_errors(
+    tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [str(tmp_path) if a == "STORE" else a for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_store_inside_the_output_or_an_input_is_refused(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=2)
+    base = {"input": {"paths": [f"{corpus}/*"]}, "tokenizer": {"path": str(tokenizer_path)}}
+    for store, said in [
+        (str(tmp_path / "out" / "tokens"), "which a pack with --overwrite clears"),
+        (str(corpus / "tokens"), "looks for files"),
+        ("  ", "cache.path is empty"),
+    ]:
+        data = base | {"output": {"path": str(tmp_path / "out")}, "cache": {"path": store}}
+        with pytest.raises(ConfigError, match=said):
+            load_config(data)
+
+
+def test_content_digests_sha256_locally_and_etag_on_s3(tmp_path: Path, s3) -> None:
+    path = tmp_path / "a.jsonl"
+    write_jsonl(path, [{"text": "hello"}])
+    local = file_digest(Shard(0, str(path), "a.jsonl", path.stat().st_size, 0), None)
+    assert local == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    fs = s3.filesystem()
+    cfg = load_config(
+        {
+            "input": {"paths": ["unused"]},
+            "tokenizer": {"path": "unused"},
+            "output": {"path": str(tmp_path / "o")},
+            "storage": {"endpoint": s3.endpoint},
+        }
+    )
+
+    def digest_of(name: str, data: bytes) -> str:
+        with fs.open_output_stream(f"{s3server.BUCKET}/digest/{name}") as f:
+            f.write(data)
+        return file_digest(Shard(0, f"s3://{s3server.BUCKET}/digest/{name}", name, len(data), 0), cfg.storage)
+
+    data = path.read_bytes()
+    remote = digest_of("a.jsonl", data)
+    # The server's ETag (not a hash of the bytes read here: an upload in parts has MD5s of parts).
+    assert remote.startswith("etag:") and remote.endswith(f":{len(data)}") and len(remote) > 30
+    assert digest_of("copy.jsonl", data) == remote
+    assert digest_of("other.jsonl", data.replace(b"hello", b"hullo")) != remote
+
+
+def test_a_store_on_s3_serves_a_corpus_copied_to_another_prefix(
+    tmp_path: Path, tokenizer_path: Path, s3
+) -> None:
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=6)
+    store = f"s3://{s3server.BUCKET}/store-test/tokens"
+    cfg_path = s3_job_config(tmp_path, s3, corpus, tokenizer_path, "store-a", cache={"path": store})
+    assert main(["pack", str(cfg_path), "--quiet"]) == 0
+    fs = s3.filesystem()
+    pafs.copy_files(
+        f"{s3server.BUCKET}/store-a/corpus",
+        f"{s3server.BUCKET}/store-b/corpus",
+        source_filesystem=fs,
+        destination_filesystem=fs,
+    )
+    out_b = f"s3://{s3server.BUCKET}/store-b/out"
+    sets = [
+        "--set",
+        f"input.paths=['s3://{s3server.BUCKET}/store-b/corpus/*']",
+        "--set",
+        f"output.path={out_b}",
+    ]
+    assert main(["pack", str(cfg_path), "--quiet", *sets]) == 0
+    with fs.open_input_stream(f"{s3server.BUCKET}/store-b/out/manifest.json") as f:
+        second = json.loads(f.read())
+    assert second["token_store"]["path"] == store
+    assert (second["token_store"]["hits"], second["token_store"]["entries"]) == (3, 3)
+    cfg = load_config(
+        str(cfg_path), [f"output.path={out_b}", f"input.paths=['s3://{s3server.BUCKET}/store-b/corpus/*']"]
+    )
+    report = verify(out_b, cfg, sample=8)
+    assert report.ok, report.problems
+    assert report.documents == 60
+
+
+def test_a_rebuild_with_a_named_store_leaves_its_entries_to_prune(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=1)
+    store = tmp_path / "store"
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
+    assert main(["pack", str(cfg), "--quiet", "--set", "pack.seq_len=256"]) == 0
+    write_jsonl(corpus / "part-000.jsonl", [{"text": random_text(random.Random(1), 50)}])
+    assert main(["rebuild", str(cfg), "--quiet", "--set", f"output.path={tmp_path / 'root'}"]) == 0
+    # The rebuild found the unchanged shard in the store and kept the pack's entry it no longer uses.
+    latest = tmp_path / "root" / (tmp_path / "root" / "LATEST").read_text().strip()
+    assert units(latest) == {"reused": 1, "tokenized": 1}
+    assert len(token_files(store)) == 3
+    assert not (tmp_path / "root" / "_cache").exists()
