@@ -1,0 +1,107 @@
+"""Tokenize once, pack many: a first pack that fills a token store, against repacks from it.
+
+    python benchmarks/bench_store.py --mb 500 --rounds 3
+
+bench_job.py's corpus (real source text in gzipped JSONL shards) and tokenizer (--tokenizer: its
+trained 128k BPE, `large`, or a real model's). Each round, on the default executor, as a user runs
+`raypack pack`, timed from the command's start to its exit:
+- first: an empty store, pack.seq_len 8192, bfd: every unit tokenized and stored;
+- repack: the same store, seq_len 4096 and spfhp (another plan, other files): every unit found;
+- copy: the corpus copied to another directory (new paths and times), seq_len 8192: every unit found,
+  and its data files must equal the first pack's (checked).
+Ratios are first / repack in the same round (this machine's speed drifts through the day).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_job
+
+
+def pack(work: Path, name: str, corpus: Path, tokenizer: Path, store: Path, **pack_cfg: object) -> dict:
+    out = work / f"store-out-{name}"
+    config = {
+        "input": {"paths": [str(corpus / "*.jsonl.gz")], "max_reject_ratio": 0.05},
+        "tokenizer": {"path": str(tokenizer)},
+        "pack": {"seq_len": 8192, **pack_cfg},
+        "output": {"path": str(out)},
+        "cache": {"path": str(store)},
+    }
+    path = work / f"store-{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "raypack.cli", "pack", str(path), "--overwrite", "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    took = time.perf_counter() - t0
+    if done.returncode:
+        raise SystemExit(f"{name}: raypack pack failed:\n{done.stderr[-2000:]}")
+    metrics = json.loads((out / "metrics.json").read_text())
+    return {
+        "seconds": took,
+        "stages": metrics["stage_seconds"],
+        "units": metrics["shards"],
+        "digest": bench_job.data_digest(out),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mb", type=int, default=500)
+    parser.add_argument("--tokenizer", choices=["large", *bench_job.REAL], default="large")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-job")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    tokenizer = (
+        bench_job.large_tokenizer(args.work)
+        if args.tokenizer == "large"
+        else bench_job.real_tokenizer(args.work, args.tokenizer)
+    )
+    corpus, texts = bench_job.make_corpus(args.work, args.mb)
+    copy = args.work / f"store-copy-{args.mb}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(corpus, copy)
+    print(f"{args.mb} MB, {len(texts):,} documents, {args.tokenizer} tokenizer", flush=True)
+    ratios = []
+    for r in range(args.rounds):
+        store = args.work / "store"
+        shutil.rmtree(store, ignore_errors=True)
+        first = pack(args.work, "first", corpus, tokenizer, store)
+        repack = pack(args.work, "repack", corpus, tokenizer, store, seq_len=4096, algorithm="spfhp")
+        copied = pack(args.work, "copy", copy, tokenizer, store)
+        if copied["digest"] != first["digest"]:
+            raise SystemExit("the copied corpus packed from the store differs from the first pack")
+        for name, run in (("first", first), ("repack", repack), ("copy", copied)):
+            stages = run["stages"]
+            print(
+                f"round {r + 1} {name}: {run['seconds']:.2f} s (tokenize {stages['tokenize']:.2f}, "
+                f"assign+write {stages['assign+write']:.2f}, the rest "
+                f"{run['seconds'] - sum(stages.values()):.2f}); units {run['units']}",
+                flush=True,
+            )
+        ratios.append(first["seconds"] / repack["seconds"])
+        print(f"round {r + 1}: first / repack x{ratios[-1]:.2f}", flush=True)
+    print(f"median first / repack x{statistics.median(ratios):.2f} over {args.rounds} rounds")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
