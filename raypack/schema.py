@@ -71,6 +71,13 @@ ITEMS = pa.schema(
         ("capacity", pa.int32()),
         ("doc_id", pa.string()),
         ("chunk", pa.int32()),
+        ("length", pa.int32()),
+        # An item's tokens travel in `tokens` (source -1), or, where every task maps every token file
+        # (a local run: raypack.pipeline.runners), stay in its unit's token file: `source` is that
+        # unit's index, `start` its first token's position among the file's token values, batch
+        # after batch (token_files.token_values), and `tokens` is empty.
+        ("source", pa.int32()),
+        ("start", pa.int64()),
         ("tokens", pa.list_(pa.int32())),
     ]
 )

@@ -77,29 +77,40 @@ def assign_items(
     rank_base: np.ndarray,
     on_docs: Callable[[pa.Array], None] | None = None,
     selection: Selection | None = None,
+    in_place: bool = False,
 ) -> Iterator[pa.Table]:
     """Item tables (schema.ITEMS) of a run of shards, in shard order, one table per record batch of
     their token files and copy layer. `rank_base` (layers, seq_len + 1): items of each length ranked
     before this run's, a row a copy layer (raypack.pipeline.histogram.Totals.rank_bases); each
     batch's items move it on, so no per-shard base is ever needed. `selection`: a mixture's rules:
     the documents of copy layer c are those with more than c copies, ranked in that layer. `on_docs`
-    sees every document's id (dropped documents' too), batch by batch, once whatever its copies."""
+    sees every document's id (dropped documents' too), batch by batch, once whatever its copies.
+    `in_place`: items name their tokens in their unit's token file (source, start) instead of
+    carrying a copy (schema.ITEMS), for write tasks that map the token files."""
     buckets = Buckets.of(plan)
     perms = [PackPermutation(n, cfg.pack.seed) if cfg.pack.shuffle else None for n in buckets.sizes]
     seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
     base = np.atleast_2d(rank_base).astype(np.int64, copy=True)
     for shard in shards:
+        before = 0  # token values of the unit's earlier record batches (an in-place item's start)
         for record_batch in token_batches(shard.token_file, cfg.storage):
             batch = pa.Table.from_batches([record_batch])
+            tokens = record_batch.column(record_batch.schema.get_field_index("tokens"))
+            starts = tokens.offsets.to_numpy()[:-1].astype(np.int64) + before
+            before += len(tokens.values)
             if on_docs is not None:
                 on_docs(batch.column("doc_id").combine_chunks())
             n = None
             if selection is not None:
                 n = selection.copies(shard.source, shard.relpath, batch.column("row").to_numpy())
+            if in_place:  # the tokens stay where they lie: a filter would copy them for nothing
+                batch = batch.drop_columns(["tokens"])
             for layer in range(len(base)):
-                docs = batch if n is None else batch.filter(pa.array(n > layer))
+                keep = None if n is None else n > layer
+                docs = batch if keep is None else batch.filter(pa.array(keep))
                 if not docs.num_rows:
                     continue
+                place = (shard.index, starts if keep is None else starts[keep]) if in_place else None
                 items = make_items(docs.column("length").to_numpy(), seq_len, overflow)
                 pack, slot, _ = expand(plan, items.length, base[layer])
                 base[layer] += item_histogram(items.length, seq_len)
@@ -110,7 +121,7 @@ def assign_items(
                         local[mask] = perm(local[mask])
                 keys = file_key(bucket, local // rows)
                 capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
-                yield items_table(docs, items, keys, local, slot, capacity)
+                yield items_table(docs, items, keys, local, slot, capacity, place)
 
 
 def warm_assign(cfg: JobConfig) -> None:
@@ -138,12 +149,30 @@ def items_table(
     pack: np.ndarray,
     slot: np.ndarray,
     capacity: np.ndarray,
+    place: tuple[int, np.ndarray] | None = None,
 ) -> pa.Table:
     """Item rows (schema.ITEMS) with each item's slice of its document's tokens, in file_key order
     (stable): the exchange then splits a batch's items among writers by slicing, where a take of
-    the table would copy every token again (0.7 s of an assign task's 2.9 s at 68M tokens)."""
+    the table would copy every token again (0.7 s of an assign task's 2.9 s at 68M tokens).
+    `place`: (the unit's index, each document's first token among its token file's values): the
+    items name their tokens there (source, start) and carry none."""
     doc_of_item = items.doc_of_item()
     chunk = items.chunk_index()
+    if place is not None:
+        source, doc_start = place
+        start = doc_start[doc_of_item] + items.start_in_doc()
+        if np.any(keys[1:] < keys[:-1]):
+            order = np.argsort(keys, kind="stable")
+            keys, pack, slot, capacity = keys[order], pack[order], slot[order], capacity[order]
+            doc_of_item, chunk, start = doc_of_item[order], chunk[order], start[order]
+            length = items.length[order]
+        else:
+            length = items.length
+        n = len(keys)
+        none = pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.int32()))
+        return _items(
+            docs, keys, pack, slot, capacity, doc_of_item, chunk, length, np.full(n, source), start, none
+        )
     # A batch of one token file is one chunk: its array as it lies (memory-mapped), where
     # combine_chunks copied every token into fresh memory first (0.5 s of a 500 MB job's assign
     # tasks on 2 cores, mostly the page faults of that copy).
@@ -162,6 +191,25 @@ def items_table(
     values = np.empty(int(out_offsets[-1]), dtype=flat.dtype)
     copy_runs(values, out_offsets[:-1], flat, start, length)
     item_tokens = pa.ListArray.from_arrays(pa.array(out_offsets.astype(np.int32)), pa.array(values))
+    n = len(keys)
+    return _items(
+        docs, keys, pack, slot, capacity, doc_of_item, chunk, length, np.full(n, -1), np.zeros(n), item_tokens
+    )
+
+
+def _items(
+    docs: pa.Table,
+    keys: np.ndarray,
+    pack: np.ndarray,
+    slot: np.ndarray,
+    capacity: np.ndarray,
+    doc_of_item: np.ndarray,
+    chunk: np.ndarray,
+    length: np.ndarray,
+    source: np.ndarray,
+    start: np.ndarray,
+    tokens: pa.Array,
+) -> pa.Table:
     return pa.table(
         {
             "file_key": keys,
@@ -170,7 +218,10 @@ def items_table(
             "capacity": capacity.astype(np.int32),
             "doc_id": docs.column("doc_id").take(pa.array(doc_of_item)),
             "chunk": chunk,
-            "tokens": item_tokens,
+            "length": length.astype(np.int32),
+            "source": source.astype(np.int32),
+            "start": start.astype(np.int64),
+            "tokens": tokens,
         },
         schema=schema.ITEMS,
     )

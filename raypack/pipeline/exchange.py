@@ -43,6 +43,7 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.formats import Spec
 from raypack.packing import Plan
+from raypack.paths import is_uri
 from raypack.pipeline.assign import assign_items
 from raypack.pipeline.histogram import Totals, index_path
 from raypack.pipeline.materialize import write_pack_file
@@ -265,6 +266,7 @@ def assign_run(
     id_parts: int,
     patterns: tuple[str, ...] | None,
     selection: Selection | None = None,
+    in_place: bool = False,
 ) -> Iterator[Any]:
     """Task (a generator: each value is stored as it is yielded): `rounds` rounds, each one piece
     per partition (items sorted by file_key) and `id_parts` pieces of the ids of the documents read
@@ -281,7 +283,7 @@ def assign_run(
         def on_docs(doc_ids: pa.Array) -> None:
             _add_ids(ids, doc_ids)
 
-        for table in assign_items(shards, cfg, plan, rank_base, on_docs, selection):
+        for table in assign_items(shards, cfg, plan, rank_base, on_docs, selection, in_place):
             keys = table.column("file_key").to_numpy()
             part = np.searchsorted(part_first_key, keys, side="right") - 1
             if np.any(part[1:] < part[:-1]):  # else (one partition, say) the take would copy for nothing
@@ -291,7 +293,7 @@ def assign_run(
             for p in range(parts):
                 if cuts[p + 1] > cuts[p]:
                     pending[p].append(table.slice(int(cuts[p]), int(cuts[p + 1] - cuts[p])))
-            n_tokens = int(pc.list_value_length(table.column("tokens")).to_numpy().sum())
+            n_tokens = int(table.column("length").to_numpy().sum(dtype=np.int64))
             items, tokens = items + table.num_rows, tokens + n_tokens
             done += n_tokens * 4 + table.num_rows * ITEM_BYTES
             while yielded < rounds - 1 and done >= round_ends[yielded]:
@@ -332,34 +334,59 @@ def write_files(
     bucketed: bool,
     storage: Any,
     patterns: tuple[str, ...] | None,
+    token_files: dict[int, str] | None,
     *pieces: pa.Table,
 ) -> pa.Table:
     """Task: the files of `keys` (ascending), one at a time, from pieces sorted by file_key (read
-    in place from the object store: the heap holds one file). One WRITTEN row a file."""
+    in place from the object store: the heap holds one file). One WRITTEN row a file.
+    `token_files`: each unit's token file, where items name their tokens there (a runner whose
+    tasks map local files): those it needs are mapped for the task's duration."""
     forget()
     with transient(patterns):
         pieces = tuple(p for p in pieces if p.num_rows)
-        starts = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="left") for p in pieces]
-        ends = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="right") for p in pieces]
-        rows = sum(p.num_rows for p in pieces)
-        taken = 0
-        written = []
-        for i, key in enumerate(keys.tolist()):
-            parts = [
-                p.slice(int(s[i]), int(e[i] - s[i]))
-                for p, s, e in zip(pieces, starts, ends, strict=True)
-                if e[i] > s[i]
-            ]
-            if not parts:
-                raise RuntimeError(f"no items reached file key {key}: the exchange is inconsistent")
-            items = pa.concat_tables(parts)
-            taken += items.num_rows
-            written.append(write_pack_file(items, output, spec, bucketed, storage=storage))
-        if taken != rows:
-            raise RuntimeError(
-                f"{rows - taken} items reached a writer of other files: the exchange is inconsistent"
-            )
-        return pa.concat_tables(written) if written else schema.WRITTEN.empty_table()
+        mapped = None
+        if token_files is not None:
+            from raypack.pipeline.token_files import MappedTokens
+
+            used = np.unique(np.concatenate([p.column("source").to_numpy() for p in pieces] or [[-1]]))
+            mapped = MappedTokens({u: token_files[u] for u in used.tolist() if u >= 0})
+        try:
+            return _write_files(keys, output, spec, bucketed, storage, mapped, pieces)
+        finally:
+            if mapped is not None:
+                mapped.close()
+
+
+def _write_files(
+    keys: np.ndarray,
+    output: str,
+    spec: Spec,
+    bucketed: bool,
+    storage: Any,
+    mapped: Any,
+    pieces: tuple[pa.Table, ...],
+) -> pa.Table:
+    starts = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="left") for p in pieces]
+    ends = [np.searchsorted(p.column("file_key").to_numpy(), keys, side="right") for p in pieces]
+    rows = sum(p.num_rows for p in pieces)
+    taken = 0
+    written = []
+    for i, key in enumerate(keys.tolist()):
+        parts = [
+            p.slice(int(s[i]), int(e[i] - s[i]))
+            for p, s, e in zip(pieces, starts, ends, strict=True)
+            if e[i] > s[i]
+        ]
+        if not parts:
+            raise RuntimeError(f"no items reached file key {key}: the exchange is inconsistent")
+        items = pa.concat_tables(parts)
+        taken += items.num_rows
+        written.append(write_pack_file(items, output, spec, bucketed, storage=storage, mapped=mapped))
+    if taken != rows:
+        raise RuntimeError(
+            f"{rows - taken} items reached a writer of other files: the exchange is inconsistent"
+        )
+    return pa.concat_tables(written) if written else schema.WRITTEN.empty_table()
 
 
 def count_ids(examples: int, *pieces: pa.Table) -> dict[str, Any]:
@@ -427,6 +454,12 @@ def run_exchange(
     handles of the pieces as soon as their consumers are submitted, so Ray frees each piece once its
     consumer is done (a local run deletes its piece files at the end)."""
     patterns = runner.patterns
+    # Where every task maps the token files (a local run, local files), items name their tokens
+    # there and the writers copy each token once, from the page cache to its pack: the assign tasks
+    # copied every token into its item (fresh memory), then into a blob file, which the writer
+    # read back (a 500 MB job's assign+write: see docs/benchmarks.md, run 21).
+    in_place = runner.maps_files and all(not is_uri(u.token_file) for u in shards)
+    token_files = {u.index: u.token_file for u in shards} if in_place else None
     plan_blob = runner.put(plan)
     part_first_key = file_keys[lay.writer_first[lay.part_first[:-1]]]
     writer_first_key = file_keys[lay.writer_first[:-1]]
@@ -450,6 +483,7 @@ def run_exchange(
             lay.id_parts,
             patterns,
             selection,
+            in_place,
         )
         for (kind, index), blob in zip(kinds, runner.spread(assign_run, args, len(kinds)), strict=True):
             if kind == "part":
@@ -479,7 +513,7 @@ def run_exchange(
     writes = {}
     for w in range(lay.writers):
         keys = file_keys[lay.writer_first[w] : lay.writer_first[w + 1]]
-        args = (keys, cfg.output.path, spec, bucketed, cfg.storage, patterns, *to_writer[w])
+        args = (keys, cfg.output.path, spec, bucketed, cfg.storage, patterns, token_files, *to_writer[w])
         writes[runner.submit(write_files, args)] = int(lay.writer_first[w + 1] - lay.writer_first[w])
     del to_writer
     id_tasks = [runner.submit(count_ids, (examples, *blobs)) for blobs in to_ids]

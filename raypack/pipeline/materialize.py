@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,9 @@ from raypack.metrics import fill_percent_counts
 from raypack.packing import copy_runs
 from raypack.pipeline.assign import split_file_key
 from raypack.storage import join, write_bytes
+
+if TYPE_CHECKING:
+    from raypack.pipeline.token_files import MappedTokens
 
 __all__ = ["data_file", "write_pack_file", "write_pack_files"]
 
@@ -68,9 +72,11 @@ def write_pack_file(
     bucketed: bool,
     group: int | None = None,
     storage: StorageConfig | None = None,
+    mapped: MappedTokens | None = None,
 ) -> pa.Table:
     """The items of one output file, in any order → the file written in spec's format; returns its
-    WRITTEN row. `group`: the shard group in sharded mode, whose packs are numbered on their own."""
+    WRITTEN row. `group`: the shard group in sharded mode, whose packs are numbered on their own;
+    `mapped`: the token files of the items that name their tokens there (source >= 0)."""
     _, part = split_file_key(int(items.column("file_key")[0].as_py()))
     capacity = int(items.column("capacity")[0].as_py())
     pack = items.column("pack").to_numpy()
@@ -80,7 +86,7 @@ def write_pack_file(
     # 0.4-0.6 s of a 10,000 × 8192 file's ~3 s, mostly the kernel's page faults.
     chunks = items.column("tokens").chunks
     offsets = [c.offsets.to_numpy().astype(np.int64) for c in chunks]
-    length = np.concatenate([np.diff(o) for o in offsets]) if chunks else np.zeros(0, np.int64)
+    length = items.column("length").to_numpy().astype(np.int64)
     pack, length = pack[order], length[order]
     first = np.flatnonzero(np.r_[True, pack[1:] != pack[:-1]])
     n_packs = len(first)
@@ -119,9 +125,17 @@ def write_pack_file(
     stem = stem_of(capacity if bucketed else None, part, group)
     starts = dst[order]  # every item's first position, in pack order
     values = [c.values.to_numpy() for c in chunks]
-    chunk_of = np.repeat(np.arange(len(chunks)), [len(c) for c in chunks])[order]
-    src = np.concatenate([o[:-1] for o in offsets])[order] if chunks else np.zeros(0, np.int64)
-    runs = _Runs(values, chunk_of, src, length, starts, np.r_[first, len(order)])
+    chunk_of = np.repeat(np.arange(len(chunks)), [len(c) for c in chunks])
+    src = np.concatenate([o[:-1] for o in offsets]) if chunks else np.zeros(0, np.int64)
+    source = items.column("source").to_numpy()
+    in_file = np.flatnonzero(source >= 0)
+    if len(in_file):  # items whose tokens stay in their token files: runs of the mapped buffers
+        if mapped is None:
+            raise RuntimeError(f"file {part}: items name their token files, which were not mapped")
+        buffer, at = mapped.locate(source[in_file], items.column("start").to_numpy()[in_file])
+        chunk_of[in_file], src[in_file] = buffer + len(values), at
+        values = values + mapped.values
+    runs = _Runs(values, chunk_of[order], src[order], length, starts, np.r_[first, len(order)])
     if isinstance(spec.format, BlockFormat):
         return _write_blocks(spec.format, runs, stem, index, fill, capacity, output, spec, part, storage)
     input_ids = runs.fill(0, n_packs, capacity, spec.pad_id, np.empty(n_packs * capacity, dtype=np.int32))

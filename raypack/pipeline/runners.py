@@ -72,6 +72,9 @@ class Runner:
     """The transient storage errors' patterns the task functions take (tasks.transient)."""
     retried = 0
     """Tasks run again because their worker died (the local pool counts them; Ray does not say)."""
+    maps_files = False
+    """Every task runs on the driver's machine, so a task can map a local file another wrote (the
+    write tasks then read tokens in place from the token files: raypack.pipeline.exchange)."""
 
     def nodes(self) -> dict[str, int]:
         """Task slots by node ({"": width} for one node, or one Ray schedules alone)."""
@@ -302,6 +305,7 @@ class LocalRunner(Runner):
     which run beside the preload in the zygote)."""
 
     name = "local"
+    maps_files = True
     # tasks.transient reads Ray Data's list on an error (none imported before).
     patterns: tuple[str, ...] | None = None
 

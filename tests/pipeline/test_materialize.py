@@ -94,7 +94,7 @@ def test_a_writer_writes_each_file_of_its_range_from_pieces_cut_anywhere(tmp_pat
     rng = np.random.default_rng(2)
     owner = rng.integers(0, 3, size=items.num_rows)  # three pieces, each keeping the key order
     pieces = [items.filter(pa.array(owner == i)) for i in range(3)]
-    got = write_files(keys, str(tmp_path / "a"), PARQUET, False, None, (), *pieces).to_pylist()
+    got = write_files(keys, str(tmp_path / "a"), PARQUET, False, None, (), None, *pieces).to_pylist()
     want = [
         write_pack_file(
             items.filter(pa.compute.equal(items.column("file_key"), int(k))),
@@ -106,6 +106,55 @@ def test_a_writer_writes_each_file_of_its_range_from_pieces_cut_anywhere(tmp_pat
     ]
     assert got == want and len(got) == len(keys) > 3
     with pytest.raises(RuntimeError, match="reached a writer of other files"):
-        write_files(keys[1:], str(tmp_path / "c"), PARQUET, False, None, (), *pieces)
+        write_files(keys[1:], str(tmp_path / "c"), PARQUET, False, None, (), None, *pieces)
     with pytest.raises(RuntimeError, match="no items reached file key"):
-        write_files(np.r_[keys, keys[-1] + 1], str(tmp_path / "d"), PARQUET, False, None, (), *pieces)
+        write_files(np.r_[keys, keys[-1] + 1], str(tmp_path / "d"), PARQUET, False, None, (), None, *pieces)
+
+
+def test_items_that_name_their_token_file_write_the_same_bytes(tmp_path: Path) -> None:
+    """A local run's items carry no tokens, only where they lie in their unit's token file (source,
+    start), and the writer copies them from the mapped file: the same files as items that carry
+    their tokens, with the token file's documents spread over several record batches."""
+    from raypack.pipeline.token_files import MappedTokens
+
+    rng = np.random.default_rng(8)
+    seq_len, docs = 64, 300
+    lengths = rng.integers(1, 3 * seq_len, size=docs)
+    flat = rng.integers(0, 1000, size=int(lengths.sum())).astype(np.int32)
+    offsets = np.r_[0, np.cumsum(lengths)]
+    table = pa.table(
+        {
+            "row": np.arange(docs, dtype=np.int64),
+            "doc_id": [f"d{i}" for i in range(docs)],
+            "length": lengths.astype(np.int64),
+            "tokens": pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat)),
+        },
+        schema=schema.TOKENIZED,
+    )
+    path = tmp_path / "unit.arrow"
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema.TOKENIZED) as writer:
+        for lo in range(0, docs, 70):  # record batches of 70 documents, the last one empty
+            writer.write_table(table.slice(lo, 70))
+        writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema.TOKENIZED))
+    a = pack(lengths, seq_len, "bfd", seed=8)
+    local = a.pack.astype(np.int64)
+    keys = file_key(np.zeros(len(local), dtype=np.int64), local // 7)
+    capacity = np.full(len(local), seq_len, np.int32)
+    carried = items_table(table, a.items, keys, local, a.slot, capacity)
+    named = items_table(
+        table.drop_columns(["tokens"]), a.items, keys, local, a.slot, capacity, (5, offsets[:-1])
+    )
+    assert named.column("source").to_pylist() == [5] * named.num_rows
+    assert sum(len(t) for t in named.column("tokens").to_pylist()) == 0
+    assert named.column("length").to_pylist() == [len(t) for t in carried.column("tokens").to_pylist()]
+    file_keys = np.unique(keys)
+    want = write_files(file_keys, str(tmp_path / "a"), PARQUET, False, None, (), None, carried)
+    got = write_files(file_keys, str(tmp_path / "b"), PARQUET, False, None, (), {5: str(path)}, named)
+    assert got.to_pylist() == want.to_pylist() and len(file_keys) > 3
+    # The mapped buffers are where the items say: batch by batch, each one's values.
+    mapped = MappedTokens({5: str(path)})
+    buffer, at = mapped.locate(np.full(3, 5), np.asarray([0, 1, int(offsets[70])]))
+    assert buffer.tolist() == [0, 0, 1] and at.tolist() == [0, 1, 0]
+    mapped.close()
+    with pytest.raises(RuntimeError, match="which were not mapped"):
+        write_files(file_keys, str(tmp_path / "c"), PARQUET, False, None, (), None, named)
