@@ -175,11 +175,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="look at or prune a token store (cache.path)",
         description="A token store keeps tokenized units for every later pack or rebuild that names "
         "it (cache.path). `info` says how big it is; `prune` deletes the entries written longest ago "
-        "(--older-than), then the oldest until it fits (--max-size), and what killed writers left.",
+        "(--older-than), then the least recently used until it fits (--max-size), and what killed jobs left.",
     )
     cache.add_argument("action", choices=["info", "prune"])
     cache.add_argument("store", metavar="STORE", nargs="?", help="the store (default: --config's cache.path)")
-    cache.add_argument("--older-than", metavar="AGE", help="prune units written before AGE ago: 30d, 12h")
+    cache.add_argument("--older-than", metavar="AGE", help="prune units last used AGE ago: 30d, 12h, 90min")
     cache.add_argument("--max-size", metavar="SIZE", help="then prune the oldest until it holds SIZE: 500GB")
     cache.add_argument("--config", help="a job config: its cache.path and storage settings (an S3 endpoint)")
     _add_sets(cache, "; with --config")
@@ -394,8 +394,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+# No bare numbers and no "m" (minutes, or months?): a prune is not undone.
+_AGE_UNITS = {"s": 1, "min": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
@@ -406,19 +407,22 @@ def _amount(text: str, units: dict[str, int], what: str, example: str) -> float:
     found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     unit = found.group(2).lower() if found else ""
     if found is None or unit not in units:
-        raise ConfigError(f"{what} takes a number and a unit ({example}), not {text!r}")
+        raise ConfigError(
+            f"{what} takes a number and one of the units {', '.join(units)} ({example}), not {text!r}"
+        )
     return float(found.group(1)) * units[unit]
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
     from raypack.config import StorageConfig
-    from raypack.pipeline.store import prune, size_text, usage
+    from raypack.pipeline.store import check_store, prune, size_text, usage
 
     cfg = _config_of(args)
     store = args.store or (cfg.cache.path if cfg is not None else None)
     if store is None:
         raise ConfigError("name the store: raypack cache ACTION STORE, or --config with cache.path")
     storage = (cfg.storage if cfg is not None else StorageConfig()).from_environment()
+    check_store(store, storage, must_exist=True)
     if args.action == "info":
         if args.older_than or args.max_size:
             raise ConfigError("--older-than and --max-size are for prune")
@@ -432,7 +436,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     done = prune(store, storage, older_than_s=older, max_bytes=most)
     print(
         f"{store}: removed {done.removed_entries:,} units ({size_text(done.removed_bytes)}) and "
-        f"{done.removed_temporaries:,} stale temporary files; it holds {done.kept.entries:,} units, "
+        f"{done.removed_leftovers:,} files a killed job left; it holds {done.kept.entries:,} units, "
         f"{size_text(done.kept.bytes)}"
     )
     return 0

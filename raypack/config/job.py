@@ -69,6 +69,11 @@ class JobConfig:
                     "--overwrite clears: keep the token store elsewhere"
                 )
             for pattern in self.input.all_paths:
+                if contains(store, input_base(pattern)):
+                    raise ConfigError(
+                        f"input {pattern} lies inside cache.path {store}: keep the token store apart "
+                        "from the corpus (raypack cache prune deletes what is in it)"
+                    )
                 if contains(input_base(pattern), store):
                     raise ConfigError(
                         f"cache.path {store} lies inside {input_base(pattern)}, where input {pattern} "

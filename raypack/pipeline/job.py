@@ -39,7 +39,7 @@ from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
 from raypack.pipeline.runners import LocalRunner, ensure_ray
 from raypack.pipeline.select import Selection, select
-from raypack.pipeline.store import content_digests, store_record
+from raypack.pipeline.store import check_store, content_digests, store_record
 from raypack.pipeline.tokenize import check_rejects, tokenize
 from raypack.pipeline.tokenize_pool import TokenizePool
 from raypack.pipeline.write import write
@@ -146,6 +146,8 @@ def _stages(
         ):
             warming.submit(warm_planner, cfg)
             warming.submit(warm_report)  # the report, drawn after the commit, then takes ~0.5 s
+            if store is not None:
+                check_store(store, storage)
             digests = content_digests(ready.files, storage, runner) if store is not None else None
             tokenized = tokenize(
                 cfg, ready.tok, units, token_dir, pool, runner.width, memory, log, progress, digests

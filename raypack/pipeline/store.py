@@ -24,6 +24,7 @@ Jobs never delete entries; `raypack cache prune` does, by age or size (prune bel
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from raypack.config import StorageConfig
+from raypack.errors import ConfigError
 from raypack.paths import is_uri
 from raypack.pipeline.runners import Runner
 from raypack.pipeline.tasks import transient
@@ -41,6 +43,7 @@ from raypack.storage import TMP_PREFIX, Shard, join, list_dir, remove, resolve
 __all__ = [
     "Pruned",
     "StoreUsage",
+    "check_store",
     "content_digests",
     "digest_task",
     "file_digest",
@@ -121,8 +124,9 @@ def _files(path: str, storage: StorageConfig | None) -> list[pafs.FileInfo]:
 
 
 def usage(path: str, storage: StorageConfig | None) -> StoreUsage:
-    """How big the store is (one listing: ~1,000 entries a request on an object store)."""
-    files = _files(path, storage)
+    """How big the store is (one listing: ~1,000 entries a request on an object store); its own
+    files only."""
+    files = [i for i in _files(path, storage) if _key(i.base_name) or _is_temporary(i.base_name)]
     entries = sum(1 for i in files if _is_entry(i.base_name))
     return StoreUsage(entries, sum(int(i.size or 0) for i in files))
 
@@ -134,19 +138,47 @@ def store_record(path: str, storage: StorageConfig | None, hits: int) -> dict[st
     return {"path": path, "hits": hits, "entries": found.entries, "bytes": found.bytes}
 
 
+# The only names a store holds: a key's token file and rejects file, and a writer's temporaries of
+# them (storage.atomic_output). prune and usage never look at any other file, so a store named by
+# mistake (a home directory, an input's) loses nothing that is not a token file.
+_KEY = r"[0-9a-f]{32}"
+_ENTRY = re.compile(rf"({_KEY})\.(arrow|rejects\.parquet)")
+_TEMPORARY = re.compile(rf"{re.escape(TMP_PREFIX)}[0-9a-f]{{32}}-{_KEY}\.(arrow|rejects\.parquet)")
+
+
 def _is_entry(name: str) -> bool:
-    return name.endswith(".arrow") and not name.startswith(TMP_PREFIX)
+    found = _ENTRY.fullmatch(name)
+    return found is not None and found.group(2) == "arrow"
 
 
-def _key(name: str) -> str:
-    return name.split(".", 1)[0]
+def _key(name: str) -> str | None:
+    """The key a store file belongs to (None: not one of a store's entries)."""
+    found = _ENTRY.fullmatch(name)
+    return found.group(1) if found else None
+
+
+def _is_temporary(name: str) -> bool:
+    return _TEMPORARY.fullmatch(name) is not None
+
+
+def check_store(path: str, storage: StorageConfig | None, must_exist: bool = False) -> None:
+    """ConfigError where `path` cannot be a store: a file, or (`must_exist`: the cache command)
+    nothing at all."""
+    fs, inner = resolve(path, storage)
+    kind = fs.get_file_info(inner).type
+    if kind == pafs.FileType.File:
+        raise ConfigError(f"token store {path} is a file, not a directory")
+    if must_exist and kind == pafs.FileType.NotFound:
+        raise ConfigError(f"no token store at {path}")
 
 
 @dataclass(frozen=True)
 class Pruned:
     removed_entries: int
+    """Units (a token file, with its rejects file)."""
     removed_bytes: int
-    removed_temporaries: int
+    removed_leftovers: int
+    """A killed writer's files: temporaries, rejects files without their token file."""
     kept: StoreUsage
 
 
@@ -157,39 +189,41 @@ def prune(
     max_bytes: int | None = None,
     now: float | None = None,
 ) -> Pruned:
-    """Delete entries (a token file and its rejects file together) written more than `older_than_s`
-    ago, then the oldest ones until the store holds at most `max_bytes`; and temporary files a
-    killed writer left (older than a day). An entry's age is its token file's modification time:
-    the time it was written, not last read (a hit writes nothing). A job that is reading an entry
-    while it is pruned fails (its token file is gone): prune when no job uses the store, or with an
-    age no job runs for."""
+    """Delete entries (a token file and its rejects file together) last used more than
+    `older_than_s` ago, then the least recently used until the store holds at most `max_bytes`;
+    and the files a killed writer left (older than a day). Only the store's own names are looked
+    at (a key's files and their temporaries). An entry's age is its token file's modification
+    time: when it was written, or last found by a job on a local disk (which touches it); on
+    object storage, when it was written. A job that is reading an entry while it is pruned fails
+    (its token file is gone): prune when no job uses the store, or with an age no job runs for."""
     now = time.time() if now is None else now
     files = _files(path, storage)
-    temporaries = [i for i in files if i.base_name.startswith(TMP_PREFIX) and now - _mtime(i) > STALE_TMP_S]
+    temporaries = [i for i in files if _is_temporary(i.base_name) and now - _mtime(i) > STALE_TMP_S]
     entries: dict[str, list[pafs.FileInfo]] = {}
     for info in files:
-        if not info.base_name.startswith(TMP_PREFIX):
-            entries.setdefault(_key(info.base_name), []).append(info)
+        key = _key(info.base_name)
+        if key is not None:
+            entries.setdefault(key, []).append(info)
     # Oldest first. A rejects file without its token file is a killed writer's once it is a day old
-    # (a live writer writes its rejects just before its token file): oldest of all.
+    # (a live writer writes its rejects just before its token file): before every entry.
     order: list[tuple[float, str]] = []
+    leftovers: set[str] = set()
     for key, infos in entries.items():
         token = [i for i in infos if _is_entry(i.base_name)]
         if token:
             order.append((_mtime(token[0]), key))
         elif all(now - _mtime(i) > STALE_TMP_S for i in infos):
-            order.append((float("-inf"), key))
+            leftovers.add(key)
     order.sort()
     total = sum(int(i.size or 0) for infos in entries.values() for i in infos)
-    doomed: list[str] = []
-    for written, key in order:
-        old = older_than_s is not None and now - written > older_than_s
+    doomed = sorted(leftovers)
+    total -= sum(int(i.size or 0) for key in leftovers for i in entries[key])
+    for used, key in order:
+        old = older_than_s is not None and now - used > older_than_s
         over = max_bytes is not None and total > max_bytes
-        orphan = written == float("-inf")
-        if not (old or over or orphan):
-            continue
-        doomed.append(key)
-        total -= sum(int(i.size or 0) for i in entries[key])
+        if old or over:
+            doomed.append(key)
+            total -= sum(int(i.size or 0) for i in entries[key])
     removed_bytes = 0
     for key in doomed:
         # The token file first: without it the entry is no longer found, whatever else remains.
@@ -198,8 +232,9 @@ def prune(
             removed_bytes += int(info.size or 0)
     for info in temporaries:
         remove(join(path, info.base_name), storage)
+        removed_bytes += int(info.size or 0)
     kept = usage(path, storage)
-    return Pruned(len(doomed), removed_bytes, len(temporaries), kept)
+    return Pruned(len(doomed) - len(leftovers), removed_bytes, len(temporaries) + len(leftovers), kept)
 
 
 def _mtime(info: pafs.FileInfo) -> float:

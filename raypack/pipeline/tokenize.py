@@ -163,6 +163,9 @@ def tokenize(
         and remembered is None
         and cfg.tokenizer.backend != "tokenizers"
         and not (cfg.input.chat and tok.offsets() is None)
+        # Not into a token store: a job killed before its check ends would leave entries that a
+        # later job, finding every unit there, takes without a check (it runs none then).
+        and digests is None
         else None
     )
 
@@ -218,16 +221,22 @@ def tokenize(
         for part in ("rejects", "index", join("_staging", "index")):
             remove(join(cfg.output.path, part), cfg.storage)
 
-    if ahead is not None and digests is not None and _stored(keyed_for(ahead), token_dir, cfg):
-        # Every unit is in the token store under the fast backend's key: a job whose check passed
+    stored = (
+        Choice("fastokens", version, "every unit found in the token store")
+        if version is not None and remembered is None and cfg.tokenizer.backend != "tokenizers"
+        else None
+    )
+    if stored is not None and digests is not None and _stored(keyed_for(stored), token_dir, cfg):
+        # Every unit is in the token store under the fast backend's key: jobs whose check passed
         # on this tokenizer, backend version and settings wrote them (a refused backend's files are
-        # discarded). The check (~1 s on the driver, before a repack's assign) is then not run,
-        # unless a unit is tokenized after all (an entry that was not whole).
-        choice = dataclasses.replace(ahead, reason="every unit found in the token store")
+        # discarded, and a job writes into a store only after its check). The check (~1 s on the
+        # driver, before a repack's assign) is then not run, unless a unit is tokenized after all
+        # (an entry that was not whole).
+        choice = stored
         keyed, totals, written = run(choice)
         if written:
             choice = check()
-            if choice.label != ahead.label:
+            if choice.label != stored.label:
                 discard(written)
                 keyed, totals, written = run(choice)
         announce(choice)

@@ -13,6 +13,8 @@ tokenized again with `tokenizers`, the summary says why, and the driver tokenize
 from __future__ import annotations
 
 import json
+import os
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +23,7 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig
+from raypack.paths import is_uri
 from raypack.pipeline.backends import Encoder, Guarded, Mismatch, TokenizersEncoder
 from raypack.pipeline.encode import Checker, chat_template, encode_chat, encode_flat
 from raypack.pipeline.histogram import summarize_shard
@@ -99,16 +102,23 @@ class TokenizeShards:
         output."""
         path = unit.token_file
         finished = read_finished(path, self.storage)
-        cached = finished is not None
-        if finished is not None:
-            docs, lost = finished
-            reasons: list[str] = []
-            if lost["rejects"]:
+        reasons: list[str] = []
+        if finished is not None and finished[1]["rejects"]:
+            try:
                 data = read_bytes(cached_rejects_file(path), self.storage)
-                write_bytes(rejects_path(self.cfg.output.path, unit.index), data, self.storage)
                 reasons = (
                     pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
                 )
+            except (FileNotFoundError, pa.ArrowInvalid):  # a store copied in part: tokenized again
+                finished = None
+            else:
+                write_bytes(rejects_path(self.cfg.output.path, unit.index), data, self.storage)
+        cached = finished is not None
+        if finished is not None:
+            docs, lost = finished
+            if not is_uri(path):  # a local store's entry was used now (prune goes by this time)
+                with suppress(OSError):
+                    os.utime(path)
         else:
             docs, reasons, lost = self._tokenize_checked(unit)
         doc_length = docs.column("length").to_numpy()
@@ -186,7 +196,7 @@ class TokenizeShards:
         # The rejects count is known only at the end: it goes on the last, empty record batch.
         with (
             whole_output(path, self.storage) as sink,
-            pa.ipc.new_file(sink, schema.TOKENIZED, options=staged_options(path, cfg.output.path)) as writer,
+            pa.ipc.new_file(sink, schema.TOKENIZED, options=staged_options(path)) as writer,
         ):
             for batch in read_unit(unit, cfg.tokenizer.batch_size, self.storage):
                 rejects.extend(r.as_row(unit.relpath) for r in batch.rejects)

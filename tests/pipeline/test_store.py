@@ -172,25 +172,30 @@ def test_prune_by_age_and_by_size(
     now = time.time()
     for days, entry in enumerate(entries):  # entry k written k days ago
         os.utime(entry, (now - days * 86400 - 60, now - days * 86400 - 60))
-    stale = store / ".tmp-0123-left-by-a-killed-writer.arrow"
-    stale.write_bytes(b"x")
-    os.utime(stale, (now - 3 * 86400, now - 3 * 86400))
-    fresh = store / ".tmp-4567-being-written.arrow"
-    fresh.write_bytes(b"x")
+    key = "f" * 32
+    stale = store / f".tmp-{'0' * 32}-{key}.arrow"  # a killed writer's, 3 days old
+    fresh = store / f".tmp-{'1' * 32}-{key}.arrow"  # a live writer's
+    orphan = store / f"{'e' * 32}.rejects.parquet"  # a killed writer's rejects, without its token file
+    foreign = [store / "notes.txt", store / f"{key}.arrow.bak", store / ".tmp-x.arrow"]  # not the store's
+    for path in (stale, fresh, orphan, *foreign):
+        path.write_bytes(b"x")
+        if path != fresh:
+            os.utime(path, (now - 3 * 86400, now - 3 * 86400))
 
     assert main(["cache", "info", str(store)]) == 0
     assert f"{store}: 4 units" in capsys.readouterr().out
     assert main(["cache", "prune", str(store), "--older-than", "1.5d"]) == 0
     said = capsys.readouterr().out
-    assert "removed 2 units" in said and "1 stale temporary files" in said, said
-    assert token_files(store) == entries[:2] and fresh.exists() and not stale.exists()
+    assert "removed 2 units" in said and "2 files a killed job left" in said, said
+    assert token_files(store) == entries[:2] and fresh.exists() and not stale.exists() and not orphan.exists()
+    assert all(p.exists() for p in foreign)  # a store named by mistake loses nothing else
 
     # By size: the oldest go first until the rest fits.
     keep = entries[0].stat().st_size + sum(
         p.stat().st_size for p in store.glob(f"{entries[0].stem}.*rejects*")
     )
     assert main(["cache", "prune", "--config", str(cfg), "--max-size", f"{keep + len(b'x')}B"]) == 0
-    assert token_files(store) == entries[:1]
+    assert token_files(store) == entries[:1] and all(p.exists() for p in foreign)
     # What is left is still a store: the next pack finds that unit and tokenizes the others.
     assert main(["pack", str(cfg), "--overwrite", "--quiet"]) == 0
     assert units(tmp_path / "out") == {"reused": 1, "tokenized": 3}
@@ -200,16 +205,23 @@ def test_prune_by_age_and_by_size(
     ("args", "message"),
     [
         (["cache", "prune", "STORE"], "say what to prune"),
-        (["cache", "prune", "STORE", "--older-than", "soon"], "--older-than takes a number and a unit"),
-        (["cache", "prune", "STORE", "--max-size", "12 apples"], "--max-size takes a number and a unit"),
+        (["cache", "prune", "STORE", "--older-than", "soon"], "--older-than takes a number and one"),
+        (["cache", "prune", "STORE", "--older-than", "6m"], "--older-than takes a number and one"),
+        (["cache", "prune", "STORE", "--older-than", "30"], "--older-than takes a number and one"),
+        (["cache", "prune", "STORE", "--max-size", "12 apples"], "--max-size takes a number and one"),
+        (["cache", "prune", "STORE", "--max-size", "10"], "--max-size takes a number and one"),
         (["cache", "info"], "name the store"),
         (["cache", "info", "STORE", "--max-size", "1GB"], "are for prune"),
+        (["cache", "info", "MISSING"], "no token store at"),
+        (["cache", "prune", "FILE", "--older-than", "1d"], "is a file, not a directory"),
     ],
 )
 def test_cache_command_mistakes_are_one_line_errors(
     tmp_path: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = [str(tmp_path) if a == "STORE" else a for a in args]
+    (tmp_path / "file").write_text("x")
+    places = {"STORE": tmp_path, "MISSING": tmp_path / "nothing", "FILE": tmp_path / "file"}
+    args = [str(places.get(a, a)) for a in args]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
@@ -221,6 +233,8 @@ def test_a_store_inside_the_output_or_an_input_is_refused(tmp_path: Path, tokeni
     for store, said in [
         (str(tmp_path / "out" / "tokens"), "which a pack with --overwrite clears"),
         (str(corpus / "tokens"), "looks for files"),
+        (str(corpus), "lies inside cache.path"),
+        (str(tmp_path), "lies inside cache.path"),
         ("  ", "cache.path is empty"),
     ]:
         data = base | {"output": {"path": str(tmp_path / "out")}, "cache": {"path": store}}
@@ -304,3 +318,21 @@ def test_a_rebuild_with_a_named_store_leaves_its_entries_to_prune(
     assert units(latest) == {"reused": 1, "tokenized": 1}
     assert len(token_files(store)) == 3
     assert not (tmp_path / "root" / "_cache").exists()
+
+
+def test_an_entry_whose_rejects_file_is_gone_is_tokenized_again(tmp_path: Path, tokenizer_path: Path) -> None:
+    """A store copied in part (a token file without the rejects file its key says it has) is a
+    miss for that unit, not a failed job."""
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=3)
+    write_jsonl(corpus / "part-009.jsonl", [{"text": "fine"}, {"text": ""}, b"{not json"])
+    store = tmp_path / "store"
+    cfg = job_config(
+        tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)}, input={"max_reject_ratio": 0.5}
+    )
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    first = manifest(tmp_path / "out")["counts"]
+    (rejects,) = store.glob("*.rejects.parquet")
+    rejects.unlink()
+    assert main(["pack", str(cfg), "--quiet", "--overwrite"]) == 0
+    assert units(tmp_path / "out") == {"reused": 2, "tokenized": 1}
+    assert manifest(tmp_path / "out")["counts"] == first and rejects.exists()
