@@ -25,6 +25,12 @@ With S shards, F files, D bytes of items (~4 bytes a token) and W the cluster's 
   objects (docs/benchmarks.md, "Scale").
 The output does not depend on any of these numbers: a file is written from all of its items, placed by
 (pack, slot), so M, R, K, J and W change the tasks, never the bytes.
+
+On a runner whose tasks share the driver's disk (the local pool: Runner.maps_files) and local token
+files, an item carries no tokens, only where they lie in its unit's token file (schema.ITEMS' source
+and start): a piece is ~60 bytes an item, and a writer maps the token files its items name
+(token_files.MappedTokens) and copies each token once, from the page cache into its pack. Each writer
+is given every unit's token file path (U strings; local runs only).
 """
 
 from __future__ import annotations
