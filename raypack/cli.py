@@ -415,7 +415,7 @@ def _amount(text: str, units: dict[str, int], what: str, example: str) -> float:
 
 def _cmd_cache(args: argparse.Namespace) -> int:
     from raypack.config import StorageConfig
-    from raypack.pipeline.store import check_store, prune, size_text, usage
+    from raypack.pipeline.store import check_store, prune, size_text, units_text, usage
 
     cfg = _config_of(args)
     store = args.store or (cfg.cache.path if cfg is not None else None)
@@ -427,7 +427,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         if args.older_than or args.max_size:
             raise ConfigError("--older-than and --max-size are for prune")
         found = usage(store, storage)
-        print(f"{store}: {found.entries:,} units, {size_text(found.bytes)}")
+        print(f"{store}: {units_text(found.entries)}, {size_text(found.bytes)}")
         return 0
     if not (args.older_than or args.max_size):
         raise ConfigError("say what to prune: --older-than AGE, --max-size SIZE, or both")
@@ -435,8 +435,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     most = None if not args.max_size else int(_amount(args.max_size, _SIZE_UNITS, "--max-size", "500GB"))
     done = prune(store, storage, older_than_s=older, max_bytes=most)
     print(
-        f"{store}: removed {done.removed_entries:,} units ({size_text(done.removed_bytes)}) and "
-        f"{done.removed_leftovers:,} files a killed job left; it holds {done.kept.entries:,} units, "
+        f"{store}: removed {units_text(done.removed_entries)} ({size_text(done.removed_bytes)}) and "
+        f"{done.removed_leftovers:,} files a killed job left; it holds {units_text(done.kept.entries)}, "
         f"{size_text(done.kept.bytes)}"
     )
     return 0

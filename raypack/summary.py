@@ -9,7 +9,7 @@ from raypack.formats import total_bytes
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
-from raypack.pipeline.store import size_text
+from raypack.pipeline.store import size_text, units_text
 
 __all__ = ["format_rebuild", "format_summary"]
 
@@ -103,7 +103,7 @@ def format_summary(result: JobResult, command_seconds: float | None = None) -> s
             (
                 "token store",
                 f"{store['path']}: {store['hits']:,} of {shards:,} units found there, "
-                f"{result.shards_tokenized:,} tokenized; it holds {store['entries']:,} units, "
+                f"{result.shards_tokenized:,} tokenized; it holds {units_text(store['entries'])}, "
                 f"{size_text(store['bytes'])}",
             )
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ from raypack.config.run import RunConfig
 from raypack.config.tokenizer import TokenizerConfig
 from raypack.errors import ConfigError
 from raypack.packing import ALGORITHMS
-from raypack.paths import contains, input_base
+from raypack.paths import contains, input_base, is_uri
 
 __all__ = ["BYTES_PER_FILE_POSITION", "MAX_FILE_POSITIONS", "SHARDED_ALGORITHMS", "JobConfig"]
 
@@ -60,25 +61,8 @@ class JobConfig:
                     f"{pattern} looks for files: a later run would read the output as input; write it "
                     "elsewhere"
                 )
-        store = self.cache.path
-        if store is not None:
-            # `--overwrite` clears the output; an input directory would read the store back as input.
-            if contains(self.output.path, store):
-                raise ConfigError(
-                    f"cache.path {store} lies inside output.path {self.output.path}, which a pack with "
-                    "--overwrite clears: keep the token store elsewhere"
-                )
-            for pattern in self.input.all_paths:
-                if contains(store, input_base(pattern)):
-                    raise ConfigError(
-                        f"input {pattern} lies inside cache.path {store}: keep the token store apart "
-                        "from the corpus (raypack cache prune deletes what is in it)"
-                    )
-                if contains(input_base(pattern), store):
-                    raise ConfigError(
-                        f"cache.path {store} lies inside {input_base(pattern)}, where input {pattern} "
-                        "looks for files: keep the token store elsewhere"
-                    )
+        if self.cache.path is not None:
+            self._check_store(self.cache.path)
         positions = self.output.shard_rows * self.pack.seq_len
         if positions > MAX_FILE_POSITIONS:
             most = MAX_FILE_POSITIONS // self.pack.seq_len
@@ -90,6 +74,31 @@ class JobConfig:
             )
 
         self._check_chat()
+
+    def _check_store(self, store: str) -> None:
+        """cache.path apart from the output (which --overwrite clears) and from the inputs (a store
+        would be read back as input; `raypack cache prune` deletes in it). Local paths compare with
+        their links resolved: a link to an input's directory is that directory."""
+
+        def real(path: str) -> str:
+            return path if is_uri(path) else os.path.realpath(path)
+
+        if contains(real(self.output.path), real(store)):
+            raise ConfigError(
+                f"cache.path {store} lies inside output.path {self.output.path}, which a pack with "
+                "--overwrite clears: keep the token store elsewhere"
+            )
+        for pattern in self.input.all_paths:
+            if contains(real(store), real(input_base(pattern))):
+                raise ConfigError(
+                    f"input {pattern} lies inside cache.path {store}: keep the token store apart "
+                    "from the corpus (raypack cache prune deletes what is in it)"
+                )
+            if contains(real(input_base(pattern)), real(store)):
+                raise ConfigError(
+                    f"cache.path {store} lies inside {input_base(pattern)}, where input {pattern} "
+                    "looks for files: keep the token store elsewhere"
+                )
 
     def _check_chat(self) -> None:
         chat, loss = self.input.chat, self.pack.loss

@@ -50,6 +50,7 @@ __all__ = [
     "prune",
     "size_text",
     "store_record",
+    "units_text",
     "usage",
 ]
 
@@ -239,6 +240,11 @@ def prune(
 
 def _mtime(info: pafs.FileInfo) -> float:
     return info.mtime.timestamp() if info.mtime is not None else 0.0
+
+
+def units_text(n: int) -> str:
+    """1 unit, 2 units."""
+    return f"{n:,} unit{'' if n == 1 else 's'}"
 
 
 def size_text(found: Any) -> str:

@@ -206,7 +206,8 @@ def _store(manifest: dict[str, Any], units: int) -> list[tuple[str, str]]:
         (
             "token store",
             f"{store['path']}: {store['hits']:,} of {units:,} units found there, "
-            f"{units - store['hits']:,} tokenized; it holds {store['entries']:,} units, "
+            f"{units - store['hits']:,} tokenized; it holds {store['entries']:,} "
+            f"unit{'' if store['entries'] == 1 else 's'}, "
             f"{store['bytes'] / 2**20:,.1f} MiB",
         )
     ]

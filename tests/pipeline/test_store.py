@@ -230,11 +230,14 @@ def test_cache_command_mistakes_are_one_line_errors(
 def test_a_store_inside_the_output_or_an_input_is_refused(tmp_path: Path, tokenizer_path: Path) -> None:
     corpus = make_corpus(tmp_path, shards=1, docs_per_shard=2)
     base = {"input": {"paths": [f"{corpus}/*"]}, "tokenizer": {"path": str(tokenizer_path)}}
+    link = tmp_path / "link"
+    link.symlink_to(corpus)
     for store, said in [
         (str(tmp_path / "out" / "tokens"), "which a pack with --overwrite clears"),
         (str(corpus / "tokens"), "looks for files"),
         (str(corpus), "lies inside cache.path"),
         (str(tmp_path), "lies inside cache.path"),
+        (str(link), "lies inside cache.path"),  # a link to the corpus's directory is that directory
         ("  ", "cache.path is empty"),
     ]:
         data = base | {"output": {"path": str(tmp_path / "out")}, "cache": {"path": store}}
