@@ -332,15 +332,19 @@ def run_command(
     name: str,
     pattern: str = "*.jsonl.gz",
     backend: str = "tokenizers",
+    sections: dict[str, dict[str, object]] | None = None,
     **inputs: object,
 ) -> tuple[float, dict, WorkerMemory]:
-    """`raypack pack` on the corpus (seq_len 8192, bfd, generated ids): (seconds, metrics.json, memory)."""
-    config = {
+    """`raypack pack` on the corpus (seq_len 8192, bfd, generated ids; `sections`: more settings,
+    section by section): (seconds, metrics.json, memory)."""
+    config: dict[str, dict[str, object]] = {
         "input": {"paths": [str(corpus / pattern)], "max_reject_ratio": 0.05, **inputs},
         "tokenizer": {"path": str(tokenizer), "backend": backend},
         "pack": {"seq_len": 8192},
         "output": {"path": str(work / f"out-{name}")},
     }
+    for section, values in (sections or {}).items():
+        config[section] = {**config.get(section, {}), **values}
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     raypack = Path(sys.executable).parent / "raypack"

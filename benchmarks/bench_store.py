@@ -15,50 +15,26 @@ Ratios are first / repack in the same round (this machine's speed drifts through
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_job
 
 
 def pack(work: Path, name: str, corpus: Path, tokenizer: Path, store: Path, **pack_cfg: object) -> dict:
-    out = work / f"store-out-{name}"
-    config = {
-        "input": {"paths": [str(corpus / "*.jsonl.gz")], "max_reject_ratio": 0.05},
-        "tokenizer": {"path": str(tokenizer)},
-        "pack": {"seq_len": 8192, **pack_cfg},
-        "output": {"path": str(out)},
-        "cache": {"path": str(store)},
-    }
-    path = work / f"store-{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    t0 = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "raypack.cli", "pack", str(path), "--overwrite", "--quiet"],
-        env=env,
-        capture_output=True,
-        text=True,
+    sections = {"pack": pack_cfg, "cache": {"path": str(store)}}
+    seconds, metrics, _ = bench_job.run_command(
+        work, corpus, tokenizer, f"store-{name}", backend="auto", sections=sections
     )
-    took = time.perf_counter() - t0
-    if done.returncode:
-        raise SystemExit(f"{name}: raypack pack failed:\n{done.stderr[-2000:]}")
-    metrics = json.loads((out / "metrics.json").read_text())
     return {
-        "seconds": took,
+        "seconds": seconds,
         "stages": metrics["stage_seconds"],
         "units": metrics["shards"],
-        "digest": bench_job.data_digest(out),
+        "digest": bench_job.data_digest(work / f"out-store-{name}"),
     }
 
 

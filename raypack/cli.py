@@ -174,7 +174,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "cache",
         help="look at or prune a token store (cache.path)",
         description="A token store keeps tokenized units for every later pack or rebuild that names "
-        "it (cache.path). `info` says how big it is; `prune` deletes the entries written longest ago "
+        "it (cache.path). `info` says how big it is; `prune` deletes the entries last used before AGE "
         "(--older-than), then the least recently used until it fits (--max-size), and what killed jobs left.",
     )
     cache.add_argument("action", choices=["info", "prune"])

@@ -9,7 +9,7 @@ from raypack.formats import total_bytes
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
-from raypack.pipeline.store import size_text, units_text
+from raypack.pipeline.store import store_line
 
 __all__ = ["format_rebuild", "format_summary"]
 
@@ -98,15 +98,7 @@ def format_summary(result: JobResult, command_seconds: float | None = None) -> s
         rows += chat_rows(result.chat)
     shards = result.shards_reused + result.shards_tokenized
     if result.token_store is not None:
-        store = result.token_store
-        rows.append(
-            (
-                "token store",
-                f"{store['path']}: {store['hits']:,} of {shards:,} units found there, "
-                f"{result.shards_tokenized:,} tokenized; it holds {units_text(store['entries'])}, "
-                f"{size_text(store['bytes'])}",
-            )
-        )
+        rows.append(("token store", store_line(result.token_store, shards)))
     elif result.shards_reused:
         rows.append(
             (

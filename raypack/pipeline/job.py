@@ -146,9 +146,10 @@ def _stages(
         ):
             warming.submit(warm_planner, cfg)
             warming.submit(warm_report)  # the report, drawn after the commit, then takes ~0.5 s
+            digests = None
             if store is not None:
                 check_store(store, storage)
-            digests = content_digests(ready.files, storage, runner) if store is not None else None
+                digests = content_digests(ready.files, storage, runner)
             tokenized = tokenize(
                 cfg, ready.tok, units, token_dir, pool, runner.width, memory, log, progress, digests
             )

@@ -49,6 +49,7 @@ __all__ = [
     "file_digest",
     "prune",
     "size_text",
+    "store_line",
     "store_record",
     "units_text",
     "usage",
@@ -240,6 +241,16 @@ def prune(
 
 def _mtime(info: pafs.FileInfo) -> float:
     return info.mtime.timestamp() if info.mtime is not None else 0.0
+
+
+def store_line(store: dict[str, Any], units: int) -> str:
+    """What the summary and the report say of the store a run used (store_record's dict; `units`:
+    the run's work units)."""
+    return (
+        f"{store['path']}: {store['hits']:,} of {units:,} units found there, "
+        f"{units - store['hits']:,} tokenized; it holds {units_text(store['entries'])}, "
+        f"{size_text(store['bytes'])}"
+    )
 
 
 def units_text(n: int) -> str:

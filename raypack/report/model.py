@@ -25,6 +25,7 @@ from raypack.metrics import (
     length_bins,
 )
 from raypack.packing.assignment import Assignment
+from raypack.pipeline.store import store_line
 from raypack.storage import exists, join, list_dir, read_bytes, resolve
 from raypack.versions import MANIFEST, METRICS, resolve_dataset
 
@@ -202,15 +203,7 @@ def _store(manifest: dict[str, Any], units: int) -> list[tuple[str, str]]:
     store = manifest.get("token_store")
     if not store:
         return []
-    return [
-        (
-            "token store",
-            f"{store['path']}: {store['hits']:,} of {units:,} units found there, "
-            f"{units - store['hits']:,} tokenized; it holds {store['entries']:,} "
-            f"unit{'' if store['entries'] == 1 else 's'}, "
-            f"{store['bytes'] / 2**20:,.1f} MiB",
-        )
-    ]
+    return [("token store", store_line(store, units))]
 
 
 def _time(doc: dict[str, Any]) -> list[tuple[str, str]]:
