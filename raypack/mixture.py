@@ -52,6 +52,7 @@ __all__ = [
     "subset_goal",
     "targets",
     "token_bins",
+    "unit_keys",
 ]
 
 # The columns of a mixture's table, in the summary and the report (raypack.pipeline.select.source_table).
@@ -101,8 +102,24 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def document_keys(seed: int, relpath: str, rows: np.ndarray) -> np.ndarray:
     """uint64 key of each document of one file (relpath: its path under its source, as in the ids;
     rows: the documents' lines or rows in the file, which work units keep file-global)."""
+    return _keys(np.uint64(_file_base(seed, relpath)), rows)
+
+
+def unit_keys(seed: int, relpaths: list[str], files: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """document_keys of a work unit's documents, each by its own file (`files`: its number in
+    `relpaths`, the unit's files; a run of small files holds several)."""
+    if len(relpaths) == 1:
+        return document_keys(seed, relpaths[0], rows)
+    bases = np.asarray([_file_base(seed, r) for r in relpaths], dtype=np.uint64)
+    return _keys(bases[np.asarray(files, dtype=np.int64)], rows)
+
+
+def _file_base(seed: int, relpath: str) -> int:
     digest = hashlib.blake2b(f"{seed}\0{relpath}".encode(), digest_size=8).digest()
-    base = np.uint64(int.from_bytes(digest, "little"))
+    return int.from_bytes(digest, "little")
+
+
+def _keys(base: np.ndarray | np.uint64, rows: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         return _mix(base + np.asarray(rows, dtype=np.int64).astype(np.uint64) * _GOLDEN)
 

@@ -24,6 +24,9 @@ __all__ = [
 TOKENIZED = pa.schema(
     [
         ("row", pa.int64()),  # line (jsonl, 1-based) or row (parquet, 0-based) in the input shard
+        # Its file's number within its work unit (a run of small files: units.WorkUnit.files), 0 for
+        # a unit of one file; `row` counts within that file.
+        ("file", pa.int32()),
         ("doc_id", pa.string()),
         ("length", pa.int64()),
         # Chat data: a token that is not trained is stored as -(id + 1) (tokenize.untrained), here and
@@ -59,6 +62,9 @@ DOCUMENTS = pa.schema(
         # Which copy of the document the row is (0, 1, ...: a mixture repeats documents); -1: the
         # mixture left the document out (its chunks and placed are 0).
         ("copy", pa.int32()),
+        # Its file's number within its work unit (the manifest's `inputs` entry lists a run's files);
+        # `row` counts within that file. 0 for a unit of one file.
+        ("file", pa.int32()),
     ]
 )
 

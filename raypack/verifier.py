@@ -154,7 +154,7 @@ def verify(
 # and the render it chose for chat (read from the manifest), the packers only compared beside the
 # one that wrote, where the output is and how many versions a rebuild keeps.
 _SAME_BYTES = {
-    "input": {"paths", "root", "max_reject_ratio", "max_lost_files", "unit_bytes"},
+    "input": {"paths", "root", "max_reject_ratio", "max_lost_files", "unit_bytes", "group_bytes"},
     "tokenizer": {"path", "concurrency", "batch_size", "backend", "chat_date", "chat_spans"},
     "pack": {"compare"},
     "output": {"path", "keep_versions"},
@@ -386,6 +386,8 @@ def _read_index(output: str, manifest: dict[str, Any], storage: StorageConfig | 
         if "copy" not in table.column_names:
             table = table.append_column("source", pa.array([""] * table.num_rows, pa.string()))
             table = table.append_column("copy", pa.array(np.zeros(table.num_rows, dtype=np.int32)))
+        if "file" not in table.column_names:  # written before runs of small files: a file a unit
+            table = table.append_column("file", pa.array(np.zeros(table.num_rows, dtype=np.int32)))
         parts.append(table.select(schema.DOCUMENTS.names))
     return pa.concat_tables(parts) if parts else schema.DOCUMENTS.empty_table()
 
@@ -394,7 +396,8 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
     """Each document is in the index (and so, by _check_documents, in the packs) the number of
     times its source's rule gives it, recomputed here from the manifest's rules and seed; and each
     source's copies and tokens are the manifest's."""
-    from raypack.mixture import Rule, copies, document_keys
+    from raypack.mixture import Rule, copies, unit_keys
+    from raypack.pipeline.units import entry_files
 
     mixture = manifest["mixture"]
     rules = {r["name"]: Rule(**r["rule"]) for r in mixture["sources"]}
@@ -405,18 +408,24 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
     for s in np.unique(shard).tolist():
         at = np.flatnonzero((shard == s) & (copy <= 0))  # one row a document
         entry = manifest["inputs"][s]
+        relpaths = [f["path"] for f in entry_files(entry)]
         source = entry.get("source", "")
         rule = rules.get(source)
         if rule is None:
-            report.add(f"shard {s} ({entry['path']}): source {source!r} has no rule in the manifest")
+            report.add(f"shard {s} ({relpaths[0]}): source {source!r} has no rule in the manifest")
             continue
         rows = docs.column("row").take(pa.array(at)).to_numpy()
-        want = copies(rule, document_keys(int(mixture["seed"]), entry["path"], rows))
-        mine = (shard == s) & (copy >= 0)
+        files = docs.column("file").take(pa.array(at)).to_numpy()
+        want = copies(rule, unit_keys(int(mixture["seed"]), relpaths, files, rows))
+        mine = pa.array((shard == s) & (copy >= 0))
+        # A document is (its file, its row) within its unit: one int64 each, to match copies to it.
+        place = (files.astype(np.int64) << 40) | rows
         have = np.zeros(len(at), dtype=np.int64)
-        order = np.argsort(rows)
-        found = docs.column("row").filter(pa.array(mine)).to_numpy()
-        np.add.at(have, order[np.searchsorted(rows[order], found)], 1)
+        order = np.argsort(place)
+        found = (docs.column("file").filter(mine).to_numpy().astype(np.int64) << 40) | docs.column(
+            "row"
+        ).filter(mine).to_numpy()
+        np.add.at(have, order[np.searchsorted(place[order], found)], 1)
         for bad in np.flatnonzero(have != want)[:3]:
             report.add(
                 f"document {docs.column('doc_id')[int(at[bad])].as_py()!r} ({source}): {have[bad]} copies in "
@@ -512,7 +521,7 @@ def _check_sample(
     from raypack.pipeline.read import input_files
     from raypack.pipeline.readers import read_unit
     from raypack.pipeline.tokenizer import load_tokenizer
-    from raypack.pipeline.units import WorkUnit, unit_from_entry
+    from raypack.pipeline.units import WorkUnit, entry_files, unit_from_entry
 
     # The work units as the job cut them (the manifest lists them in order): cutting them again would
     # read every large JSONL file whole to count its lines.
@@ -520,30 +529,32 @@ def _check_sample(
     shards: dict[int, WorkUnit] = {}
     drifted: dict[str, None] = {}  # in manifest order, each once (a split file has several units)
     for index, entry in enumerate(manifest["inputs"]):
-        if entry["path"] not in found:
-            report.add(f"input {entry['path']} (shard {index}) is gone: its documents cannot be checked")
+        files = entry_files(entry)
+        gone = [f["path"] for f in files if f["path"] not in found]
+        if gone:
+            report.add(f"input {gone[0]} (shard {index}) is gone: its documents cannot be checked")
             continue
-        now = found[entry["path"]]
-        if (now.shard.size, now.shard.mtime_ns) != (entry["size"], entry["mtime_ns"]):
-            drifted[entry["path"]] = None
-        shards[index] = unit_from_entry(now, index, entry)
+        for f in files:
+            now = found[f["path"]].shard
+            if (now.size, now.mtime_ns) != (f["size"], f["mtime_ns"]):
+                drifted[f["path"]] = None
+        shards[index] = unit_from_entry([found[f["path"]] for f in files], index, entry)
     if drifted:
         report.warnings.append(
             f"{len(drifted):,} inputs changed since the dataset was made (size or modification time), "
             f"e.g. {', '.join(list(drifted)[:3])}: the sample re-reads them as they are now, so a difference "
             "there may be the input's, not the dataset's; a rebuild brings the dataset up to date"
         )
-    new = sorted(set(found) - {e["path"] for e in manifest["inputs"]})
+    new = sorted(set(found) - {f["path"] for e in manifest["inputs"] for f in entry_files(e)})
     if new:
         report.warnings.append(
             f"{len(new):,} files match input.paths now that the dataset does not hold, e.g. "
             f"{', '.join(new[:3])}"
         )
-    wanted: dict[int, dict[int, str]] = {}
+    wanted: dict[int, set[tuple[int, int]]] = {}  # by unit: (file, row) of each picked document
     for i in picks:
-        wanted.setdefault(int(docs.column("shard")[i].as_py()), {})[int(docs.column("row")[i].as_py())] = str(
-            docs.column("doc_id")[i].as_py()
-        )
+        place = (int(docs.column("file")[i].as_py()), int(docs.column("row")[i].as_py()))
+        wanted.setdefault(int(docs.column("shard")[i].as_py()), set()).add(place)
     tok = load_tokenizer(config.tokenizer, config.storage, framed=config.framed)
     date = manifest.get("chat", {}).get("date")
     if config.tokenizer.chat_date is None and date is not None:  # the date the dataset was rendered with
@@ -559,7 +570,8 @@ def _check_sample(
             continue
         shard = shards[shard_index]
         for batch in read_unit(shard, 256, config.storage):
-            keep = [k for k, row in enumerate(batch.rows) if row in rows]
+            numbers = batch.files or [0] * len(batch)
+            keep = [k for k, row in enumerate(batch.rows) if (numbers[k], row) in rows]
             if not keep:
                 continue
             if config.input.chat:  # the tokens and the mask: untrained tokens as -(id + 1), as staged

@@ -214,9 +214,19 @@ def s3_job_config(
     return job_config(tmp, f"s3://{root}/corpus/*", f"s3://{root}/tok/{tokenizer_file.name}", **merged)
 
 
-def job_config(tmp: Path, corpus_glob: str, tokenizer_file: Path | str, **sections: dict[str, Any]) -> Path:
+def job_config(
+    tmp: Path,
+    corpus_glob: str,
+    tokenizer_file: Path | str,
+    file_units: bool = True,
+    **sections: dict[str, Any],
+) -> Path:
+    """A job's config file. `file_units`: a file a work unit (input.group_bytes 0): these corpora's
+    files of a few KB stand for shards of many MB, and their tests count on a unit a file (units
+    tokenized, reused, retried, on several nodes); runs of small files, the default a user gets, are
+    tests/pipeline/test_groups.py's, with file_units False."""
     config: dict[str, Any] = {
-        "input": {"paths": [corpus_glob]},
+        "input": {"paths": [corpus_glob], **({"group_bytes": 0} if file_units else {})},
         "tokenizer": {"path": str(tokenizer_file)},
         "pack": {"seq_len": 512},
         "output": {"path": str(tmp / "out"), "shard_rows": 50},

@@ -50,7 +50,7 @@ quiet = {"log": lambda _: None}
 
 def job(tmp: Path, corpus: Path, tok: Path, out: Path, fmt: str, **sections: dict[str, Any]) -> JobConfig:
     data: dict[str, Any] = {
-        "input": {"paths": [f"{corpus}/*"]},
+        "input": {"paths": [f"{corpus}/*"], "group_bytes": 0},  # a file a unit (conftest.job_config)
         "tokenizer": {"path": str(tok), "concurrency": 1},
         "pack": {"seq_len": SEQ},
         "output": {"path": str(out), "shard_rows": 20, "pad_id": PAD, "format": fmt},

@@ -96,6 +96,7 @@ def _record(m: Any) -> JobResult:
         lost_files=0,
         reject_reasons={},
         shards_reused=0,
+        grouped_files={"units": 0, "files": 0},
         token_keys=(),
         split_files={},
         sources=[],

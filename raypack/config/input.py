@@ -154,10 +154,19 @@ class InputConfig:
     ranges cut at line starts. Compressed streams and text files (one document each) stay whole.
     Ids, rejects and the output are the same as for the whole file; each unit has its own token
     file, index and rejects file."""
+    group_bytes: int = 1 << 20
+    """Whole files smaller than this are tokenized in runs of consecutive files (of one source) of
+    up to this many bytes, a run a work unit, so that a unit's fixed cost (a task, a token file, an
+    index file) is paid per MiB, not per file: 10,000 JSONL files of ~6 KB took 71 s as 10,000
+    units and ~10 s as one 59 MB file. 0: a file a unit. Ids, rejects and the output are the same
+    whatever the runs (a document keeps its file's path and row). A run holds at most
+    input.unit_bytes."""
 
     def __post_init__(self) -> None:
         if self.unit_bytes < 1:
             raise ConfigError(f"input.unit_bytes must be >= 1, got {self.unit_bytes}")
+        if self.group_bytes < 0:
+            raise ConfigError(f"input.group_bytes must be >= 0, got {self.group_bytes}")
         if self.empty not in ("reject", "keep"):
             raise ConfigError(f"input.empty must be reject or keep, got {self.empty!r}")
         if self.max_document_bytes < 1:

@@ -102,7 +102,7 @@ def assign_items(
                 on_docs(batch.column("doc_id").combine_chunks())
             n = None
             if selection is not None:
-                n = selection.copies(shard.source, shard.relpath, batch.column("row").to_numpy())
+                n = selection.copies(shard, batch)
             if in_place:  # the tokens stay where they lie: a filter would copy them for nothing
                 batch = batch.drop_columns(["tokens"])
             for layer in range(len(base)):

@@ -18,8 +18,9 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.errors import JobError
 from raypack.metrics import DocStats
-from raypack.mixture import BINS, document_keys, token_bins
+from raypack.mixture import BINS, document_keys, token_bins, unit_keys
 from raypack.packing import item_histogram, make_items
+from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, join, open_output
 
 __all__ = ["Totals", "histogram", "index_path", "summarize_shard", "write_index"]
@@ -33,7 +34,7 @@ def index_path(output: str, shard: int, staged: bool = False) -> str:
 
 
 def summarize_shard(
-    cfg: JobConfig, shard: Shard, doc_ids: pa.Array, rows: pa.Array, doc_length: np.ndarray
+    cfg: JobConfig, unit: WorkUnit, doc_ids: pa.Array, rows: pa.Array, files: pa.Array, doc_length: np.ndarray
 ) -> dict[str, Any]:
     """The shard's sparse item histogram and document counts (for the driver's reduce), and its
     documents index file. Called by the tokenize worker as soon as the shard is tokenized, so the
@@ -44,13 +45,14 @@ def summarize_shard(
     nonzero = np.flatnonzero(hist)
     write_index(
         cfg,
-        shard,
+        unit.shard,
         doc_ids,
         rows,
         pa.array(doc_length, pa.int64()),
         np.diff(items.doc_start),
         items.placed_per_doc(),
         np.zeros(len(doc_length), dtype=np.int32),
+        files,
         staged=cfg.input.mixture,
     )
     summary = {
@@ -61,7 +63,12 @@ def summarize_shard(
         "key_tokens": np.zeros(0, dtype=np.int64),
     }
     if cfg.input.mixture:
-        keys = document_keys(cfg.pack.seed, shard.relpath, rows.to_numpy(zero_copy_only=False))
+        keys = unit_keys(
+            cfg.pack.seed,
+            unit.relpaths,
+            files.to_numpy(zero_copy_only=False),
+            rows.to_numpy(zero_copy_only=False),
+        )
         summary["key_bins"], summary["key_tokens"] = token_bins(keys, doc_length)
     return summary
 
@@ -87,6 +94,7 @@ def write_index(
     chunks: np.ndarray,
     placed: np.ndarray,
     copy: np.ndarray,
+    files: pa.Array,
     staged: bool = False,
 ) -> None:
     """The shard's index file: a row per document (per copy of one, `copy` -1 for one left out)
@@ -102,6 +110,7 @@ def write_index(
             "placed": pa.array(np.asarray(placed, dtype=np.int64)),
             "source": pa.array([shard.source] * len(lengths), pa.string()),
             "copy": pa.array(np.asarray(copy, dtype=np.int32)),
+            "file": files,
         },
         schema=schema.DOCUMENTS,
     )

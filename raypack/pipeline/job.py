@@ -136,7 +136,7 @@ def _stages(
     cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
     store = cache if cache is not None else cfg.cache.path
     token_dir = store if store is not None else join(ready.staging, "tokens")
-    units = read(ready.files, cfg.input.unit_bytes, storage, runner)
+    units = read(ready.files, cfg.input, storage, runner)
     concurrency = cfg.tokenizer.concurrency or runner.width
     pool = TokenizePool(runner, ready.ctx, min(concurrency, len(units)), capped=concurrency < runner.width)
     try:

@@ -77,7 +77,9 @@ class _Task:
         """The task's function, and the work unit it was given if any (what a user can act on)."""
         name = getattr(self.fn, "__name__", "task")
         unit = next((a for a in self.args if hasattr(a, "relpath") and hasattr(a, "index")), None)
-        return name if unit is None else f"{name} on {unit.relpath} (unit {unit.index})"
+        return (
+            name if unit is None else f"{name} on {getattr(unit, 'label', unit.relpath)} (unit {unit.index})"
+        )
 
 
 @dataclass

@@ -21,7 +21,16 @@ from raypack.pipeline.tasks import transient
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, expand_inputs, resolve
 
-__all__ = ["COMPRESSED_SUFFIXES", "MAX_SPLIT_UNITS", "input_files", "read", "scan_range", "work_units"]
+__all__ = [
+    "COMPRESSED_SUFFIXES",
+    "MAX_RUN_FILES",
+    "MAX_SPLIT_UNITS",
+    "group_runs",
+    "input_files",
+    "read",
+    "scan_range",
+    "work_units",
+]
 
 
 def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[WorkUnit]:
@@ -55,7 +64,7 @@ def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[
     return files
 
 
-def read(files: list[WorkUnit], unit_bytes: int, storage: StorageConfig, runner: Runner) -> list[WorkUnit]:
+def read(files: list[WorkUnit], cfg: InputConfig, storage: StorageConfig, runner: Runner) -> list[WorkUnit]:
     """The stage: the job's work units, the line scans of large JSONL files as tasks of a CPU each
     (32 for 8 GiB at the default unit_bytes), retried as every storage task is (raypack.pipeline.tasks).
     Before the tokenize tasks start: behind them, the scans would wait for a free CPU."""
@@ -63,7 +72,8 @@ def read(files: list[WorkUnit], unit_bytes: int, storage: StorageConfig, runner:
     def scan(ranges: list[tuple[Shard, int, int]]) -> list[tuple[int, int]]:
         return runner.map(scan_task, [(s, a, b, storage, runner.patterns) for s, a, b in ranges])
 
-    return work_units(files, unit_bytes, storage, scan=scan)
+    group_bytes = min(cfg.group_bytes, cfg.unit_bytes)
+    return work_units(files, cfg.unit_bytes, storage, scan=scan, group_bytes=group_bytes)
 
 
 def scan_task(
@@ -79,6 +89,7 @@ def work_units(
     unit_bytes: int,
     storage: StorageConfig | None = None,
     scan: Callable[[list[tuple[Shard, int, int]]], list[tuple[int, int]]] | None = None,
+    group_bytes: int = 0,
 ) -> list[WorkUnit]:
     """The tokenize stage's work units, numbered in order: every file whole, but a file larger than
     input.unit_bytes in units of about that many bytes: a Parquet file as runs of consecutive row
@@ -88,7 +99,8 @@ def work_units(
     one after another, here; the job runs them as Ray tasks), reading those files once more, at the
     speed of storage (GB/s locally; tokenizing runs at ~1 MB/s a core). The same inputs give the same
     units on every machine, so the units' indices name the index and rejects files. A footer that
-    cannot be read leaves the file whole: its reader records the reject."""
+    cannot be read leaves the file whole: its reader records the reject. Whole files smaller than
+    `group_bytes` (input.group_bytes) are then joined into runs (group_runs)."""
     _check_unit_count(files, unit_bytes)
     nominal = {f.index: _nominal(f.shard.size, unit_bytes) for f in files if _splits_by_bytes(f, unit_bytes)}
     ranges = [(f.shard, a, b) for f in files for a, b in nominal.get(f.index, [])]
@@ -111,7 +123,46 @@ def work_units(
                 f.shard, index=len(units), unit_start=start, unit_stop=stop, first_row=first_row
             )
             units.append(dataclasses.replace(f, shard=shard))
-    return units
+    return group_runs(units, group_bytes)
+
+
+# Files a run of small files holds at most: each is an open (a GET on S3) of its own, and a run of
+# a million empty files would be one task of a million requests.
+MAX_RUN_FILES = 1024
+
+
+def group_runs(units: list[WorkUnit], group_bytes: int) -> list[WorkUnit]:
+    """The units renumbered, consecutive whole files smaller than `group_bytes` of one source joined
+    into runs of up to `group_bytes` bytes (on storage) and MAX_RUN_FILES files, a run one unit:
+    a unit's fixed costs (a task, a token file, an index file; ~7 ms on the local runner, more on
+    Ray) are then paid per run. Files keep their order, so documents do. Deterministic: the same
+    listing gives the same runs on every machine (the units' numbers name their files)."""
+    out: list[WorkUnit] = []
+    run: list[WorkUnit] = []
+    run_bytes = 0
+
+    def close() -> None:
+        if run:
+            first = dataclasses.replace(run[0].shard, index=len(out))
+            more = tuple(dataclasses.replace(u.shard, index=len(out)) for u in run[1:])
+            out.append(dataclasses.replace(run[0], shard=first, more=more))
+            run.clear()
+
+    for u in units:
+        small = not u.shard.split and u.shard.size < group_bytes
+        if not small or (run and (run[0].source != u.source or run_bytes + u.shard.size > group_bytes)):
+            close()
+        if not small:
+            out.append(dataclasses.replace(u, shard=dataclasses.replace(u.shard, index=len(out))))
+            continue
+        if len(run) == MAX_RUN_FILES:
+            close()
+        if not run:
+            run_bytes = 0
+        run.append(u)
+        run_bytes += u.shard.size
+    close()
+    return out
 
 
 # Work units that splitting files may make in all (files kept whole are not counted: a corpus of many

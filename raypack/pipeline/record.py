@@ -69,6 +69,8 @@ class RunRecord:
     """Cache keys of this run's token files, in unit order (a rebuild prunes the others)."""
     split_files: dict[str, dict[str, int]]
     """Files tokenized as several work units: how many units, on how many Ray nodes."""
+    grouped_files: dict[str, int]
+    """Runs of small files (input.group_bytes): {"units": runs, "files": files they hold}."""
     sources: list[dict[str, Any]]
     """A row a source (input.sources): asked, target, what it gave (raypack.pipeline.select)."""
     mixture: dict[str, Any] | None
@@ -148,12 +150,7 @@ def run_record(
     return RunRecord(
         output=cfg.output.path,
         config=cfg,
-        inputs=tuple(
-            {"path": u.relpath, "size": u.shard.size, "mtime_ns": u.shard.mtime_ns}
-            | u.entry()
-            | ({"source": u.source} if u.source else {})
-            for u in units
-        ),
+        inputs=tuple(u.manifest_entry() for u in units),
         tokenizer={
             "path": cfg.tokenizer.path,
             "sha256": tok.sha256,
@@ -177,6 +174,10 @@ def run_record(
         split_files={
             path: {"units": len(idx), "nodes": len({totals.nodes[i] for i in idx if totals.nodes[i]})}
             for path, idx in sorted(split.items())
+        },
+        grouped_files={
+            "units": sum(1 for u in units if u.more),
+            "files": sum(len(u.files) for u in units if u.more),
         },
         sources=sources,
         mixture=None
@@ -258,6 +259,7 @@ def metrics_document(record: RunRecord) -> dict[str, Any]:
         "lost_files": record.lost_files,
         "duplicate_ids": dataclasses.asdict(record.duplicates),
         "split_files": record.split_files,
+        "grouped_files": record.grouped_files,
         "document_lengths": record.document_lengths,
         "pack_fill_percent": list(record.pack_fill_percent),
         "comparison": list(record.comparison_rows),

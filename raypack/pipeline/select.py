@@ -35,10 +35,10 @@ from raypack.mixture import (
     boundary_bin,
     copies,
     cut,
-    document_keys,
     rule_for,
     subset_goal,
     targets,
+    unit_keys,
 )
 from raypack.packing import item_histogram, make_items
 from raypack.pipeline.histogram import Totals, index_path, write_index
@@ -66,15 +66,17 @@ class Selection:
         """The most copies of one document (at least 1)."""
         return max([1, *(r.layers for r in self.rules.values())])
 
-    def copies(self, source: str, relpath: str, rows: np.ndarray) -> np.ndarray:
-        """int32 copies of each document (rows) of one file."""
-        return copies(self.rules[source], document_keys(self.seed, relpath, rows))
+    def copies(self, unit: WorkUnit, docs: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """int32 copies of each document of a unit (`docs`: some of its rows of schema.TOKENIZED or
+        DOCUMENTS: each document's file and row)."""
+        files, rows = (docs.column(c).to_numpy() for c in ("file", "row"))
+        return copies(self.rules[unit.source], unit_keys(self.seed, unit.relpaths, files, rows))
 
 
 def _read_staged(cfg: JobConfig, shard: WorkUnit) -> pa.Table:
     fs, inner = resolve(index_path(cfg.output.path, shard.index, staged=True), cfg.storage)
     with fs.open_input_file(inner) as f:
-        return pq.read_table(f, columns=["doc_id", "row", "length"])
+        return pq.read_table(f, columns=["doc_id", "row", "length", "file"])
 
 
 def boundary_documents(
@@ -88,7 +90,8 @@ def boundary_documents(
             if shard.source not in bins:
                 continue
             index = _read_staged(cfg, shard)
-            keys = document_keys(cfg.pack.seed, shard.relpath, index.column("row").to_numpy())
+            files, rows = index.column("file").to_numpy(), index.column("row").to_numpy()
+            keys = unit_keys(cfg.pack.seed, shard.relpaths, files, rows)
             hit = (keys >> np.uint64(64 - KEY_BITS)).astype(np.int64) == bins[shard.source]
             found[shard.source].append((keys[hit], index.column("length").to_numpy()[hit]))
         return {
@@ -145,9 +148,8 @@ def select_run(
         per_shard: dict[int, tuple[int, int]] = {}
         for shard in shards:
             index = _read_staged(cfg, shard)
-            rows = index.column("row").to_numpy()
             length = index.column("length").to_numpy()
-            n = selection.copies(shard.source, shard.relpath, rows)
+            n = selection.copies(shard, index)
             reps = np.maximum(n, 1)  # a left-out document keeps one row, copy -1
             first = np.cumsum(reps) - reps
             take = np.repeat(np.arange(len(n)), reps)
@@ -180,6 +182,7 @@ def select_run(
                 chunks,
                 placed,
                 copy,
+                index.column("file").take(taken),
             )
             per_shard[shard.index] = (shard_items, shard_tokens)
             tally = counts.setdefault(shard.source, dict.fromkeys(SOURCE_COUNTS, 0))

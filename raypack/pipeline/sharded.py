@@ -79,7 +79,7 @@ def pack_group(
             if selection is None:
                 by_layer[0].append(table)
                 continue
-            n = selection.copies(unit.source, unit.relpath, table.column("row").to_numpy())
+            n = selection.copies(unit, table)
             for c in range(layers):
                 by_layer[c].append(table.filter(pa.array(n > c)))
         tables = [t for layer in by_layer for t in layer]  # every first copy, then every second...

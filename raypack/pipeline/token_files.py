@@ -59,7 +59,7 @@ _UNCOMPRESSED = pa.ipc.IpcWriteOptions(compression=None)
 STAGED_READ = pa.ipc.IpcReadOptions(use_threads=False)
 STAGED_DOCS = pa.ipc.IpcReadOptions(
     use_threads=False,
-    included_fields=[schema.TOKENIZED.get_field_index(n) for n in ("row", "doc_id", "length")],
+    included_fields=[schema.TOKENIZED.get_field_index(n) for n in ("row", "file", "doc_id", "length")],
 )
 # Bump when the token file layout or what goes into a key changes: old cache entries then miss.
 # 2: keyed on input.empty, input.max_document_bytes and the piece size too; written in place.
@@ -117,18 +117,18 @@ def tokenizer_library() -> str:
     return f"tokenizers {tokenizers.__version__}"
 
 
-def token_key(unit: WorkUnit, settings: dict[str, Any], content: str | None = None) -> str:
-    """Key of a unit's token file: its file's relative path (document ids contain it), what the
-    file holds, its range within the file (a unit of a large file) and the settings. What it holds:
-    `content`, the file's digest (raypack.pipeline.store.file_digest: a token store's keys, the same
-    wherever the file lies and whenever it was written), else its size and modification time (a
-    job's own staging area, which no other job reads)."""
-    shard = unit.shard
-    fingerprint: dict[str, Any] = {"relpath": shard.relpath}
+def token_key(unit: WorkUnit, settings: dict[str, Any], content: list[str] | None = None) -> str:
+    """Key of a unit's token file: its files' relative paths (document ids contain them), what the
+    files hold, its range within its file (a unit of a large file) and the settings. What they hold:
+    `content`, each file's digest (raypack.pipeline.store.file_digest: a token store's keys, the
+    same wherever the file lies and whenever it was written), else their sizes and modification
+    times (a job's own staging area, which no other job reads)."""
+    files = unit.files
+    fingerprint: dict[str, Any] = {"relpath": [s.relpath for s in files]}
     if content is not None:
         fingerprint["content"] = content
     else:
-        fingerprint |= {"size": shard.size, "mtime_ns": shard.mtime_ns}
+        fingerprint |= {"size": [s.size for s in files], "mtime_ns": [s.mtime_ns for s in files]}
     fingerprint |= unit.entry(rows=False)
     fingerprint.update(settings)
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:32]

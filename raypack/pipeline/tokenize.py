@@ -183,7 +183,9 @@ def tokenize(
         return [
             u.with_token_file(
                 token_dir,
-                token_key(u, settings[u.source], None if digests is None else digests[u.shard.path]),
+                token_key(
+                    u, settings[u.source], None if digests is None else [digests[f.path] for f in u.files]
+                ),
             )
             for u in units
         ]
@@ -388,13 +390,11 @@ def _rendered(template: ChatTemplate | None, records: list[Chat]) -> list[str]:
 
 
 def unit_bytes(units: list[WorkUnit]) -> list[int]:
-    """Input bytes of each work unit: a byte range's length, a Parquet unit's share of its file (its
-    row groups' sizes are not kept), else the file's size."""
+    """Input bytes of each work unit: WorkUnit.size, but a Parquet unit's share of its file (its
+    row groups' sizes are not kept)."""
     per_file: Counter[str] = Counter(u.relpath for u in units)
     return [
-        u.shard.unit_stop - u.shard.unit_start
-        if u.shard.split and u.reading.format == "jsonl"
-        else u.shard.size // per_file[u.relpath]
+        u.size if not u.shard.split or u.reading.format == "jsonl" else u.size // per_file[u.relpath]
         for u in units
     ]
 

@@ -12,6 +12,7 @@ tokenized again with `tokenizers`, the summary says why, and the driver tokenize
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from contextlib import suppress
@@ -124,9 +125,10 @@ class TokenizeShards:
         doc_length = docs.column("length").to_numpy()
         summary = summarize_shard(
             self.cfg,
-            unit.shard,
+            unit,
             docs.column("doc_id").combine_chunks(),
             docs.column("row").combine_chunks(),
+            docs.column("file").combine_chunks(),
             doc_length,
         )
         return {
@@ -156,11 +158,11 @@ class TokenizeShards:
             self.fast.routed[:] = [0, 0]  # this unit's texts fastokens' copy does not take
         if self.encoder is self.reference:
             return self._tokenize(unit)
-        self._checker = Checker(self.reference, f"{unit.relpath}:{unit.shard.unit_start}")
+        self._checker = Checker(self.reference, f"{unit.label}:{unit.shard.unit_start}")
         try:
             return self._tokenize(unit)
         except Mismatch as e:
-            self.failover = f"unit {unit.index} ({unit.relpath}): {e}"
+            self.failover = f"unit {unit.index} ({unit.label}): {e}"
             self.encoder, self.coder, self._checker = self.reference, self.reference_coder, None
             return self._tokenize(unit)
 
@@ -198,12 +200,13 @@ class TokenizeShards:
             whole_output(path, self.storage) as sink,
             pa.ipc.new_file(sink, schema.TOKENIZED, options=staged_options(path)) as writer,
         ):
+            relpaths = unit.relpaths
             for batch in read_unit(unit, cfg.tokenizer.batch_size, self.storage):
-                rejects.extend(r.as_row(unit.relpath) for r in batch.rejects)
+                rejects.extend(r.as_row(relpaths) for r in batch.rejects)
                 if len(batch):
                     table = self._encode(batch, unit, rejects)
                     writer.write_table(table)
-                    docs.append(table.select(["row", "doc_id", "length"]))
+                    docs.append(table.select(["row", "file", "doc_id", "length"]))
             if rejects:
                 table = pa.Table.from_pylist(rejects, schema=schema.REJECTS)
                 # Beside the token file before its completion key, so a finished token file always
@@ -220,7 +223,7 @@ class TokenizeShards:
             }
             done = pa.RecordBatch.from_pylist([], schema=schema.TOKENIZED)
             writer.write_batch(done, custom_metadata={DONE: json.dumps(lost).encode()})
-        empty = schema.TOKENIZED.empty_table().select(["row", "doc_id", "length"])
+        empty = schema.TOKENIZED.empty_table().select(["row", "file", "doc_id", "length"])
         return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost
 
     def _encode(self, batch: Batch, unit: WorkUnit, rejects: list[dict[str, Any]]) -> pa.Table:
@@ -241,15 +244,21 @@ class TokenizeShards:
         if empty.size:  # plain text without BOS/EOS that the tokenizer maps to nothing; chat rejects
             for i in empty.tolist():
                 reason = why[i] or "tokenizes to zero tokens"
-                rejects.append(Reject.bad(batch.rows[i], reason, str(batch.texts[i])).as_row(unit.relpath))
+                file = batch.files[i] if batch.files is not None else 0
+                reject = Reject.bad(batch.rows[i], reason, str(batch.texts[i]))
+                rejects.append(dataclasses.replace(reject, file=file).as_row(unit.relpaths))
             keep = np.flatnonzero(lengths > 0).tolist()
             lengths = lengths[keep]
-            batch = Batch(rows=[batch.rows[i] for i in keep], ids=[batch.ids[i] for i in keep])
+            files = None if batch.files is None else [batch.files[i] for i in keep]
+            batch = Batch(rows=[batch.rows[i] for i in keep], ids=[batch.ids[i] for i in keep], files=files)
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
         tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
         return pa.table(
             {
                 "row": pa.array(batch.rows, pa.int64()),
+                "file": np.zeros(len(lengths), np.int32)
+                if batch.files is None
+                else pa.array(batch.files, pa.int32()),
                 "doc_id": batch.ids,
                 "length": lengths,
                 "tokens": tokens,

@@ -5,7 +5,12 @@ rebuilds a unit field by field, so a setting that reaches the driver reaches eve
 
     input file ─read.input_files─▶ WorkUnit(file, its source's Reading)
                ─read.work_units─▶ a WorkUnit a unit (a large file: several, each a byte range or
-                                  a run of row groups) ─with_token_file─▶ its token file named
+                                  a run of row groups; small files: a run of them, one unit)
+                                  ─with_token_file─▶ its token file named
+
+A unit's documents keep their own file's path and row (ids, rejects, mixture keys): a run of small
+files numbers its files 0, 1, ... (`files`), and every document carries its file's number beside its
+row (schema.TOKENIZED and DOCUMENTS `file`), 0 in a unit of one file.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 from raypack.config import Reading
 from raypack.storage import Shard, join
 
-__all__ = ["WorkUnit", "token_file", "unit_entry", "unit_from_entry"]
+__all__ = ["WorkUnit", "entry_files", "token_file", "unit_entry", "unit_from_entry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +36,31 @@ class WorkUnit:
     chosen."""
     token_dir: str = ""
     """Where its token file is: the staging area, or a rebuild's cache."""
+    more: tuple[Shard, ...] = ()
+    """A run of small whole files (read.work_units, input.group_bytes): the files after `shard`, in
+    order, all of the same source."""
+
+    @property
+    def files(self) -> tuple[Shard, ...]:
+        """The unit's files, numbered as its documents' `file` column numbers them."""
+        return (self.shard, *self.more)
+
+    @property
+    def relpaths(self) -> list[str]:
+        return [s.relpath for s in self.files]
+
+    @property
+    def size(self) -> int:
+        """Bytes of input it reads: its range of a split file, or its files'."""
+        if self.shard.split and self.reading.format == "jsonl":
+            return self.shard.unit_stop - self.shard.unit_start
+        return sum(s.size for s in self.files)
+
+    @property
+    def label(self) -> str:
+        """The unit in a message: its file, with how many more a run holds."""
+        more = f" and {len(self.more):,} more file{'s' if len(self.more) > 1 else ''}" if self.more else ""
+        return f"{self.relpath}{more}"
 
     @property
     def index(self) -> int:
@@ -57,6 +87,15 @@ class WorkUnit:
         """unit_entry of this unit (its range within its file, {} for a whole file)."""
         return unit_entry(self.shard, self.reading.format, rows)
 
+    def manifest_entry(self) -> dict[str, Any]:
+        """The unit in the manifest's `inputs`: its file (path, size, mtime_ns) with its range, or
+        a run's files under `files`; its source."""
+        if self.more:
+            files: dict[str, Any] = {"files": [_file_entry(s) for s in self.files]}
+        else:
+            files = _file_entry(self.shard) | self.entry()
+        return files | ({"source": self.source} if self.source else {})
+
 
 def token_file(token_dir: str, key: str) -> str:
     return join(token_dir, f"{key}.arrow")
@@ -72,10 +111,22 @@ def unit_entry(shard: Shard, fmt: str, rows: bool = True) -> dict[str, Any]:
     return entry | ({"first_row": shard.first_row} if rows else {})
 
 
-def unit_from_entry(file: WorkUnit, index: int, entry: dict[str, Any]) -> WorkUnit:
-    """The work unit numbered `index` of `file`, from its manifest entry (unit_entry's inverse)."""
+def _file_entry(shard: Shard) -> dict[str, Any]:
+    return {"path": shard.relpath, "size": shard.size, "mtime_ns": shard.mtime_ns}
+
+
+def entry_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files (path, size, mtime_ns) of a manifest `inputs` entry, in the unit's order."""
+    return list(entry.get("files", [entry]))
+
+
+def unit_from_entry(files: list[WorkUnit], index: int, entry: dict[str, Any]) -> WorkUnit:
+    """The work unit numbered `index`, from its manifest entry (manifest_entry's inverse) and the
+    entry's files as they are listed now (whole-file units, in the entry's order)."""
+    first = files[0]
     start, stop = entry.get("row_groups") or entry.get("bytes") or (0, -1)
     shard = dataclasses.replace(
-        file.shard, index=index, unit_start=start, unit_stop=stop, first_row=entry.get("first_row", 0)
+        first.shard, index=index, unit_start=start, unit_stop=stop, first_row=entry.get("first_row", 0)
     )
-    return dataclasses.replace(file, shard=shard)
+    more = tuple(dataclasses.replace(f.shard, index=index) for f in files[1:])
+    return dataclasses.replace(first, shard=shard, more=more)

@@ -125,6 +125,7 @@ def test_items_that_name_their_token_file_write_the_same_bytes(tmp_path: Path) -
     table = pa.table(
         {
             "row": np.arange(docs, dtype=np.int64),
+            "file": np.zeros(docs, dtype=np.int32),
             "doc_id": [f"d{i}" for i in range(docs)],
             "length": lengths.astype(np.int64),
             "tokens": pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat)),

@@ -27,7 +27,7 @@ quiet = {"log": lambda _: None}
 
 def config(tmp: Path, tokenizer: Path, corpus: Path, **output: object) -> JobConfig:
     data = {
-        "input": {"paths": [f"{corpus}/*"]},
+        "input": {"paths": [f"{corpus}/*"], "group_bytes": 0},  # a file a unit (conftest.job_config)
         "tokenizer": {"path": str(tokenizer)},
         "pack": {"seq_len": 512},
         "output": {"path": str(tmp / "root"), "shard_rows": 40, **output},

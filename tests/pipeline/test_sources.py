@@ -50,7 +50,10 @@ def config(
 ) -> JobConfig:
     names = order or list(MIX)
     data: dict[str, Any] = {
-        "input": {"sources": [{"name": n, "paths": [f"{corpora}/{n}/corpus/*"], **MIX[n]} for n in names]},
+        "input": {
+            "sources": [{"name": n, "paths": [f"{corpora}/{n}/corpus/*"], **MIX[n]} for n in names],
+            "group_bytes": 0,  # a file a unit (conftest.job_config)
+        },
         "tokenizer": {"path": str(tok), "concurrency": 1},
         "pack": {"seq_len": SEQ},
         "output": {"path": str(out), "shard_rows": 40},

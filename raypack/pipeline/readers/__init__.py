@@ -16,6 +16,7 @@ Reading happens inside the tokenize task, so no shard is ever held whole: a batc
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 
 import pyarrow.fs as pafs
@@ -23,7 +24,7 @@ import pyarrow.fs as pafs
 from raypack.config import INPUT_FORMATS, Reading, StorageConfig
 from raypack.pipeline.readers import jsonl, parquet, text
 from raypack.pipeline.readers.chat import Chat
-from raypack.pipeline.readers.records import Batch, Reject
+from raypack.pipeline.readers.records import MAX_BATCH_BYTES, Batch, Reject
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, resolve
 
@@ -40,12 +41,39 @@ if tuple(READERS) != INPUT_FORMATS:  # a format added in one place and not the o
 # same bytes (documents, ids, rejects) must never reuse token files the old code wrote. Bump it with
 # any such change. 2: a mixture source's own format and fields are used (issue 31; before, every
 # file was read with the top-level input settings) and a truncated text file is a lost file.
-READ_VERSION = 2
+# 3: token files carry each document's file within its unit (runs of small files, issue 40), and a
+# malformed line's reason says "at column" once.
+READ_VERSION = 3
 
 
 def read_unit(unit: WorkUnit, batch_size: int, storage: StorageConfig | None = None) -> Iterator[Batch]:
     """Documents of one work unit in batches of up to `batch_size`; rejects ride along with the batch
     in which they were met (a batch may hold only rejects). A storage failure is raised as the
-    OSError it is; the task that met it is retried (raypack.pipeline.exchange.transient)."""
-    fs, inner = resolve(unit.shard.path, storage)
-    yield from READERS[unit.reading.format](fs, inner, unit.shard, unit.reading, batch_size)
+    OSError it is; the task that met it is retried (raypack.pipeline.exchange.transient).
+
+    A run of small files is read file after file, their batches joined up to `batch_size` documents
+    or MAX_BATCH_BYTES (a file of 6 KB makes a batch of a few documents: encoding and writing batches
+    that small costs more than the text), each document and reject marked with its file's number."""
+    read = READERS[unit.reading.format]
+    if not unit.more:
+        fs, inner = resolve(unit.shard.path, storage)
+        yield from read(fs, inner, unit.shard, unit.reading, batch_size)
+        return
+    joined = Batch(files=[])
+    for number, shard in enumerate(unit.files):
+        fs, inner = resolve(shard.path, storage)
+        for batch in read(fs, inner, shard, unit.reading, batch_size):
+            if len(joined) and (
+                len(joined) + len(batch) > batch_size
+                or joined.text_bytes + batch.text_bytes > MAX_BATCH_BYTES
+            ):
+                yield joined
+                joined = Batch(files=[])
+            joined.rows += batch.rows
+            joined.ids += batch.ids
+            joined.texts += batch.texts
+            joined.text_bytes += batch.text_bytes
+            joined.files += [number] * len(batch)  # type: ignore[operator]
+            joined.rejects += [dataclasses.replace(r, file=number) for r in batch.rejects]
+    if len(joined) or joined.rejects:
+        yield joined

@@ -89,7 +89,9 @@ def _parse_line(
     try:
         record = json.loads(decoded)
     except json.JSONDecodeError as e:
-        batch.rejects.append(Reject.bad(lineno, f"malformed JSON: {e.msg} at column {e.colno}", decoded))
+        batch.rejects.append(
+            Reject.bad(lineno, f"malformed JSON: {e.msg.removesuffix(' at')} at column {e.colno}", decoded)
+        )
         return None
     except RecursionError:  # json's parser recurses once a level: [[[[...
         batch.rejects.append(Reject.bad(lineno, "malformed JSON: nested too deeply", decoded))

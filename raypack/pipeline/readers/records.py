@@ -56,6 +56,8 @@ class Reject:
     lost_file: bool = False
     """A whole file, or its rest, could not be read: a corpus problem, not a bad record. The job
     fails on one unless input.max_lost_files allows it."""
+    file: int = 0
+    """Its file's number within its work unit (a run of small files: units.WorkUnit.files)."""
 
     @classmethod
     def bad(cls, row: int, reason: str, raw: bytes | str = "") -> Reject:
@@ -67,10 +69,10 @@ class Reject:
         """A file, or its rest from `row` on, that could not be read: `records` it held (at least 1)."""
         return cls(row, reason, "", records=max(1, records), lost_file=True)
 
-    def as_row(self, relpath: str) -> dict[str, Any]:
-        """Its row of a rejects file (schema.REJECTS)."""
+    def as_row(self, relpaths: list[str]) -> dict[str, Any]:
+        """Its row of a rejects file (schema.REJECTS); `relpaths`: its unit's files'."""
         return {
-            "source": relpath,
+            "source": relpaths[self.file],
             "row": self.row,
             "reason": self.reason,
             "raw": self.raw,
@@ -87,6 +89,9 @@ class Batch:
     """Each document's text (str), or for chat data its readers.chat.Chat."""
     rejects: list[Reject] = field(default_factory=list)
     text_bytes: int = 0
+    files: list[int] | None = None
+    """Each document's file number within its unit (read_unit of a run of small files joins the
+    files' batches); None: every document is of file 0 (a reader's own batches)."""
 
     def __len__(self) -> int:
         return len(self.rows)
