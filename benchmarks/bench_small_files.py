@@ -9,8 +9,9 @@ in 100 directories), and as 32 files. Each is packed by `raypack pack` in a subp
 8192, bfd, the default backend), timed from the command's start to its exit, on the default
 executor (run.executor auto: local processes at this size) and with run.executor ray (a local Ray
 started by the command). `--alone`: the many files also with input.group_bytes 0 (a file a unit,
-how raypack read them before runs). The data files of every configuration must be byte-identical
-(checked). Ratios are many / few on the same runner, within one round; rounds interleave.
+how raypack read them before runs). The data files of every configuration of one corpus must be
+byte-identical (checked; the two corpora's differ: ids name the files). Ratios are many / few on
+the same runner, within one round; rounds interleave.
 Target: many / few <= 1.5 on both runners.
 """
 
@@ -90,7 +91,7 @@ def main() -> int:
     many, few, documents = make_corpora(args.work, args.mb, args.files)
     print(f"{documents:,} documents, {args.mb} MB: {args.files:,} files and {FEW} files", flush=True)
     executors = ["auto"] if args.no_ray else ["auto", "ray"]
-    digests: set[str] = set()
+    digests: dict[str, set[str]] = {"few": set(), "many": set()}
     ratios: dict[str, list[float]] = {e: [] for e in executors}
     for r in range(args.rounds):
         for executor in executors:
@@ -101,7 +102,7 @@ def main() -> int:
             if args.alone and executor == "auto":
                 runs["alone"] = run(args.work, "alone", many, tokenizer, executor, group_bytes=0)
             for name, result in runs.items():
-                digests.add(result["digest"])
+                digests["few" if name == "few" else "many"].add(result["digest"])
                 stages = ", ".join(f"{k} {v:.2f}" for k, v in result["stages"].items() if v >= 0.05)
                 print(
                     f"round {r + 1} {executor:4} {name:5}: {result['seconds']:6.2f} s, "
@@ -110,8 +111,9 @@ def main() -> int:
                 )
             ratios[executor].append(runs["many"]["seconds"] / runs["few"]["seconds"])
             print(f"round {r + 1} {executor}: many / few x{ratios[executor][-1]:.2f}", flush=True)
-    if len(digests) != 1:
-        raise SystemExit(f"the configurations packed {len(digests)} different datasets")
+    for corpus, found in digests.items():
+        if len(found) != 1:
+            raise SystemExit(f"the {corpus} files were packed as {len(found)} different datasets")
     for executor, values in ratios.items():
         print(f"{executor}: median many / few x{statistics.median(values):.2f} over {args.rounds} rounds")
     return 0
