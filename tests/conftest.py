@@ -196,6 +196,7 @@ def s3_job_config(
     corpus: Path,
     tokenizer_file: Path,
     prefix: str,
+    file_units: bool = True,
     **sections: dict[str, Any],
 ) -> Path:
     """job_config with the corpus and tokenizer uploaded to the test S3 server under `prefix`, the
@@ -211,7 +212,9 @@ def s3_job_config(
     }
     for name, values in sections.items():
         merged[name] = {**merged.get(name, {}), **values}
-    return job_config(tmp, f"s3://{root}/corpus/*", f"s3://{root}/tok/{tokenizer_file.name}", **merged)
+    return job_config(
+        tmp, f"s3://{root}/corpus/*", f"s3://{root}/tok/{tokenizer_file.name}", file_units, **merged
+    )
 
 
 def job_config(

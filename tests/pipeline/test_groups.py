@@ -25,7 +25,14 @@ from raypack.pipeline.readers import read_unit
 from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, expand_inputs
 from raypack.verifier import verify
-from tests.conftest import independent_tokens, job_config, packed_documents, random_text, write_jsonl
+from tests.conftest import (
+    independent_tokens,
+    job_config,
+    packed_documents,
+    random_text,
+    s3_job_config,
+    write_jsonl,
+)
 
 
 def quiet(_: str) -> None:
@@ -275,3 +282,41 @@ def test_a_unit_label_names_its_first_file_and_how_many_more() -> None:
     one = WorkUnit(_shard(0, "x.jsonl", 5), reading)
     run = dataclasses.replace(one, more=(_shard(0, "y.jsonl", 5),))
     assert one.label == "x.jsonl" and run.label == "x.jsonl and 1 more file" and run.size == 10
+
+
+def test_runs_of_small_files_on_s3_pack_what_a_file_a_unit_packs_locally(
+    tmp_path: Path, tokenizer_path: Path, s3: Any
+) -> None:
+    """The same small files (plain and gzipped, with rejects) on the real S3 server, read in runs,
+    and on local disk a file a unit: the same data files; the S3 dataset verifies."""
+    import pyarrow.fs as pafs
+
+    from tests import s3server
+
+    corpus = tmp_path / "corpus"
+    _files_with_rejects(corpus, 40, seed=9)
+    remote = s3_job_config(
+        tmp_path, s3, corpus, tokenizer_path, "runs", file_units=False, input={"max_reject_ratio": 0.3}
+    )
+    config = load_config(str(remote))
+    run_job(config, log=quiet)
+    report = verify(config.output.path, config, sample=500)
+    assert report.ok, report.problems
+    local = job_config(
+        tmp_path,
+        f"{corpus}/*",
+        tokenizer_path,
+        input={"max_reject_ratio": 0.3},
+        output={"path": str(tmp_path / "o")},
+    )
+    run_job(load_config(str(local)), log=quiet)
+    fs = s3.filesystem()
+    root = f"{s3server.BUCKET}/runs/out"
+    manifest = json.loads(fs.open_input_stream(f"{root}/manifest.json").read())
+    assert len(manifest["inputs"]) == 1 and len(manifest["inputs"][0]["files"]) == 40
+    for f in sorted((tmp_path / "o" / "data").iterdir()):
+        assert fs.open_input_stream(f"{root}/data/{f.name}").read() == f.read_bytes()
+    remote_files = [
+        i for i in fs.get_file_info(pafs.FileSelector(f"{root}/data")) if i.type == pafs.FileType.File
+    ]
+    assert len(remote_files) == len(list((tmp_path / "o" / "data").iterdir())) > 0
