@@ -298,7 +298,9 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     ratio = rejects / records if records else 0.0
     where = join(cfg.output.path, "rejects")
     kinds = Counter(reasons)
-    top = ", ".join(f"{kind} ({n:,})" for kind, n in kinds.most_common(REJECT_EXAMPLES))
+    # The most frequent first, ties by name: the same words whatever order the units finished in.
+    common = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[:REJECT_EXAMPLES]
+    top = ", ".join(f"{kind} ({n:,})" for kind, n in common)
     if len(kinds) > REJECT_EXAMPLES:  # not a hidden kind: how many more there are, in rejects/
         more = len(kinds) - REJECT_EXAMPLES
         top += f" and {more} more kind{'s' if more > 1 else ''}"
@@ -309,7 +311,8 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     if totals.lost_files > cfg.input.max_lost_files:
         raise JobError(
             f"{totals.lost_files:,} input files could not be read whole (unreadable, or no readable text "
-            f"column), over input.max_lost_files ({cfg.input.max_lost_files:,}): {top}; see {where} "
+            f"column), over input.max_lost_files ({cfg.input.max_lost_files:,}); rejects by reason: {top}; "
+            f"see {where} "
             "for each file, or allow them with input.max_lost_files"
         )
     if ratio > cfg.input.max_reject_ratio:

@@ -180,7 +180,7 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
         algorithm += f" (buckets {', '.join(str(b['length']) for b in manifest.get('buckets', []))})"
     return (
         ("output", dataset),
-        ("input", _inputs(cfg["input"], counts["shards"])),
+        ("input", _inputs(cfg["input"], counts["shards"], _files(manifest["inputs"]))),
         ("tokenizer", f"{tok['path']} (vocab {tok['vocab_size']:,}, sha256 {tok['sha256'][:12]})"),
         (
             "packing",
@@ -227,13 +227,21 @@ def _time(doc: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _inputs(inputs: dict[str, Any], shards: int) -> str:
-    """The input line: its paths and format, or its sources (input.sources)."""
+def _inputs(inputs: dict[str, Any], shards: int, files: int) -> str:
+    """The input line: its paths and format, or its sources (input.sources); its files and work
+    units (a large file is several, a run of small files one)."""
+    plural = "s" if shards != 1 else ""
+    units = f"{files:,} files" if files == shards else f"{files:,} files in {shards:,} work unit{plural}"
     sources = inputs.get("sources") or []
     if sources:
         names = ", ".join(s["name"] for s in sources)
-        return f"{len(sources)} sources: {names} ({shards:,} shards; the mixture is below)"
-    return ", ".join(inputs["paths"]) + f" ({inputs['format']}, {shards:,} shards)"
+        return f"{len(sources)} sources: {names} ({units}; the mixture is below)"
+    return ", ".join(inputs["paths"]) + f" ({inputs['format']}, {units})"
+
+
+def _files(inputs: list[dict[str, Any]]) -> int:
+    """Input files of the manifest's `inputs` (a split file once, a run's files each)."""
+    return len({f["path"] for entry in inputs for f in entry.get("files", [entry])})
 
 
 def _notes(doc: dict[str, Any], metrics: PackingMetrics, manifest: dict[str, Any]) -> tuple[str, ...]:
