@@ -61,6 +61,7 @@ Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ __all__ = [
     "pin_version",
     "read_packed",
     "torch_converter",
+    "training_batches",
 ]
 
 IGNORE_INDEX = -100  # the label of a position that carries no loss (PyTorch's cross_entropy default)
@@ -458,15 +460,25 @@ def torch_converter() -> Any:
     return convert
 
 
-def read_packed(path: str, storage: StorageConfig | None = None) -> Any:
+def read_packed(path: str, storage: StorageConfig | None = None, bucket: int | None = None) -> Any:
     """The dataset's packs as a Ray Dataset (one block per output file; columns of schema.PACKED plus
-    `bucket_length`), for Ray Train: `ray.train` splits it across workers itself. Any output format:
-    tokens are read through the format's files."""
+    `bucket_length` and `pad_id`), for Ray Train: `ray.train` splits it across workers itself, and
+    training_batches makes a worker's batches the training fields. Any output format: tokens are
+    read through the format's files. `bucket`: only the packs of that bucket length (a dataset packed
+    with `bucket` has several; a Ray Data batch may otherwise mix them)."""
     import ray.data
 
     pinned = pin(path, storage)
     spec = spec_of(pinned.manifest)
-    files = [{"entry": json.dumps(f)} for f in sorted(pinned.manifest["files"], key=lambda f: f["path"])]
+    files = sorted(pinned.manifest["files"], key=lambda f: f["path"])
+    if bucket is not None:
+        lengths = sorted({int(f["bucket_length"]) for f in files})
+        files = [f for f in files if int(f["bucket_length"]) == bucket]
+        if not files:
+            raise ValueError(
+                f"{pinned.path} has no packs of length {bucket}: its bucket lengths are {lengths}"
+            )
+    entries = [{"entry": json.dumps(f)} for f in files]
 
     def read(batch: pa.Table) -> pa.Table:
         tables = []
@@ -474,8 +486,34 @@ def read_packed(path: str, storage: StorageConfig | None = None) -> Any:
             entry = json.loads(text)
             table = read_packs(pinned.path, entry, spec, storage).table()
             length = np.full(table.num_rows, int(entry["bucket_length"]), np.int32)
-            tables.append(table.append_column("bucket_length", pa.array(length)))
+            table = table.append_column("bucket_length", pa.array(length))
+            tables.append(
+                table.append_column("pad_id", pa.array(np.full(table.num_rows, spec.pad_id, np.int32)))
+            )
         return pa.concat_tables(tables)
 
-    source = ray.data.from_items(files, override_num_blocks=max(1, len(files)))
+    source = ray.data.from_items(entries, override_num_blocks=max(1, len(entries)))
     return source.map_batches(read, batch_size=1, batch_format="pyarrow")
+
+
+def training_batches(shard: Any, batch_size: int, *, torch: bool = False) -> Iterator[dict[str, Any]]:
+    """A Ray Train worker's batches of read_packed's packs, as the training fields of iter_batches
+    (labels, shift_labels, position_ids, document_ids, cu_seqlens, max_seqlen): `shard` is the
+    worker's `ray.train.get_dataset_shard(name)` (or any Ray Dataset / DataIterator of read_packed's
+    rows). A batch never mixes pack lengths: where a dataset of several buckets changes length
+    inside a Ray Data batch, the batch is cut there (use read_packed's `bucket`, or iter_batches,
+    for full batches of one length each step). Ray Train's split is `equal`: each worker gets as many
+    packs, so up to world_size - 1 packs of an epoch reach no worker (iter_batches with the rank and
+    world size of ray.train.get_context() reads every pack, by `last_batch`'s rule)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    convert = torch_converter() if torch else None
+    for table in shard.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
+        if not table.num_rows:
+            continue
+        lengths = table.column("bucket_length").to_numpy()
+        cuts = np.r_[0, np.flatnonzero(np.diff(lengths)) + 1, len(lengths)]
+        pad_id = int(table.column("pad_id")[0].as_py())
+        for a, b in itertools.pairwise(cuts.tolist()):
+            batch = batch_fields(table.slice(a, b - a), int(lengths[a]), pad_id)
+            yield convert(batch) if convert is not None else batch
