@@ -11,12 +11,11 @@ ConfigError that gives the numbers (known once tokenized: before any packing).
 
 Selection, per source: with r = target / available, every document gets k = floor(r) copies and a
 seeded subset of them one more. The subset is the documents whose 64-bit key u = splitmix64(seed,
-file, row) is below a threshold θ, taken in key order up to the goal (r - k) × available, and the
-first tokens of the next document, as many as the goal still lacks (a truncated copy, counted and
-reported as one): a source's tokens are its target to the token, whatever the size of its
-documents (a cut between two documents left a source of 180k-token files 2.9 points off its
-share). Keys are fixed per document: the subset depends on nothing but the seed and the corpus
-(not on workers, shards' order or batches), and a larger share only adds documents to it.
+file, row) is below a threshold θ, placed so that the subset's tokens come closest to the goal
+(r - k) × available: the documents are taken in key order and the cut falls between two of them, so
+a source's tokens are within one document of its target (the cut's nearer side). Keys are fixed per
+document: the subset depends on nothing but the seed and the corpus (not on workers, shards' order
+or batches), and a larger share only adds documents to it.
 
 Finding θ without a list of every document: each tokenize task reports its shard's tokens by the top
 KEY_BITS bits of u (token_bins: a histogram of 65,536 bins, sparse), the driver sums a source's and
@@ -42,12 +41,10 @@ __all__ = [
     "BINS",
     "KEY_BITS",
     "SOURCE_HEADER",
-    "Cut",
     "Rule",
     "Target",
     "boundary_bin",
     "copies",
-    "copy_tokens",
     "cut",
     "document_keys",
     "rule_for",
@@ -225,65 +222,45 @@ def boundary_bin(tokens_by_bin: np.ndarray, goal: int) -> tuple[int, int]:
     return b, int(running[b - 1]) if b else 0
 
 
-@dataclass(frozen=True, slots=True)
-class Cut:
-    """Where a source's seeded subset ends: every document with a key below `threshold`, and the
-    first `partial_tokens` of the one whose key is `partial_key` (0 tokens: none), so that the
-    subset's tokens are its goal exactly, not to within a document."""
-
-    threshold: int
-    partial_key: int = 0
-    partial_tokens: int = 0
-
-
-def cut(goal: int, before: int, keys: np.ndarray, lengths: np.ndarray, bin_index: int) -> Cut:
-    """The Cut whose tokens are `goal`: `before` tokens lie in the bins below `bin_index`, whose
-    documents' keys and lengths are given. In key order, the documents whose running total stays
-    within the goal are taken whole, and the next one gives the rest of the goal as a prefix of its
-    tokens (a truncated copy: a source of documents of 3% of its tokens met its weight to within
-    3 points when the cut fell between two documents). The threshold is that document's key, or the
-    bin's end (2^64 for the last bin: every document) when the goal takes the whole bin."""
+def cut(goal: int, before: int, keys: np.ndarray, lengths: np.ndarray, bin_index: int) -> int:
+    """The threshold θ (exclusive) for the subset whose tokens come closest to `goal`: `before`
+    tokens lie in the bins below `bin_index`, whose documents' keys and lengths are given. Returns
+    a key in that bin, or the bin's end (2^64 for the last bin: every document)."""
     order = np.argsort(keys, kind="stable")
     totals = before + np.r_[0, np.cumsum(np.asarray(lengths, dtype=np.int64)[order])]
-    j = int(np.searchsorted(totals, goal, side="right")) - 1  # the documents before j fit
-    if j >= len(order):
-        return Cut((bin_index + 1) << (64 - KEY_BITS))
-    key = int(keys[order[j]])
-    rest = goal - int(totals[j])
-    return Cut(key, key if rest else 0, rest)
+    j = int(np.argmin(np.abs(totals - goal)))
+    if j < len(order):
+        return int(keys[order[j]])
+    return (bin_index + 1) << (64 - KEY_BITS)
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """How many copies a source's documents get: `full`, plus one more below `threshold`, plus one
-    more of the first `partial_tokens` tokens of the document whose key is `partial_key`."""
+    """How many copies a source's documents get: `full`, plus one more below `threshold`."""
 
     name: str
     full: int
     threshold: int
     """Exclusive bound on keys (0: no document gets the extra copy); < 2^64."""
-    partial_key: int = 0
-    partial_tokens: int = 0
-    """The cut's document (Cut): its copy in layer `full` holds only these first tokens (0: none)."""
 
     @property
     def layers(self) -> int:
         """The most copies a document gets."""
-        return self.full + (1 if self.threshold or self.partial_tokens else 0)
+        return self.full + (1 if self.threshold else 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def rule_for(name: str, target: Target, found: Cut | None) -> Rule:
-    """A source's Rule from its target and, where it takes a subset, the Cut placed for it (None: no
-    subset). A cut past every key (2^64) is one more full copy."""
+def rule_for(name: str, target: Target, threshold: int | None) -> Rule:
+    """A source's Rule from its target and, where it takes a subset, the cut placed for it (None:
+    no subset). A cut past every key (2^64) is one more full copy."""
     full = target.target // target.available if target.available else 0
-    if found is None:
+    if threshold is None:
         return Rule(name, int(full), 0)
-    if found.threshold >= 1 << 64:
+    if threshold >= 1 << 64:
         return Rule(name, int(full) + 1, 0)
-    return Rule(name, int(full), found.threshold, found.partial_key, found.partial_tokens)
+    return Rule(name, int(full), int(threshold))
 
 
 def subset_goal(target: Target) -> int:
@@ -294,19 +271,8 @@ def subset_goal(target: Target) -> int:
 
 
 def copies(rule: Rule, keys: np.ndarray) -> np.ndarray:
-    """int32 copies of each document (the cut's document's last copy is partial: copy_tokens)."""
+    """int32 copies of each document."""
     out = np.full(len(keys), rule.full, dtype=np.int32)
     if rule.threshold:
         out += (keys < np.uint64(rule.threshold)).astype(np.int32)
-    if rule.partial_tokens:
-        out += (keys == np.uint64(rule.partial_key)).astype(np.int32)
     return out
-
-
-def copy_tokens(rule: Rule, keys: np.ndarray, lengths: np.ndarray, layer: int) -> np.ndarray:
-    """int64 tokens that copy `layer` of each document holds: its length, but the first
-    partial_tokens of the cut's document in layer `full`."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if not rule.partial_tokens or layer != rule.full:
-        return lengths
-    return np.where(keys == np.uint64(rule.partial_key), np.minimum(lengths, rule.partial_tokens), lengths)

@@ -123,9 +123,8 @@ def verify(
     inputs = originals.group_by("doc_id").aggregate([("doc_id", "count")])
     shared = inputs.filter(pc.greater(inputs.column("doc_id_count"), 1)).column("doc_id")
     report.duplicate_ids = len(shared)
-    partial: dict[str, int] = {}  # a mixture's cut documents: their partial copy's tokens
     if "mixture" in manifest:
-        partial = _check_mixture(manifest, docs, report)
+        _check_mixture(manifest, docs, report)
     # With settings unlike the dataset's, every sampled document would differ: say which, not that.
     picks = _pick_sample(docs, shared, sample, seed) if config is not None and not differs else []
     # The sampled documents' tokens are collected during the one pass over the data files.
@@ -144,7 +143,7 @@ def verify(
         report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
     _check_rejects(output, counts, report, storage)
     if config is not None and items is not None and report.ok:
-        _check_sample(config, manifest, docs, picks, pieces, partial, report)
+        _check_sample(config, manifest, docs, picks, pieces, report)
     return report
 
 
@@ -393,12 +392,11 @@ def _read_index(output: str, manifest: dict[str, Any], storage: StorageConfig | 
     return pa.concat_tables(parts) if parts else schema.DOCUMENTS.empty_table()
 
 
-def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyReport) -> dict[str, int]:
+def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyReport) -> None:
     """Each document is in the index (and so, by _check_documents, in the packs) the number of
     times its source's rule gives it, recomputed here from the manifest's rules and seed; and each
-    source's copies and tokens are the manifest's. Returns the documents (by id) whose last copy
-    the rules make partial, with its tokens (mixture.Cut)."""
-    from raypack.mixture import Rule, copies, copy_tokens, unit_keys
+    source's copies and tokens are the manifest's."""
+    from raypack.mixture import Rule, copies, unit_keys
     from raypack.pipeline.units import entry_files
 
     mixture = manifest["mixture"]
@@ -407,7 +405,6 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
     copy = docs.column("copy").to_numpy()
     length = docs.column("length").to_numpy()
     tally = {name: [0, 0] for name in rules}
-    partial: dict[str, int] = {}
     for s in np.unique(shard).tolist():
         at = np.flatnonzero((shard == s) & (copy <= 0))  # one row a document
         entry = manifest["inputs"][s]
@@ -419,8 +416,7 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
             continue
         rows = docs.column("row").take(pa.array(at)).to_numpy()
         files = docs.column("file").take(pa.array(at)).to_numpy()
-        keys = unit_keys(int(mixture["seed"]), relpaths, files, rows)
-        want = copies(rule, keys)
+        want = copies(rule, unit_keys(int(mixture["seed"]), relpaths, files, rows))
         mine = pa.array((shard == s) & (copy >= 0))
         # A document is (its file, its row) within its unit: one int64 each, to match copies to it.
         place = (files.astype(np.int64) << 40) | rows
@@ -436,11 +432,7 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
                 f"the index, its source's rule gives {want[bad]}"
             )
         tally[source][0] += int(want.sum())
-        # The cut's document's last copy holds its first partial_tokens only.
-        last = copy_tokens(rule, keys, length[at], rule.full)
-        tally[source][1] += int((want * length[at]).sum() - (length[at] - last).sum())
-        for k in np.flatnonzero(last < length[at]).tolist():
-            partial[str(docs.column("doc_id")[int(at[k])].as_py())] = int(last[k])
+        tally[source][1] += int((want * length[at]).sum())
     for row in mixture["sources"]:
         got = tally.get(row["name"], [0, 0])
         if got != [row["copies"], row["selected"]]:
@@ -448,7 +440,6 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
                 f"source {row['name']}: the manifest counts {row['copies']:,} copies of {row['selected']:,} "
                 f"tokens, its rule gives {got[0]:,} of {got[1]:,}"
             )
-    return partial
 
 
 def _check_documents(per_id: pa.Table, items: pa.Table, report: VerifyReport) -> None:
@@ -523,7 +514,6 @@ def _check_sample(
     docs: pa.Table,
     picks: list[int],
     pieces: dict[str, list[tuple[int, list[int]]]],
-    partial: dict[str, int],
     report: VerifyReport,
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
@@ -595,36 +585,23 @@ def _check_sample(
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
     copies = Counter(docs.column("doc_id").filter(pc.greater_equal(docs.column("copy"), 0)).to_pylist())
-    seq_len, overflow = config.pack.seq_len, config.pack.overflow
     for doc_id, tokens in expected.items():
-        # Each copy (a mixture's) holds its kept tokens once, chunk by chunk; the cut's document's
-        # last copy holds the kept tokens of its first `partial` tokens (mixture.Cut).
-        cuts = [len(tokens)] * copies[doc_id]
-        if doc_id in partial and cuts:
-            cuts[-1] = partial[doc_id]
-        want = Counter(
-            (c, tuple(kept[c * seq_len : (c + 1) * seq_len]))
-            for n in cuts
-            for kept in [_kept(tokens[:n], overflow, seq_len)]
-            for c in range(-(-len(kept) // seq_len))
-        )
-        got = Counter((c, tuple(part)) for c, part in pieces.get(doc_id, []))
+        # Each copy (a mixture's) holds every chunk once: the pieces of one chunk must all be equal.
+        by_chunk: dict[int, list[list[int]]] = {}
+        for chunk, part in pieces.get(doc_id, []):
+            by_chunk.setdefault(chunk, []).append(part)
+        same = all(len(p) == copies[doc_id] and all(x == p[0] for x in p) for p in by_chunk.values())
+        got = [t for _, parts in sorted(by_chunk.items()) for t in parts[0]] if same else [-1]
+        want = _kept(tokens, config.pack.overflow, config.pack.seq_len)
         if got != want:
             what = "are missing" if not got else "differ"
-            if config.input.chat and _id_pieces(got) == _id_pieces(want):
+            if config.input.chat and _ids(got) == _ids(want):
                 what = "are right but their loss mask differs"  # same ids, another sign somewhere
-            kept = _kept(tokens, overflow, seq_len)
             report.add(
                 f"document {doc_id!r}: its tokens in the packs {what}: re-tokenizing the input gives "
-                f"{len(tokens):,} tokens, of which pack.overflow={overflow} keeps {len(kept):,}"
-                + (f" ({partial[doc_id]:,} in its mixture's partial copy)" if doc_id in partial else "")
+                f"{len(tokens):,} tokens, of which pack.overflow={config.pack.overflow} keeps {len(want):,}"
             )
         report.sampled += 1
-
-
-def _id_pieces(pieces: Counter[tuple[int, tuple[int, ...]]]) -> Counter[tuple[int, tuple[int, ...]]]:
-    """Staged pieces (untrained tokens as -(id + 1)) as ids."""
-    return Counter({(c, tuple(_ids(list(part)))): n for (c, part), n in pieces.items()})
 
 
 def _ids(staged: list[int]) -> list[int]:

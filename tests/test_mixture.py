@@ -11,10 +11,8 @@ from raypack.config import ConfigError, InputConfig, SourceConfig, from_dict
 from raypack.mixture import (
     BINS,
     KEY_BITS,
-    Rule,
     boundary_bin,
     copies,
-    copy_tokens,
     cut,
     document_keys,
     rule_for,
@@ -101,13 +99,12 @@ def test_targets_that_cannot_be_met_are_config_errors_with_the_numbers(
     parts=st.integers(1, 5),
     seed=st.integers(0, 2**31),
 )
-def test_the_cut_meets_the_goal_to_the_token_whatever_the_shards(
+def test_the_cut_meets_the_goal_within_one_document_whatever_the_shards(
     lengths: list[int], fraction: float, parts: int, seed: int
 ) -> None:
     """The driver's path: token bins summed over shards cut anywhere, the boundary bin's documents,
-    the cut; the subset (keys below it, and the cut document's first tokens) holds exactly the
-    goal's tokens, the same whatever the shards (keys are per file and row), and the partial copy
-    is of the first document in key order that is not taken whole."""
+    the cut; the subset (keys below it) is within one document's tokens of the goal, and the same
+    whatever the shards (keys are per file and row)."""
     n = np.array(lengths, dtype=np.int64)
     rows = np.arange(1, len(n) + 1)
     keys = document_keys(seed, "web/part-000.jsonl", rows)
@@ -122,17 +119,14 @@ def test_the_cut_meets_the_goal_to_the_token_whatever_the_shards(
         np.add.at(hist, bins, tokens)
     b, before = boundary_bin(hist, goal)
     inside = (keys >> np.uint64(64 - KEY_BITS)).astype(np.int64) == b
-    found = cut(goal, before, keys[inside], n[inside], b)
-    whole = keys < np.uint64(found.threshold) if found.threshold < 1 << 64 else np.ones(len(n), dtype=bool)
-    rule = Rule(
-        "web", 0, found.threshold if found.threshold < 1 << 64 else 0, found.partial_key, found.partial_tokens
-    )
-    held = int(copy_tokens(rule, keys, n, 0)[copies(rule, keys) > 0].sum())  # what the packs get
-    assert int(n[whole].sum()) + found.partial_tokens == goal == held
-    if found.partial_tokens:
-        (at,) = np.flatnonzero(keys == np.uint64(found.partial_key))
-        assert 0 < found.partial_tokens < n[at] and not whole[at]
-        assert keys[at] == np.sort(keys[~whole])[0]  # the next document in key order
+    threshold = cut(goal, before, keys[inside], n[inside], b)
+    chosen = keys < np.uint64(threshold) if threshold < 1 << 64 else np.ones(len(n), dtype=bool)
+    realized = int(n[chosen].sum())
+    assert abs(realized - goal) <= n.max()
+    # the nearer side of the document the goal falls in
+    ordered = n[np.argsort(keys)]
+    running = np.r_[0, np.cumsum(ordered)]
+    assert abs(realized - goal) == np.abs(running - goal).min()
 
 
 @settings(max_examples=60, deadline=None)
@@ -141,7 +135,7 @@ def test_the_cut_meets_the_goal_to_the_token_whatever_the_shards(
     repeat=st.floats(0.05, 4.0),
     seed=st.integers(0, 1000),
 )
-def test_copies_give_the_target_to_the_token(lengths: list[int], repeat: float, seed: int) -> None:
+def test_copies_give_the_target_within_one_document(lengths: list[int], repeat: float, seed: int) -> None:
     n = np.array(lengths, dtype=np.int64)
     keys = document_keys(seed, "code/a.jsonl", np.arange(len(n)))
     t = targets([source("code", repeat=repeat)], {"code": int(n.sum())})["code"]
@@ -157,9 +151,7 @@ def test_copies_give_the_target_to_the_token(lengths: list[int], repeat: float, 
     rule = rule_for("code", t, threshold)
     k = copies(rule, keys)
     assert set(np.unique(k).tolist()) <= {rule.full, rule.full + 1}
-    # Every copy's tokens (the cut document's last copy partial) add up to the target exactly.
-    held = sum(int(copy_tokens(rule, keys, n, c)[k > c].sum()) for c in range(rule.layers))
-    assert held == t.target
+    assert abs(int((k * n).sum()) - t.target) <= n.max()
     assert rule.layers >= int(k.max(initial=0))  # a subset may come out empty: an empty last layer
 
 

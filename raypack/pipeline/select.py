@@ -19,7 +19,6 @@ subset, 16 bytes each) and one histogram a run and copy layer. Copies are made b
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +30,10 @@ from raypack.config import JobConfig
 from raypack.metrics import DocStats
 from raypack.mixture import (
     KEY_BITS,
-    Cut,
     Rule,
     Target,
     boundary_bin,
     copies,
-    copy_tokens,
     cut,
     rule_for,
     subset_goal,
@@ -69,30 +66,11 @@ class Selection:
         """The most copies of one document (at least 1)."""
         return max([1, *(r.layers for r in self.rules.values())])
 
-    def copies(self, unit: WorkUnit, docs: pa.Table | pa.RecordBatch) -> Copies:
-        """The copies of each document of a unit (`docs`: some of its rows of schema.TOKENIZED or
-        DOCUMENTS: each document's file, row and length)."""
+    def copies(self, unit: WorkUnit, docs: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """int32 copies of each document of a unit (`docs`: some of its rows of schema.TOKENIZED or
+        DOCUMENTS: each document's file and row)."""
         files, rows = (docs.column(c).to_numpy() for c in ("file", "row"))
-        rule = self.rules[unit.source]
-        keys = unit_keys(self.seed, unit.relpaths, files, rows)
-        return Copies(rule, keys, copies(rule, keys), docs.column("length").to_numpy())
-
-
-@dataclass(frozen=True)
-class Copies:
-    """A run of documents' copies under their source's Rule."""
-
-    rule: Rule
-    keys: np.ndarray
-    n: np.ndarray
-    """int32 copies of each document."""
-    lengths: np.ndarray
-
-    def layer(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """(indices of the documents with a copy in layer c, the tokens each such copy holds: the
-        document's length, but the cut's document's partial copy: mixture.copy_tokens)."""
-        chosen = np.flatnonzero(self.n > c)
-        return chosen, copy_tokens(self.rule, self.keys[chosen], self.lengths[chosen], c)
+        return copies(self.rules[unit.source], unit_keys(self.seed, unit.relpaths, files, rows))
 
 
 def _read_staged(cfg: JobConfig, shard: WorkUnit) -> pa.Table:
@@ -132,7 +110,7 @@ def plan_selection(cfg: JobConfig, shards: list[WorkUnit], totals: Totals, runne
     tgt = targets(cfg.input.sources, available, cfg.input.tokens)
     goals = {name: subset_goal(t) for name, t in tgt.items() if subset_goal(t) > 0}
     where = {name: boundary_bin(totals.key_tokens[name], goal) for name, goal in goals.items()}
-    thresholds: dict[str, Cut] = {}
+    thresholds: dict[str, int] = {}
     if where:
         bins = {name: b for name, (b, _) in where.items()}
         runs = _runs(shards, totals, set(bins))
@@ -171,8 +149,7 @@ def select_run(
         for shard in shards:
             index = _read_staged(cfg, shard)
             length = index.column("length").to_numpy()
-            chosen_by = selection.copies(shard, index)
-            n = chosen_by.n
+            n = selection.copies(shard, index)
             reps = np.maximum(n, 1)  # a left-out document keeps one row, copy -1
             first = np.cumsum(reps) - reps
             take = np.repeat(np.arange(len(n)), reps)
@@ -182,13 +159,12 @@ def select_run(
             placed = np.zeros(len(take), dtype=np.int64)
             shard_items = shard_tokens = truncated = 0
             for c in range(layers):
-                chosen, tokens = chosen_by.layer(c)
+                chosen = np.flatnonzero(n > c)
                 if not len(chosen):
                     break
-                items = make_items(tokens, seq_len, overflow)
+                items = make_items(length[chosen], seq_len, overflow)
                 hists[c] += item_histogram(items.length, seq_len)
-                # Stats of the copies against the documents' lengths: a partial copy is a truncation.
-                layer = DocStats.from_items(dataclasses.replace(items, doc_length=length[chosen]))
+                layer = DocStats.from_items(items)
                 stats = stats + layer
                 at = first[chosen] + c
                 chunks[at] = np.diff(items.doc_start)
@@ -213,7 +189,7 @@ def select_run(
             tally["documents"] += len(n)
             tally["tokens"] += int(length.sum())
             tally["copies"] += int(n.sum())
-            tally["selected"] += int(sum(chosen_by.layer(c)[1].sum() for c in range(layers)))
+            tally["selected"] += int((n.astype(np.int64) * length).sum())
             tally["placed"] += shard_tokens
             tally["truncated"] += truncated
             tally["left_out"] += int(np.count_nonzero(n == 0))

