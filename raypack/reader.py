@@ -472,6 +472,8 @@ def read_packed(path: str, storage: StorageConfig | None = None, bucket: int | N
     spec = spec_of(pinned.manifest)
     files = sorted(pinned.manifest["files"], key=lambda f: f["path"])
     if bucket is not None:
+        if isinstance(bucket, bool) or not isinstance(bucket, int):
+            raise ValueError(f"bucket must be a pack length (an int), got {bucket!r}")
         lengths = sorted({int(f["bucket_length"]) for f in files})
         files = [f for f in files if int(f["bucket_length"]) == bucket]
         if not files:
@@ -511,6 +513,16 @@ def training_batches(shard: Any, batch_size: int, *, torch: bool = False) -> Ite
     for table in shard.iter_batches(batch_size=batch_size, batch_format="pyarrow"):
         if not table.num_rows:
             continue
+        missing = [
+            c
+            for c in ("input_ids", "doc_offsets", "num_tokens", "bucket_length", "pad_id")
+            if c not in table.column_names
+        ]
+        if missing:
+            raise ValueError(
+                "training_batches takes the rows of raypack.reader.read_packed; these lack "
+                f"{', '.join(missing)} (columns: {', '.join(table.column_names)})"
+            )
         lengths = table.column("bucket_length").to_numpy()
         cuts = np.r_[0, np.flatnonzero(np.diff(lengths)) + 1, len(lengths)]
         pad_id = int(table.column("pad_id")[0].as_py())

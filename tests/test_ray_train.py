@@ -128,3 +128,10 @@ def test_read_packed_of_one_bucket_length_and_a_length_it_does_not_have(
     assert sum(len(b["input_ids"]) for b in training_batches(every, 7)) == every.count()
     with pytest.raises(ValueError, match="no packs of length 256"):
         read_packed(path, bucket=256)
+    with pytest.raises(ValueError, match="bucket must be a pack length"):
+        read_packed(path, bucket="128")  # type: ignore[arg-type]
+    import ray.data
+
+    plain = ray.data.read_parquet(str(tmp_path / "out" / "data"))
+    with pytest.raises(ValueError, match="lack bucket_length, pad_id"):
+        next(training_batches(plain, 4))
