@@ -404,6 +404,10 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
     shard = docs.column("shard").to_numpy()
     copy = docs.column("copy").to_numpy()
     length = docs.column("length").to_numpy()
+    rows = docs.column("row").to_numpy()
+    files = docs.column("file").to_numpy()
+    # A document is (its file, its row) within its unit: one int64 each, to match copies to it.
+    place = (files.astype(np.int64) << 40) | rows
     tally = {name: [0, 0] for name in rules}
     for s in np.unique(shard).tolist():
         at = np.flatnonzero((shard == s) & (copy <= 0))  # one row a document
@@ -414,18 +418,11 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
         if rule is None:
             report.add(f"shard {s} ({relpaths[0]}): source {source!r} has no rule in the manifest")
             continue
-        rows = docs.column("row").take(pa.array(at)).to_numpy()
-        files = docs.column("file").take(pa.array(at)).to_numpy()
-        want = copies(rule, unit_keys(int(mixture["seed"]), relpaths, files, rows))
-        mine = pa.array((shard == s) & (copy >= 0))
-        # A document is (its file, its row) within its unit: one int64 each, to match copies to it.
-        place = (files.astype(np.int64) << 40) | rows
+        want = copies(rule, unit_keys(int(mixture["seed"]), relpaths, files[at], rows[at]))
         have = np.zeros(len(at), dtype=np.int64)
-        order = np.argsort(place)
-        found = (docs.column("file").filter(mine).to_numpy().astype(np.int64) << 40) | docs.column(
-            "row"
-        ).filter(mine).to_numpy()
-        np.add.at(have, order[np.searchsorted(place[order], found)], 1)
+        order = np.argsort(place[at])
+        found = place[(shard == s) & (copy >= 0)]
+        np.add.at(have, order[np.searchsorted(place[at][order], found)], 1)
         for bad in np.flatnonzero(have != want)[:3]:
             report.add(
                 f"document {docs.column('doc_id')[int(at[bad])].as_py()!r} ({source}): {have[bad]} copies in "

@@ -26,6 +26,7 @@ from raypack.metrics import (
 )
 from raypack.packing.assignment import Assignment
 from raypack.pipeline.store import store_line
+from raypack.pipeline.units import entry_files
 from raypack.storage import exists, join, list_dir, read_bytes, resolve
 from raypack.versions import MANIFEST, METRICS, resolve_dataset
 
@@ -241,7 +242,7 @@ def _inputs(inputs: dict[str, Any], shards: int, files: int) -> str:
 
 def _files(inputs: list[dict[str, Any]]) -> int:
     """Input files of the manifest's `inputs` (a split file once, a run's files each)."""
-    return len({f["path"] for entry in inputs for f in entry.get("files", [entry])})
+    return len({f["path"] for entry in inputs for f in entry_files(entry)})
 
 
 def _notes(doc: dict[str, Any], metrics: PackingMetrics, manifest: dict[str, Any]) -> tuple[str, ...]:

@@ -59,7 +59,8 @@ def read_unit(unit: WorkUnit, batch_size: int, storage: StorageConfig | None = N
         fs, inner = resolve(unit.shard.path, storage)
         yield from read(fs, inner, unit.shard, unit.reading, batch_size)
         return
-    joined = Batch(files=[])
+    numbers: list[int] = []
+    joined = Batch(files=numbers)
     for number, shard in enumerate(unit.files):
         fs, inner = resolve(shard.path, storage)
         for batch in read(fs, inner, shard, unit.reading, batch_size):
@@ -68,12 +69,13 @@ def read_unit(unit: WorkUnit, batch_size: int, storage: StorageConfig | None = N
                 or joined.text_bytes + batch.text_bytes > MAX_BATCH_BYTES
             ):
                 yield joined
-                joined = Batch(files=[])
+                numbers = []
+                joined = Batch(files=numbers)
             joined.rows += batch.rows
             joined.ids += batch.ids
             joined.texts += batch.texts
             joined.text_bytes += batch.text_bytes
-            joined.files += [number] * len(batch)  # type: ignore[operator]
+            numbers += [number] * len(batch)
             joined.rejects += [dataclasses.replace(r, file=number) for r in batch.rejects]
     if len(joined) or joined.rejects:
         yield joined
