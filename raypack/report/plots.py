@@ -97,7 +97,10 @@ def fill_figures(report: Report) -> list[tuple[int, bytes]]:
         percent = np.arange(len(runs[0].fill_percent))
         lowest = min(int(np.flatnonzero(r.fill_percent)[0]) for r in runs)
         if len(runs) == 1:
-            ax.bar(percent, runs[0].fill_percent, width=0.9, color=_COLORS[0], label=runs[0].label)
+            # One filled outline, not 101 bars: a bar is an artist of its own with its transforms
+            # (0.25 s of the report's drawing went to them).
+            edges = np.r_[percent - 0.5, percent[-1] + 0.5]
+            ax.stairs(runs[0].fill_percent, edges, fill=True, color=_COLORS[0], label=runs[0].label)
         else:
             for i, r in enumerate(runs):
                 ax.stairs(
@@ -151,7 +154,10 @@ def stage_figure(stage_seconds: dict[str, float]) -> bytes | None:
         return None
     names = list(stage_seconds)
     seconds = [stage_seconds[n] for n in names]
-    fig, ax = _figure(height=max(1.6, 0.42 * len(names) + 0.8))
+    # ~7 px a character of a stage's name at the tick labels' 10 pt, beside the tick.
+    fig, ax = _figure(
+        height=max(1.6, 0.42 * len(names) + 0.8), left_px=max(78, 7 * max(map(len, names)) + 24)
+    )
     y = np.arange(len(names))[::-1]
     ax.barh(y, seconds, color=_COLORS[0])
     ax.set_yticks(y, names)
@@ -177,11 +183,25 @@ def warm() -> None:
     _png(fig)
 
 
-def _figure(height: float | None = None) -> tuple[Figure, Axes]:
+# The axes' margins in pixels, fixed: matplotlib's constrained layout measured every tick label to
+# find them, 0.24 s of each figure's ~0.5 s (0.7 s of a job's report, after its commit).
+_MARGINS_PX = {"left": 78, "right": 18, "bottom": 46, "top": 30}
+
+
+def _figure(height: float | None = None, left_px: int | None = None) -> tuple[Figure, Axes]:
+    """A figure of the report's width and the axes in it; `left_px`: a left margin wider than the
+    default (long tick labels on the y axis)."""
     from matplotlib.figure import Figure
 
-    width, h = FIGURE_PX[0] / DPI, FIGURE_PX[1] / DPI
-    fig = Figure(figsize=(width, height or h), dpi=DPI, layout="constrained")
+    width, h = FIGURE_PX[0] / DPI, (height or FIGURE_PX[1] / DPI)
+    fig = Figure(figsize=(width, h), dpi=DPI)
+    m = _MARGINS_PX | ({"left": left_px} if left_px else {})
+    fig.subplots_adjust(
+        left=m["left"] / (width * DPI),
+        right=1 - m["right"] / (width * DPI),
+        bottom=m["bottom"] / (h * DPI),
+        top=1 - m["top"] / (h * DPI),
+    )
     ax = fig.add_subplot()
     ax.grid(True, which="major", alpha=0.3)
     ax.set_axisbelow(True)
