@@ -44,6 +44,7 @@ def pack(
     overrides: "Sequence[str] | str" = (),
     log: "Callable[[str], None] | None" = None,
     progress: "TextIO | None" = None,
+    dataset: "Any" = None,
 ) -> "RunRecord":
     """Pack the corpus `config` describes into its output.path, as `raypack pack` does, and return the
     run's record (what metrics.json and the summary hold). `overwrite`: replace a dataset already
@@ -51,16 +52,33 @@ def pack(
     stderr, as the command; `lambda _: None` for none); `progress`: where the stages' progress goes
     (default: none). A Ray this call starts is shut down before it returns; one the caller runs
     stays theirs. ConfigError or JobError (one line) for what the user can fix, StorageError when
-    storage failed after every retry."""
+    storage failed after every retry.
+
+    `dataset`: the input as a `ray.data.Dataset` whose rows carry input.text_field (or the chat
+    fields, and input.id_field if set), in place of input.paths; or {source name: Dataset} for
+    sources of input.sources without paths. Its rows are read in the Dataset's order, input.unit_rows
+    a work unit, ids from input.id_field or `dataset:<row>` (`<source>:<row>`): the same bytes
+    whatever its blocks (raypack.pipeline.datasets). Runs on the Ray the Dataset lives in."""
+    datasets, overrides = _datasets(dataset, overrides)
     from raypack.pipeline.runners import early_local
 
-    local = early_local()  # its zygote imports beside the config's and the job's imports, as the CLI's
+    # Its zygote imports beside the config's and the job's imports, as the CLI's; not for a Dataset,
+    # which Ray tasks read.
+    local = early_local() if datasets is None else None
     try:
         from raypack.pipeline.job import run_job
 
         cfg = load_config(config, overrides)
         say = log if log is not None else _to_stderr
-        return run_job(cfg, overwrite=overwrite, log=say, release_ray=True, progress=progress, local=local)
+        return run_job(
+            cfg,
+            overwrite=overwrite,
+            log=say,
+            release_ray=True,
+            progress=progress,
+            local=local,
+            datasets=datasets,
+        )
     finally:
         if local is not None:  # (the job closes it when it runs; this is for one that did not)
             local.close(release=False, failed=True)
@@ -73,12 +91,37 @@ def _to_stderr(line: str) -> None:
 
 
 def verify(
-    output: str, config: "str | os.PathLike[str] | dict[str, Any] | JobConfig | None" = None, sample: int = 64
+    output: str,
+    config: "str | os.PathLike[str] | dict[str, Any] | JobConfig | None" = None,
+    sample: int = 64,
+    dataset: "Any" = None,
 ) -> "VerifyReport":
     """Check the dataset at `output` (or the version a rebuild root's LATEST names): every document
     present exactly once, files and counts as the manifest says; with `config`, also that its
     tokenizer and pack settings are the manifest's and that `sample` documents re-tokenize to the
-    tokens packed. The report's `ok` and `problems` say what was found."""
+    tokens packed. The report's `ok` and `problems` say what was found. `dataset`: the Ray Dataset
+    (or {source: Dataset}) the job read, as given to pack(), for the sample to re-read; it needs
+    `config`."""
     from raypack.verifier import verify as check
 
-    return check(output, load_config(config) if config is not None else None, sample=sample)
+    datasets, overrides = _datasets(dataset, ())
+    if datasets is not None and config is None:
+        raise TypeError("raypack.verify(dataset=...) re-reads a sample as the job did: give its config too")
+    cfg = load_config(config, overrides) if config is not None else None
+    return check(output, cfg, sample=sample, datasets=datasets)
+
+
+def _datasets(
+    dataset: "Any", overrides: "Sequence[str] | str"
+) -> "tuple[dict[str, Any] | None, Sequence[str] | str]":
+    """pack's and verify's `dataset` by source name (None: none given), and the overrides with
+    input.datasets naming them."""
+    if dataset is None:
+        return None, overrides
+    import json
+
+    from raypack.pipeline.datasets import as_datasets
+
+    datasets = as_datasets(dataset)
+    given = [overrides] if isinstance(overrides, str) else list(overrides)
+    return datasets, [*given, f"input.datasets={json.dumps(sorted(datasets))}"]

@@ -88,9 +88,11 @@ def verify(
     sample: int = 64,
     seed: int = 0,
     storage: StorageConfig | None = None,
+    datasets: dict[str, Any] | None = None,
 ) -> VerifyReport:
     """Check the dataset at `output` (or the version its LATEST names). Storage settings come from
-    `storage`, else the config's, else the environment."""
+    `storage`, else the config's, else the environment. `datasets`: the Ray Datasets the job read
+    (input.datasets), by name, for the sample to re-read; without them the sample is of files only."""
     storage = storage or (config.storage if config is not None else None)
     output = resolve_dataset(output, storage)
     report = VerifyReport(dataset=output)
@@ -143,7 +145,7 @@ def verify(
         report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
     _check_rejects(output, counts, report, storage)
     if config is not None and items is not None and report.ok:
-        _check_sample(config, manifest, docs, picks, pieces, report)
+        _check_sample(config, manifest, docs, picks, pieces, report, datasets or {})
     return report
 
 
@@ -154,7 +156,16 @@ def verify(
 # and the render it chose for chat (read from the manifest), the packers only compared beside the
 # one that wrote, where the output is and how many versions a rebuild keeps.
 _SAME_BYTES = {
-    "input": {"paths", "root", "max_reject_ratio", "max_lost_files", "unit_bytes", "group_bytes"},
+    "input": {
+        "paths",
+        "root",
+        "max_reject_ratio",
+        "max_lost_files",
+        "unit_bytes",
+        "group_bytes",
+        "datasets",
+        "unit_rows",
+    },
     "tokenizer": {"path", "concurrency", "batch_size", "backend", "chat_date", "chat_spans"},
     "pack": {"compare"},
     "output": {"path", "keep_versions"},
@@ -512,8 +523,11 @@ def _check_sample(
     picks: list[int],
     pieces: dict[str, list[tuple[int, list[int]]]],
     report: VerifyReport,
+    datasets: dict[str, Any],
 ) -> None:
-    """Re-read and re-tokenize the picked documents; compare with their tokens in the packs."""
+    """Re-read and re-tokenize the picked documents; compare with their tokens in the packs. A Ray
+    Dataset's documents are re-read from `datasets`, cut into units as the job cut them."""
+    from raypack.pipeline.datasets import dataset_units
     from raypack.pipeline.encode import chat_template, encode_chat, encode_documents
     from raypack.pipeline.read import input_files
     from raypack.pipeline.readers import read_unit
@@ -524,8 +538,29 @@ def _check_sample(
     # read every large JSONL file whole to count its lines.
     found = {s.relpath: s for s in input_files(config.input, config.storage)}
     shards: dict[int, WorkUnit] = {}
+    if config.input.datasets and not datasets:
+        report.warnings.append(
+            "the input was a Ray Dataset: its documents were not re-tokenized (pass it as "
+            "raypack.verify(..., dataset=...) to check a sample of them)"
+        )
+    first = next((i for i, e in enumerate(manifest["inputs"]) if "dataset" in e), 0)
+    # Cut as the job cut them: its unit_rows, whatever the config's.
+    rows = manifest.get("config", {}).get("input", {}).get("unit_rows", config.input.unit_rows)
+    cut = dataclasses.replace(config.input, unit_rows=rows)
+    again = {u.index: u for u in dataset_units(cut, datasets, first)} if datasets else {}
     drifted: dict[str, None] = {}  # in manifest order, each once (a split file has several units)
     for index, entry in enumerate(manifest["inputs"]):
+        if "dataset" in entry:
+            unit = again.get(index)
+            if unit is not None and [unit.shard.unit_start, unit.shard.unit_stop] == entry["rows"]:
+                shards[index] = unit
+            elif datasets:
+                report.add(
+                    f"the Dataset given for {entry['dataset']!r} does not hold the job's rows "
+                    f"{entry['rows'][0]:,}-{entry['rows'][1]:,} (shard {index}): its documents "
+                    "cannot be checked"
+                )
+            continue
         files = entry_files(entry)
         gone = [f["path"] for f in files if f["path"] not in found]
         if gone:

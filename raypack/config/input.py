@@ -25,7 +25,8 @@ class SourceConfig:
     name: str
     """Names the source in its documents' ids (<name>/<path>:<line>), the index, the metrics and
     the report: letters, digits, `_.-`, up to 64."""
-    paths: tuple[str, ...]
+    paths: tuple[str, ...] = ()
+    """Its files; empty for a source given as a Ray Dataset (input.datasets)."""
     format: str | None = None
     """None: input.format (as text_field, id_field and root: a source inherits what it leaves out)."""
     text_field: str | None = None
@@ -52,8 +53,6 @@ class SourceConfig:
                 f"input.sources: source name {self.name!r} must be 1-64 letters, digits, '_', '.' or '-' "
                 "(it goes into document ids and file names)"
             )
-        if not self.paths:
-            raise ConfigError(f"{where}.paths is empty: give at least one file or glob pattern")
         if self.format is not None and self.format not in INPUT_FORMATS:
             raise ConfigError(
                 f"{where}.format must be one of {', '.join(INPUT_FORMATS)}, got {self.format!r}"
@@ -88,6 +87,7 @@ class Reading:
     work unit carries to the task that reads it, so no task looks a source up again."""
 
     format: str
+    """An input format (INPUT_FORMATS), or "dataset": a Ray Dataset's rows (input.datasets)."""
     text_field: str
     id_field: str | None
     empty: str
@@ -135,6 +135,15 @@ class InputConfig:
     """Instruction pairs: the prompt's field, with completion_field; the document is prompt +
     completion (plain strings), trained on the completion (pack.loss)."""
     completion_field: str | None = None
+    datasets: tuple[str, ...] = ()
+    """The sources given as Ray Datasets to raypack.pack(dataset=...), not as files: set by that
+    call, not in a config file. ("",): the whole input is one Dataset (input.paths empty); else
+    source names, each a source without paths. Their rows are read by Ray tasks from Ray's object
+    store (raypack.pipeline.datasets)."""
+    unit_rows: int = 10_000
+    """Rows of a Ray Dataset (input.datasets) a work unit reads: consecutive rows in the dataset's
+    order, so the units (and the output) do not depend on its blocks. 10,000 documents of ~4 KB
+    are ~40 MB of text, about a second of a core's tokenizing."""
     max_document_bytes: int = 256 << 20
     """A record (jsonl line, text file, Parquet cell) larger than this is rejected unread. Below it,
     a long document is tokenized piece by piece and split into packs: 256 MiB is ~60M tokens."""
@@ -175,9 +184,13 @@ class InputConfig:
             raise ConfigError(f"input.max_lost_files must be >= 0, got {self.max_lost_files}")
         if not 0.0 <= self.max_reject_ratio <= 1.0:
             raise ConfigError(f"input.max_reject_ratio must be within [0, 1], got {self.max_reject_ratio}")
+        if self.unit_rows < 1:
+            raise ConfigError(f"input.unit_rows must be >= 1, got {self.unit_rows}")
         if self.paths and self.sources:
             raise ConfigError("give input.paths or input.sources, not both (one source: paths alone)")
-        if not self.paths and not self.sources:
+        whole = self.datasets == ("",)
+        self._check_datasets(whole)
+        if not self.paths and not self.sources and not whole:
             raise ConfigError(
                 "input.paths is empty: give at least one file or glob pattern (or input.sources)"
             )
@@ -216,12 +229,47 @@ class InputConfig:
         if self.chat and self.sources:
             raise ConfigError("input.sources mixes plain-text corpora; conversations take input.paths")
 
+    def _check_datasets(self, whole: bool) -> None:
+        """input.datasets against the paths: a source is given as files or as a Dataset, not both
+        and not neither."""
+        if whole and self.paths:
+            raise ConfigError(
+                "raypack.pack(dataset=...) reads the Dataset instead of input.paths: leave input.paths out"
+            )
+        if whole and self.sources:
+            raise ConfigError(
+                "input.sources are given: pass their Datasets by name, raypack.pack(dataset={name: ds})"
+            )
+        if "" in self.datasets and not whole:
+            raise ConfigError("input.datasets: '' (the whole input) goes alone")
+        names = {s.name for s in self.sources}
+        unknown = sorted(set(self.datasets) - names - {""})
+        if unknown:
+            raise ConfigError(
+                f"a Dataset was given for {unknown[0]!r}, which is no source of input.sources "
+                f"({', '.join(sorted(names)) or 'none'})"
+            )
+        for s in self.sources:
+            if s.name in self.datasets and s.paths:
+                raise ConfigError(
+                    f"input.sources[{s.name}] has paths and a Dataset was given for it: give one"
+                )
+            if s.name not in self.datasets and not s.paths:
+                raise ConfigError(
+                    f"input.sources[{s.name}].paths is empty: give at least one file or glob pattern "
+                    "(or its rows as a Ray Dataset: raypack.pack(dataset={name: ds}))"
+                )
+
     @property
     def chat(self) -> str | None:
         """ "messages" (conversations), "pairs" (prompt/completion) or None (plain text)."""
         if self.messages_field is not None:
             return "messages"
         return "pairs" if self.prompt_field is not None else None
+
+    def is_dataset(self, source: str = "") -> bool:
+        """Whether `source`'s rows ("" without sources: the input's) come from a Ray Dataset."""
+        return source in self.datasets
 
     def of(self, source: str) -> InputConfig:
         """The plain input config (paths, format, fields, root) of one source, with every shared
@@ -236,6 +284,7 @@ class InputConfig:
             self,
             paths=s.paths,
             sources=(),
+            datasets=("",) if source in self.datasets else (),
             tokens=None,
             format=s.format or self.format,
             text_field=s.text_field or self.text_field,
@@ -247,7 +296,7 @@ class InputConfig:
         """How the files of `source` ("" without sources) are read: its own format and fields."""
         one = self.of(source)
         return Reading(
-            format=one.format,
+            format="dataset" if self.is_dataset(source) else one.format,
             text_field=one.text_field,
             id_field=one.id_field,
             empty=one.empty,

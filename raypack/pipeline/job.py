@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
+from raypack.pipeline.datasets import dataset_units, without_blocks
 from raypack.pipeline.finalize import commit, warm_length_figure, warm_report, write_report_safely
 from raypack.pipeline.histogram import histogram
 from raypack.pipeline.plan import compare, plan, warm_planner
@@ -70,6 +71,7 @@ def run_job(
     progress: TextIO | None = None,
     started: float | None = None,
     local: LocalRunner | None = None,
+    datasets: dict[str, Any] | None = None,
 ) -> JobResult:
     """Pack the corpus into cfg.output.path. `cache`: a token store to reuse and fill (a rebuild's
     own); None: cfg.cache.path's, or without one a staging area that is removed at the end.
@@ -79,11 +81,12 @@ def run_job(
     `progress`: where the tokenize and assign+write stages show theirs (raypack.progress);
     `started`: when the command began (time.time()), for the time it took to the commit
     (metrics.json, the report); `local`: a local runner the caller started first
-    (runners.early_local: the command and raypack.pack() do), the job's to use or close. A storage
+    (runners.early_local: the command and raypack.pack() do), the job's to use or close;
+    `datasets`: the Ray Datasets input.datasets names, by name (raypack.pipeline.datasets). A storage
     failure that outlived every retry is raised as a StorageError (one line), whatever wrapper Ray
     put around it."""
     try:
-        return _run(cfg, overwrite, cache, log, release_ray, memory, progress, started, local)
+        return _run(cfg, overwrite, cache, log, release_ray, memory, progress, started, local, datasets)
     except (ConfigError, JobError):
         raise
     except Exception as e:
@@ -103,9 +106,10 @@ def _run(
     progress: TextIO | None,
     started: float | None,
     local: LocalRunner | None,
+    datasets: dict[str, Any] | None,
 ) -> JobResult:
     timings: dict[str, float] = {}
-    ready = prepare(cfg, overwrite, log, local)
+    ready = prepare(cfg, overwrite, log, local, datasets)
     cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
     try:
         record = _stages(ready, cache, memory, timings, log, progress)
@@ -137,6 +141,8 @@ def _stages(
     store = cache if cache is not None else cfg.cache.path
     token_dir = store if store is not None else join(ready.staging, "tokens")
     units = read(ready.files, cfg.input, storage, runner)
+    if ready.datasets:
+        units += dataset_units(cfg.input, ready.datasets, len(units))
     concurrency = cfg.tokenizer.concurrency or runner.width
     pool = TokenizePool(runner, ready.ctx, min(concurrency, len(units)), capped=concurrency < runner.width)
     try:
@@ -155,6 +161,9 @@ def _stages(
             )
             if store is not None:
                 tokenized.store = store_record(store, storage, tokenized.totals.reused)
+        if ready.datasets:  # what follows reads token files: Ray may free the Dataset's blocks
+            tokenized.units = without_blocks(tokenized.units)
+            units = []
         totals = tokenized.totals
         check_rejects(cfg, totals)
         selection: Selection | None = None

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
+from typing import Any
 
 import pyarrow.fs as pafs
 
@@ -28,6 +29,7 @@ from raypack.formats.bridge import METADATA as BRIDGE_METADATA
 from raypack.formats.megatron import DATA_ARGS
 from raypack.formats.olmo import MASK_DIR
 from raypack.paths import is_uri
+from raypack.pipeline.datasets import check_dataset
 from raypack.pipeline.encode import chat_template
 from raypack.pipeline.read import input_files
 from raypack.pipeline.runners import (
@@ -79,6 +81,8 @@ class Prepared:
     """What padding holds, and where that came from (LoadedTokenizer.pad)."""
     files: list[WorkUnit]
     """The input files, whole, each with its source's Reading."""
+    datasets: dict[str, Any]
+    """The sources given as Ray Datasets, by name ("": the whole input; raypack.pipeline.datasets)."""
     runner: Runner
     """Where the tasks run: Ray, started beside the tokenizer's parse, or this machine's processes
     (raypack.pipeline.runners)."""
@@ -109,15 +113,21 @@ def open_runner(run: RunConfig, input_bytes: int, blob_dir: str | None) -> Runne
 
 
 def prepare(
-    cfg: JobConfig, overwrite: bool, log: Callable[[str], None], local: LocalRunner | None = None
+    cfg: JobConfig,
+    overwrite: bool,
+    log: Callable[[str], None],
+    local: LocalRunner | None = None,
+    datasets: dict[str, Any] | None = None,
 ) -> Prepared:
     """`local`: a local runner the caller started first (runners.early_local), the job's to use or
-    close."""
+    close; `datasets`: the Ray Datasets of input.datasets, by name (raypack.pack(dataset=...))."""
     runner: Runner | None = local
+    datasets = datasets or {}
     try:
         cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
         out, storage = cfg.output.path, cfg.storage
-        may_be_local = may_run_locally(cfg.run)
+        _check_datasets(cfg, datasets)
+        may_be_local = may_run_locally(cfg.run) and not datasets
         if local is not None and not may_be_local:
             local.close(release=False, failed=True)
             runner = local = None
@@ -132,7 +142,7 @@ def prepare(
             local.start()
         files = input_files(cfg.input, storage)
         check_output(out, storage, overwrite)
-        if choose_runner(cfg.run, sum(f.shard.size for f in files)) == "ray":
+        if datasets or choose_runner(cfg.run, sum(f.shard.size for f in files)) == "ray":
             if local is not None:
                 local.close(release=False, failed=True)
                 runner = local = None
@@ -158,7 +168,36 @@ def prepare(
         log(f"[raypack] tasks on Ray: {runner.width} CPUs")
     else:
         log(f"[raypack] tasks on {runner.width} local processes (run.executor {cfg.run.executor})")
-    return Prepared(cfg, tok, spec, pad, files, runner, ctx)
+    return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx)
+
+
+def _check_datasets(cfg: JobConfig, datasets: dict[str, Any]) -> None:
+    """The Ray Datasets given against the config, before any work: each is one input.datasets
+    names, their columns are there (datasets.check_dataset), and what cannot read them is not
+    asked for (the local executor, a token store)."""
+    if sorted(datasets) != sorted(cfg.input.datasets):
+        if not datasets:
+            raise ConfigError(
+                "input.datasets names Ray Datasets, which only raypack.pack(config, dataset=...) can pass"
+            )
+        raise ConfigError(
+            f"Datasets were given for {', '.join(map(repr, sorted(datasets)))}, but input.datasets names "
+            f"{', '.join(map(repr, sorted(cfg.input.datasets)))}"
+        )
+    if not datasets:
+        return
+    if cfg.run.executor == "local":
+        raise ConfigError(
+            "a Ray Dataset is read by Ray tasks from Ray's object store: run.executor local cannot read "
+            "it (use auto or ray)"
+        )
+    if cfg.cache.path is not None:
+        raise ConfigError(
+            "cache.path: a token store keys work units by their files' content, which a Ray Dataset's "
+            "rows do not have: leave cache.path out for a Dataset input"
+        )
+    for name, ds in datasets.items():
+        check_dataset(cfg.input, name, ds)
 
 
 def _fix_chat_date(cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], None]) -> JobConfig:

@@ -40,13 +40,17 @@ def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[
     input.paths' (storage.expand_inputs), or each source's, sources by name, a source's files
     relative to its root under `<name>/` (so ids never collide and listing sources in another order
     changes nothing). A file two sources both match is a ConfigError: its documents would be counted
-    twice."""
+    twice. Sources given as Ray Datasets (input.datasets) have no files here."""
     if not cfg.sources:
+        if cfg.is_dataset():
+            return []
         reading = cfg.reading()
         return [WorkUnit(f, reading) for f in expand_inputs(cfg.paths, cfg.root, storage)]
     files: list[WorkUnit] = []
     owner: dict[str, str] = {}
     for source in sorted(cfg.sources, key=lambda s: s.name):
+        if cfg.is_dataset(source.name):  # its rows come from a Ray Dataset (raypack.pipeline.datasets)
+            continue
         one = cfg.of(source.name)
         reading = cfg.reading(source.name)
         try:

@@ -397,7 +397,9 @@ def unit_bytes(units: list[WorkUnit]) -> list[int]:
     row groups' sizes are not kept)."""
     per_file: Counter[str] = Counter(u.relpath for u in units)
     return [
-        u.size if not u.shard.split or u.reading.format == "jsonl" else u.size // per_file[u.relpath]
+        u.size
+        if not u.shard.split or u.reading.format in ("jsonl", "dataset")
+        else u.size // per_file[u.relpath]
         for u in units
     ]
 

@@ -39,6 +39,10 @@ class WorkUnit:
     more: tuple[Shard, ...] = ()
     """A run of small whole files (read.work_units, input.group_bytes): the files after `shard`, in
     order, all of the same source."""
+    blocks: tuple[tuple[Any, int, int], ...] = ()
+    """A Ray Dataset's unit (raypack.pipeline.datasets): (block reference, first row, end row) of
+    each block slice holding its rows [shard.unit_start, shard.unit_stop), in order; dropped once
+    the tokenize stage is over."""
 
     @property
     def files(self) -> tuple[Shard, ...]:
@@ -52,6 +56,8 @@ class WorkUnit:
     @property
     def size(self) -> int:
         """Bytes of input it reads: its range of a split file, or its files'."""
+        if self.reading.format == "dataset":  # its rows' bytes, estimated from its blocks'
+            return self.shard.size
         if self.shard.split and self.reading.format == "jsonl":
             return self.shard.unit_stop - self.shard.unit_start
         return sum(s.size for s in self.files)
@@ -88,10 +94,12 @@ class WorkUnit:
         return unit_entry(self.shard, self.reading.format, rows)
 
     def manifest_entry(self) -> dict[str, Any]:
-        """The unit in the manifest's `inputs`: its file (path, size, mtime_ns) with its range, or
-        a run's files under `files`; its source."""
-        if self.more:
-            files: dict[str, Any] = {"files": [_file_entry(s) for s in self.files]}
+        """The unit in the manifest's `inputs`: its file (path, size, mtime_ns) with its range, a
+        run's files under `files`, or a Ray Dataset's name with its rows; its source."""
+        if self.reading.format == "dataset":
+            files: dict[str, Any] = {"dataset": self.relpath} | self.entry()
+        elif self.more:
+            files = {"files": [_file_entry(s) for s in self.files]}
         else:
             files = _file_entry(self.shard) | self.entry()
         return files | ({"source": self.source} if self.source else {})
@@ -106,7 +114,7 @@ def unit_entry(shard: Shard, fmt: str, rows: bool = True) -> dict[str, Any]:
     the units from it) and the token cache key (without: the range fixes it); {} for a whole file."""
     if not shard.split:
         return {}
-    kind = "row_groups" if fmt == "parquet" else "bytes"
+    kind = {"parquet": "row_groups", "dataset": "rows"}.get(fmt, "bytes")
     entry: dict[str, Any] = {kind: [shard.unit_start, shard.unit_stop]}
     return entry | ({"first_row": shard.first_row} if rows else {})
 
@@ -116,7 +124,10 @@ def _file_entry(shard: Shard) -> dict[str, Any]:
 
 
 def entry_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The files (path, size, mtime_ns) of a manifest `inputs` entry, in the unit's order."""
+    """The files (path, size, mtime_ns) of a manifest `inputs` entry, in the unit's order; a Ray
+    Dataset's unit as one of its name (`path` only: its documents' ids and mixture keys hold it)."""
+    if "dataset" in entry:
+        return [{"path": entry["dataset"]}]
     return list(entry.get("files", [entry]))
 
 

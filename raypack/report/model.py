@@ -181,7 +181,7 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
         algorithm += f" (buckets {', '.join(str(b['length']) for b in manifest.get('buckets', []))})"
     return (
         ("output", dataset),
-        ("input", _inputs(cfg["input"], counts["shards"], _files(manifest["inputs"]))),
+        ("input", _inputs(cfg["input"], counts["shards"], manifest["inputs"])),
         ("tokenizer", f"{tok['path']} (vocab {tok['vocab_size']:,}, sha256 {tok['sha256'][:12]})"),
         (
             "packing",
@@ -228,21 +228,29 @@ def _time(doc: dict[str, Any]) -> list[tuple[str, str]]:
     ]
 
 
-def _inputs(inputs: dict[str, Any], shards: int, files: int) -> str:
+def _inputs(inputs: dict[str, Any], shards: int, entries: list[dict[str, Any]]) -> str:
     """The input line: its paths and format, or its sources (input.sources); its files and work
-    units (a large file is several, a run of small files one)."""
+    units (a large file is several, a run of small files one), and the rows of Ray Datasets."""
+    files = len({f["path"] for e in entries if "dataset" not in e for f in entry_files(e)})
+    rows: dict[str, int] = {}
+    for e in entries:
+        if "dataset" in e:
+            rows[e["dataset"]] = max(rows.get(e["dataset"], 0), e["rows"][1])
+    parts = [f"{files:,} files"] if files else []
+    parts += [
+        f"a Ray Dataset of {n:,} rows" + (f" ({name})" if inputs.get("sources") else "")
+        for name, n in rows.items()
+    ]
     plural = "s" if shards != 1 else ""
-    units = f"{files:,} files" if files == shards else f"{files:,} files in {shards:,} work unit{plural}"
+    what = " and ".join(parts)
+    units = what if files == shards and not rows else f"{what} in {shards:,} work unit{plural}"
     sources = inputs.get("sources") or []
     if sources:
         names = ", ".join(s["name"] for s in sources)
         return f"{len(sources)} sources: {names} ({units}; the mixture is below)"
+    if rows:
+        return units
     return ", ".join(inputs["paths"]) + f" ({inputs['format']}, {units})"
-
-
-def _files(inputs: list[dict[str, Any]]) -> int:
-    """Input files of the manifest's `inputs` (a split file once, a run's files each)."""
-    return len({f["path"] for entry in inputs for f in entry_files(entry)})
 
 
 def _notes(doc: dict[str, Any], metrics: PackingMetrics, manifest: dict[str, Any]) -> tuple[str, ...]:

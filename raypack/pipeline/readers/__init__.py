@@ -6,6 +6,7 @@ here, a line in READERS, and its name in config.INPUT_FORMATS.
     jsonl.py     one JSON object a line; .gz/.zst/... by suffix; byte ranges of large files
     parquet.py   a row a document; runs of row groups of large files
     text.py      a file a document
+    dataset.py   a Ray Dataset's rows (raypack.pack(dataset=...)), from its blocks in Ray's object store
     chat.py      the chat record (conversations, prompt/completion pairs) inside a jsonl or parquet row
     fields.py    a decoded record → its document and id (jsonl and parquet)
     records.py   Batch, Reject (bad records and lost files), the errors that are the data's
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 import pyarrow.fs as pafs
 
 from raypack.config import INPUT_FORMATS, Reading, StorageConfig
-from raypack.pipeline.readers import jsonl, parquet, text
+from raypack.pipeline.readers import dataset, jsonl, parquet, text
 from raypack.pipeline.readers.chat import Chat
 from raypack.pipeline.readers.records import MAX_BATCH_BYTES, Batch, Reject
 from raypack.pipeline.units import WorkUnit
@@ -54,6 +55,9 @@ def read_unit(unit: WorkUnit, batch_size: int, storage: StorageConfig | None = N
     A run of small files is read file after file, their batches joined up to `batch_size` documents
     or MAX_BATCH_BYTES (a file of 6 KB makes a batch of a few documents: encoding and writing batches
     that small costs more than the text), each document and reject marked with its file's number."""
+    if unit.blocks:  # a Ray Dataset's rows (raypack.pipeline.datasets)
+        yield from dataset.read(unit, batch_size)
+        return
     read = READERS[unit.reading.format]
     if not unit.more:
         fs, inner = resolve(unit.shard.path, storage)

@@ -22,7 +22,7 @@ from raypack.pipeline.readers.fields import document
 from raypack.pipeline.readers.records import Batch, Reject, is_bad_data, one_line
 from raypack.storage import Shard, resolve
 
-__all__ = ["read", "row_group_runs"]
+__all__ = ["is_text", "read", "record_batch_documents", "row_group_runs"]
 
 
 def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_size: int) -> Iterator[Batch]:
@@ -50,7 +50,7 @@ def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_
         return
     if not reading.chat:
         text_type = pf.schema_arrow.field(text_field).type
-        if not _is_text(text_type):
+        if not is_text(text_type):
             if first_unit:
                 reason = f"column {text_field!r} is {text_type}, not a string"
                 yield Batch(rejects=[Reject.lost(-1, reason, meta.num_rows)])
@@ -61,28 +61,8 @@ def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_
     row = shard.first_row
     try:
         for record_batch in pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups):
-            batch = Batch()
-            if reading.chat:  # conversations: a Python object a record (the template renders them anyway)
-                for rec in record_batch.to_pylist():
-                    doc = document(rec, row, reading, f"{shard.relpath}:{row}", batch, str(rec)[:1000])
-                    if doc is not None:
-                        batch.add(row, doc[0], doc[1])
-                    row += 1
-                yield batch
-                continue
-            texts = record_batch.column(text_field)
-            if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
-                texts = texts.cast(pa.large_string())  # dictionary-encoded or string_view (_is_text)
-            ids = record_batch.column(id_field).to_pylist() if id_field else None
-            for i, text in enumerate(texts.to_pylist()):
-                record: dict[str, object] = {text_field: text}
-                if ids is not None and id_field is not None:
-                    record[id_field] = ids[i]
-                doc = document(record, row, reading, f"{shard.relpath}:{row}", batch, text or "")
-                if doc is not None:
-                    batch.add(row, doc[0], doc[1])
-                row += 1
-            yield batch
+            yield record_batch_documents(record_batch, row, reading, shard.relpath)
+            row += record_batch.num_rows
     except (OSError, pa.ArrowInvalid) as e:
         if not is_bad_data(e):
             raise
@@ -90,7 +70,35 @@ def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_
         yield Batch(rejects=[Reject.lost(row, reason, shard.first_row + unit_rows - row)])
 
 
-def _is_text(t: pa.DataType) -> bool:
+def record_batch_documents(record_batch: pa.RecordBatch, row: int, reading: Reading, relpath: str) -> Batch:
+    """The documents (and rejects) of Arrow rows whose first is row `row` of `relpath`, read with
+    the Reading's columns, which the rows hold (a Parquet file's, or a Ray Dataset's blocks:
+    raypack.pipeline.readers.dataset)."""
+    batch = Batch()
+    if reading.chat:  # conversations: a Python object a record (the template renders them anyway)
+        for rec in record_batch.to_pylist():
+            doc = document(rec, row, reading, f"{relpath}:{row}", batch, str(rec)[:1000])
+            if doc is not None:
+                batch.add(row, doc[0], doc[1])
+            row += 1
+        return batch
+    text_field, id_field = reading.text_field, reading.id_field
+    texts = record_batch.column(text_field)
+    if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
+        texts = texts.cast(pa.large_string())  # dictionary-encoded or string_view (is_text)
+    ids = record_batch.column(id_field).to_pylist() if id_field else None
+    for i, text in enumerate(texts.to_pylist()):
+        record: dict[str, object] = {text_field: text}
+        if ids is not None and id_field is not None:
+            record[id_field] = ids[i]
+        doc = document(record, row, reading, f"{relpath}:{row}", batch, text or "")
+        if doc is not None:
+            batch.add(row, doc[0], doc[1])
+        row += 1
+    return batch
+
+
+def is_text(t: pa.DataType) -> bool:
     """A column raypack reads as text: string, large_string, string_view, or a dictionary of them
     (pyarrow writes categorical columns so)."""
     if pa.types.is_dictionary(t):
