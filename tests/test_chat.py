@@ -943,7 +943,9 @@ MISTRAL_V1 = (
 )
 
 
-@pytest.mark.parametrize("shape", ["mistral_v1", "mistral_v1_metaspace"])
+@pytest.mark.parametrize(
+    "shape", ["mistral_v1", pytest.param("mistral_v1_metaspace", marks=pytest.mark.slow)]
+)
 def test_chat_with_a_real_sentencepiece_bpe_on_fastokens_writes_the_bytes_of_tokenizers(
     shape: str, corpus: Path, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

@@ -104,6 +104,7 @@ def test_a_torch_trainer_reads_every_pack_with_iter_batches_fields(
     assert sorted(ranks) == sorted(reference)
 
 
+@pytest.mark.slow  # 15 s; read_packed's other arguments are test_reader's in the light tier
 def test_read_packed_of_one_bucket_length_and_a_length_it_does_not_have(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:

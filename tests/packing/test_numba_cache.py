@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import raypack
 
 PACKAGE = Path(raypack.__file__).resolve().parent
@@ -38,6 +40,7 @@ def warm(where: Path, cache: Path) -> tuple[int, int]:
     return compiled, loaded
 
 
+@pytest.mark.slow  # 31 s of compiling in fresh interpreters
 def test_a_copy_at_another_path_loads_the_compiled_code(tmp_path: Path) -> None:
     for name in ("first", "second"):
         shutil.copytree(PACKAGE, tmp_path / name / "raypack", ignore=shutil.ignore_patterns("__pycache__"))

@@ -144,7 +144,9 @@ def test_cut_texts_give_the_whole_texts_tokens_for_any_text(
     check()
 
 
-@pytest.mark.parametrize("shape", ["mistral_v1", "mistral_v1_metaspace"])
+@pytest.mark.parametrize(
+    "shape", ["mistral_v1", pytest.param("mistral_v1_metaspace", marks=pytest.mark.slow)]
+)
 def test_a_job_with_mistrals_tokenizer_packs_long_documents_exactly(
     tmp_path: Path, shape: str, request: pytest.FixtureRequest
 ) -> None:

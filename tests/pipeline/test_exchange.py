@@ -137,6 +137,8 @@ def _documents(out: Path) -> list[tuple[str, tuple[int, ...]]]:
     return sorted(docs)
 
 
+# A scale test (48 s): the light tier keeps test_two_hops_on_local_processes_write_the_bytes_of_one.
+@pytest.mark.slow
 @pytest.mark.ray  # `watched` reaches the tasks by value (Ray's cloudpickle), and the width is Ray's
 def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -326,8 +326,8 @@ def _ray_address() -> str:
     ("sig", "executor"),
     [
         (signal.SIGINT, "auto"),
-        (signal.SIGTERM, "auto"),
-        (signal.SIGKILL, "auto"),
+        pytest.param(signal.SIGTERM, "auto", marks=pytest.mark.slow),  # ends as SIGINT does
+        pytest.param(signal.SIGKILL, "auto", marks=pytest.mark.slow),
         pytest.param(signal.SIGINT, "ray", marks=pytest.mark.ray, id="SIGINT-ray"),
     ],
 )

@@ -184,7 +184,7 @@ def _rows(out: Path, folder: str, columns: list[str]) -> list[tuple[Any, ...]]:
     return sorted(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "text"])
+@pytest.mark.parametrize("fmt", ["jsonl", pytest.param("text", marks=pytest.mark.slow)])
 def test_many_small_files_pack_the_same_bytes_in_runs_as_a_file_a_unit(
     tmp_path: Path, tokenizer_path: Path, fmt: str
 ) -> None:

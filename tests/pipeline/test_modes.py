@@ -67,7 +67,14 @@ def packs_in_file_order(out: Path) -> pa.Table:
     return pa.concat_tables(pq.read_table(p) for p in sorted((out / "data").rglob("*.parquet")))
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+# The histogram packers and shuffle's order are drawn by test_combinations too: the light tier runs
+# the overflow policies, bucket and sharded here.
+LIGHT_MODES = ("bucket", "sharded-ffd", "truncate", "drop")
+
+
+@pytest.mark.parametrize(
+    "mode", [m if m in LIGHT_MODES else pytest.param(m, marks=pytest.mark.slow) for m in MODES]
+)
 def test_every_mode_packs_every_kept_token_once(
     mode: str, corpus: Corpus, tokenizer_path: Path, tmp_path: Path
 ) -> None:

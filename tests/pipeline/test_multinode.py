@@ -55,6 +55,9 @@ def _pack_on(cluster: Any, cfg: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+# 47 s: the light tier runs the entrypoint through `ray job submit` (test_submit) and three nodes
+# in test_a_node_dies_mid_run_on_s3.
+@pytest.mark.slow
 def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, three_nodes: Any) -> None:
     corpus = make_corpus(tmp_path, shards=6, docs_per_shard=30, seed=11)
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
@@ -68,7 +71,7 @@ def test_job_entrypoint_on_three_nodes(tmp_path: Path, tokenizer_path: Path, thr
     assert report.documents == 180
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("fmt", [pytest.param("parquet", marks=pytest.mark.slow), "jsonl"])
 def test_one_large_file_is_tokenized_on_several_nodes(
     tmp_path: Path, tokenizer_path: Path, three_nodes: Any, fmt: str
 ) -> None:

@@ -170,7 +170,10 @@ def test_pack_and_rebuild_refuse_each_others_outputs(
 
 @pytest.mark.parametrize(
     ("setting", "documents"),
-    [("input.empty=keep", 6 + 2), ("input.max_document_bytes=100", 6 - 1)],
+    [
+        pytest.param("input.empty=keep", 6 + 2, marks=pytest.mark.slow),
+        ("input.max_document_bytes=100", 6 - 1),
+    ],
 )
 def test_settings_that_decide_document_or_reject_retokenize(
     tmp_path: Path, tokenizer_path: Path, setting: str, documents: int

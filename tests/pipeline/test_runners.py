@@ -44,9 +44,11 @@ def digests(out: Path) -> dict[str, str]:
     "sections",
     [
         pytest.param({}, id="global"),
-        pytest.param({"pack": {"mode": "sharded", "algorithm": "bfd"}}, id="sharded"),
+        pytest.param({"pack": {"mode": "sharded", "algorithm": "bfd"}}, id="sharded", marks=pytest.mark.slow),
         pytest.param({"output": {"format": "megatron", "shard_rows": 40}}, id="megatron"),
-        pytest.param({"pack": {"algorithm": "lpfhp", "overflow": "split"}}, id="lpfhp"),
+        pytest.param(
+            {"pack": {"algorithm": "lpfhp", "overflow": "split"}}, id="lpfhp", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_local_runner_writes_the_bytes_ray_writes(

@@ -255,6 +255,7 @@ def load_config_storage(server: s3server.S3Server):  # type: ignore[no-untyped-d
     return StorageConfig(endpoint=server.endpoint)
 
 
+@pytest.mark.slow  # 35 s; the light tier has two jobs filling one store at once (test_store)
 def test_two_rebuilds_started_together_never_damage_each_other(
     tmp_path: Path, tokenizer_path: Path, s3
 ) -> None:

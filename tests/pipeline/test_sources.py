@@ -193,6 +193,7 @@ def test_a_source_too_small_for_its_weight_is_a_clear_error(
     assert "raise its max_repeat" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # 13 s; incremental rebuilds are test_rebuild's in the light tier
 def test_a_rebuild_retokenizes_only_the_changed_shard_and_matches_a_fresh_pack(
     corpora: Path, tokenizer_path: Path, tmp_path: Path
 ) -> None:
