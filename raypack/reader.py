@@ -30,7 +30,13 @@ schedule is every bucket repeated as many times as it has steps, in a seeded ord
 compute alike. A batch never mixes bucket lengths.
 
 Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without
-reading what comes before.
+reading what comes before. Elastic resume, on another world size or batch size (a job restarted on
+fewer GPUs): `resume=state`, any one rank's saved state of the earlier run (ranks step together),
+goes on with what the epoch has left: of each bucket, every earlier rank's unyielded positions one
+after another, shared among the new ranks as a whole epoch's are (last_batch's rule applies to
+them), on a schedule of their own. Over the old and the new ranks each pack is yielded once (under
+"wrap", the packs it repeats aside). A resumed run's state records the runs before it, so it can be
+resumed again on yet another world size; the seed must stay the epoch's.
 
 Versions. Given a rebuild's root, a reader resolves LATEST once, when it starts, and reads that
 version to the end, whatever a rebuild commits meanwhile. Ranks of one job should all read one
@@ -186,12 +192,13 @@ def _buckets(
     return buckets
 
 
-def _schedule(steps: list[int], seed: int) -> np.ndarray:
-    """Bucket index of every step: bucket b appears steps[b] times, in a seeded order."""
+def _schedule(steps: list[int], seed: int, *salt: object) -> np.ndarray:
+    """Bucket index of every step: bucket b appears steps[b] times, in a seeded order (`salt`: a
+    resumed epoch's, Resume.salt, so its rest is scheduled afresh)."""
     plan = np.repeat(np.arange(len(steps)), steps)
     if len(plan) < 2:
         return plan
-    return plan[np.argsort(PackPermutation(len(plan), _key(seed, "schedule"))(np.arange(len(plan))))]
+    return plan[np.argsort(PackPermutation(len(plan), _key(seed, "schedule", *salt))(np.arange(len(plan))))]
 
 
 def read_group(pinned: Pinned, group: _RowGroup, seed: int, storage: StorageConfig | None) -> pa.Table:
@@ -207,13 +214,38 @@ GroupLoader = Callable[[int, int], pa.Table]
 """(bucket index, row group index within the bucket) -> read_group's table."""
 
 
-class _RankStream:
-    """One rank's packs of one bucket: positions [lo, hi) of the bucket's sequence, read a row group at
-    a time (the current one cached) through `load`."""
+Spans = list[tuple[int, int]]
+"""Positions of a bucket's sequence, as [start, end) ranges in order; a position past the bucket's
+end is that position modulo its packs (last_batch="wrap" reads the start again)."""
 
-    def __init__(self, index: int, bucket: _Bucket, lo: int, hi: int, load: GroupLoader | None):
+
+def _within(spans: Spans, lo: int, hi: int) -> Spans:
+    """The positions of virtual positions [lo, hi) of `spans` (their positions one after another,
+    from 0; past the last, from the first again), as spans."""
+    total = sum(b - a for a, b in spans)
+    out: Spans = []
+    if total == 0:
+        return out
+    ends = np.cumsum([b - a for a, b in spans])
+    at = lo
+    while at < hi:
+        v = at % total
+        k = int(np.searchsorted(ends, v, side="right"))
+        real = spans[k][1] - int(ends[k] - v)
+        count = min(hi - at, spans[k][1] - real)
+        out.append((real, real + count))
+        at += count
+    return out
+
+
+class _RankStream:
+    """One rank's packs of one bucket: the positions of `spans` in order ([lo, hi) of the bucket's
+    sequence; after an elastic resume, the rank's share of what the earlier run left), read a row
+    group at a time (the current one cached) through `load`."""
+
+    def __init__(self, index: int, bucket: _Bucket, spans: Spans, load: GroupLoader | None):
         self.index, self.bucket, self.load = index, bucket, load
-        self.next, self.hi = lo, hi  # positions past the bucket's end wrap to its start (last_batch="wrap")
+        self.spans = [(a, b) for a, b in spans if b > a]
         self._cached: tuple[int, pa.Table] | None = None
 
     def _group(self, g: int) -> pa.Table:
@@ -225,19 +257,26 @@ class _RankStream:
 
     def skip(self, n: int) -> None:
         """Move past the next n packs without reading them."""
-        self.next = min(self.next + n, self.hi)
+        while n and self.spans:
+            a, b = self.spans[0]
+            moved = min(n, b - a)
+            self.spans[0] = (a + moved, b)
+            if a + moved == b:
+                self.spans.pop(0)
+            n -= moved
 
     def parts(self, n: int) -> list[tuple[int, int, int]]:
         """(row group, first row, rows) of the next n packs (fewer at the end of the range); moves on."""
         parts = []
-        end = min(self.next + n, self.hi)
-        while self.next < end:
-            pos = self.next % self.bucket.packs
+        while n and self.spans:
+            a, b = self.spans[0]
+            pos = a % self.bucket.packs
             g = int(np.searchsorted(self.bucket.starts, pos, side="right") - 1)
             first = pos - int(self.bucket.starts[g])
-            count = min(end - self.next, int(self.bucket.starts[g + 1]) - pos)
+            count = min(n, b - a, int(self.bucket.starts[g + 1]) - pos)
             parts.append((g, first, count))
-            self.next += count
+            self.skip(count)
+            n -= count
         return parts
 
     def take(self, n: int) -> list[pa.Table]:
@@ -269,17 +308,138 @@ def iter_batches(
     last_batch: str = "wrap",
     torch: bool = False,
     storage: StorageConfig | None = None,
+    resume: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Batches of packs for data-parallel rank `rank` of `world_size` (see the module's docstring);
     numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch]).
-    `last_batch`: "wrap" (every batch full, a few packs twice), "drop" or "short"."""
+    `last_batch`: "wrap" (every batch full, a few packs twice), "drop" or "short". `resume`: a
+    rank's saved state of an earlier run of this epoch at any world size and batch size (a
+    PackedDataset's or a StatefulDataLoader's state_dict()): the packs no rank had yielded, shared
+    among these ranks (module docstring, "Resume")."""
     check_args(batch_size, rank, world_size, last_batch)
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     convert = torch_converter() if torch else None
-    plan = Plan.of(pin(path, storage), batch_size, rank, world_size, seed, last_batch, storage)
+    pinned = pin(path, storage)
+    where = resume_of(resume, pinned) if resume is not None else None
+    plan = Plan.of(pinned, batch_size, rank, world_size, seed, last_batch, storage, where)
     for batch in plan.steps(start_step, 1):
         yield convert(batch) if convert is not None else batch
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run of an epoch that a state was saved in: its ranks, batch size, seed and last_batch, and
+    the steps every rank had yielded."""
+
+    world_size: int
+    batch_size: int
+    seed: int
+    last_batch: str
+    step: int
+
+    def left(self, buckets: list[_Bucket], before: list[Spans]) -> list[Spans]:
+        """What the epoch has left of each bucket after this run's `step` steps, from what it had
+        left before the run (`before`: the bucket's whole sequence for a run that began the epoch).
+        Every rank of the run took its share of `before` as Plan.of gives it and had taken, by
+        `step`, as many batches of each bucket as the run's schedule gives every rank."""
+        steps = [
+            _share(sum(b - a for a, b in spans), 0, self.world_size, self.batch_size, self.last_batch)[2]
+            for spans in before
+        ]
+        schedule = _schedule(steps, self.seed, *self.salt_before)
+        done = np.bincount(schedule[: self.step], minlength=len(buckets)).tolist()
+        left: list[Spans] = []
+        for spans, taken in zip(before, done, strict=True):
+            total = sum(b - a for a, b in spans)
+            rest: Spans = []
+            for r in range(self.world_size):
+                lo, hi, _ = _share(total, r, self.world_size, self.batch_size, self.last_batch)
+                rest += _within(spans, min(lo + taken * self.batch_size, hi), hi)
+            left.append(rest)
+        return left
+
+    salt_before: tuple[object, ...] = ()
+    """The schedule's salt of this run (Resume.salt of the runs before it; () for the first)."""
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where an epoch stands after the runs that read it so far (an elastic resume: a job restarted
+    on another number of ranks or another batch size goes on with the packs no rank has yielded).
+    Ranks of a data-parallel job step together, so any one rank's state says where all stand."""
+
+    runs: tuple[Run, ...]
+
+    @property
+    def salt(self) -> tuple[object, ...]:
+        """What makes the resumed run's schedule its own (every rank of it computes the same)."""
+        return ("resume", *((r.world_size, r.batch_size, r.step) for r in self.runs))
+
+    def to_state(self) -> list[dict[str, Any]]:
+        return [
+            {k: getattr(r, k) for k in ("world_size", "batch_size", "seed", "last_batch", "step")}
+            for r in self.runs
+        ]
+
+    @classmethod
+    def of(cls, state: dict[str, Any]) -> tuple[Resume, str | None]:
+        """The epoch's position from a rank's saved state, and the manifest sha256 it read: a
+        PackedDataset's state_dict(), or a torchdata StatefulDataLoader's state_dict() of one (any
+        num_workers). ValueError for anything else."""
+        dataset_state, step = _dataset_state(state)
+        try:
+            earlier = [
+                Run(**{k: r[k] for k in ("world_size", "batch_size", "seed", "last_batch", "step")})
+                for r in dataset_state.get("resumed_from") or []
+            ]
+            this = Run(
+                int(dataset_state["world_size"]),
+                int(dataset_state["batch_size"]),
+                int(dataset_state["seed"]),
+                str(dataset_state["last_batch"]),
+                int(step),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"not a raypack PackedDataset state ({type(e).__name__}: {e})") from None
+        runs: list[Run] = []
+        for run in [*earlier, this]:
+            salt = Resume(tuple(runs)).salt if runs else ()
+            runs.append(Run(run.world_size, run.batch_size, run.seed, run.last_batch, run.step, salt))
+        return cls(tuple(runs)), dataset_state.get("manifest_sha256")
+
+
+def resume_of(state: dict[str, Any], pinned: Pinned, follow_latest: bool = False) -> Resume:
+    """Resume.of(state), refused (ValueError) when the state read another version of the dataset
+    than `pinned` (a rebuild committed since), unless `follow_latest`."""
+    resume, saved = Resume.of(state)
+    if saved is not None and saved != pinned.sha256 and not follow_latest:
+        raise ValueError(
+            f"the state was saved reading a version of the dataset (manifest {saved[:12]}) other than "
+            f"{pinned.path} (manifest {pinned.sha256[:12]}): a rebuild committed since. Resume on the "
+            "version it read, or pass follow_latest=True to go on from its place on this one"
+        )
+    return resume
+
+
+def _dataset_state(state: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """A PackedDataset's state and the steps its rank had yielded, from its own state_dict() or a
+    StatefulDataLoader's (single process: its `_num_yielded`; with workers: the snapshot's step, the
+    batches yielded since, and any worker's dataset state for the settings)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"a state is a dict (a state_dict()), not {type(state).__name__}")
+    if "_snapshot" in state:  # StatefulDataLoader with workers
+        snapshot = state["_snapshot"]
+        workers = [w.get("dataset_state") for w in snapshot.get("_worker_snapshots", {}).values()]
+        workers = [w for w in workers if w]
+        if not workers:
+            raise ValueError("the loader's state holds no worker's dataset state: not a PackedDataset's")
+        return workers[0], int(snapshot["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
+    if "dataset_state" in state and "_num_yielded" in state:  # StatefulDataLoader in one process
+        return state["dataset_state"] or {}, int(state["_num_yielded"])
+    if "next_step" in state:  # the dataset's own (a loader without workers: its next step is the rank's)
+        return state, int(state["next_step"] or 0)
+    raise ValueError("not a raypack PackedDataset state or a StatefulDataLoader state of one")
 
 
 def check_args(batch_size: int, rank: int, world_size: int, last_batch: str) -> None:
@@ -299,8 +459,9 @@ class Plan:
 
     pinned: Pinned
     buckets: list[_Bucket]
-    shares: list[tuple[int, int]]
-    """Each bucket's positions [lo, hi) for this rank."""
+    shares: list[Spans]
+    """Each bucket's positions for this rank: [lo, hi) of its sequence, or after an elastic resume
+    this rank's share of what the earlier runs left."""
     schedule: np.ndarray
     batch_size: int
     seed: int
@@ -316,14 +477,25 @@ class Plan:
         seed: int,
         last_batch: str,
         storage: StorageConfig | None,
+        resume: Resume | None = None,
     ) -> Plan:
         buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
+        left = [[(0, b.packs)] for b in buckets]  # what the epoch has left of each bucket
+        for earlier in resume.runs if resume is not None else ():
+            if earlier.seed != seed:
+                raise ValueError(
+                    f"the state is of an epoch read with seed {earlier.seed}: resume it with that seed, "
+                    f"not {seed}"
+                )
+            left = earlier.left(buckets, left)
         shares, steps = [], []
-        for bucket in buckets:
-            lo, hi, n = _share(bucket.packs, rank, world_size, batch_size, last_batch)
-            shares.append((lo, hi))
+        for spans in left:
+            total = sum(b - a for a, b in spans)
+            lo, hi, n = _share(total, rank, world_size, batch_size, last_batch)
+            shares.append(_within(spans, lo, hi))
             steps.append(n)
-        return cls(pinned, buckets, shares, _schedule(steps, seed), batch_size, seed, storage)
+        salt = resume.salt if resume is not None else ()
+        return cls(pinned, buckets, shares, _schedule(steps, seed, *salt), batch_size, seed, storage)
 
     def read(self, bucket: int, group: int) -> pa.Table:
         return read_group(self.pinned, self.buckets[bucket].groups[group], self.seed, self.storage)
@@ -331,8 +503,8 @@ class Plan:
     def _streams(self, start: int, load: GroupLoader | None) -> list[_RankStream]:
         """Each bucket's stream, moved past the batches of the steps before `start` (not read)."""
         streams = [
-            _RankStream(b, bucket, lo, hi, load)
-            for b, (bucket, (lo, hi)) in enumerate(zip(self.buckets, self.shares, strict=True))
+            _RankStream(b, bucket, spans, load)
+            for b, (bucket, spans) in enumerate(zip(self.buckets, self.shares, strict=True))
         ]
         for b, done in enumerate(np.bincount(self.schedule[:start], minlength=len(self.buckets)).tolist()):
             streams[b].skip(done * self.batch_size)

@@ -20,6 +20,16 @@ LATEST once, in the main process, and every worker and epoch reads that version.
 worker is the next step it would yield, the settings, and the version (the manifest's sha256);
 loading a state saved on another version (a rebuild committed in between) is a ValueError, unless
 `follow_latest=True` says to go on from that step on the version pinned now, knowingly.
+
+Elastic resume (another world size or batch size): a state loads only into the settings it was
+saved with; a job restarted on other ranks makes its PackedDataset with `resume=` any one old
+rank's state (the StatefulDataLoader's state_dict(), or this dataset's), and a fresh loader:
+
+    ds = PackedDataset(path, batch_size=16, rank=rank, world_size=2, seed=epoch, resume=saved_at_4)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+The new ranks share what the old ones had not yielded (raypack.reader, "Resume"); its own state
+records the runs before it, so it resumes (or resumes elastically) again.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from typing import Any
 from torch.utils.data import IterableDataset, get_worker_info
 
 from raypack.config import StorageConfig
-from raypack.reader import Plan, check_args, pin, torch_converter
+from raypack.reader import Plan, check_args, pin, resume_of, torch_converter
 from raypack.shared_groups import SharedGroups
 
 __all__ = ["PackedDataset"]
@@ -49,12 +59,15 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         last_batch: str = "wrap",
         follow_latest: bool = False,
         storage: StorageConfig | None = None,
+        resume: dict[str, Any] | None = None,
     ) -> None:
         check_args(batch_size, rank, world_size, last_batch)
         self.path, self.batch_size, self.rank, self.world_size = path, batch_size, rank, world_size
         self.seed, self.last_batch, self.storage = seed, last_batch, storage
         self.follow_latest = follow_latest
         self.pinned = pin(path, storage)
+        # An elastic resume: a rank's state from a run of this epoch at another world or batch size.
+        self.resume = resume_of(resume, self.pinned, follow_latest) if resume is not None else None
         self._token = uuid.uuid4().hex  # names this dataset's shared directories (with the epoch's)
         self._epochs = 0
         self._resume: int | None = None  # the step this worker resumes at (load_state_dict)
@@ -68,6 +81,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             "world_size": self.world_size,
             "seed": self.seed,
             "last_batch": self.last_batch,
+            "resumed_from": self.resume.to_state() if self.resume is not None else None,
         }
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -79,7 +93,14 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self._next = start
         self._epochs += 1
         plan = Plan.of(
-            self.pinned, self.batch_size, self.rank, self.world_size, self.seed, self.last_batch, self.storage
+            self.pinned,
+            self.batch_size,
+            self.rank,
+            self.world_size,
+            self.seed,
+            self.last_batch,
+            self.storage,
+            self.resume,
         )
         shared = None
         if info is not None and workers > 1:
@@ -121,7 +142,14 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             k: (state.get(k), v) for k, v in self._settings().items() if k != "path" and state.get(k) != v
         }
         if mismatched:
-            raise ValueError(f"the state was saved with other settings (saved, now): {mismatched}")
+            elastic = {"world_size", "batch_size"} & set(mismatched)
+            hint = (
+                f"; to go on at another {' and '.join(sorted(elastic))}, make the PackedDataset with "
+                "resume=state (an elastic resume) and a fresh loader"
+                if elastic
+                else ""
+            )
+            raise ValueError(f"the state was saved with other settings (saved, now): {mismatched}{hint}")
         saved = state.get("manifest_sha256")
         if saved != self.pinned.sha256 and not self.follow_latest:
             raise ValueError(
