@@ -333,9 +333,16 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from raypack.verifier import verify
+    from raypack.config import load_config
+    from raypack.verifier import packed_datasets, verify
 
-    cfg = _config_of(args)
+    names = packed_datasets(args.output) if args.config else []
+    if names:  # packed from Ray Datasets: the config names them as raypack.pack did
+        cfg: JobConfig | None = load_config(
+            args.config, [*args.overrides, f"input.datasets={json.dumps(names)}"]
+        )
+    else:
+        cfg = _config_of(args)
     report = verify(args.output, cfg, sample=args.sample)
     if report.ok:
         sampled = f", {report.sampled} documents re-tokenized and equal" if cfg else ""

@@ -309,19 +309,21 @@ def iter_batches(
     torch: bool = False,
     storage: StorageConfig | None = None,
     resume: dict[str, Any] | None = None,
+    follow_latest: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """Batches of packs for data-parallel rank `rank` of `world_size` (see the module's docstring);
     numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch]).
     `last_batch`: "wrap" (every batch full, a few packs twice), "drop" or "short". `resume`: a
     rank's saved state of an earlier run of this epoch at any world size and batch size (a
     PackedDataset's or a StatefulDataLoader's state_dict()): the packs no rank had yielded, shared
-    among these ranks (module docstring, "Resume")."""
+    among these ranks (module docstring, "Resume"); `follow_latest`: a state of another version of
+    the dataset goes on from its place on this one."""
     check_args(batch_size, rank, world_size, last_batch)
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     convert = torch_converter() if torch else None
     pinned = pin(path, storage)
-    where = resume_of(resume, pinned) if resume is not None else None
+    where = resume_of(resume, pinned, follow_latest) if resume is not None else None
     plan = Plan.of(pinned, batch_size, rank, world_size, seed, last_batch, storage, where)
     for batch in plan.steps(start_step, 1):
         yield convert(batch) if convert is not None else batch
@@ -348,6 +350,11 @@ class Run:
             for spans in before
         ]
         schedule = _schedule(steps, self.seed, *self.salt_before)
+        if self.step > len(schedule):
+            raise ValueError(
+                f"the state's step {self.step:,} is past the {len(schedule):,} steps its run's epoch has "
+                "(a state of another dataset, or edited?)"
+            )
         done = np.bincount(schedule[: self.step], minlength=len(buckets)).tolist()
         left: list[Spans] = []
         for spans, taken in zip(before, done, strict=True):
@@ -388,20 +395,28 @@ class Resume:
         PackedDataset's state_dict(), or a torchdata StatefulDataLoader's state_dict() of one (any
         num_workers). ValueError for anything else."""
         dataset_state, step = _dataset_state(state)
+        keys = ("world_size", "batch_size", "seed", "last_batch", "step")
         try:
-            earlier = [
-                Run(**{k: r[k] for k in ("world_size", "batch_size", "seed", "last_batch", "step")})
-                for r in dataset_state.get("resumed_from") or []
-            ]
+            earlier = [Run(**{k: r[k] for k in keys}) for r in dataset_state.get("resumed_from") or []]
             this = Run(
                 int(dataset_state["world_size"]),
                 int(dataset_state["batch_size"]),
                 int(dataset_state["seed"]),
                 str(dataset_state["last_batch"]),
-                int(step),
+                step,
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a raypack PackedDataset state ({type(e).__name__}: {e})") from None
+        for run in [*earlier, this]:
+            if not all(
+                isinstance(getattr(run, k), int) for k in ("world_size", "batch_size", "seed", "step")
+            ):
+                raise ValueError(
+                    f"not a raypack PackedDataset state: a run of {run} holds a value of another type"
+                )
+            check_args(run.batch_size, 0, run.world_size, run.last_batch)
+            if run.step < 0:
+                raise ValueError(f"not a raypack PackedDataset state: step {run.step} is negative")
         runs: list[Run] = []
         for run in [*earlier, this]:
             salt = Resume(tuple(runs)).salt if runs else ()
@@ -413,11 +428,19 @@ def resume_of(state: dict[str, Any], pinned: Pinned, follow_latest: bool = False
     """Resume.of(state), refused (ValueError) when the state read another version of the dataset
     than `pinned` (a rebuild committed since), unless `follow_latest`."""
     resume, saved = Resume.of(state)
-    if saved is not None and saved != pinned.sha256 and not follow_latest:
+    if follow_latest:
+        return resume
+    if saved is None:
         raise ValueError(
-            f"the state was saved reading a version of the dataset (manifest {saved[:12]}) other than "
-            f"{pinned.path} (manifest {pinned.sha256[:12]}): a rebuild committed since. Resume on the "
-            "version it read, or pass follow_latest=True to go on from its place on this one"
+            "the state does not say which version of the dataset it read (manifest_sha256): a "
+            "PackedDataset's or a StatefulDataLoader's state_dict() does; or pass follow_latest=True"
+        )
+    if saved != pinned.sha256:
+        read = _dataset_state(state)[0].get("dataset") or "another version"
+        raise ValueError(
+            f"the state was saved reading {read} (manifest {saved[:12]}), not {pinned.path} (manifest "
+            f"{pinned.sha256[:12]}): a rebuild committed since, or another packing of the data. Resume "
+            "on the version it read, or pass follow_latest=True to go on from its place on this one"
         )
     return resume
 
@@ -428,17 +451,30 @@ def _dataset_state(state: dict[str, Any]) -> tuple[dict[str, Any], int]:
     batches yielded since, and any worker's dataset state for the settings)."""
     if not isinstance(state, dict):
         raise ValueError(f"a state is a dict (a state_dict()), not {type(state).__name__}")
-    if "_snapshot" in state:  # StatefulDataLoader with workers
-        snapshot = state["_snapshot"]
-        workers = [w.get("dataset_state") for w in snapshot.get("_worker_snapshots", {}).values()]
-        workers = [w for w in workers if w]
-        if not workers:
-            raise ValueError("the loader's state holds no worker's dataset state: not a PackedDataset's")
-        return workers[0], int(snapshot["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
-    if "dataset_state" in state and "_num_yielded" in state:  # StatefulDataLoader in one process
-        return state["dataset_state"] or {}, int(state["_num_yielded"])
-    if "next_step" in state:  # the dataset's own (a loader without workers: its next step is the rank's)
-        return state, int(state["next_step"] or 0)
+    try:
+        if "_snapshot" in state:  # StatefulDataLoader with workers
+            snapshot = state["_snapshot"]
+            workers = [w.get("dataset_state") for w in snapshot.get("_worker_snapshots", {}).values()]
+            workers = [w for w in workers if w]
+            if not workers:
+                raise ValueError("the loader's state holds no worker's dataset state: not a PackedDataset's")
+            return workers[0], int(snapshot["_snapshot_step"]) + int(state.get("_steps_since_snapshot", 0))
+        if "dataset_state" in state and "_num_yielded" in state:  # StatefulDataLoader in one process
+            return state["dataset_state"] or {}, int(state["_num_yielded"])
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(
+            f"not a StatefulDataLoader state of a PackedDataset ({type(e).__name__}: {e})"
+        ) from None
+    if "next_step" in state:  # the dataset's own
+        if not isinstance(state["next_step"], int):
+            # None: before its first batch, after its epoch ended, or the main process's copy of a
+            # loader with workers (which never iterates): no position to resume from.
+            raise ValueError(
+                "this PackedDataset state holds no position (next_step None: before its first batch, "
+                "after its epoch, or the main process's copy under a loader with workers): give the "
+                "StatefulDataLoader's state_dict(), which counts the batches it yielded"
+            )
+        return state, state["next_step"]
     raise ValueError("not a raypack PackedDataset state or a StatefulDataLoader state of one")
 
 

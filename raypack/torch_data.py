@@ -68,6 +68,11 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self.pinned = pin(path, storage)
         # An elastic resume: a rank's state from a run of this epoch at another world or batch size.
         self.resume = resume_of(resume, self.pinned, follow_latest) if resume is not None else None
+        if self.resume is not None and self.resume.runs[0].seed != seed:
+            raise ValueError(
+                f"the state is of an epoch read with seed {self.resume.runs[0].seed}: resume it with that "
+                f"seed, not {seed}"
+            )
         self._token = uuid.uuid4().hex  # names this dataset's shared directories (with the epoch's)
         self._epochs = 0
         self._resume: int | None = None  # the step this worker resumes at (load_state_dict)
@@ -143,12 +148,22 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         }
         if mismatched:
             elastic = {"world_size", "batch_size"} & set(mismatched)
-            hint = (
-                f"; to go on at another {' and '.join(sorted(elastic))}, make the PackedDataset with "
-                "resume=state (an elastic resume) and a fresh loader"
-                if elastic
-                else ""
-            )
+            hint = ""
+            if self.resume is not None and "resumed_from" in mismatched:
+                hint = (
+                    "; this PackedDataset resumes an epoch (resume=): start its loader afresh, without "
+                    "load_state_dict, or load a state its own run saved"
+                )
+            elif "resumed_from" in mismatched:
+                hint = (
+                    "; the state is of a resumed run: make the PackedDataset with resume= that state "
+                    "(it holds the runs before it) and a fresh loader"
+                )
+            elif elastic:
+                hint = (
+                    f"; to go on at another {' and '.join(sorted(elastic))}, make the PackedDataset with "
+                    "resume=state (an elastic resume) and a fresh loader"
+                )
             raise ValueError(f"the state was saved with other settings (saved, now): {mismatched}{hint}")
         saved = state.get("manifest_sha256")
         if saved != self.pinned.sha256 and not self.follow_latest:

@@ -145,6 +145,11 @@ def verify(
         report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
     _check_rejects(output, counts, report, storage)
     if config is not None and items is not None and report.ok:
+        if not picks and report.documents and not differs:
+            report.warnings.append(
+                "no document was re-tokenized: every id is shared by several documents (an id field "
+                "whose values repeat, e.g. across sources), and such documents are not sampled"
+            )
         _check_sample(config, manifest, docs, picks, pieces, report, datasets or {})
     return report
 
@@ -172,6 +177,18 @@ _SAME_BYTES = {
 }
 # A mixture source's own settings that do not either (its place, as input's).
 _SOURCE_SAME_BYTES = {"paths", "root"}
+
+
+def packed_datasets(output: str, storage: StorageConfig | None = None) -> list[str]:
+    """The sources a dataset at `output` read as Ray Datasets (its manifest's input.datasets; [] for
+    files, or where there is no manifest to read): a config given to verify it names them as the job
+    did (raypack.pack set them), so its sources without paths load."""
+    try:
+        output = resolve_dataset(output, storage)
+        manifest = json.loads(read_bytes(join(output, MANIFEST), storage))
+    except (OSError, ValueError):
+        return []
+    return list(manifest.get("config", {}).get("input", {}).get("datasets") or [])
 
 
 def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
@@ -543,22 +560,39 @@ def _check_sample(
             "the input was a Ray Dataset: its documents were not re-tokenized (pass it as "
             "raypack.verify(..., dataset=...) to check a sample of them)"
         )
-    first = next((i for i, e in enumerate(manifest["inputs"]) if "dataset" in e), 0)
-    # Cut as the job cut them: its unit_rows, whatever the config's.
+    # Cut as the job cut them (its unit_rows, whatever the config's), each source's units numbered
+    # from its first entry in the manifest.
     rows = manifest.get("config", {}).get("input", {}).get("unit_rows", config.input.unit_rows)
     cut = dataclasses.replace(config.input, unit_rows=rows)
-    again = {u.index: u for u in dataset_units(cut, datasets, first)} if datasets else {}
+    again: dict[int, WorkUnit] = {}
+    for name, ds in datasets.items():
+        label = name or "dataset"
+        first = next((i for i, e in enumerate(manifest["inputs"]) if e.get("dataset") == label), None)
+        if first is not None:
+            again |= {u.index: u for u in dataset_units(cut, {name: ds}, first)}
+    missing = sorted(set(config.input.datasets) - set(datasets))
+    if datasets and missing:
+        report.warnings.append(
+            f"no Dataset was given for {', '.join(map(repr, missing))}: its documents were not re-tokenized"
+        )
     drifted: dict[str, None] = {}  # in manifest order, each once (a split file has several units)
+    moved_ids: dict[int, bool] = {}  # a Dataset's units: a row's id is checked against the index's
     for index, entry in enumerate(manifest["inputs"]):
         if "dataset" in entry:
             unit = again.get(index)
             if unit is not None and [unit.shard.unit_start, unit.shard.unit_stop] == entry["rows"]:
                 shards[index] = unit
-            elif datasets:
+                moved_ids[index] = True
+            elif unit is not None or (datasets and entry.get("source", "") in datasets):
+                held = (
+                    f" (that unit's rows now: {unit.shard.unit_start:,}-{unit.shard.unit_stop:,})"
+                    if unit
+                    else ""
+                )
                 report.add(
-                    f"the Dataset given for {entry['dataset']!r} does not hold the job's rows "
-                    f"{entry['rows'][0]:,}-{entry['rows'][1]:,} (shard {index}): its documents "
-                    "cannot be checked"
+                    f"the Dataset given for {entry['dataset']!r} does not hold the rows the job read: "
+                    f"shard {index} was rows {entry['rows'][0]:,}-{entry['rows'][1]:,}{held}; its "
+                    "documents cannot be checked"
                 )
             continue
         files = entry_files(entry)
@@ -584,9 +618,12 @@ def _check_sample(
             f"{', '.join(new[:3])}"
         )
     wanted: dict[int, set[tuple[int, int]]] = {}  # by unit: (file, row) of each picked document
+    picked_id: dict[tuple[int, int, int], str] = {}  # (unit, file, row) -> the index's id there
     for i in picks:
         place = (int(docs.column("file")[i].as_py()), int(docs.column("row")[i].as_py()))
-        wanted.setdefault(int(docs.column("shard")[i].as_py()), set()).add(place)
+        unit_index = int(docs.column("shard")[i].as_py())
+        wanted.setdefault(unit_index, set()).add(place)
+        picked_id[(unit_index, *place)] = str(docs.column("doc_id")[i].as_py())
     tok = load_tokenizer(config.tokenizer, config.storage, framed=config.framed)
     date = manifest.get("chat", {}).get("date")
     if config.tokenizer.chat_date is None and date is not None:  # the date the dataset was rendered with
@@ -604,6 +641,20 @@ def _check_sample(
         for batch in read_unit(shard, 256, config.storage):
             numbers = batch.files or [0] * len(batch)
             keep = [k for k, row in enumerate(batch.rows) if (numbers[k], row) in rows]
+            if shard_index in moved_ids:
+                # A Dataset read again may give its rows in another order (an unseeded shuffle): a
+                # row whose id is not the one the job read there is the Dataset's change, said so.
+                other = [
+                    k for k in keep if batch.ids[k] != picked_id[(shard_index, numbers[k], batch.rows[k])]
+                ]
+                for k in other[:3]:
+                    was = picked_id[(shard_index, numbers[k], batch.rows[k])]
+                    report.add(
+                        f"the Dataset given holds {batch.ids[k]!r} at row {batch.rows[k]:,}, where the job "
+                        f"read {was!r}: it gives other rows than when it was packed (an unseeded "
+                        "random_shuffle?); its documents cannot be checked"
+                    )
+                keep = [k for k in keep if k not in other]
             if not keep:
                 continue
             if config.input.chat:  # the tokens and the mask: untrained tokens as -(id + 1), as staged

@@ -104,12 +104,17 @@ def test_a_parquet_dataset_packs_as_its_files_whatever_its_blocks(
     assert "a Ray Dataset of 1,200 rows in 5 work units" in (tmp_path / "a" / "report.html").read_text()
     checked = raypack.verify(str(tmp_path / "a"), cfg, dataset=ray.data.read_parquet(str(corpus)))
     assert checked.ok and checked.sampled == 64, checked.problems
-    # Without the Dataset the sample cannot be re-read: said, not skipped silently.
-    alone = raypack.verify(str(tmp_path / "a"), {**cfg, "input": {**cfg["input"], "datasets": [""]}})
+    # Without the Dataset (the config pack was given) the sample cannot be re-read: said, not
+    # skipped silently.
+    alone = raypack.verify(str(tmp_path / "a"), cfg)
     assert alone.ok and alone.sampled == 0 and "was a Ray Dataset" in alone.warnings[0]
-    # Other rows than the job's: named, not passed.
-    fewer = ray.data.read_parquet(str(corpus)).limit(1000)
-    assert not raypack.verify(str(tmp_path / "a"), cfg, dataset=fewer).ok
+    # Other rows than the job's, fewer or moved: named as the Dataset's change, not the packs'.
+    fewer = raypack.verify(str(tmp_path / "a"), cfg, dataset=ray.data.read_parquet(str(corpus)).limit(1000))
+    assert not fewer.ok and "does not hold the rows the job read" in fewer.problems[0]
+    moved = raypack.verify(
+        str(tmp_path / "a"), cfg, dataset=ray.data.read_parquet(str(corpus)).random_shuffle()
+    )
+    assert not moved.ok and "gives other rows than when it was packed" in moved.problems[0], moved.problems
 
 
 def test_a_filtered_json_dataset_numbers_its_rows_and_records_its_rejects(
@@ -237,6 +242,21 @@ def test_what_a_dataset_user_gets_wrong_is_one_line(
     with pytest.raises(TypeError, match=r"takes a ray.data.Dataset, not list"):
         raypack.pack(good, dataset=[{"body": "x"}], log=quiet)
     assert not (tmp_path / "out").exists()
+    # Values that are not text in a column of Python objects (pandas' mixed column), and a text
+    # over input.max_document_bytes in UTF-8 bytes though not in characters: rejects with reasons.
+    import pandas as pd
+
+    texts: list[Any] = [f"text {i} " * 20 for i in range(60)] + [12345, 3.5, "日本語" * 400]
+    mixed = ray.data.from_pandas(pd.DataFrame({"body": texts}))
+    limits = {"max_document_bytes": 2000, "max_reject_ratio": 0.1}
+    result = raypack.pack(
+        _config(tmp_path / "mixed", tokenizer_path, text_field="body", **limits), dataset=mixed, log=quiet
+    )
+    assert result.documents == 60
+    reasons = {r["row"]: r["reason"] for r in pq.read_table(tmp_path / "mixed" / "rejects").to_pylist()}
+    assert reasons[60] == "text field 'body' is int, not a string"
+    assert reasons[61] == "text field 'body' is float, not a string"
+    assert reasons[62] == "text of 3,600 bytes, over input.max_document_bytes (2,000)"
     # A config that names Datasets, given to the command: one line, exit 2.
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({**good, "input": {**good["input"], "datasets": [""]}}))

@@ -186,3 +186,38 @@ def test_a_stateful_dataloader_state_resumes_on_another_world_size(bucketed: Pat
     assert again is not None
     rest = _digests(iter_batches(str(bucketed), 3, 0, 1, seed=3, last_batch="short", resume=again))
     assert rest and Counter(seen + rest) == every
+
+
+def test_a_state_that_cannot_say_where_the_epoch_stands_is_refused(bucketed: Path) -> None:
+    """Each a ValueError that says what is wrong, never a replayed or shortened epoch."""
+    from raypack.torch_data import PackedDataset
+
+    path, sha = str(bucketed), pin(str(bucketed)).sha256
+
+    def resumed(state: dict[str, Any], **kw: Any) -> Any:
+        return next(iter_batches(path, 2, 0, 3, seed=3, last_batch="short", resume=state, **kw))
+
+    good = _state(2, 4, 3, "short") | {"manifest_sha256": sha}
+    assert resumed(good)["input_ids"].shape[0] == 2
+    finished = PackedDataset(path, 4, 0, 2, seed=3, last_batch="short")
+    for _ in finished:
+        pass
+    with pytest.raises(ValueError, match="holds no position"):  # after its epoch: not step 0
+        resumed(finished.state_dict())
+    for bad, match in [
+        ({"next_step": -4}, "step -4 is negative"),
+        ({"world_size": 0}, "need 0 <= rank < world_size"),
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"last_batch": "bogus"}, "last_batch must be one of"),
+        ({"next_step": 10**6}, "past the"),
+        ({"resumed_from": [{"world_size": 2}]}, "not a raypack PackedDataset state"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            resumed(good | bad)
+    with pytest.raises(ValueError, match="does not say which version"):
+        resumed(_state(2, 4, 3, "short"))
+    assert resumed(_state(2, 4, 3, "short"), follow_latest=True)["input_ids"].shape[0] == 2
+    with pytest.raises(ValueError, match="not a StatefulDataLoader state"):
+        resumed({"_snapshot": {"_worker_snapshots": {"w": {"dataset_state": good}}}})
+    with pytest.raises(ValueError, match="resume it with that seed"):  # at once, not at the first batch
+        PackedDataset(path, 2, 0, 3, seed=4, last_batch="short", resume=good)

@@ -36,6 +36,7 @@ import pyarrow as pa
 
 from raypack.config import InputConfig, Reading
 from raypack.errors import ConfigError
+from raypack.pipeline.read import MAX_SPLIT_UNITS
 from raypack.pipeline.readers.chat import chat_fields
 from raypack.pipeline.readers.parquet import is_text
 from raypack.pipeline.units import WorkUnit
@@ -99,11 +100,12 @@ def check_dataset(cfg: InputConfig, source: str, ds: Any) -> list[str]:
     columns = _columns(reading, names)
     missing = [c for c in columns if c not in names]
     if missing:
-        field = "id_field" if missing[0] == reading.id_field else "text_field"
-        if reading.chat:
-            field = "the chat fields" if missing[0] != reading.id_field else field
+        fields = {reading.id_field: "input.id_field", reading.text_field: "input.text_field"}
+        fields |= {reading.messages_field: "input.messages_field", reading.prompt_field: "input.prompt_field"}
+        fields |= {reading.completion_field: "input.completion_field"}
         raise ConfigError(
-            f"{what} has no column {missing[0]!r} (input.{field}); its columns: {', '.join(names)}"
+            f"{what} has no column {missing[0]!r} ({fields.get(missing[0], 'input')}); its columns: "
+            f"{', '.join(names)}"
         )
     if not reading.chat:
         kind = _arrow_type(schema, reading.text_field)
@@ -122,6 +124,13 @@ def dataset_units(cfg: InputConfig, datasets: dict[str, Any], first_index: int) 
         ds = datasets[source]
         columns = check_dataset(cfg, source, ds)
         blocks = _blocks(ds.select_columns(columns))
+        rows = sum(n for _, n, _ in blocks)
+        if -(-rows // cfg.unit_rows) + len(units) > MAX_SPLIT_UNITS:
+            raise ConfigError(
+                f"input.unit_rows={cfg.unit_rows:,} would cut {rows:,} rows into more than "
+                f"{MAX_SPLIT_UNITS:,} work units (a task and files each): set input.unit_rows >= "
+                f"{-(-rows // MAX_SPLIT_UNITS):,}"
+            )
         units += _cut(cfg.reading(source), source, blocks, cfg.unit_rows, first_index + len(units))
     return units
 

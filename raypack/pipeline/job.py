@@ -43,6 +43,7 @@ from raypack.pipeline.select import Selection, select
 from raypack.pipeline.store import check_store, content_digests, store_record
 from raypack.pipeline.tokenize import check_rejects, tokenize
 from raypack.pipeline.tokenize_pool import TokenizePool
+from raypack.pipeline.worker import preload_job
 from raypack.pipeline.write import write
 from raypack.storage import join, remove
 
@@ -142,7 +143,11 @@ def _stages(
     token_dir = store if store is not None else join(ready.staging, "tokens")
     units = read(ready.files, cfg.input, storage, runner)
     if ready.datasets:
-        units += dataset_units(cfg.input, ready.datasets, len(units))
+        # The Dataset's own pipeline runs here, on the CPUs; then the workers load the tokenizer
+        # (before it, their preload held every CPU and Ray Data waited, warning of a hang).
+        with _stage(timings, "read", log):
+            units += dataset_units(cfg.input, ready.datasets, len(units))
+        runner.preload(preload_job, (ready.ctx, None))
     concurrency = cfg.tokenizer.concurrency or runner.width
     pool = TokenizePool(runner, ready.ctx, min(concurrency, len(units)), capped=concurrency < runner.width)
     try:

@@ -149,7 +149,8 @@ def prepare(
             with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
                 loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
                 runner = RayRunner()
-                runner.preload(preload_job, (ctx, None))
+                if not datasets:  # (a Dataset's: once it is materialized, which needs the CPUs)
+                    runner.preload(preload_job, (ctx, None))
                 tok = loading.result()
         else:
             tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed)

@@ -305,7 +305,7 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
         more = len(kinds) - REJECT_EXAMPLES
         top += f" and {more} more kind{'s' if more > 1 else ''}"
     if documents == 0 and rejects == 0:
-        raise JobError("no documents to pack: the input files hold no records")
+        raise JobError("no documents to pack: the input holds no records")
     if documents == 0:
         raise JobError(f"no documents to pack: {rejects:,} records rejected: {top} (see {where})")
     if totals.lost_files > cfg.input.max_lost_files:

@@ -254,7 +254,7 @@ def test_a_corpus_of_empty_files_says_so_without_pointing_at_rejects_that_do_not
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
     assert main(["pack", str(cfg), "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert err == "raypack: job failed: no documents to pack: the input files hold no records\n"
+    assert err == "raypack: job failed: no documents to pack: the input holds no records\n"
     assert not (tmp_path / "out" / "rejects").exists() and not (tmp_path / "out" / "_staging").exists()
 
 

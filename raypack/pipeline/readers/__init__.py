@@ -43,8 +43,9 @@ if tuple(READERS) != INPUT_FORMATS:  # a format added in one place and not the o
 # any such change. 2: a mixture source's own format and fields are used (issue 31; before, every
 # file was read with the top-level input settings) and a truncated text file is a lost file.
 # 3: token files carry each document's file within its unit (runs of small files, issue 40), and a
-# malformed line's reason says "at column" once.
-READ_VERSION = 3
+# malformed line's reason says "at column" once. 4: input.max_document_bytes counts a Parquet cell's
+# (and a Ray Dataset row's) UTF-8 bytes, not its characters, as it counts a JSONL line's.
+READ_VERSION = 4
 
 
 def read_unit(unit: WorkUnit, batch_size: int, storage: StorageConfig | None = None) -> Iterator[Batch]:

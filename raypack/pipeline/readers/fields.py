@@ -40,9 +40,11 @@ def document(
     if (empty := empty_reason(text, reading)) is not None:
         batch.rejects.append(Reject.bad(row, empty, raw))
         return None
-    if len(text) > reading.max_document_bytes:  # parquet: a cell over the limit (jsonl lines never get here)
-        limit = reading.max_document_bytes
-        reason = f"text of {len(text)} characters, over input.max_document_bytes ({limit})"
+    # A Parquet cell or a Dataset's row over the limit (jsonl lines never get here): its UTF-8 bytes,
+    # encoded only where its characters could be that many (a character is at most 4 bytes).
+    limit = reading.max_document_bytes
+    if len(text) * 4 > limit and (size := len(text.encode("utf-8", "surrogatepass"))) > limit:
+        reason = f"text of {size:,} bytes, over input.max_document_bytes ({limit:,})"
         batch.rejects.append(Reject.bad(row, reason, raw))
         return None
     return _with_id(record, row, reading, default_id, batch, raw, text)

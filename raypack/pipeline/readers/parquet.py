@@ -11,6 +11,7 @@ of them.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -84,14 +85,21 @@ def record_batch_documents(record_batch: pa.RecordBatch, row: int, reading: Read
         return batch
     text_field, id_field = reading.text_field, reading.id_field
     texts = record_batch.column(text_field)
-    if not pa.types.is_string(texts.type) and not pa.types.is_large_string(texts.type):
-        texts = texts.cast(pa.large_string())  # dictionary-encoded or string_view (is_text)
+    values: list[Any]
+    if pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type) or not is_text(texts.type):
+        # (not text: a Ray Dataset's column of Python objects, mixed str and numbers from pandas:
+        # each value is judged by document(), a number a reject)
+        values = texts.to_pylist()
+    else:
+        values = texts.cast(pa.large_string()).to_pylist()  # dictionary-encoded or string_view
     ids = record_batch.column(id_field).to_pylist() if id_field else None
-    for i, text in enumerate(texts.to_pylist()):
+    for i, text in enumerate(values):
         record: dict[str, object] = {text_field: text}
         if ids is not None and id_field is not None:
             record[id_field] = ids[i]
-        doc = document(record, row, reading, f"{relpath}:{row}", batch, text or "")
+        doc = document(
+            record, row, reading, f"{relpath}:{row}", batch, text if isinstance(text, str) else str(text)
+        )
         if doc is not None:
             batch.add(row, doc[0], doc[1])
         row += 1
