@@ -140,6 +140,8 @@ def _blocks(ds: Any) -> list[tuple[Any, int, int]]:
     copy of its context: the caller's Dataset keeps its own)."""
     from ray.data import Dataset
 
+    # Dataset.copy is Ray's own (not public API): select_columns' Dataset shares its DataContext
+    # with the caller's, so setting preserve_order there would change how their Dataset runs.
     ordered = Dataset.copy(ds, _deep_copy=True)
     ordered.context.execution_options.preserve_order = True
     found = []
