@@ -89,7 +89,7 @@ def test_two_calls_in_one_process_write_what_two_commands_write(tmp_path: Path, 
     assert raypack.verify(str(tmp_path / "api-2"), mapping, sample=10).ok
 
 
-@pytest.mark.parametrize("executor", ["auto", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.mark.parametrize("executor", ["auto", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
 def test_a_second_job_packs_with_the_tokenizer_saved_since_the_first(tmp_path: Path, executor: str) -> None:
     """A notebook: train a tokenizer, save it, pack; train another, save it at the same path, pack
     again. The second job's documents carry the second tokenizer's ids, every one of them (they all

@@ -664,6 +664,7 @@ def test_sharded_mode_keeps_the_masks(corpus: Path, model: Path, tmp_path: Path)
     )
 
 
+@pytest.mark.slow  # 10 s
 def test_convert_moves_the_masks_between_forms_and_refuses_maskless_formats(
     packed: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -830,6 +831,7 @@ def test_a_completion_or_turn_starting_with_a_space_keeps_its_mask_with_trimmed_
         assert hf.decode(trained) == chat.messages[1]["content"] + "<|im_end|>"
 
 
+@pytest.mark.slow  # 12 s
 def test_a_template_that_prints_the_date_renders_one_date_per_dataset(
     bare: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,7 +35,7 @@ from tests import oracle
 from tests.chatdata import CHATML_MARKED, chat_model, conversation
 from tests.conftest import WORDS
 
-EXAMPLES = 4  # a fresh draw each run; CI's time bounds it (~11 s a drawn job on 2 cores)
+EXAMPLES = 2  # a fresh draw each run; CI's time bounds it (~11 s a drawn job on 2 cores)
 SLOW_EXAMPLES = 150
 INPUT_FORMATS = ("jsonl", "jsonl.gz", "parquet", "text")
 HISTOGRAM_PACKERS = ("bfd", "lpfhp", "spfhp", "nnlshp", "bucket")

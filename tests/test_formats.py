@@ -312,6 +312,7 @@ def test_mosaicml_streaming_reads_the_mds_output(packed: dict[str, Any], tmp_pat
     assert [flat[a:b] for a, b in itertools.pairwise(cuts)] == index.column("doc_offsets").to_pylist()
 
 
+@pytest.mark.slow  # 13 s; the bytes whatever the workers are test_job's in the light tier
 def test_each_format_is_byte_identical_for_two_actors_and_across_a_rebuild(
     packed: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -333,6 +334,7 @@ def test_each_format_is_byte_identical_for_two_actors_and_across_a_rebuild(
         assert verify(str(root), sample=0).ok
 
 
+@pytest.mark.slow  # 12 s; test_a_plain_dataset_written_as_trl_converts... keeps convert in the light tier
 def test_convert_writes_what_pack_writes(packed: dict[str, Any], tmp_path: Path, capsys: Any) -> None:
     """parquet -> each format gives the bytes `raypack pack` wrote in it; mds -> parquet gives back
     the parquet files; every conversion verifies and names its source."""

@@ -432,6 +432,7 @@ def test_units_the_workers_began_before_the_check_refused_fastokens_are_all_toke
         assert not (tmp_path / name / "_staging").exists()
 
 
+@pytest.mark.slow  # 11 s; its auto twin stays
 def test_fastokens_asked_for_by_name_and_refused_after_the_workers_began_leaves_nothing(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -128,14 +128,12 @@ def reference(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) ->
 
 
 @pytest.mark.parametrize(
-    "executor",
-    ["auto", pytest.param("ray", marks=pytest.mark.ray)],
-)
-@pytest.mark.parametrize(
-    "victim",
+    ("victim", "executor"),
     [
-        "tokenize_unit",  # a worker holding a tokenizer, mid-shard
-        "write_files",  # a task writing output files
+        ("tokenize_unit", "auto"),  # a worker holding a tokenizer, mid-shard
+        pytest.param("tokenize_unit", "ray", marks=[pytest.mark.ray, pytest.mark.slow]),  # 32 s
+        ("write_files", "auto"),  # a task writing output files
+        pytest.param("write_files", "ray", marks=pytest.mark.ray),
     ],
 )
 def test_a_killed_worker_is_retried_and_the_output_is_byte_identical(
@@ -204,6 +202,7 @@ def _gone(pid: int, within: float = 10.0) -> bool:
     return False
 
 
+@pytest.mark.slow  # 30 s; S3 under a fault stays in the light tier: test_multinode's node dying on S3
 def test_the_s3_server_crashing_during_the_write_stage(
     tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]]
 ) -> None:

@@ -290,6 +290,7 @@ def test_a_mixture_of_small_files_selects_the_same_documents_in_runs(
     assert -1 in copies and max(copies) >= 1  # some left out, some repeated: the rules were used
 
 
+@pytest.mark.slow  # 15 s; the runs' locality is the property test's
 def test_a_changed_file_retokenizes_only_its_run_from_the_store(tmp_path: Path, tokenizer_path: Path) -> None:
     """A token store keys a run by every file's content: rewriting one small file (same size) misses
     its run alone, and the repack is what a fresh pack gives."""

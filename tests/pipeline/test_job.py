@@ -360,6 +360,7 @@ def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path: Path) -> 
     assert done.stderr == "" and done.returncode == 141  # as a tool SIGPIPE ends
 
 
+@pytest.mark.slow  # 10 s of starting Ray
 def test_starting_local_ray_says_nothing_of_token_authentication(tmp_path: Path) -> None:
     """A command that starts its own local Ray (no RAY_ADDRESS) keeps Ray's token authentication but
     not the WARNING Ray prints about it on every start."""

@@ -223,6 +223,7 @@ def test_an_unfinished_token_file_is_tokenized_again(tmp_path: Path, tokenizer_p
     assert verify(str(tmp_path / "root"), cfg, sample=10).ok
 
 
+@pytest.mark.slow  # 8 s
 def test_a_tokenizer_library_upgrade_retokenizes_and_leftovers_are_swept(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -323,6 +323,7 @@ def test_a_rebuild_with_a_named_store_leaves_its_entries_to_prune(
     assert not (tmp_path / "root" / "_cache").exists()
 
 
+@pytest.mark.slow  # 8 s
 def test_an_entry_whose_rejects_file_is_gone_is_tokenized_again(tmp_path: Path, tokenizer_path: Path) -> None:
     """A store copied in part (a token file without the rejects file its key says it has) is a
     miss for that unit, not a failed job."""
