@@ -102,19 +102,14 @@ def verify(
     tokens packed. The report's `ok` and `problems` say what was found. `dataset`: the Ray Dataset
     (or {source: Dataset}) the job read, as given to pack(), for the sample to re-read; it needs
     `config`."""
-    import json
-
-    from raypack.verifier import packed_datasets
+    from raypack.verifier import datasets_override
     from raypack.verifier import verify as check
 
-    datasets, overrides = _datasets(dataset, ())
+    datasets, _ = _datasets(dataset, ())
     if datasets is not None and config is None:
         raise TypeError("raypack.verify(dataset=...) re-reads a sample as the job did: give its config too")
-    if config is not None:  # the sources the job read as Datasets, named as raypack.pack named them
-        names = packed_datasets(output)
-        if names:
-            overrides = [f"input.datasets={json.dumps(names)}"]
-    cfg = load_config(config, overrides) if config is not None else None
+    # The sources the job read as Datasets, named as raypack.pack named them.
+    cfg = load_config(config, datasets_override(output)) if config is not None else None
     return check(output, cfg, sample=sample, datasets=datasets)
 
 

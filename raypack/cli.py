@@ -241,15 +241,16 @@ def _job_overrides(args: argparse.Namespace) -> list[str]:
     return [*args.overrides, f"pack.compare={json.dumps(names)}"]
 
 
-def _config_of(args: argparse.Namespace) -> JobConfig | None:
-    """--config with its --set overrides (verify, convert, report); None without --config."""
+def _config_of(args: argparse.Namespace, more: list[str] | None = None) -> JobConfig | None:
+    """--config with its --set overrides (verify, convert, report), then `more`; None without
+    --config."""
     from raypack.config import load_config
 
     if not args.config:
         if args.overrides:
             raise ConfigError("--set overrides the job config: give it with --config")
         return None
-    return load_config(args.config, args.overrides)
+    return load_config(args.config, [*args.overrides, *(more or [])])
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -333,16 +334,10 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from raypack.config import load_config
-    from raypack.verifier import packed_datasets, verify
+    from raypack.verifier import datasets_override, verify
 
-    names = packed_datasets(args.output) if args.config else []
-    if names:  # packed from Ray Datasets: the config names them as raypack.pack did
-        cfg: JobConfig | None = load_config(
-            args.config, [*args.overrides, f"input.datasets={json.dumps(names)}"]
-        )
-    else:
-        cfg = _config_of(args)
+    # Packed from Ray Datasets: the config names them as raypack.pack did.
+    cfg = _config_of(args, datasets_override(args.output) if args.config else [])
     report = verify(args.output, cfg, sample=args.sample)
     if report.ok:
         sampled = f", {report.sampled} documents re-tokenized and equal" if cfg else ""

@@ -179,16 +179,17 @@ _SAME_BYTES = {
 _SOURCE_SAME_BYTES = {"paths", "root"}
 
 
-def packed_datasets(output: str, storage: StorageConfig | None = None) -> list[str]:
-    """The sources a dataset at `output` read as Ray Datasets (its manifest's input.datasets; [] for
-    files, or where there is no manifest to read): a config given to verify it names them as the job
-    did (raypack.pack set them), so its sources without paths load."""
+def datasets_override(output: str, storage: StorageConfig | None = None) -> list[str]:
+    """The override naming the sources a dataset at `output` read as Ray Datasets (its manifest's
+    input.datasets), for the config given to verify it, as raypack.pack named them, so its sources
+    without paths load; [] for files, or where there is no manifest to read."""
     try:
         output = resolve_dataset(output, storage)
         manifest = json.loads(read_bytes(join(output, MANIFEST), storage))
     except (OSError, ValueError):
         return []
-    return list(manifest.get("config", {}).get("input", {}).get("datasets") or [])
+    names = manifest.get("config", {}).get("input", {}).get("datasets") or []
+    return [f"input.datasets={json.dumps(names)}"] if names else []
 
 
 def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
@@ -576,13 +577,13 @@ def _check_sample(
             f"no Dataset was given for {', '.join(map(repr, missing))}: its documents were not re-tokenized"
         )
     drifted: dict[str, None] = {}  # in manifest order, each once (a split file has several units)
-    moved_ids: dict[int, bool] = {}  # a Dataset's units: a row's id is checked against the index's
+    from_datasets: set[int] = set()  # a Dataset's units: a row's id is checked against the index's
     for index, entry in enumerate(manifest["inputs"]):
         if "dataset" in entry:
             unit = again.get(index)
             if unit is not None and [unit.shard.unit_start, unit.shard.unit_stop] == entry["rows"]:
                 shards[index] = unit
-                moved_ids[index] = True
+                from_datasets.add(index)
             elif unit is not None or (datasets and entry.get("source", "") in datasets):
                 held = (
                     f" (that unit's rows now: {unit.shard.unit_start:,}-{unit.shard.unit_stop:,})"
@@ -641,7 +642,7 @@ def _check_sample(
         for batch in read_unit(shard, 256, config.storage):
             numbers = batch.files or [0] * len(batch)
             keep = [k for k, row in enumerate(batch.rows) if (numbers[k], row) in rows]
-            if shard_index in moved_ids:
+            if shard_index in from_datasets:
                 # A Dataset read again may give its rows in another order (an unseeded shuffle): a
                 # row whose id is not the one the job read there is the Dataset's change, said so.
                 other = [
