@@ -329,6 +329,10 @@ def iter_batches(
         yield convert(batch) if convert is not None else batch
 
 
+_RUN_KEYS = ("world_size", "batch_size", "seed", "last_batch", "step")
+"""A Run's fields, as a state's `resumed_from` holds each run."""
+
+
 @dataclass(frozen=True)
 class Run:
     """A run of an epoch that a state was saved in: its ranks, batch size, seed and last_batch, and
@@ -340,16 +344,15 @@ class Run:
     last_batch: str
     step: int
 
-    def left(self, buckets: list[_Bucket], before: list[Spans]) -> list[Spans]:
+    def left(self, buckets: list[_Bucket], before: list[Spans], salt: tuple[object, ...]) -> list[Spans]:
         """What the epoch has left of each bucket after this run's `step` steps, from what it had
         left before the run (`before`: the bucket's whole sequence for a run that began the epoch).
         Every rank of the run took its share of `before` as Plan.of gives it and had taken, by
-        `step`, as many batches of each bucket as the run's schedule gives every rank."""
-        steps = [
-            _share(sum(b - a for a, b in spans), 0, self.world_size, self.batch_size, self.last_batch)[2]
-            for spans in before
-        ]
-        schedule = _schedule(steps, self.seed, *self.salt_before)
+        `step`, as many batches of each bucket as the run's schedule (salted by `salt`, the runs'
+        before it: Resume.salt) gives every rank."""
+        totals = [sum(b - a for a, b in spans) for spans in before]
+        steps = [_share(t, 0, self.world_size, self.batch_size, self.last_batch)[2] for t in totals]
+        schedule = _schedule(steps, self.seed, *salt)
         if self.step > len(schedule):
             raise ValueError(
                 f"the state's step {self.step:,} is past the {len(schedule):,} steps its run's epoch has "
@@ -357,17 +360,13 @@ class Run:
             )
         done = np.bincount(schedule[: self.step], minlength=len(buckets)).tolist()
         left: list[Spans] = []
-        for spans, taken in zip(before, done, strict=True):
-            total = sum(b - a for a, b in spans)
+        for spans, total, taken in zip(before, totals, done, strict=True):
             rest: Spans = []
             for r in range(self.world_size):
                 lo, hi, _ = _share(total, r, self.world_size, self.batch_size, self.last_batch)
                 rest += _within(spans, min(lo + taken * self.batch_size, hi), hi)
             left.append(rest)
         return left
-
-    salt_before: tuple[object, ...] = ()
-    """The schedule's salt of this run (Resume.salt of the runs before it; () for the first)."""
 
 
 @dataclass(frozen=True)
@@ -378,16 +377,23 @@ class Resume:
 
     runs: tuple[Run, ...]
 
-    @property
-    def salt(self) -> tuple[object, ...]:
-        """What makes the resumed run's schedule its own (every rank of it computes the same)."""
-        return ("resume", *((r.world_size, r.batch_size, r.step) for r in self.runs))
+    def salt(self, runs: int | None = None) -> tuple[object, ...]:
+        """What makes the schedule of the run after the first `runs` runs (None: all) its own, the
+        same on every rank of it; () for the epoch's first run."""
+        before = self.runs[:runs]
+        return ("resume", *((r.world_size, r.batch_size, r.step) for r in before)) if before else ()
+
+    def check_seed(self, seed: int) -> None:
+        """ValueError unless `seed` is the epoch's, every run's: positions are of its seeded order."""
+        for run in self.runs:
+            if run.seed != seed:
+                raise ValueError(
+                    f"the state is of an epoch read with seed {run.seed}: resume it with that seed, "
+                    f"not {seed}"
+                )
 
     def to_state(self) -> list[dict[str, Any]]:
-        return [
-            {k: getattr(r, k) for k in ("world_size", "batch_size", "seed", "last_batch", "step")}
-            for r in self.runs
-        ]
+        return [{k: getattr(r, k) for k in _RUN_KEYS} for r in self.runs]
 
     @classmethod
     def of(cls, state: dict[str, Any]) -> tuple[Resume, str | None]:
@@ -395,9 +401,8 @@ class Resume:
         PackedDataset's state_dict(), or a torchdata StatefulDataLoader's state_dict() of one (any
         num_workers). ValueError for anything else."""
         dataset_state, step = _dataset_state(state)
-        keys = ("world_size", "batch_size", "seed", "last_batch", "step")
         try:
-            earlier = [Run(**{k: r[k] for k in keys}) for r in dataset_state.get("resumed_from") or []]
+            earlier = [Run(**{k: r[k] for k in _RUN_KEYS}) for r in dataset_state.get("resumed_from") or []]
             this = Run(
                 int(dataset_state["world_size"]),
                 int(dataset_state["batch_size"]),
@@ -417,11 +422,7 @@ class Resume:
             check_args(run.batch_size, 0, run.world_size, run.last_batch)
             if run.step < 0:
                 raise ValueError(f"not a raypack PackedDataset state: step {run.step} is negative")
-        runs: list[Run] = []
-        for run in [*earlier, this]:
-            salt = Resume(tuple(runs)).salt if runs else ()
-            runs.append(Run(run.world_size, run.batch_size, run.seed, run.last_batch, run.step, salt))
-        return cls(tuple(runs)), dataset_state.get("manifest_sha256")
+        return cls((*earlier, this)), dataset_state.get("manifest_sha256")
 
 
 def resume_of(state: dict[str, Any], pinned: Pinned, follow_latest: bool = False) -> Resume:
@@ -517,20 +518,17 @@ class Plan:
     ) -> Plan:
         buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
         left = [[(0, b.packs)] for b in buckets]  # what the epoch has left of each bucket
-        for earlier in resume.runs if resume is not None else ():
-            if earlier.seed != seed:
-                raise ValueError(
-                    f"the state is of an epoch read with seed {earlier.seed}: resume it with that seed, "
-                    f"not {seed}"
-                )
-            left = earlier.left(buckets, left)
+        if resume is not None:
+            resume.check_seed(seed)
+            for k, earlier in enumerate(resume.runs):
+                left = earlier.left(buckets, left, resume.salt(k))
         shares, steps = [], []
         for spans in left:
             total = sum(b - a for a, b in spans)
             lo, hi, n = _share(total, rank, world_size, batch_size, last_batch)
             shares.append(_within(spans, lo, hi))
             steps.append(n)
-        salt = resume.salt if resume is not None else ()
+        salt = resume.salt() if resume is not None else ()
         return cls(pinned, buckets, shares, _schedule(steps, seed, *salt), batch_size, seed, storage)
 
     def read(self, bucket: int, group: int) -> pa.Table:

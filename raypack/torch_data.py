@@ -68,11 +68,8 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self.pinned = pin(path, storage)
         # An elastic resume: a rank's state from a run of this epoch at another world or batch size.
         self.resume = resume_of(resume, self.pinned, follow_latest) if resume is not None else None
-        if self.resume is not None and self.resume.runs[0].seed != seed:
-            raise ValueError(
-                f"the state is of an epoch read with seed {self.resume.runs[0].seed}: resume it with that "
-                f"seed, not {seed}"
-            )
+        if self.resume is not None:
+            self.resume.check_seed(seed)
         self._token = uuid.uuid4().hex  # names this dataset's shared directories (with the epoch's)
         self._epochs = 0
         self._resume: int | None = None  # the step this worker resumes at (load_state_dict)
