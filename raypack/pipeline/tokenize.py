@@ -397,9 +397,7 @@ def unit_bytes(units: list[WorkUnit]) -> list[int]:
     row groups' sizes are not kept)."""
     per_file: Counter[str] = Counter(u.relpath for u in units)
     return [
-        u.size
-        if not u.shard.split or u.reading.format in ("jsonl", "dataset")
-        else u.size // per_file[u.relpath]
+        u.size // per_file[u.relpath] if u.shard.split and u.reading.format == "parquet" else u.size
         for u in units
     ]
 

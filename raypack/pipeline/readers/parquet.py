@@ -11,7 +11,6 @@ of them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -85,15 +84,12 @@ def record_batch_documents(record_batch: pa.RecordBatch, row: int, reading: Read
         return batch
     text_field, id_field = reading.text_field, reading.id_field
     texts = record_batch.column(text_field)
-    values: list[Any]
-    if pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type) or not is_text(texts.type):
-        # (not text: a Ray Dataset's column of Python objects, mixed str and numbers from pandas:
-        # each value is judged by document(), a number a reject)
-        values = texts.to_pylist()
-    else:
-        values = texts.cast(pa.large_string()).to_pylist()  # dictionary-encoded or string_view
+    if is_text(texts.type) and not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
+        texts = texts.cast(pa.large_string())  # dictionary-encoded or string_view
+    # (A column that is not text, a Ray Dataset's of Python objects, mixed str and numbers from
+    # pandas, is read as it is: document() judges each value, a number a reject.)
     ids = record_batch.column(id_field).to_pylist() if id_field else None
-    for i, text in enumerate(values):
+    for i, text in enumerate(texts.to_pylist()):
         record: dict[str, object] = {text_field: text}
         if ids is not None and id_field is not None:
             record[id_field] = ids[i]
