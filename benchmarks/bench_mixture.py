@@ -2,6 +2,7 @@
 
     python benchmarks/bench_mixture.py                  # 130 MB, the demo tokenizer, 3 rounds
     python benchmarks/bench_mixture.py --mb 30 --rounds 2
+    python benchmarks/bench_mixture.py --mb 30 --rounds 1 --weights 0.5,0.3,0.2   # issue 41's shares
 
 Corpus: bench_job's (real source text, gzipped JSONL shards), its shards dealt into three sources in
 turn. Mixture: web repeat 1.5, code whole, books repeat 0.5, so its output is about the corpus's
@@ -11,7 +12,9 @@ the timed rounds after it (alternating plain, mixture, to share the machine's no
 they time what differs: selecting (the select stage: boundary and select tasks over the index
 files), ranking copies and the larger assign+write. seq_len 8192, bfd. Reported: medians of the
 rounds' whole command and stage seconds, output tokens, and each source's realized share against
-its target.
+its target. `--weights a,b,c`: the sources by weight instead (issue 41: 0.5,0.3,0.2), and the
+largest document's share of the output beside the shares: a cut between whole documents could miss
+a share by half of it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,14 +75,18 @@ def main() -> int:
     parser.add_argument("--mb", type=int, default=130)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-job")
+    parser.add_argument("--weights", help="a,b,c: web, code and books by weight (e.g. 0.5,0.3,0.2)")
     args = parser.parse_args()
+    rules = dict(SOURCES)
+    if args.weights:
+        rules = {n: {"weight": float(w)} for n, w in zip(SOURCES, args.weights.split(","), strict=True)}
     args.work.mkdir(parents=True, exist_ok=True)
     corpus, texts = make_corpus(args.work, args.mb)
     tokenizer = Path(yaml.safe_load(demo_config(args.work / "demo").read_text())["tokenizer"]["path"])
     shards = sorted(corpus.glob("*.jsonl.gz"))
     names = list(SOURCES)
     sources = [
-        {"name": n, "paths": [str(p) for p in shards[i :: len(names)]], **SOURCES[n]}
+        {"name": n, "paths": [str(p) for p in shards[i :: len(names)]], **rules[n]}
         for i, n in enumerate(names)
     ]
     configs = {
@@ -104,13 +113,23 @@ def main() -> int:
         m = rows[-1][1]["metrics"]
         print(f"| {name} | {total:.1f} | {select:.1f} | {write:.1f} | {m['tokens']:,} | {m['packs']:,} |")
     mixed = runs["mixture"][-1][1]
-    print("\n| source | asked | tokens in | target | tokens out | off target | share (target) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(
+        "\n| source | asked | tokens in | target | tokens out | off target | share (target) | partial copy |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for s in mixed["sources"]:
         print(
             f"| {s['name']} | {s['asked']} | {s['tokens']:,} | {s['target']:,} | {s['selected']:,} | "
-            f"{s['off_target']:+,} | {100 * s['share']:.2f}% ({100 * s['target_share']:.2f}%) |"
+            f"{s['off_target']:+,} | {100 * s['share']:.2f}% ({100 * s['target_share']:.2f}%) | "
+            f"{s.get('partial', 0):,} |"
         )
+    root = args.work / "mix-root-mixture"
+    index = pq.read_table(root / version_name(latest_version(str(root)) or 0) / "index", columns=["length"])
+    longest = int(pc.max(index.column("length")).as_py())
+    print(
+        f"\nlargest document: {longest:,} tokens, "
+        f"{100 * longest / mixed['metrics']['tokens']:.2f}% of the output"
+    )
     ratio = statistics.median(s for s, _ in runs["mixture"]) / statistics.median(s for s, _ in runs["plain"])
     text_mb = sum(map(len, texts)) / 1e6
     print(f"\nmixture / plain, whole command (token cache warm): x{ratio:.2f}; text {text_mb:.0f} MB")

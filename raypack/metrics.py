@@ -133,10 +133,14 @@ class DocStats:
     """Documents by length_bins() (input lengths, before any cut)."""
 
     @classmethod
-    def from_items(cls, it: Items) -> DocStats:
+    def from_items(cls, it: Items, cut: np.ndarray | None = None) -> DocStats:
+        """`cut`: documents that are themselves a cut (a mixture's partial copy: its first tokens), so
+        truncated whatever overflow did to them."""
         pieces = np.diff(it.doc_start)
         placed = it.placed_per_doc()
         truncations = np.maximum(pieces - 1, 0) + (placed < it.doc_length)
+        if cut is not None:
+            truncations = truncations + np.asarray(cut, dtype=truncations.dtype)
         band = np.floor(np.log2(np.maximum(it.doc_length, 1))).astype(np.int64)  # lengths are >= 1
         return cls(
             documents=it.num_docs,

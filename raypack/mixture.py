@@ -9,13 +9,20 @@ Beside repeat/tokens sources, weights are shares of the whole and sum below 1: t
 fixed sources' tokens / (1 - the weights). A target over max_repeat × a source's tokens is a
 ConfigError that gives the numbers (known once tokenized: before any packing).
 
-Selection, per source: with r = target / available, every document gets k = floor(r) copies and a
+Selection, per source, in kept tokens (`kept`: what pack.overflow leaves of each document, so that
+shares are of the output's tokens: under truncate a document gives at most seq_len, under drop a
+too-long one gives none): with r = target / available, every document gets k = floor(r) copies and a
 seeded subset of them one more. The subset is the documents whose 64-bit key u = splitmix64(seed,
-file, row) is below a threshold θ, placed so that the subset's tokens come closest to the goal
-(r - k) × available: the documents are taken in key order and the cut falls between two of them, so
-a source's tokens are within one document of its target (the cut's nearer side). Keys are fixed per
+file, row) is below a threshold θ, taken in key order, and the cut lands where the subset's tokens
+come closest to the goal (r - k) × available. A cut between two documents alone left a source of
+documents of 3% of the output 2.9 points off its share; so under split the document the goal falls
+in may give a partial copy: its first m chunks of seq_len tokens (m ≥ 1, fewer than its own). Each
+such chunk fills a pack alone, as a split document's chunks do, so no document ever follows a
+partial copy inside a pack (Megatron's and OLMo's readers find documents by EOS, which a partial copy
+lacks). A source's tokens are then within half of min(seq_len, that document) of its target; the
+partial copy is counted as a truncation and reported (Rule.partial_tokens). Keys are fixed per
 document: the subset depends on nothing but the seed and the corpus (not on workers, shards' order
-or batches), and a larger share only adds documents to it.
+or batches).
 
 Finding θ without a list of every document: each tokenize task reports its shard's tokens by the top
 KEY_BITS bits of u (token_bins: a histogram of 65,536 bins, sparse), the driver sums a source's and
@@ -41,12 +48,15 @@ __all__ = [
     "BINS",
     "KEY_BITS",
     "SOURCE_HEADER",
+    "Cut",
     "Rule",
     "Target",
     "boundary_bin",
     "copies",
+    "copy_tokens",
     "cut",
     "document_keys",
+    "kept",
     "rule_for",
     "source_cells",
     "subset_goal",
@@ -67,6 +77,7 @@ SOURCE_HEADER = (
     "target share",
     "repeat",
     "left out",
+    "partial copy",
 )
 
 
@@ -83,6 +94,7 @@ def source_cells(row: dict[str, Any]) -> tuple[str, ...]:
         f"{100 * row['target_share']:.2f}%",
         f"{row['repetition']:.2f}x",
         f"{row['left_out']:,}",
+        f"{partial:,} tokens" if (partial := row.get("rule", {}).get("partial_tokens", 0)) else "none",
     )
 
 
@@ -138,7 +150,8 @@ class Target:
 
     name: str
     available: int
-    """Its documents' tokens (as tokenized: BOS/EOS included), before selection."""
+    """Its documents' kept tokens (as tokenized, BOS/EOS included, what pack.overflow keeps of them:
+    `kept`), before selection."""
     target: int
     """Tokens it is to give the output."""
     share: float
@@ -173,7 +186,8 @@ def targets(
     if empty:
         raise ConfigError(
             f"input.sources: {', '.join(empty)} has a weight but no tokens (every record rejected, see "
-            "rejects/): no share of the output can come from it"
+            "rejects/, or every document longer than seq_len under pack.overflow drop): no share of the "
+            "output can come from it"
         )
     wsum = sum(float(s.weight or 0) for s in weighted)
     shares: dict[str, float] = {}
@@ -222,45 +236,75 @@ def boundary_bin(tokens_by_bin: np.ndarray, goal: int) -> tuple[int, int]:
     return b, int(running[b - 1]) if b else 0
 
 
-def cut(goal: int, before: int, keys: np.ndarray, lengths: np.ndarray, bin_index: int) -> int:
-    """The threshold θ (exclusive) for the subset whose tokens come closest to `goal`: `before`
-    tokens lie in the bins below `bin_index`, whose documents' keys and lengths are given. Returns
-    a key in that bin, or the bin's end (2^64 for the last bin: every document)."""
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Where a source's seeded subset ends: every document with a key below `threshold`, and the
+    first `partial_tokens` (whole chunks of seq_len) of the one whose key is `partial_key` (0
+    tokens: none)."""
+
+    threshold: int
+    partial_key: int = 0
+    partial_tokens: int = 0
+
+
+def cut(goal: int, before: int, keys: np.ndarray, lengths: np.ndarray, bin_index: int, chunk: int = 0) -> Cut:
+    """The Cut whose tokens come closest to `goal`: `before` tokens lie in the bins below
+    `bin_index`, whose documents' keys and kept lengths are given. In key order, the documents whose
+    running total stays within the goal are taken whole; the next one is taken whole, not at all, or
+    (`chunk` > 0: seq_len under overflow split) as its first m chunks, 1 <= m, m·chunk below its
+    length, whichever lands nearest (ties: not at all, then whole). The threshold is a key in that
+    bin, or the bin's end (2^64 for the last bin: every document)."""
     order = np.argsort(keys, kind="stable")
-    totals = before + np.r_[0, np.cumsum(np.asarray(lengths, dtype=np.int64)[order])]
-    j = int(np.argmin(np.abs(totals - goal)))
-    if j < len(order):
-        return int(keys[order[j]])
-    return (bin_index + 1) << (64 - KEY_BITS)
+    ordered = np.asarray(lengths, dtype=np.int64)[order]
+    totals = before + np.r_[0, np.cumsum(ordered)]
+    end = (bin_index + 1) << (64 - KEY_BITS)
+    j = int(np.searchsorted(totals, goal, side="right")) - 1  # totals[j] <= goal < totals[j + 1]
+    if j >= len(order):
+        return Cut(end)
+    gap, size, key = goal - int(totals[j]), int(ordered[j]), int(keys[order[j]])
+    after = int(keys[order[j + 1]]) if j + 1 < len(order) else end
+    best, found = gap, Cut(key)
+    if size - gap < best:
+        best, found = size - gap, Cut(after)
+    if chunk:
+        for m in {gap // chunk, -(-gap // chunk)}:
+            if m >= 1 and m * chunk < size and abs(gap - m * chunk) < best:
+                best, found = abs(gap - m * chunk), Cut(key, key, m * chunk)
+    return found
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    """How many copies a source's documents get: `full`, plus one more below `threshold`."""
+    """How many copies a source's documents get: `full`, plus one more below `threshold`, plus one
+    more of the first `partial_tokens` tokens of the document whose key is `partial_key` (Cut)."""
 
     name: str
     full: int
     threshold: int
     """Exclusive bound on keys (0: no document gets the extra copy); < 2^64."""
+    partial_key: int = 0
+    partial_tokens: int = 0
+    """The cut's document's copy in layer `full` holds only these first tokens, whole chunks of
+    seq_len (0: no partial copy)."""
 
     @property
     def layers(self) -> int:
         """The most copies a document gets."""
-        return self.full + (1 if self.threshold else 0)
+        return self.full + (1 if self.threshold or self.partial_tokens else 0)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def rule_for(name: str, target: Target, threshold: int | None) -> Rule:
-    """A source's Rule from its target and, where it takes a subset, the cut placed for it (None:
-    no subset). A cut past every key (2^64) is one more full copy."""
-    full = target.target // target.available if target.available else 0
-    if threshold is None:
-        return Rule(name, int(full), 0)
-    if threshold >= 1 << 64:
-        return Rule(name, int(full) + 1, 0)
-    return Rule(name, int(full), int(threshold))
+def rule_for(name: str, target: Target, found: Cut | None) -> Rule:
+    """A source's Rule from its target and, where it takes a subset, the Cut placed for it (None: no
+    subset). A cut past every key (2^64) is one more full copy."""
+    full = int(target.target // target.available) if target.available else 0
+    if found is None:
+        return Rule(name, full, 0)
+    if found.threshold >= 1 << 64:
+        return Rule(name, full + 1, 0)
+    return Rule(name, full, found.threshold, found.partial_key, found.partial_tokens)
 
 
 def subset_goal(target: Target) -> int:
@@ -271,8 +315,30 @@ def subset_goal(target: Target) -> int:
 
 
 def copies(rule: Rule, keys: np.ndarray) -> np.ndarray:
-    """int32 copies of each document."""
+    """int32 copies of each document (the cut's document's last copy is partial: copy_tokens)."""
     out = np.full(len(keys), rule.full, dtype=np.int32)
     if rule.threshold:
         out += (keys < np.uint64(rule.threshold)).astype(np.int32)
+    if rule.partial_tokens:
+        out += (keys == np.uint64(rule.partial_key)).astype(np.int32)
     return out
+
+
+def copy_tokens(rule: Rule, keys: np.ndarray, lengths: np.ndarray, layer: int) -> np.ndarray:
+    """int64 tokens that copy `layer` of each document holds: its length, but the first
+    partial_tokens of the cut's document in layer `full`."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if not rule.partial_tokens or layer != rule.full:
+        return lengths
+    return np.where(keys == np.uint64(rule.partial_key), np.minimum(lengths, rule.partial_tokens), lengths)
+
+
+def kept(lengths: np.ndarray, seq_len: int, overflow: str) -> np.ndarray:
+    """int64 tokens each document gives the output under pack.overflow (split: all; truncate: at
+    most seq_len; drop: none past seq_len): what targets, shares and the cut count."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if overflow == "truncate":
+        return np.minimum(lengths, seq_len)
+    if overflow == "drop":
+        return np.where(lengths <= seq_len, lengths, 0)
+    return lengths

@@ -125,10 +125,11 @@ def verify(
     inputs = originals.group_by("doc_id").aggregate([("doc_id", "count")])
     shared = inputs.filter(pc.greater(inputs.column("doc_id_count"), 1)).column("doc_id")
     report.duplicate_ids = len(shared)
+    partial: dict[str, int] = {}  # a mixture's cut documents: their partial copy's tokens
     if "mixture" in manifest:
-        _check_mixture(manifest, docs, report)
+        partial = _check_mixture(manifest, docs, report)
     # With settings unlike the dataset's, every sampled document would differ: say which, not that.
-    picks = _pick_sample(docs, shared, sample, seed) if config is not None and not differs else []
+    picks = _pick_sample(docs, shared, sample, seed, partial) if config is not None and not differs else []
     # The sampled documents' tokens are collected during the one pass over the data files.
     pieces: dict[str, list[tuple[int, list[int]]]] = {
         str(docs.column("doc_id")[i].as_py()): [] for i in picks
@@ -150,7 +151,7 @@ def verify(
                 "no document was re-tokenized: every id is shared by several documents (an id field "
                 "whose values repeat, e.g. across sources), and such documents are not sampled"
             )
-        _check_sample(config, manifest, docs, picks, pieces, report, datasets or {})
+        _check_sample(config, manifest, docs, picks, pieces, partial, report, datasets or {})
     return report
 
 
@@ -264,14 +265,20 @@ def _check_rejects(
         report.add(f"manifest counts {counts['lost_files']} lost files, rejects/ names {named}")
 
 
-def _pick_sample(docs: pa.Table, shared: pa.ChunkedArray, sample: int, seed: int) -> list[int]:
+def _pick_sample(
+    docs: pa.Table, shared: pa.ChunkedArray, sample: int, seed: int, partial: dict[str, int]
+) -> list[int]:
     """Rows of documents to re-tokenize (a first copy each), among those whose id is unique (the
-    packs tell occurrences of one id apart by nothing)."""
-    unique = np.flatnonzero(
-        ~pc.is_in(docs.column("doc_id"), value_set=shared).to_numpy(zero_copy_only=False)
-        & (docs.column("copy").to_numpy() == 0)
+    packs tell occurrences of one id apart by nothing): `sample` at random, and every document with
+    a mixture's partial copy (`partial`, a few: one a source at most)."""
+    first = ~pc.is_in(docs.column("doc_id"), value_set=shared).to_numpy(zero_copy_only=False) & (
+        docs.column("copy").to_numpy() == 0
     )
-    picks = random.Random(seed).sample(unique.tolist(), min(sample, len(unique)))
+    unique = np.flatnonzero(first)
+    picks = set(random.Random(seed).sample(unique.tolist(), min(sample, len(unique))))
+    if partial:
+        cut = pc.is_in(docs.column("doc_id"), value_set=pa.array(list(partial), pa.string()))
+        picks.update(np.flatnonzero(first & cut.to_numpy(zero_copy_only=False)).tolist())
     return sorted(picks)
 
 
@@ -421,23 +428,29 @@ def _read_index(output: str, manifest: dict[str, Any], storage: StorageConfig | 
     return pa.concat_tables(parts) if parts else schema.DOCUMENTS.empty_table()
 
 
-def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyReport) -> None:
+def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyReport) -> dict[str, int]:
     """Each document is in the index (and so, by _check_documents, in the packs) the number of
-    times its source's rule gives it, recomputed here from the manifest's rules and seed; and each
-    source's copies and tokens are the manifest's."""
-    from raypack.mixture import Rule, copies, unit_keys
+    times its source's rule gives it, recomputed here from the manifest's rules and seed, each copy
+    placing what pack.overflow keeps of its tokens (a partial copy: its rule's partial_tokens); and
+    each source's copies and kept tokens are the manifest's. Returns the documents (by id) whose
+    last copy the rules make partial, with its tokens (raypack.mixture.Cut)."""
+    from raypack.mixture import Rule, copies, copy_tokens, kept, unit_keys
     from raypack.pipeline.units import entry_files
 
     mixture = manifest["mixture"]
+    pack = manifest.get("config", {}).get("pack", {})
+    seq_len, overflow = int(pack.get("seq_len", 0)) or 1 << 62, str(pack.get("overflow", "split"))
     rules = {r["name"]: Rule(**r["rule"]) for r in mixture["sources"]}
     shard = docs.column("shard").to_numpy()
     copy = docs.column("copy").to_numpy()
     length = docs.column("length").to_numpy()
+    placed = docs.column("placed").to_numpy()
     rows = docs.column("row").to_numpy()
     files = docs.column("file").to_numpy()
     # A document is (its file, its row) within its unit: one int64 each, to match copies to it.
     place = (files.astype(np.int64) << 40) | rows
     tally = {name: [0, 0] for name in rules}
+    partial: dict[str, int] = {}
     for s in np.unique(shard).tolist():
         at = np.flatnonzero((shard == s) & (copy <= 0))  # one row a document
         entry = manifest["inputs"][s]
@@ -447,18 +460,34 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
         if rule is None:
             report.add(f"shard {s} ({relpaths[0]}): source {source!r} has no rule in the manifest")
             continue
-        want = copies(rule, unit_keys(int(mixture["seed"]), relpaths, files[at], rows[at]))
+        seed = int(mixture["seed"])
+        want = copies(rule, unit_keys(seed, relpaths, files[at], rows[at]))
         have = np.zeros(len(at), dtype=np.int64)
         order = np.argsort(place[at])
-        found = place[(shard == s) & (copy >= 0)]
-        np.add.at(have, order[np.searchsorted(place[at][order], found)], 1)
+        mine = np.flatnonzero((shard == s) & (copy >= 0))  # a row a copy
+        np.add.at(have, order[np.searchsorted(place[at][order], place[mine])], 1)
         for bad in np.flatnonzero(have != want)[:3]:
             report.add(
                 f"document {docs.column('doc_id')[int(at[bad])].as_py()!r} ({source}): {have[bad]} copies in "
                 f"the index, its source's rule gives {want[bad]}"
             )
+        # What each copy must place: its kept tokens, a partial copy's first tokens only.
+        keys = unit_keys(seed, relpaths, files[mine], rows[mine])
+        tokens = kept(length[mine], seq_len, overflow)
+        if rule.partial_tokens:
+            last = copy[mine] == rule.full
+            cut = copy_tokens(rule, keys[last], length[mine][last], rule.full)
+            tokens[last] = kept(cut, seq_len, overflow)
+            for k in np.flatnonzero(last & (keys == np.uint64(rule.partial_key))).tolist():
+                partial[str(docs.column("doc_id")[int(mine[k])].as_py())] = int(tokens[k])
+        for bad in np.flatnonzero(placed[mine] != tokens)[:3]:
+            report.add(
+                f"document {docs.column('doc_id')[int(mine[bad])].as_py()!r} ({source}): copy "
+                f"{copy[mine][bad]} places {placed[mine][bad]:,} tokens, its source's rule gives "
+                f"{tokens[bad]:,}"
+            )
         tally[source][0] += int(want.sum())
-        tally[source][1] += int((want * length[at]).sum())
+        tally[source][1] += int(tokens.sum())
     for row in mixture["sources"]:
         got = tally.get(row["name"], [0, 0])
         if got != [row["copies"], row["selected"]]:
@@ -466,6 +495,7 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
                 f"source {row['name']}: the manifest counts {row['copies']:,} copies of {row['selected']:,} "
                 f"tokens, its rule gives {got[0]:,} of {got[1]:,}"
             )
+    return partial
 
 
 def _check_documents(per_id: pa.Table, items: pa.Table, report: VerifyReport) -> None:
@@ -540,6 +570,7 @@ def _check_sample(
     docs: pa.Table,
     picks: list[int],
     pieces: dict[str, list[tuple[int, list[int]]]],
+    partial: dict[str, int],
     report: VerifyReport,
     datasets: dict[str, Any],
 ) -> None:
@@ -669,23 +700,36 @@ def _check_sample(
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
     copies = Counter(docs.column("doc_id").filter(pc.greater_equal(docs.column("copy"), 0)).to_pylist())
+    seq_len, overflow = config.pack.seq_len, config.pack.overflow
     for doc_id, tokens in expected.items():
-        # Each copy (a mixture's) holds every chunk once: the pieces of one chunk must all be equal.
-        by_chunk: dict[int, list[list[int]]] = {}
-        for chunk, part in pieces.get(doc_id, []):
-            by_chunk.setdefault(chunk, []).append(part)
-        same = all(len(p) == copies[doc_id] and all(x == p[0] for x in p) for p in by_chunk.values())
-        got = [t for _, parts in sorted(by_chunk.items()) for t in parts[0]] if same else [-1]
-        want = _kept(tokens, config.pack.overflow, config.pack.seq_len)
+        # Each copy (a mixture's) holds its kept tokens once, chunk by chunk; the cut's document's
+        # last copy only its first `partial` tokens, whole chunks (raypack.mixture.Cut).
+        cuts = [len(tokens)] * copies[doc_id]
+        if doc_id in partial and cuts:
+            cuts[-1] = partial[doc_id]
+        want = Counter(
+            (c, tuple(part[c * seq_len : (c + 1) * seq_len]))
+            for n in cuts
+            for part in [_kept(tokens[:n], overflow, seq_len)]
+            for c in range(-(-len(part) // seq_len))
+        )
+        got = Counter((c, tuple(part)) for c, part in pieces.get(doc_id, []))
         if got != want:
             what = "are missing" if not got else "differ"
-            if config.input.chat and _ids(got) == _ids(want):
+            if config.input.chat and _id_pieces(got) == _id_pieces(want):
                 what = "are right but their loss mask differs"  # same ids, another sign somewhere
+            whole = _kept(tokens, overflow, seq_len)
             report.add(
                 f"document {doc_id!r}: its tokens in the packs {what}: re-tokenizing the input gives "
-                f"{len(tokens):,} tokens, of which pack.overflow={config.pack.overflow} keeps {len(want):,}"
+                f"{len(tokens):,} tokens, of which pack.overflow={overflow} keeps {len(whole):,}"
+                + (f" ({partial[doc_id]:,} in its mixture's partial copy)" if doc_id in partial else "")
             )
         report.sampled += 1
+
+
+def _id_pieces(pieces: Counter[tuple[int, tuple[int, ...]]]) -> Counter[tuple[int, tuple[int, ...]]]:
+    """Pieces of staged tokens (untrained as -(id + 1)) as ids."""
+    return Counter({(c, tuple(_ids(list(part)))): n for (c, part), n in pieces.items()})
 
 
 def _ids(staged: list[int]) -> list[int]:

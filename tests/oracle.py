@@ -193,12 +193,20 @@ def read_output(out: Path, manifest: dict[str, Any], work: Path) -> list[Pack]:
             raise AssertionError(f"no client for {fmt}")
         if len(tokens) != len(index):
             raise AssertionError(f"{f['path']}: {len(tokens)} packs read, {len(index)} indexed")
+        eos = manifest["format"].get("eos_id") if fmt in ("megatron", "olmo") else None
         for row, ids, mask in zip(index, tokens, masks, strict=True):
             n, offsets = row["num_tokens"], row["doc_offsets"]
             items = [
                 (doc, chunk, offsets[k], offsets[k + 1])
                 for k, (doc, chunk) in enumerate(zip(row["doc_ids"], row["chunk_index"], strict=True))
             ]
+            # Megatron (--reset-position-ids, --eod-mask-loss) and OLMo-core find documents by EOS:
+            # an item followed by another in its pack must end in EOS, or the two read as one.
+            for doc, chunk, _, end in items[:-1]:
+                if eos is not None and ids[end - 1] != eos:
+                    raise AssertionError(
+                        f"{f['path']}: {doc} chunk {chunk} lacks EOS and another item follows it"
+                    )
             packs.append(
                 Pack(capacity, list(ids[:n]), list(ids[n:]), items, None if mask is None else list(mask[:n]))
             )
@@ -286,6 +294,7 @@ def check(
     expected: dict[str, Expected],
     copies: dict[str, int],
     *,
+    partial: dict[str, int] | None = None,
     seq_len: int,
     overflow: str,
     pad: int | None,
@@ -293,7 +302,8 @@ def check(
     max_depth: int | None,
 ) -> None:
     """Every expected document in the packs `copies` times (chunks of a split one in order, adding up
-    to its tokens; a truncated one its first seq_len; a dropped one nowhere), token for token and,
+    to its tokens; a truncated one its first seq_len; a dropped one nowhere; a mixture's `partial`
+    copy only its first chunks, as many tokens as `partial` gives), token for token and,
     where the format keeps one, mask bit for mask bit (an item's first token never trained); nothing
     else in the packs; no pack over its capacity or max_depth; padding all `pad`."""
     found: dict[str, dict[int, list[tuple[list[int], list[bool] | None]]]] = defaultdict(
@@ -324,11 +334,23 @@ def check(
             if chunks:
                 raise AssertionError(f"{doc}: in the packs, expected out ({keep} tokens kept, {n} copies)")
             continue
-        if sorted(chunks) != list(range(len(chunks))) or any(len(parts) != n for parts in chunks.values()):
+        # Each chunk once a copy; a partial copy holds only the chunks of its first tokens.
+        cut = (partial or {}).get(doc)
+        if cut is not None and (overflow != "split" or cut % seq_len or not 0 < cut < keep):
+            raise AssertionError(
+                f"{doc}: a partial copy of {cut} tokens of {keep}, not whole chunks of {seq_len}"
+            )
+        wanted_copies = {
+            c: n - (cut is not None and c * seq_len >= cut) for c in range(-(-keep // seq_len) if keep else 0)
+        }
+        wanted_copies = {c: k for c, k in wanted_copies.items() if k}
+        if {c: len(parts) for c, parts in chunks.items()} != wanted_copies:
             raise AssertionError(
                 f"{doc}: chunks {sorted(chunks)} with copies {[len(v) for v in chunks.values()]}, "
-                f"expected {n} each"
+                f"expected {wanted_copies}"
             )
+        if n == 1 and cut is not None:
+            keep = cut
         for parts in chunks.values():
             if any(p != parts[0] for p in parts):
                 raise AssertionError(f"{doc}: its copies differ")

@@ -326,27 +326,54 @@ def pad_of(combo: Combo, tokenizer: Path, model: Path) -> int:
 
 def copies_of(
     out: Path, combo: Combo, corpus: oracle.Corpus, expected: dict[str, oracle.Expected]
-) -> dict[str, int]:
-    """Each document's copies as the index records them, checked against its source's rule (repeat r:
-    floor(r) or ceil(r) each, r × the source's tokens within one document), and every document
-    once without a mixture."""
-    index = pq.read_table(out / "index", columns=["doc_id", "copy"]).to_pylist()
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Each document's copies as the index records them, and the tokens of the partial copies (a
+    copy placing fewer tokens than its document keeps), checked against its source's rule (repeat r:
+    floor(r) or ceil(r) copies each, at most one partial copy a source, of whole chunks of seq_len,
+    under split only; r × the source's kept tokens within half of min(seq_len, its longest kept
+    document)), and every document once without a mixture."""
+    index = pq.read_table(out / "index", columns=["doc_id", "copy", "placed"]).to_pylist()
     copies: dict[str, int] = {}
+    placed: dict[str, list[int]] = {}
     for row in index:
         copies[row["doc_id"]] = copies.get(row["doc_id"], 0) + (row["copy"] >= 0)
+        if row["copy"] >= 0:
+            placed.setdefault(row["doc_id"], []).append(row["placed"])
+    partial: dict[str, int] = {}
     for source, rule in corpus.sources.items():
         docs = [d for d in corpus.docs if d.source == source and d.id in expected]
         r = rule.get("repeat", 1.0)
-        lengths = {d.id: len(expected[d.id].tokens) for d in docs}
+        kept = {d.id: _kept(len(expected[d.id].tokens), combo) for d in docs}
         for d in docs:
             assert math.floor(r) <= copies[d.id] <= math.ceil(r), (d.id, copies[d.id], r)
-        selected = sum(copies[d] * n for d, n in lengths.items())
-        assert abs(selected - r * sum(lengths.values())) <= max(lengths.values()), (source, selected, r)
+            short = [p for p in placed.get(d.id, []) if p != kept[d.id]]
+            assert len(short) <= 1, (d.id, short)
+            if short:
+                partial[d.id] = short[0]
+        assert len([d for d in docs if d.id in partial]) <= 1, source
+        selected = sum(copies[d] * n for d, n in kept.items()) - sum(
+            kept[d] - partial[d] for d in partial if d in kept
+        )
+        longest = max([n for n in kept.values() if n] or [1])
+        assert 2 * abs(selected - math.floor(r * sum(kept.values()))) <= min(combo.seq_len, longest), (
+            source,
+            selected,
+            r,
+        )
     if not corpus.sources:
         assert all(copies.get(d, 0) == 1 for d in expected), (
             "a document without a mixture is in the index once"
         )
-    return copies
+    return copies, partial
+
+
+def _kept(tokens: int, combo: Combo) -> int:
+    """What pack.overflow keeps of a document of `tokens` tokens."""
+    if combo.overflow == "truncate":
+        return min(tokens, combo.seq_len)
+    if combo.overflow == "drop" and tokens > combo.seq_len:
+        return 0
+    return tokens
 
 
 def tree(out: Path) -> dict[str, bytes]:
@@ -381,13 +408,14 @@ def run_and_check(combo: Combo, tokenizers: dict[str, Path], models: dict[str, P
         rejected = sum(d.reject or d.id not in expected for d in corpus.docs)
         rejected += combo.kind != "plain" and combo.format != "parquet"
         assert result.rejects == rejected, (result.reject_reasons, rejected)
-        copies = copies_of(outs[0], combo, corpus, expected)
+        copies, partial = copies_of(outs[0], combo, corpus, expected)
         packs = oracle.read_output(outs[0], manifest, root)
         masked = combo.kind != "plain" or combo.output in ("trl", "bridge", "olmo")
         oracle.check(
             packs,
             expected,
             copies,
+            partial=partial,
             seq_len=combo.seq_len,
             overflow=combo.overflow,
             pad=pad_of(combo, tokenizer, model) if combo.output not in ("trl", "bridge") else None,

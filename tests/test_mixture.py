@@ -11,10 +11,13 @@ from raypack.config import ConfigError, InputConfig, SourceConfig, from_dict
 from raypack.mixture import (
     BINS,
     KEY_BITS,
+    Cut,
     boundary_bin,
     copies,
+    copy_tokens,
     cut,
     document_keys,
+    kept,
     rule_for,
     subset_goal,
     targets,
@@ -92,19 +95,34 @@ def test_targets_that_cannot_be_met_are_config_errors_with_the_numbers(
         targets(sources, available, total)
 
 
+def _cut_of(keys: np.ndarray, n: np.ndarray, goal: int, parts: int, chunk: int) -> Cut:
+    """The driver's path: token bins summed over shards cut anywhere, the boundary bin's documents,
+    the cut."""
+    hist = np.zeros(BINS, dtype=np.int64)
+    for part in np.array_split(np.arange(len(n)), parts):  # shards: partial histograms, summed
+        bins, tokens = token_bins(keys[part], n[part])
+        np.add.at(hist, bins, tokens)
+    b, before = boundary_bin(hist, goal)
+    inside = (keys >> np.uint64(64 - KEY_BITS)).astype(np.int64) == b
+    return cut(goal, before, keys[inside], n[inside], b, chunk)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 5000), min_size=1, max_size=400),
     fraction=st.floats(0.0, 1.0),
     parts=st.integers(1, 5),
+    chunk=st.sampled_from([0, 1, 64, 700, 4096]),
     seed=st.integers(0, 2**31),
 )
-def test_the_cut_meets_the_goal_within_one_document_whatever_the_shards(
-    lengths: list[int], fraction: float, parts: int, seed: int
+def test_the_cut_lands_nearest_the_goal_whatever_the_shards(
+    lengths: list[int], fraction: float, parts: int, chunk: int, seed: int
 ) -> None:
-    """The driver's path: token bins summed over shards cut anywhere, the boundary bin's documents,
-    the cut; the subset (keys below it) is within one document's tokens of the goal, and the same
-    whatever the shards (keys are per file and row)."""
+    """The subset (keys below the threshold, and a partial copy of whole chunks of the next
+    document) lands at the point nearest the goal among every prefix in key order and every whole
+    number of chunks of the next document: within half of min(chunk, the longest document) with
+    chunks, half the longest document without; the same whatever the shards (keys are per file
+    and row)."""
     n = np.array(lengths, dtype=np.int64)
     rows = np.arange(1, len(n) + 1)
     keys = document_keys(seed, "web/part-000.jsonl", rows)
@@ -113,46 +131,62 @@ def test_the_cut_meets_the_goal_within_one_document_whatever_the_shards(
     goal = round(fraction * total)
     if not 0 < goal < total:
         return
-    hist = np.zeros(BINS, dtype=np.int64)
-    for chunk in np.array_split(np.arange(len(n)), parts):  # shards: partial histograms, summed
-        bins, tokens = token_bins(keys[chunk], n[chunk])
-        np.add.at(hist, bins, tokens)
-    b, before = boundary_bin(hist, goal)
-    inside = (keys >> np.uint64(64 - KEY_BITS)).astype(np.int64) == b
-    threshold = cut(goal, before, keys[inside], n[inside], b)
-    chosen = keys < np.uint64(threshold) if threshold < 1 << 64 else np.ones(len(n), dtype=bool)
+    found = _cut_of(keys, n, goal, parts, chunk)
+    assert found == _cut_of(keys, n, goal, 1, chunk)
+    every = found.threshold >= 1 << 64
+    chosen = np.ones(len(n), dtype=bool) if every else keys < np.uint64(found.threshold)
     realized = int(n[chosen].sum())
-    assert abs(realized - goal) <= n.max()
-    # the nearer side of the document the goal falls in
+    if found.partial_tokens:
+        (j,) = np.flatnonzero(keys == np.uint64(found.partial_key))
+        assert not chosen[j] and found.partial_tokens % chunk == 0 and 0 < found.partial_tokens < n[j]
+        realized += found.partial_tokens
+    # Every point the cut could land on: each prefix in key order, and each whole number of chunks
+    # of the document after it.
     ordered = n[np.argsort(keys)]
     running = np.r_[0, np.cumsum(ordered)]
-    assert abs(realized - goal) == np.abs(running - goal).min()
+    points = set(running.tolist())
+    if chunk:
+        points |= {
+            int(r) + m * chunk
+            for r, size in zip(running[:-1], ordered, strict=True)
+            for m in range(1, -(-int(size) // chunk))
+        }
+    assert abs(realized - goal) == min(abs(p - goal) for p in points)
+    assert 2 * abs(realized - goal) <= (min(chunk, int(n.max())) if chunk else int(n.max()))
 
 
 @settings(max_examples=60, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 300), min_size=1, max_size=300),
     repeat=st.floats(0.05, 4.0),
+    chunk=st.sampled_from([0, 16, 128]),
     seed=st.integers(0, 1000),
 )
-def test_copies_give_the_target_within_one_document(lengths: list[int], repeat: float, seed: int) -> None:
+def test_copies_give_the_target_within_half_a_chunk(
+    lengths: list[int], repeat: float, chunk: int, seed: int
+) -> None:
     n = np.array(lengths, dtype=np.int64)
     keys = document_keys(seed, "code/a.jsonl", np.arange(len(n)))
     t = targets([source("code", repeat=repeat)], {"code": int(n.sum())})["code"]
     goal = subset_goal(t)
-    threshold = None
-    if goal:
-        hist = np.zeros(BINS, dtype=np.int64)
-        bins, tokens = token_bins(keys, n)
-        hist[bins] = tokens
-        b, before = boundary_bin(hist, goal)
-        inside = (keys >> np.uint64(64 - KEY_BITS)).astype(np.int64) == b
-        threshold = cut(goal, before, keys[inside], n[inside], b)
-    rule = rule_for("code", t, threshold)
+    found = _cut_of(keys, n, goal, 1, chunk) if goal else None
+    rule = rule_for("code", t, found)
     k = copies(rule, keys)
     assert set(np.unique(k).tolist()) <= {rule.full, rule.full + 1}
-    assert abs(int((k * n).sum()) - t.target) <= n.max()
     assert rule.layers >= int(k.max(initial=0))  # a subset may come out empty: an empty last layer
+    selected = sum(int(copy_tokens(rule, keys[k > c], n[k > c], c).sum()) for c in range(rule.layers))
+    assert 2 * abs(selected - t.target) <= (min(chunk, int(n.max())) if chunk else int(n.max()))
+    # Only the last layer's copy of the cut's document is partial.
+    short = [c for c in range(rule.layers) if (copy_tokens(rule, keys[k > c], n[k > c], c) < n[k > c]).any()]
+    assert short == ([rule.full] if rule.partial_tokens else [])
+
+
+@pytest.mark.parametrize(
+    ("overflow", "want"),
+    [("split", [10, 64, 65, 500]), ("truncate", [10, 64, 64, 64]), ("drop", [10, 64, 0, 0])],
+)
+def test_kept_tokens_are_what_overflow_leaves(overflow: str, want: list[int]) -> None:
+    assert kept(np.array([10, 64, 65, 500]), 64, overflow).tolist() == want
 
 
 def test_keys_differ_by_seed_file_and_row_and_spread_over_the_bins() -> None:

@@ -100,18 +100,19 @@ def assign_items(
             before += len(tokens.values)
             if on_docs is not None:
                 on_docs(batch.column("doc_id").combine_chunks())
-            n = None
-            if selection is not None:
-                n = selection.copies(shard, batch)
+            copies = None if selection is None else selection.copies(shard, batch)
             if in_place:  # the tokens stay where they lie: a filter would copy them for nothing
                 batch = batch.drop_columns(["tokens"])
             for layer in range(len(base)):
-                keep = None if n is None else n > layer
-                docs = batch if keep is None else batch.filter(pa.array(keep))
+                if copies is None:
+                    keep, docs, lengths = None, batch, batch.column("length").to_numpy()
+                else:  # the documents with a copy in this layer, each copy's tokens (one may be partial)
+                    keep, lengths = copies.layer(layer)
+                    docs = batch.take(pa.array(keep))
                 if not docs.num_rows:
                     continue
                 place = (shard.index, starts if keep is None else starts[keep]) if in_place else None
-                items = make_items(docs.column("length").to_numpy(), seq_len, overflow)
+                items = make_items(lengths, seq_len, overflow)
                 pack, slot, _ = expand(plan, items.length, base[layer])
                 base[layer] += item_histogram(items.length, seq_len)
                 bucket, local = buckets.locate(pack.astype(np.int64))

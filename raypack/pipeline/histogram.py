@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack import schema
+from raypack import mixture, schema
 from raypack.config import JobConfig
 from raypack.errors import JobError
 from raypack.metrics import DocStats
@@ -69,7 +69,10 @@ def summarize_shard(
             files.to_numpy(zero_copy_only=False),
             rows.to_numpy(zero_copy_only=False),
         )
-        summary["key_bins"], summary["key_tokens"] = token_bins(keys, doc_length)
+        # Kept tokens: targets and shares count what the output holds (raypack.mixture.kept).
+        summary["key_bins"], summary["key_tokens"] = token_bins(
+            keys, mixture.kept(doc_length, cfg.pack.seq_len, cfg.pack.overflow)
+        )
     return summary
 
 
@@ -214,7 +217,7 @@ class Totals:
             raise RuntimeError(f"{len(missing)} shards (first: {missing[0]}) were never summarized")
 
     def source_tokens(self) -> dict[str, int]:
-        """Each source's tokens as tokenized (before any selection)."""
+        """Each source's kept tokens (raypack.mixture.kept), before any selection."""
         return {s: int(t.sum()) for s, t in self.key_tokens.items()}
 
     def histogram(self) -> np.ndarray:

@@ -30,11 +30,14 @@ from raypack.config import JobConfig
 from raypack.metrics import DocStats
 from raypack.mixture import (
     KEY_BITS,
+    Cut,
     Rule,
     Target,
     boundary_bin,
     copies,
+    copy_tokens,
     cut,
+    kept,
     rule_for,
     subset_goal,
     targets,
@@ -50,7 +53,19 @@ from raypack.storage import resolve
 __all__ = ["SOURCE_COUNTS", "Selection", "plan_selection", "run_selection", "select", "source_table"]
 
 # What a select task counts of each source (summed over tasks).
-SOURCE_COUNTS = ("documents", "tokens", "copies", "selected", "placed", "truncated", "left_out")
+# tokens: as tokenized; kept: what pack.overflow keeps of them (raypack.mixture.kept); selected: the
+# copies' kept tokens; partial: the tokens of a partial copy (the cut's document's, Rule.partial_tokens).
+SOURCE_COUNTS = (
+    "documents",
+    "tokens",
+    "kept",
+    "copies",
+    "selected",
+    "placed",
+    "truncated",
+    "left_out",
+    "partial",
+)
 
 
 @dataclass(frozen=True)
@@ -66,11 +81,30 @@ class Selection:
         """The most copies of one document (at least 1)."""
         return max([1, *(r.layers for r in self.rules.values())])
 
-    def copies(self, unit: WorkUnit, docs: pa.Table | pa.RecordBatch) -> np.ndarray:
-        """int32 copies of each document of a unit (`docs`: some of its rows of schema.TOKENIZED or
-        DOCUMENTS: each document's file and row)."""
+    def copies(self, unit: WorkUnit, docs: pa.Table | pa.RecordBatch) -> Copies:
+        """The copies of each document of a unit (`docs`: some of its rows of schema.TOKENIZED or
+        DOCUMENTS: each document's file, row and length)."""
         files, rows = (docs.column(c).to_numpy() for c in ("file", "row"))
-        return copies(self.rules[unit.source], unit_keys(self.seed, unit.relpaths, files, rows))
+        rule = self.rules[unit.source]
+        keys = unit_keys(self.seed, unit.relpaths, files, rows)
+        return Copies(rule, keys, copies(rule, keys), docs.column("length").to_numpy())
+
+
+@dataclass(frozen=True)
+class Copies:
+    """A run of documents' copies under their source's Rule."""
+
+    rule: Rule
+    keys: np.ndarray
+    n: np.ndarray
+    """int32 copies of each document."""
+    lengths: np.ndarray
+
+    def layer(self, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """(indices of the documents with a copy in layer c, the tokens each such copy holds: the
+        document's length, but a partial copy's first tokens: mixture.copy_tokens)."""
+        chosen = np.flatnonzero(self.n > c)
+        return chosen, copy_tokens(self.rule, self.keys[chosen], self.lengths[chosen], c)
 
 
 def _read_staged(cfg: JobConfig, shard: WorkUnit) -> pa.Table:
@@ -93,7 +127,8 @@ def boundary_documents(
             files, rows = index.column("file").to_numpy(), index.column("row").to_numpy()
             keys = unit_keys(cfg.pack.seed, shard.relpaths, files, rows)
             hit = (keys >> np.uint64(64 - KEY_BITS)).astype(np.int64) == bins[shard.source]
-            found[shard.source].append((keys[hit], index.column("length").to_numpy()[hit]))
+            length = kept(index.column("length").to_numpy()[hit], cfg.pack.seq_len, cfg.pack.overflow)
+            found[shard.source].append((keys[hit], length))
         return {
             s: (
                 np.concatenate([k for k, _ in parts]) if parts else np.zeros(0, np.uint64),
@@ -110,7 +145,9 @@ def plan_selection(cfg: JobConfig, shards: list[WorkUnit], totals: Totals, runne
     tgt = targets(cfg.input.sources, available, cfg.input.tokens)
     goals = {name: subset_goal(t) for name, t in tgt.items() if subset_goal(t) > 0}
     where = {name: boundary_bin(totals.key_tokens[name], goal) for name, goal in goals.items()}
-    thresholds: dict[str, int] = {}
+    thresholds: dict[str, Cut] = {}
+    # Under split a partial copy of whole chunks may end a subset (each chunk fills a pack alone).
+    chunk = cfg.pack.seq_len if cfg.pack.overflow == "split" else 0
     if where:
         bins = {name: b for name, (b, _) in where.items()}
         runs = _runs(shards, totals, set(bins))
@@ -119,7 +156,7 @@ def plan_selection(cfg: JobConfig, shards: list[WorkUnit], totals: Totals, runne
             keys = np.concatenate([f[name][0] for f in found])
             lengths = np.concatenate([f[name][1] for f in found])
             b, before = where[name]
-            thresholds[name] = cut(goal, before, keys, lengths, b)
+            thresholds[name] = cut(goal, before, keys, lengths, b, chunk)
     rules = {name: rule_for(name, t, thresholds.get(name)) for name, t in tgt.items()}
     return Selection(cfg.pack.seed, rules, tgt)
 
@@ -149,7 +186,8 @@ def select_run(
         for shard in shards:
             index = _read_staged(cfg, shard)
             length = index.column("length").to_numpy()
-            n = selection.copies(shard, index)
+            chosen_by = selection.copies(shard, index)
+            n = chosen_by.n
             reps = np.maximum(n, 1)  # a left-out document keeps one row, copy -1
             first = np.cumsum(reps) - reps
             take = np.repeat(np.arange(len(n)), reps)
@@ -157,14 +195,15 @@ def select_run(
             copy[n[take] == 0] = -1
             chunks = np.zeros(len(take), dtype=np.int32)
             placed = np.zeros(len(take), dtype=np.int64)
-            shard_items = shard_tokens = truncated = 0
+            shard_items = shard_tokens = truncated = partial = 0
             for c in range(layers):
-                chosen = np.flatnonzero(n > c)
+                chosen, tokens = chosen_by.layer(c)
                 if not len(chosen):
                     break
-                items = make_items(length[chosen], seq_len, overflow)
+                items = make_items(tokens, seq_len, overflow)
                 hists[c] += item_histogram(items.length, seq_len)
-                layer = DocStats.from_items(items)
+                cut_short = tokens < length[chosen]  # a partial copy: a truncation of its document
+                layer = DocStats.from_items(items, cut=cut_short)
                 stats = stats + layer
                 at = first[chosen] + c
                 chunks[at] = np.diff(items.doc_start)
@@ -172,6 +211,7 @@ def select_run(
                 shard_items += items.num_items
                 shard_tokens += layer.tokens
                 truncated += layer.truncated
+                partial += int(tokens[cut_short].sum())
             taken = pa.array(take)
             write_index(
                 cfg,
@@ -188,10 +228,14 @@ def select_run(
             tally = counts.setdefault(shard.source, dict.fromkeys(SOURCE_COUNTS, 0))
             tally["documents"] += len(n)
             tally["tokens"] += int(length.sum())
+            tally["kept"] += int(kept(length, seq_len, overflow).sum())
             tally["copies"] += int(n.sum())
-            tally["selected"] += int((n.astype(np.int64) * length).sum())
+            tally["selected"] += sum(
+                int(kept(chosen_by.layer(c)[1], seq_len, overflow).sum()) for c in range(layers)
+            )
             tally["placed"] += shard_tokens
             tally["truncated"] += truncated
+            tally["partial"] += partial
             tally["left_out"] += int(np.count_nonzero(n == 0))
         return {"hists": hists, "stats": stats.to_json(), "counts": counts, "shards": per_shard}
 
@@ -241,7 +285,7 @@ def source_table(selection: Selection, counts: dict[str, dict[str, int]]) -> lis
                 "target": t.target,
                 "target_share": t.share,
                 "share": c["selected"] / selected if selected else 0.0,
-                "repetition": c["selected"] / c["tokens"] if c["tokens"] else 0.0,
+                "repetition": c["selected"] / c["kept"] if c["kept"] else 0.0,
                 "off_target": c["selected"] - t.target,
                 "rule": rule.to_dict(),
             }

@@ -79,9 +79,12 @@ def pack_group(
             if selection is None:
                 by_layer[0].append(table)
                 continue
-            n = selection.copies(unit, table)
+            copies = selection.copies(unit, table)
             for c in range(layers):
-                by_layer[c].append(table.filter(pa.array(n > c)))
+                chosen, tokens = copies.layer(c)  # a partial copy holds its first tokens: its length
+                layer = table.take(pa.array(chosen))
+                at = layer.schema.get_field_index("length")
+                by_layer[c].append(layer.set_column(at, "length", pa.array(tokens, pa.int64())))
         tables = [t for layer in by_layer for t in layer]  # every first copy, then every second...
         if not tables:
             return schema.WRITTEN.empty_table()

@@ -109,9 +109,12 @@ def _sources_table(sources: Sequence[dict[str, Any]]) -> str:
             + "</tr>"
         )
     caption = (
-        '<p class="note">Tokens are document tokens as tokenized, before any overflow cut; a source\'s '
-        "tokens out are within one document of its target (raypack.mixture). Repeat: tokens out / "
-        "tokens in.</p>"
+        '<p class="note">Tokens in: the documents\' tokens as tokenized. Targets, tokens out and shares '
+        "count what pack.overflow keeps (at most seq_len a document under truncate, none of a too-long one "
+        "under drop). A source's tokens out are within half a document, or half of seq_len under split, "
+        "of its target: under split the document the cut falls in may give a partial copy, its first "
+        "chunks of seq_len, each alone in its pack (raypack.mixture). Repeat: tokens out / tokens kept."
+        "</p>"
     )
     return f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>{caption}'
 
