@@ -71,12 +71,14 @@ SOURCE_HEADER = (
     "asked",
     "documents",
     "tokens in",
+    "tokens kept",
     "target",
     "tokens out",
     "share",
     "target share",
     "repeat",
     "left out",
+    "truncated",
     "partial copy",
 )
 
@@ -88,12 +90,14 @@ def source_cells(row: dict[str, Any]) -> tuple[str, ...]:
         row["asked"],
         f"{row['documents']:,}",
         f"{row['tokens']:,}",
+        f"{row.get('kept', row['tokens']):,}",
         f"{row['target']:,}",
         f"{row['selected']:,}",
         f"{100 * row['share']:.2f}%",
         f"{100 * row['target_share']:.2f}%",
         f"{row['repetition']:.2f}x",
         f"{row['left_out']:,}",
+        f"{row['truncated']:,}",
         f"{partial:,} tokens" if (partial := row.get("rule", {}).get("partial_tokens", 0)) else "none",
     )
 
@@ -213,11 +217,15 @@ def targets(
     for s in sources:
         a, t = available[s.name], fixed[s.name]
         out[s.name] = Target(s.name, a, t, t / total if total else 0.0, asked[s.name], s.cap)
-        if t > s.cap * a:
-            times = f"{t / a:.2f}× its" if a else "but it has no tokens; its"
+        if t > s.cap * a and not a:
             over.append(
-                f"{s.name} ({asked[s.name]}) needs {t:,} tokens, {times} {a:,} tokens, over its max_repeat "
-                f"{s.cap:g}"
+                f"{s.name} ({asked[s.name]}) needs {t:,} tokens but keeps none (every record rejected, see "
+                "rejects/, or every document longer than seq_len under pack.overflow drop)"
+            )
+        elif t > s.cap * a:
+            over.append(
+                f"{s.name} ({asked[s.name]}) needs {t:,} tokens, {t / a:.2f}× the {a:,} tokens it keeps, "
+                f"over its max_repeat {s.cap:g}"
             )
     if over:
         raise ConfigError(
@@ -314,13 +322,18 @@ def subset_goal(target: Target) -> int:
     return target.target - (target.target // target.available) * target.available
 
 
-def copies(rule: Rule, keys: np.ndarray) -> np.ndarray:
-    """int32 copies of each document (the cut's document's last copy is partial: copy_tokens)."""
+def copies(rule: Rule, keys: np.ndarray, kept_tokens: np.ndarray | None = None) -> np.ndarray:
+    """int32 copies of each document (the cut's document's last copy is partial: copy_tokens). A
+    document that keeps no token (`kept_tokens` 0: longer than seq_len under drop) has one copy
+    whatever its key, which overflow drops: it counts as dropped once, as without a mixture, never
+    as left out, so the dropped counts describe the corpus, not the seed and weights."""
     out = np.full(len(keys), rule.full, dtype=np.int32)
     if rule.threshold:
         out += (keys < np.uint64(rule.threshold)).astype(np.int32)
     if rule.partial_tokens:
         out += (keys == np.uint64(rule.partial_key)).astype(np.int32)
+    if kept_tokens is not None:
+        out[np.asarray(kept_tokens) == 0] = 1
     return out
 
 

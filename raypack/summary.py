@@ -117,9 +117,10 @@ def format_summary(result: JobResult, command_seconds: float | None = None) -> s
 
 
 def sources_table(sources: list[dict[str, Any]]) -> str:
-    """The mixture, a line a source: what the config asked, its tokens before and after selection
-    (document tokens, before any overflow cut), its realized share against its target's, how many
-    times its tokens were taken, and its documents left out."""
+    """The mixture, a line a source (SOURCE_HEADER's columns): what the config asked, its tokens in and
+    kept (what pack.overflow keeps: targets count these), its target and tokens out, its realized
+    share against its target's, how many times its kept tokens were taken, its documents left out,
+    its truncated copies and its partial copy."""
     rows: list[tuple[str, ...]] = [SOURCE_HEADER]
     for r in sources:
         rows.append(source_cells(r))

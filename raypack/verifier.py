@@ -461,7 +461,9 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
             report.add(f"shard {s} ({relpaths[0]}): source {source!r} has no rule in the manifest")
             continue
         seed = int(mixture["seed"])
-        want = copies(rule, unit_keys(seed, relpaths, files[at], rows[at]))
+        want = copies(
+            rule, unit_keys(seed, relpaths, files[at], rows[at]), kept(length[at], seq_len, overflow)
+        )
         have = np.zeros(len(at), dtype=np.int64)
         order = np.argsort(place[at])
         mine = np.flatnonzero((shard == s) & (copy >= 0))  # a row a copy

@@ -60,13 +60,13 @@ def test_weights_beside_repeats_and_budgets_are_shares_of_the_whole() -> None:
             [source("a", weight=0.5), source("b", weight=0.5)],
             {"a": 100, "b": 10},
             400,
-            r"a \(weight 0.5\) needs 200 tokens, 2\.00× its 100",
+            r"a \(weight 0.5\) needs 200 tokens, 2\.00× the 100 tokens it keeps",
         ),
         (
             [source("a", tokens=500), source("b")],
             {"a": 100, "b": 10},
             None,
-            r"a \(tokens 500\) needs 500 tokens, 5\.00× its 100 tokens, over its max_repeat 1",
+            r"a \(tokens 500\) needs 500 tokens, 5\.00× the 100 tokens it keeps, over its max_repeat 1",
         ),
         (
             [source("a", weight=0.6), source("b", weight=0.5), source("c")],
@@ -84,7 +84,7 @@ def test_weights_beside_repeats_and_budgets_are_shares_of_the_whole() -> None:
             [source("a", tokens=5), source("b")],
             {"a": 0, "b": 100},
             None,
-            "needs 5 tokens, but it has no tokens",
+            r"a \(tokens 5\) needs 5 tokens but keeps none \(every record rejected.*longer than seq_len",
         ),
     ],
 )

@@ -52,6 +52,10 @@ __all__ = ["JobError", "JobResult", "ensure_ray", "run_job"]
 JobResult = RunRecord
 """What run_job returns: the run's record (raypack.pipeline.record), its report's path filled in."""
 
+# A source's share further than this from its target's is said (a cut lands within half of seq_len
+# tokens of its target: 0.1 point of any output of 500 packs or more).
+SHARE_TOLERANCE = 0.001
+
 
 @contextmanager
 def _stage(timings: dict[str, float], name: str, log: Callable[[str], None]) -> Iterator[None]:
@@ -177,6 +181,14 @@ def _stages(
             with _stage(timings, "select", log):
                 selection, sources = select(cfg, tokenized.units, totals, runner)
             log("[raypack] sources: " + "; ".join(f"{r['name']} {r['share']:.1%}" for r in sources))
+            for r in sources:
+                if abs(r["share"] - r["target_share"]) > SHARE_TOLERANCE:
+                    log(
+                        f"[raypack] warning: source {r['name']} is {100 * r['share']:.2f}% of the output "
+                        f"against {100 * r['target_share']:.2f}% asked: {r['off_target']:+,} tokens off its "
+                        "target, within half a document or of seq_len as a cut can be, but the output is "
+                        "too small for 0.1 point (that needs ~500 packs or more)"
+                    )
         with _stage(timings, "histogram", log):
             none = selection is not None and not any(r["copies"] for r in sources)
             hist, stats = histogram(cfg, totals, selected_none=none)

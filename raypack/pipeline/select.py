@@ -75,6 +75,9 @@ class Selection:
     seed: int
     rules: dict[str, Rule]
     targets: dict[str, Target] = field(default_factory=dict)
+    seq_len: int = 1 << 62
+    overflow: str = "split"
+    """pack's: which documents keep no token (raypack.mixture.copies)."""
 
     @property
     def layers(self) -> int:
@@ -87,7 +90,8 @@ class Selection:
         files, rows = (docs.column(c).to_numpy() for c in ("file", "row"))
         rule = self.rules[unit.source]
         keys = unit_keys(self.seed, unit.relpaths, files, rows)
-        return Copies(rule, keys, copies(rule, keys), docs.column("length").to_numpy())
+        lengths = docs.column("length").to_numpy()
+        return Copies(rule, keys, copies(rule, keys, kept(lengths, self.seq_len, self.overflow)), lengths)
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,7 @@ def plan_selection(cfg: JobConfig, shards: list[WorkUnit], totals: Totals, runne
             b, before = where[name]
             thresholds[name] = cut(goal, before, keys, lengths, b, chunk)
     rules = {name: rule_for(name, t, thresholds.get(name)) for name, t in tgt.items()}
-    return Selection(cfg.pack.seed, rules, tgt)
+    return Selection(cfg.pack.seed, rules, tgt, cfg.pack.seq_len, cfg.pack.overflow)
 
 
 def _runs(shards: list[WorkUnit], totals: Totals, sources: set[str] | None = None) -> list[list[WorkUnit]]:

@@ -94,15 +94,12 @@ def render(report: Report) -> str:
 
 
 def _sources_table(sources: Sequence[dict[str, Any]]) -> str:
-    """A row a source: what the config asked, tokens in, target, tokens out, shares, repetition,
-    documents left out and truncated copies (summary.SOURCE_HEADER's columns, and truncations)."""
-    head = "".join(
-        f'<th class="{"num" if i >= 2 else ""}">{_e(h)}</th>'
-        for i, h in enumerate((*SOURCE_HEADER, "truncated"))
-    )
+    """A row a source: what the config asked, tokens in and kept, target, tokens out, shares,
+    repetition, documents left out, truncated copies and the partial copy (SOURCE_HEADER's columns)."""
+    head = "".join(f'<th class="{"num" if i >= 2 else ""}">{_e(h)}</th>' for i, h in enumerate(SOURCE_HEADER))
     rows = []
     for r in sources:
-        cells = [*source_cells(r), f"{r['truncated']:,}"]
+        cells = source_cells(r)
         rows.append(
             "<tr>"
             + "".join(f'<td class="{"num" if i >= 2 else ""}">{_e(c)}</td>' for i, c in enumerate(cells))
@@ -113,7 +110,8 @@ def _sources_table(sources: Sequence[dict[str, Any]]) -> str:
         "count what pack.overflow keeps (at most seq_len a document under truncate, none of a too-long one "
         "under drop). A source's tokens out are within half a document, or half of seq_len under split, "
         "of its target: under split the document the cut falls in may give a partial copy, its first "
-        "chunks of seq_len, each alone in its pack (raypack.mixture). Repeat: tokens out / tokens kept."
+        "chunks of seq_len, each alone in its pack (raypack.mixture). Repeat: tokens out / tokens kept. "
+        "Truncated: copies cut by overflow (under drop: documents dropped, each counted once) or partial."
         "</p>"
     )
     return f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>{caption}'
