@@ -127,10 +127,33 @@ def load_template(
         value = named.get("default")
     if isinstance(value, str) and value:
         return value, join(cfg.path, "tokenizer_config.json")
+    hint = ""
+    if fs.get_file_info(inner).type == pafs.FileType.File:
+        # A tokenizer.json given alone is read alone (as transformers' tokenizer_file= reads it): say
+        # so when its directory holds a template, rather than leave the user to guess why none is seen.
+        folder = cfg.path.rstrip("/").rsplit("/", 1)[0] if "/" in cfg.path.rstrip("/") else "."
+        beside = [n for n in (CHAT_FILE, "tokenizer_config.json") if _is_file(join(folder, n), storage)]
+        if beside:
+            hint = (
+                f"; {folder} beside it has {' and '.join(beside)}: set tokenizer.path to that directory to "
+                "use its template (and its special tokens)"
+            )
     raise ConfigError(
         f"input.messages_field needs a chat template, and tokenizer {cfg.path} has none ({CHAT_FILE} or "
-        "tokenizer_config.json chat_template): set tokenizer.chat_template to a template file"
+        f"tokenizer_config.json chat_template){hint or ': set tokenizer.chat_template to a template file'}"
     )
+
+
+def _is_file(path: str, storage: StorageConfig | None) -> bool:
+    import pyarrow.fs as pafs
+
+    from raypack.storage import resolve
+
+    try:
+        fs, inner = resolve(path, storage)
+        return bool(fs.get_file_info(inner).type == pafs.FileType.File)
+    except OSError:
+        return False
 
 
 def special_tokens(configs: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -300,6 +300,8 @@ def expand_inputs(
                     infos = [info] if info.type == pafs.FileType.File else []
         except OSError as e:
             raise ConfigError(f"cannot list input {pattern}: {_first_line(e)}") from None
+        if isinstance(fs, pafs.LocalFileSystem):
+            _refuse_broken_links(inner)
         for info in infos:
             full = _rebuild(pattern, info.path)
             found[full] = (int(info.size or 0), int(info.mtime_ns or 0))
@@ -314,6 +316,53 @@ def expand_inputs(
         size, mtime = found[path]
         shards.append(Shard(index=i, path=path, relpath=rel, size=size, mtime_ns=mtime))
     return shards
+
+
+def _refuse_broken_links(inner: str) -> None:
+    """ConfigError naming a local input that is a symbolic link to nothing. pyarrow's listing leaves
+    such a link out, so its file would be missing from the output with no word of it."""
+    import os
+
+    def broken(path: str) -> bool:
+        return os.path.islink(path) and not os.path.exists(path)
+
+    if any(c in inner for c in WILDCARDS):
+        base, rest = split_glob(inner)
+        prefix = base.rstrip("/") + "/"
+        deep = "/" in rest or "**" in rest
+
+        def wanted(path: str) -> bool:
+            return glob_match(rest, path[len(prefix) :])
+    elif os.path.isdir(inner):
+        base, deep = inner, True
+
+        def wanted(path: str) -> bool:
+            return True
+    else:
+        if broken(inner):
+            _broken(inner)
+        return
+    if deep:
+        walk = os.walk(base)
+    else:
+        try:
+            walk = iter([(base, [], os.listdir(base))])
+        except OSError:
+            return
+    for folder, dirs, names in walk:
+        for name in [*names, *dirs]:
+            path = os.path.join(folder, name)
+            if broken(path) and wanted(path):
+                _broken(path)
+
+
+def _broken(path: str) -> None:
+    import os
+
+    raise ConfigError(
+        f"input {path} is a symbolic link to {os.readlink(path)}, which does not exist: its records cannot "
+        "be read; restore its target or remove the link"
+    )
 
 
 def _root_of(pattern: str, storage: StorageConfig | None) -> str:

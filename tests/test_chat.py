@@ -981,3 +981,17 @@ def test_a_fast_backend_whose_offsets_differ_in_the_run_fails_over(
     assert failed.backend["chosen"].startswith("fastokens ") and failed.backend["finished_on"] == "tokenizers"
     assert any("other character offsets" in f for f in failed.backend["failovers"])
     assert _data_files(tmp_path / "failed") == _data_files(tmp_path / "reference")
+
+
+def test_a_tokenizer_json_given_alone_says_where_its_directorys_template_is(
+    corpus: Path, model: Path, tmp_path: Path
+) -> None:
+    """tokenizer.path naming the tokenizer.json of a model directory reads that file alone (as
+    transformers' tokenizer_file= does); a chat job then finds no template, and the error says the
+    directory beside it has one and which key to change, before any work."""
+    cfg = job(tmp_path, corpus, model / "tokenizer.json", "out")
+    with pytest.raises(
+        ConfigError, match=r"beside it has .*tokenizer_config\.json: set tokenizer\.path to that directory"
+    ):
+        run_job(cfg, **quiet)
+    assert not (tmp_path / "out").exists()

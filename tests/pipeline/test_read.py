@@ -213,6 +213,27 @@ def test_expand_inputs_globs_sorts_and_relativizes(tmp_path: Path) -> None:
         expand_inputs((f"{tmp_path}/*.parquet",))
 
 
+def test_a_broken_symbolic_link_among_the_inputs_is_a_clear_error(tmp_path: Path) -> None:
+    """pyarrow's listing leaves out a link to nothing: its file would be missing from the output
+    with no word. Every way of naming it (a glob, `**`, its directory, itself) names the link and
+    its target; a link out of the glob's reach and a working link are left alone."""
+    (tmp_path / "corpus" / "deep").mkdir(parents=True)
+    (tmp_path / "corpus" / "a.jsonl").write_text("{}\n")
+    (tmp_path / "corpus" / "ok.jsonl").symlink_to(tmp_path / "corpus" / "a.jsonl")
+    (tmp_path / "corpus" / "deep" / "gone.jsonl").symlink_to(tmp_path / "nowhere.jsonl")
+    assert [s.relpath for s in expand_inputs((f"{tmp_path}/corpus/*.jsonl",))] == ["a.jsonl", "ok.jsonl"]
+    for pattern in (
+        f"{tmp_path}/corpus/**/*.jsonl",
+        f"{tmp_path}/corpus",
+        f"{tmp_path}/corpus/deep/gone.jsonl",
+    ):
+        with pytest.raises(
+            ConfigError,
+            match=r"deep/gone\.jsonl is a symbolic link to .*nowhere\.jsonl, which does not exist",
+        ):
+            expand_inputs((pattern,))
+
+
 def test_a_star_stays_inside_one_directory(tmp_path: Path) -> None:
     """`corpus/*.jsonl.gz` takes corpus/'s files, never corpus/holdout/'s (fnmatch's `*` crossed `/`:
     evaluation data went into training); `**` crosses directories on purpose."""
