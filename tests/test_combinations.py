@@ -329,9 +329,9 @@ def copies_of(
 ) -> tuple[dict[str, int], dict[str, int]]:
     """Each document's copies as the index records them, and the tokens of the partial copies (a
     copy placing fewer tokens than its document keeps), checked against its source's rule (repeat r:
-    floor(r) or ceil(r) copies each, at most one partial copy a source, of whole chunks of seq_len,
-    under split only; r × the source's kept tokens within half of min(seq_len, its longest kept
-    document)), and every document once without a mixture."""
+    floor(r) or ceil(r) copies each, one for a document drop keeps nothing of, at most one partial
+    copy a source, of whole chunks of seq_len, under split only; r × the source's kept tokens within
+    half of min(seq_len, its longest kept document)), and every document once without a mixture."""
     index = pq.read_table(out / "index", columns=["doc_id", "copy", "placed"]).to_pylist()
     copies: dict[str, int] = {}
     placed: dict[str, list[int]] = {}
@@ -345,7 +345,10 @@ def copies_of(
         r = rule.get("repeat", 1.0)
         kept = {d.id: _kept(len(expected[d.id].tokens), combo) for d in docs}
         for d in docs:
-            assert math.floor(r) <= copies[d.id] <= math.ceil(r), (d.id, copies[d.id], r)
+            if kept[d.id]:
+                assert math.floor(r) <= copies[d.id] <= math.ceil(r), (d.id, copies[d.id], r)
+            else:  # too long under drop: one copy, dropped, whatever its key (counted once)
+                assert copies[d.id] == 1, (d.id, copies[d.id])
             short = [p for p in placed.get(d.id, []) if p != kept[d.id]]
             assert len(short) <= 1, (d.id, short)
             if short:
