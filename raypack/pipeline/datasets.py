@@ -1,24 +1,25 @@
 """Ray Datasets as input (raypack.pack(config, dataset=...)): a Dataset's rows, in its order, cut
-into work units of input.unit_rows consecutive rows, each read by its tokenize task from the blocks
-that hold it in Ray's object store. Everything after reading is what files get.
+into work units of input.unit_rows consecutive rows, each read by its tokenize task from the files
+(or blocks) that hold it. Everything after reading is what files get.
 
-    Dataset ─its columns, its order kept, materialized─▶ blocks in the object store (refs and row
-            counts on the driver, never the rows)
-            ─dataset_units─▶ a WorkUnit of unit_rows rows: (block, first row, end row) slices
+    Dataset ─its columns, its order kept, Ray Data's streaming write─▶ Parquet files in the job's
+            staging area, named in the Dataset's order (the driver holds a path and a row count
+            per file, never the rows)
+            ─dataset_units─▶ a WorkUnit of unit_rows rows: (file, first row, end row) slices
             ─readers.dataset (in the task)─▶ Batches, as a Parquet file's rows give them
 
-Why units of rows, not of blocks: a unit's rows, its document ids (`<name>:<row>`, the row's place
-in the dataset, where no id column is named) and so the output are then the same whatever the
-blocks: a Dataset repartitioned, or read by more tasks, packs to the same bytes.
+Why units of rows, not of files or blocks: a unit's rows, its document ids (`<name>:<row>`, the
+row's place in the dataset, where no id column is named) and so the output are then the same
+whatever the blocks: a Dataset repartitioned, or read by more tasks, packs to the same bytes.
 
-Why the dataset is materialized first (not streamed into the tokenize tasks): the stage reads
-units more than once (the backend self-check's sample on the driver; every unit again when a fast
-backend gave other ids), and a row's place needs the rows of every block before it. The blocks
-live in the object store, which spills to local disk beyond its memory (Ray's object spilling),
-only for the tokenize stage: the units drop their references when it ends. Only the columns the
-job reads are kept (text or chat fields, id). The driver holds a reference and a row count per
-block (~100 bytes), a task the blocks of its unit (unit_rows rows, at most one block more at each
-end).
+Why the rows are written out first (not streamed into the tokenize tasks): the stage reads units
+more than once (the backend self-check's sample on the driver; every unit again when a fast backend
+gave other ids), and a row's place needs the rows of every block before it. Ray Data's streaming
+write holds a few blocks at a time (its backpressure), so memory is bounded as for files, whatever
+the Dataset's size: the staged files (the needed columns only, zstd) sit where the output goes, are
+read once more by the tokenize tasks, and go with the staging area. `raypack verify` re-reads a
+sample from the Dataset's blocks in Ray's object store instead (`stage=None`: its own process
+holds no staging area; the object store spills to disk beyond its memory).
 
 No token store (cache.path) for a Dataset: a store keys a unit by its files' content, and a
 Dataset's rows have no key short of reading them all.
@@ -34,13 +35,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from raypack.config import InputConfig, Reading
+from raypack.config import InputConfig, Reading, StorageConfig
 from raypack.errors import ConfigError
 from raypack.pipeline.read import MAX_SPLIT_UNITS
 from raypack.pipeline.readers.chat import chat_fields
 from raypack.pipeline.readers.parquet import is_text
 from raypack.pipeline.units import WorkUnit
-from raypack.storage import Shard
+from raypack.storage import Shard, join, list_dir, resolve
 
 __all__ = [
     "DATASET_SCHEME",
@@ -116,14 +117,25 @@ def check_dataset(cfg: InputConfig, source: str, ds: Any) -> list[str]:
     return columns
 
 
-def dataset_units(cfg: InputConfig, datasets: dict[str, Any], first_index: int) -> list[WorkUnit]:
+def dataset_units(
+    cfg: InputConfig,
+    datasets: dict[str, Any],
+    first_index: int,
+    stage: str | None = None,
+    storage: StorageConfig | None = None,
+) -> list[WorkUnit]:
     """Every Dataset's work units, sources by name, numbered from `first_index`: each Dataset's
-    columns materialized in its own order, then cut into runs of input.unit_rows rows."""
+    columns in its own order, written as Parquet files under `stage` (None: materialized in Ray's
+    object store), then cut into runs of input.unit_rows rows."""
     units: list[WorkUnit] = []
     for source in sorted(datasets):
         ds = datasets[source]
         columns = check_dataset(cfg, source, ds)
-        blocks = _blocks(ds.select_columns(columns))
+        ordered = _ordered(ds.select_columns(columns))
+        if stage is None:
+            blocks = _blocks(ordered)
+        else:
+            blocks = _staged(ordered, join(stage, dataset_name(source)), storage)
         rows = sum(n for _, n, _ in blocks)
         if -(-rows // cfg.unit_rows) + len(units) > MAX_SPLIT_UNITS:
             raise ConfigError(
@@ -135,21 +147,61 @@ def dataset_units(cfg: InputConfig, datasets: dict[str, Any], first_index: int) 
     return units
 
 
-def _blocks(ds: Any) -> list[tuple[Any, int, int]]:
-    """(reference, rows, bytes) of each block of `ds` executed in its order (preserve_order on a
-    copy of its context: the caller's Dataset keeps its own)."""
+def _ordered(ds: Any) -> Any:
+    """`ds` executed in its order: preserve_order on a copy of its context (the caller's Dataset
+    keeps its own)."""
     from ray.data import Dataset
 
     # Dataset.copy is Ray's own (not public API): select_columns' Dataset shares its DataContext
     # with the caller's, so setting preserve_order there would change how their Dataset runs.
     ordered = Dataset.copy(ds, _deep_copy=True)
     ordered.context.execution_options.preserve_order = True
+    return ordered
+
+
+def _blocks(ordered: Any) -> list[tuple[Any, int, int]]:
+    """(reference, rows, bytes) of each block of `ordered`, materialized."""
     found = []
     for bundle in ordered.materialize().iter_internal_ref_bundles():
         for entry in bundle.blocks:
             ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry
             if meta.num_rows:
                 found.append((ref, int(meta.num_rows), int(meta.size_bytes or 0)))
+    return found
+
+
+class _InOrder:
+    """Ray Data's FilenameProvider: a write task's files named by its index, which follows the
+    Dataset's order under preserve_order, so that their names sort as the rows run."""
+
+    def get_filename_for_block(self, block: Any, write_uuid: str, task_index: int, block_index: int) -> str:
+        return f"part-{task_index:09d}-{block_index:06d}.parquet"
+
+    def get_filename_for_row(
+        self, row: Any, write_uuid: str, task_index: int, block_index: int, row_index: int
+    ) -> str:
+        raise NotImplementedError("rows are written as blocks")
+
+
+def _staged(ordered: Any, folder: str, storage: StorageConfig | None) -> list[tuple[str, int, int]]:
+    """(path, rows, bytes) of each Parquet file Ray Data's streaming write of `ordered` makes under
+    `folder`, in the Dataset's order."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    from ray.data.datasource import FilenameProvider
+
+    fs, inner = resolve(folder, storage)
+    provider = type("InOrder", (_InOrder, FilenameProvider), {})()
+    ordered.write_parquet(inner, filesystem=fs, filename_provider=provider, compression="zstd")
+    found = []
+    names = sorted(info.base_name for info in list_dir(folder, storage) if info.type == pafs.FileType.File)
+    for name in names:
+        path = join(folder, name)
+        with fs.open_input_file(resolve(path, storage)[1]) as f:
+            meta = pq.ParquetFile(f).metadata
+        if meta.num_rows:
+            size = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+            found.append((path, int(meta.num_rows), int(size)))
     return found
 
 
@@ -190,8 +242,8 @@ def _cut(
 
 
 def without_blocks(units: list[WorkUnit]) -> list[WorkUnit]:
-    """The units with their block references dropped (the tokenize stage is over: what follows
-    reads token files), so Ray may free the Dataset's blocks."""
+    """The units with their slices dropped (the tokenize stage is over: what follows reads token
+    files), so Ray may free the Dataset's blocks (verify's), and no unit names a staged file."""
     return [dataclasses.replace(u, blocks=()) if u.blocks else u for u in units]
 
 

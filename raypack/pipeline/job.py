@@ -150,7 +150,9 @@ def _stages(
         # The Dataset's own pipeline runs here, on the CPUs; then the workers load the tokenizer
         # (before it, their preload held every CPU and Ray Data waited, warning of a hang).
         with _stage(timings, "read", log):
-            units += dataset_units(cfg.input, ready.datasets, len(units))
+            units += dataset_units(
+                cfg.input, ready.datasets, len(units), join(ready.staging, "datasets"), storage
+            )
         runner.preload(preload_job, (ready.ctx, None))
     concurrency = cfg.tokenizer.concurrency or runner.width
     pool = TokenizePool(runner, ready.ctx, min(concurrency, len(units)), capped=concurrency < runner.width)

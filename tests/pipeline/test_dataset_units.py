@@ -4,11 +4,15 @@ blocks that hold it."""
 
 from __future__ import annotations
 
-from hypothesis import given
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack.config import InputConfig
 from raypack.pipeline.datasets import _cut
+from raypack.pipeline.readers.dataset import _rows
 
 
 @given(sizes=st.lists(st.integers(0, 40), max_size=12), unit_rows=st.integers(1, 50))
@@ -38,3 +42,30 @@ def test_a_unit_is_the_same_whatever_the_blocks() -> None:
         (u.shard.unit_start, u.shard.unit_stop) for u in many
     ]
     assert [len(u.blocks) for u in many] == [2, 2, 1, 1]  # rows 0-7-57-100 in blocks b, c, d
+
+
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    groups=st.lists(st.integers(1, 30), min_size=1, max_size=8),
+    bounds=st.tuples(st.integers(0, 240), st.integers(0, 240)),
+)
+def test_a_staged_files_rows_are_read_by_their_row_groups(
+    tmp_path_factory: pytest.TempPathFactory, groups: list[int], bounds: tuple[int, int]
+) -> None:
+    """A unit's slice [start, stop) of a staged Parquet file (raypack.pipeline.readers.dataset._rows)
+    is those rows, whatever row groups the Dataset's write made."""
+    total = sum(groups)
+    start, stop = sorted(min(b, total) for b in bounds)
+    if start == stop:
+        return
+    path = tmp_path_factory.mktemp("staged") / "part.parquet"
+    table = pa.table({"text": [f"row {i}" for i in range(total)]})
+    with pq.ParquetWriter(path, table.schema) as writer:
+        at = 0
+        for n in groups:
+            writer.write_table(table.slice(at, n))
+            at += n
+    assert pq.ParquetFile(path).metadata.num_row_groups == len(groups)
+    assert _rows(str(path), start, stop, None).column("text").to_pylist() == [
+        f"row {i}" for i in range(start, stop)
+    ]

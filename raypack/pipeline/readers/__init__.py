@@ -57,7 +57,7 @@ def read_unit(unit: WorkUnit, batch_size: int, storage: StorageConfig | None = N
     or MAX_BATCH_BYTES (a file of 6 KB makes a batch of a few documents: encoding and writing batches
     that small costs more than the text), each document and reject marked with its file's number."""
     if unit.blocks:  # a Ray Dataset's rows (raypack.pipeline.datasets)
-        yield from dataset.read(unit, batch_size)
+        yield from dataset.read(unit, batch_size, storage)
         return
     read = READERS[unit.reading.format]
     if not unit.more:
