@@ -170,29 +170,14 @@ def _blocks(ordered: Any) -> list[tuple[Any, int, int]]:
     return found
 
 
-class _InOrder:
-    """Ray Data's FilenameProvider: a write task's files named by its index, which follows the
-    Dataset's order under preserve_order, so that their names sort as the rows run."""
-
-    def get_filename_for_block(self, block: Any, write_uuid: str, task_index: int, block_index: int) -> str:
-        return f"part-{task_index:09d}-{block_index:06d}.parquet"
-
-    def get_filename_for_row(
-        self, row: Any, write_uuid: str, task_index: int, block_index: int, row_index: int
-    ) -> str:
-        raise NotImplementedError("rows are written as blocks")
-
-
 def _staged(ordered: Any, folder: str, storage: StorageConfig | None) -> list[tuple[str, int, int]]:
-    """(path, rows, bytes) of each Parquet file Ray Data's streaming write of `ordered` makes under
-    `folder`, in the Dataset's order."""
+    """(path, rows, bytes) of each Parquet file the streaming write of `ordered` makes under
+    `folder` (a file a block, its rows in order), in the Dataset's order."""
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq
-    from ray.data.datasource import FilenameProvider
 
-    fs, inner = resolve(folder, storage)
-    provider = type("InOrder", (_InOrder, FilenameProvider), {})()
-    ordered.write_parquet(inner, filesystem=fs, filename_provider=provider, compression="zstd")
+    ordered.write_datasink(_stage_sink(folder, storage))
+    fs, _ = resolve(folder, storage)
     found = []
     names = sorted(info.base_name for info in list_dir(folder, storage) if info.type == pafs.FileType.File)
     for name in names:
@@ -203,6 +188,31 @@ def _staged(ordered: Any, folder: str, storage: StorageConfig | None) -> list[tu
             size = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
             found.append((path, int(meta.num_rows), int(size)))
     return found
+
+
+def _stage_sink(folder: str, storage: StorageConfig | None) -> Any:
+    """A Ray Data Datasink writing each block of a write task to `part-<task>-<block>.parquet`
+    under `folder`, its rows in order. Not write_parquet: it writes through pyarrow's
+    write_dataset with use_threads=True, which may reorder a task's rows (one run in two of a 40 MB
+    benchmark packed other bytes), and names files by a random id. Write tasks are numbered in the
+    Dataset's order under preserve_order, so the names sort as the rows run."""
+    import pyarrow.parquet as pq
+    from ray.data.block import BlockAccessor
+    from ray.data.datasource import Datasink
+
+    class StageSink(Datasink[None]):
+        def write(self, blocks: Any, ctx: Any) -> None:
+            fs, inner = resolve(folder, storage)
+            fs.create_dir(inner, recursive=True)
+            for number, block in enumerate(blocks):
+                table = BlockAccessor.for_block(block).to_arrow()
+                if not table.num_rows:
+                    continue
+                name = f"{inner}/part-{ctx.task_idx:09d}-{number:06d}.parquet"
+                with fs.open_output_stream(name) as sink:
+                    pq.write_table(table, sink, compression="zstd")
+
+    return StageSink()
 
 
 def _cut(
