@@ -265,3 +265,24 @@ def test_what_a_dataset_user_gets_wrong_is_one_line(
     assert reasons[60] == "text field 'body' is int, not a string"
     assert reasons[61] == "text field 'body' is float, not a string"
     assert reasons[62] == "text of 3,600 bytes, over input.max_document_bytes (2,000)"
+
+
+def test_a_dataset_whose_pipeline_fails_leaves_no_staged_rows(tmp_path: Path, tokenizer_path: Path) -> None:
+    """The Dataset's rows are staged as files under the output's staging area; when its own
+    pipeline fails partway (the user's map_batches raising), the error is the user's and the staged
+    copy goes with the staging area, as when raypack's own checks fail."""
+    import ray
+
+    rng = random.Random(3)
+    rows = [{"text": random_text(rng, 50), "n": i} for i in range(2_000)]
+
+    def boom(batch: dict[str, Any]) -> dict[str, Any]:
+        if 1_500 in list(batch["n"]):
+            raise RuntimeError("boom in the user's map_batches")
+        return batch
+
+    ds = ray.data.from_items(rows, override_num_blocks=8).map_batches(boom, batch_size=100)
+    out = tmp_path / "out"
+    with pytest.raises(Exception, match="boom in the user's map_batches"):
+        raypack.pack(_config(out, tokenizer_path), dataset=ds, log=quiet)
+    assert not (out / "_staging").exists() and not (out / "manifest.json").exists()

@@ -26,7 +26,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, TextIO
 
 from raypack.config import JobConfig
@@ -124,6 +124,12 @@ def _run(
             commit(record, storage)
     except BaseException:
         runner.close(release=False, failed=True)
+        # Whatever stopped the job (a worker's error, a Dataset's own pipeline failing, Ctrl-C): its
+        # staging area goes, once no worker writes into it. It holds the token files and, for a
+        # Dataset, a copy of its columns; a rerun would clear it, but a job that is not rerun left
+        # it. Best effort: the error that stopped the job is the one to see.
+        with suppress(Exception):
+            remove(ready.staging, storage)
         raise
     # The report's drawing (~1.8 s) beside the runner's closing (Ray's shutdown: ~1.4 s, mostly
     # waiting for its processes to exit): the dataset is committed, nothing is left to run.
