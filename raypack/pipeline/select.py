@@ -199,7 +199,7 @@ def select_run(
             copy[n[take] == 0] = -1
             chunks = np.zeros(len(take), dtype=np.int32)
             placed = np.zeros(len(take), dtype=np.int64)
-            shard_items = shard_tokens = truncated = partial = 0
+            shard_items = shard_tokens = truncated = partial = selected = 0
             for c in range(layers):
                 chosen, tokens = chosen_by.layer(c)
                 if not len(chosen):
@@ -216,6 +216,7 @@ def select_run(
                 shard_tokens += layer.tokens
                 truncated += layer.truncated
                 partial += int(tokens[cut_short].sum())
+                selected += int(kept(tokens, seq_len, overflow).sum())
             taken = pa.array(take)
             write_index(
                 cfg,
@@ -234,9 +235,7 @@ def select_run(
             tally["tokens"] += int(length.sum())
             tally["kept"] += int(kept(length, seq_len, overflow).sum())
             tally["copies"] += int(n.sum())
-            tally["selected"] += sum(
-                int(kept(chosen_by.layer(c)[1], seq_len, overflow).sum()) for c in range(layers)
-            )
+            tally["selected"] += selected
             tally["placed"] += shard_tokens
             tally["truncated"] += truncated
             tally["partial"] += partial
