@@ -196,6 +196,7 @@ def _stage_sink(folder: str, storage: StorageConfig | None) -> Any:
     write_dataset with use_threads=True, which may reorder a task's rows (one run in two of a 40 MB
     benchmark packed other bytes), and names files by a random id. Write tasks are numbered in the
     Dataset's order under preserve_order, so the names sort as the rows run."""
+    import pyarrow.fs as pafs
     import pyarrow.parquet as pq
     from ray.data.block import BlockAccessor
     from ray.data.datasource import Datasink
@@ -203,7 +204,8 @@ def _stage_sink(folder: str, storage: StorageConfig | None) -> Any:
     class StageSink(Datasink[None]):
         def write(self, blocks: Any, ctx: Any) -> None:
             fs, inner = resolve(folder, storage)
-            fs.create_dir(inner, recursive=True)
+            if isinstance(fs, pafs.LocalFileSystem):  # object stores have no directories to make
+                fs.create_dir(inner, recursive=True)
             for number, block in enumerate(blocks):
                 table = BlockAccessor.for_block(block).to_arrow()
                 if not table.num_rows:

@@ -322,3 +322,34 @@ def test_an_azure_container_at_account_is_not_taken_for_credentials() -> None:
         with pytest.raises(ConfigError, match="holds credentials") as e:
             resolve(secret)
         assert "s3cr3t" not in str(e.value)
+
+
+def test_a_dataset_packed_to_s3_stages_its_rows_there_and_equals_a_local_pack(
+    tmp_path: Path, tokenizer_path: Path, s3
+) -> None:
+    """A Ray Dataset's rows are staged under the output's staging area, here on the S3 server, and
+    read back by the tokenize tasks from there: the data files equal the same Dataset packed to
+    local disk, and no staged row is left in the bucket."""
+    import ray
+
+    import raypack
+
+    cfg_path = s3_config(tmp_path, s3, tokenizer_path, "dataset")
+    data = yaml.safe_load(cfg_path.read_text())
+    del data["input"]["paths"]
+    rows = [{"text": f"row {i} " + " ".join(["words"] * (i % 40 + 1)), "id": f"r{i}"} for i in range(400)]
+    ds = ray.data.from_items(rows, override_num_blocks=6)
+    data["input"]["id_field"] = "id"
+    raypack.pack(data, dataset=ds, log=lambda _: None)
+    local = {**data, "output": {**data["output"], "path": str(tmp_path / "o")}, "storage": {}}
+    local["tokenizer"] = {**data["tokenizer"], "path": str(tokenizer_path)}
+    raypack.pack(local, dataset=ds, log=lambda _: None)
+    fs = s3.filesystem()
+    remote = read_tree(fs, f"{s3server.BUCKET}/dataset/out", "data")
+    assert remote and remote == read_tree(pafs.LocalFileSystem(), str(tmp_path / "o"), "data")
+    # No staged file is left (SeaweedFS keeps a prefix's empty directory entries after its objects
+    # are deleted; S3 has none to keep).
+    left = fs.get_file_info(
+        pafs.FileSelector(f"{s3server.BUCKET}/dataset/out/_staging", recursive=True, allow_not_found=True)
+    )
+    assert [i.path for i in left if i.type == pafs.FileType.File] == []
