@@ -74,19 +74,34 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_on_ray)  # stable
 
 
-@pytest.fixture(autouse=True)
-def users_path_or_ray(request: pytest.FixtureRequest) -> None:
-    """A test marked `ray` gets the session's Ray. Any other runs with no Ray in this process and no
-    RAY_ADDRESS: its jobs take the default executor's choice as a user's `raypack pack` would."""
-    if _on_ray(request.node):
-        request.getfixturevalue("ray_session")
-        return
+def _ray_started() -> bool:
     import sys
 
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
+
+
+@pytest.fixture(autouse=True)
+def users_path_or_ray(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked `ray` gets the session's Ray. Any other runs with no Ray in this process and no
+    RAY_ADDRESS: its jobs take the default executor's choice as a user's `raypack pack` would.
+
+    A test that starts Ray without the mark (ray.data.from_items starts it on first use) fails
+    itself, and Ray is shut down behind it: the tests after it keep the user's path, and the
+    session's Ray can still start (CI once reported 259 errors for the one unmarked test)."""
+    if _on_ray(request.node):
+        request.getfixturevalue("ray_session")
+        yield
+        return
+    if _ray_started():
         pytest.fail("Ray runs in this process: this test would not take the user's path (mark it ray)")
     if os.environ.get("RAY_ADDRESS"):
         pytest.fail("RAY_ADDRESS is set: this test would not take the user's path")
+    yield
+    if _ray_started():
+        import ray
+
+        ray.shutdown()
+        pytest.fail("this test started Ray in the test process: mark it ray (tests/conftest.py)")
 
 
 @pytest.fixture(scope="session")

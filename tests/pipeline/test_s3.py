@@ -324,6 +324,7 @@ def test_an_azure_container_at_account_is_not_taken_for_credentials() -> None:
         assert "s3cr3t" not in str(e.value)
 
 
+@pytest.mark.ray  # a Ray Dataset: ray.data starts Ray in this process
 def test_a_dataset_packed_to_s3_stages_its_rows_there_and_equals_a_local_pack(
     tmp_path: Path, tokenizer_path: Path, s3
 ) -> None:
