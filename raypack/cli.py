@@ -553,8 +553,9 @@ def _main(argv: Sequence[str] | None) -> int:
     }
     started = _started if _started is not None else time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
-    local = _early_local(argv)
+    local: LocalRunner | None = None
     try:
+        local = _early_local(argv)
         args = _build_parser().parse_args(argv)
         args.started, args.local = started, local
         return commands[args.command](args)

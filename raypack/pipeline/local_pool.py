@@ -89,6 +89,30 @@ class _Worker:
     task: _Task | None = None
 
 
+# A Unix socket's path holds at most 107 bytes on Linux (108 with its NUL; 103 on macOS). Under a
+# long TMPDIR (an HPC scheduler's per-job one, a test's) bind() failed with a traceback.
+_SOCKET_PATH_MAX = 100
+_SHORT_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _socket_home(home: str) -> str:
+    """Where the pool's socket goes: `home` (the pool's own directory in the system temp dir), or,
+    where a socket path there would be too long, a directory of its own (0700) in the first short
+    system directory this user may write; JobError when there is none."""
+    if len(os.path.join(home, "pool.sock").encode()) <= _SOCKET_PATH_MAX:
+        return home
+    for short in _SHORT_DIRS:
+        if os.path.isdir(short) and os.access(short, os.W_OK | os.X_OK):
+            with contextlib.suppress(OSError):
+                return tempfile.mkdtemp(prefix="raypack-pool-", dir=short)
+    shutil.rmtree(home, ignore_errors=True)
+    raise JobError(
+        f"the local runner's socket cannot go under the temp directory {os.path.dirname(home)} "
+        f"(a Unix socket's path holds {_SOCKET_PATH_MAX} bytes) and none of {', '.join(_SHORT_DIRS)} "
+        "is writable: set TMPDIR to a shorter directory, or run on Ray (run.executor ray)"
+    )
+
+
 class LocalPool:
     """`width` worker processes, forked (by start()) from a zygote that the pool spawns at once, so
     the zygote's imports (~0.5 s) overlap whatever the driver does before start()."""
@@ -100,12 +124,13 @@ class LocalPool:
         self.retried = 0
         """Tasks run again because their worker died."""
         self._home = tempfile.mkdtemp(prefix="raypack-pool-")  # 0700: only this user may connect
+        self._sockets = _socket_home(self._home)
         self.blob_base: str | None = None
         """Where the blobs go (set before the first is made): None, the pool's directory in the
         system temp dir."""
         self._blobs: str | None = None
         self._blob_paths: list[str] = []
-        self._address = os.path.join(self._home, "pool.sock")
+        self._address = os.path.join(self._sockets, "pool.sock")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self._address)
         self._listener.listen(64)
@@ -221,6 +246,8 @@ class LocalPool:
                 os.close(fd)
         self._listener.close()
         shutil.rmtree(self._home, ignore_errors=True)
+        if self._sockets != self._home:
+            shutil.rmtree(self._sockets, ignore_errors=True)
         if self._blobs is not None:
             shutil.rmtree(self._blobs, ignore_errors=True)
 

@@ -21,6 +21,7 @@ from raypack.pipeline.job import run_job
 from raypack.pipeline.runners import LocalRunner, choose_runner
 from raypack.pipeline.tasks import RETRIES, TransientStorageError
 from raypack.progress import Progress
+from raypack.verifier import verify
 from tests.conftest import job_config, make_corpus, write_jsonl
 
 
@@ -325,3 +326,29 @@ def test_pack_without_a_cluster_runs_locally_shows_progress_and_its_whole_time(
     assert quiet_run.returncode == 0, quiet_run.stderr[-3000:]
     assert "[raypack]" not in quiet_run.stderr
     assert any(line.startswith("time ") for line in quiet_run.stdout.splitlines())
+
+
+def test_a_temp_dir_too_long_for_a_socket_path_still_packs_locally(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A Unix socket's path holds ~107 bytes: under a deeper TMPDIR (an HPC job's, pytest-xdist's)
+    `raypack pack` failed with a traceback from bind(). The pool's socket now goes to a short
+    system directory of its own; the job packs, and leaves nothing in TMPDIR or there."""
+    temp = tmp_path / ("t" * 60) / ("u" * 40)
+    temp.mkdir(parents=True)
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=20, seed=5)
+    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"TMPDIR": str(temp)}
+    done = subprocess.run(
+        [sys.executable, "-m", "raypack.cli", "pack", str(path), "--quiet"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "local processes" in done.stdout, done.stdout
+    assert len(str(temp)) > 110 and sorted(temp.iterdir()) == []
+    report = verify(str(tmp_path / "out"), load_config(str(path)))
+    assert report.ok and report.documents == 40, report.problems
