@@ -70,7 +70,14 @@ def _on_ray(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests on Ray last, each module's in its order: before them, no Ray runs in this process."""
+    """Tests on Ray last, each module's in its order: before them, no Ray runs in this process.
+
+    The suite runs on two pytest-xdist workers, a module at a time (pyproject's addopts: -n 2 --dist
+    loadfile): on one process it took 19 min of a 2-core machine and kept 1.2 cores busy. A module's
+    fixtures are made once, and its tests on Ray run after its others; a worker that goes on to
+    another module after tests on Ray shuts its Ray down first (users_path_or_ray). Not loadgroup:
+    pytest-xdist 3.8 names a group's items by `_nodeid`, which pytest 9.2 no longer reads, so its
+    groups are spread over the workers."""
     items.sort(key=_on_ray)  # stable
 
 
@@ -92,6 +99,11 @@ def users_path_or_ray(request: pytest.FixtureRequest) -> Iterator[None]:
         request.getfixturevalue("ray_session")
         yield
         return
+    if _SESSION_RAY and _ray_started():  # this worker ran a module's tests on Ray: now another module
+        import ray
+
+        ray.shutdown()
+        _SESSION_RAY.clear()
     if _ray_started():
         pytest.fail("Ray runs in this process: this test would not take the user's path (mark it ray)")
     if os.environ.get("RAY_ADDRESS"):
@@ -104,16 +116,36 @@ def users_path_or_ray(request: pytest.FixtureRequest) -> Iterator[None]:
         pytest.fail("this test started Ray in the test process: mark it ray (tests/conftest.py)")
 
 
-@pytest.fixture(scope="session")
-def ray_session() -> Iterator[None]:
-    """Local Ray, started once: each start costs seconds on two cores. Its workers inherit the test S3
-    server's credentials from this environment, as a cluster's would from its nodes'."""
+_SESSION_RAY: list[bool] = []
+"""[True] while the Ray that ray_session started runs in this process."""
+
+
+@pytest.fixture
+def ray_session() -> None:
+    """Local Ray, started once for the tests on Ray that run one after another: each start costs
+    seconds on two cores. A new local instance (address "local"), never a head another test started.
+    Its workers inherit the test S3 server's credentials from this environment, as a cluster's would
+    from its nodes'. Shut down by the next test not on Ray, or at the session's end."""
     import ray
 
+    if _SESSION_RAY and ray.is_initialized():
+        return
     os.environ.update(s3server.CREDENTIALS)
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=400 * 2**20, logging_level="ERROR")
-    yield
-    ray.shutdown()
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=400 * 2**20,
+        logging_level="ERROR",
+    )
+    _SESSION_RAY[:] = [True]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _SESSION_RAY and _ray_started():
+        import ray
+
+        ray.shutdown()
 
 
 @pytest.fixture(scope="session")

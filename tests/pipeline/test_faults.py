@@ -56,11 +56,14 @@ def _running(task: str) -> list[psutil.Process]:
 
 
 def _ray_processes(marker: str) -> list[psutil.Process]:
+    """This test process's descendants only (a local pool's zygote and workers, the session Ray's
+    workers): the suite runs on two pytest-xdist workers, and a kill by name alone took the other
+    worker's tasks too."""
     found = []
-    for p in psutil.process_iter(["name", "cmdline"]):
+    for p in psutil.Process().children(recursive=True):
         try:
-            title = p.info["name"] or ""
-            cmd = " ".join(p.info["cmdline"] or [])
+            title = p.name() or ""
+            cmd = " ".join(p.cmdline() or [])
             if marker in title or marker in cmd:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
