@@ -148,7 +148,11 @@ def test_a_filtered_json_dataset_numbers_its_rows_and_records_its_rejects(
     rejects = pq.read_table(tmp_path / "out" / "rejects").to_pylist()
     assert sorted(f"dataset:{r['row']}" for r in rejects) == sorted(bad)
     assert {r["source"] for r in rejects} == {"dataset"}
-    assert all(r["reason"] for r in rejects)
+    nulls = {i for i, r in enumerate(kept) if r["text"] is None}
+    want = {
+        i: "text field 'text' is null" if i in nulls else "whitespace-only document" for i in range(len(kept))
+    }
+    assert nulls and all(r["reason"] == want[r["row"]] for r in rejects), rejects
     assert raypack.verify(str(tmp_path / "out"), cfg, dataset=ds).ok
 
 

@@ -80,7 +80,7 @@ def test_every_kind_of_bad_jsonl_record_is_a_reject_and_every_good_token_is_pack
         "malformed JSON",
         "missing text field 'text'",
         "text field 'text' is int, not a string",
-        "missing text field 'text'",
+        "text field 'text' is null",
         "invalid UTF-8 at byte 13",
         "empty document",
         "whitespace-only document",

@@ -181,7 +181,7 @@ def test_parquet_rows_and_wrong_schema(tmp_path: Path) -> None:
     write_parquet(good, {"text": ["a", "", "c", None]})
     docs, rejects = read_all(good, fmt="parquet")
     assert [(d[0], d[1]) for d in docs] == [(0, "good.parquet:0"), (2, "good.parquet:2")]
-    assert rejects == [(1, "empty document"), (3, "missing text field 'text'")]
+    assert rejects == [(1, "empty document"), (3, "text field 'text' is null")]
     bad = tmp_path / "bad.parquet"
     write_parquet(bad, {"content": ["a"]})
     docs, rejects = read_all(bad, fmt="parquet")

@@ -29,8 +29,11 @@ def document(
             batch.rejects.append(Reject.bad(row, why, raw))
             return None
         return _with_id(record, row, reading, default_id, batch, raw, chat)
-    if text_field not in record or record[text_field] is None:
+    if text_field not in record:
         batch.rejects.append(Reject.bad(row, f"missing text field {text_field!r}", raw))
+        return None
+    if record[text_field] is None:  # JSON null, a Parquet or Dataset null: there, but empty
+        batch.rejects.append(Reject.bad(row, f"text field {text_field!r} is null", raw))
         return None
     text = record[text_field]
     if not isinstance(text, str):
