@@ -51,6 +51,24 @@ def test_overrides_are_read_as_yaml() -> None:
         apply_overrides({"pack": 3}, ["pack.seq_len=1"])
 
 
+def test_overrides_reach_list_entries_by_place_or_name() -> None:
+    """input.sources is a list: --set enters it by an entry's place or its name, and leaves the
+    caller's mapping as it was."""
+    base = {"input": {"sources": [{"name": "web", "weight": 0.7}, {"name": "code", "weight": 0.3}]}}
+    data = apply_overrides(base, ["input.sources.0.weight=0.6", "input.sources.code.weight=0.4"])
+    assert data["input"]["sources"] == [{"name": "web", "weight": 0.6}, {"name": "code", "weight": 0.4}]
+    assert base["input"]["sources"][0]["weight"] == 0.7
+    assert apply_overrides({"input": {"paths": ["a", "b"]}}, ["input.paths.1=c"]) == {
+        "input": {"paths": ["a", "c"]}
+    }
+    with pytest.raises(ConfigError, match=r"input\.sources has 2 entries, none at 2"):
+        apply_overrides(base, ["input.sources.2.weight=1"])
+    with pytest.raises(ConfigError, match=r"no entry named 'books'.*'web', 'code'"):
+        apply_overrides(base, ["input.sources.books.weight=1"])
+    with pytest.raises(ConfigError, match=r"'input\.sources\.0\.weight\.x=1': weight is not a section"):
+        apply_overrides(base, ["input.sources.0.weight.x=1"])
+
+
 def test_compare_lists_the_other_histogram_packers_with_the_settings_that_apply() -> None:
     cfg = from_dict(PackConfig, {"algorithm": "lpfhp", "max_depth": 3, "compare": ["all"]})
     assert [c.algorithm for c in cfg.compared()] == ["bfd", "spfhp", "nnlshp", "bucket"]

@@ -137,19 +137,50 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Return a copy of nested mapping `data` with each `key.path=value` override set."""
+    """Return a copy of nested mapping `data` with each `key.path=value` override set. A list (e.g.
+    input.sources) is entered by an entry's place (input.sources.0.weight=0.3) or, for a list of
+    sections, by the entry's name (input.sources.web.weight=0.3); a new list entry is not made."""
     out = _deepcopy(data)
     for text in overrides:
         path, value = parse_override(text)
-        node = out
-        for part in path[:-1]:
+        node: Any = out
+        for depth, part in enumerate(path[:-1]):
+            if isinstance(node, list):
+                node = node[_entry(node, part, text, path[:depth])]
+                continue
             child = node.setdefault(part, {})
-            if not isinstance(child, dict):
+            if not isinstance(child, (dict, list)):
                 raise ConfigError(f"override {text!r}: {part} is not a section")
             node = child
-        node[path[-1]] = value
+        if isinstance(node, list):
+            node[_entry(node, path[-1], text, path[:-1])] = value
+        elif isinstance(node, dict):
+            node[path[-1]] = value
+        else:
+            raise ConfigError(f"override {text!r}: {'.'.join(path[:-1])} is not a section")
     return out
 
 
-def _deepcopy(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: _deepcopy(v) if isinstance(v, dict) else v for k, v in d.items()}
+def _entry(entries: list[Any], part: str, text: str, where: list[str]) -> int:
+    """The place in `entries` that override `text` names by `part`: a place, or a section's name."""
+    name = ".".join(where)
+    if part.isdigit():
+        if int(part) < len(entries):
+            return int(part)
+        raise ConfigError(f"override {text!r}: {name} has {len(entries)} entries, none at {part}")
+    named = [i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("name") == part]
+    if len(named) == 1:
+        return named[0]
+    names = ", ".join(repr(e["name"]) for e in entries if isinstance(e, dict) and "name" in e) or "none"
+    raise ConfigError(
+        f"override {text!r}: {name} has no entry named {part!r} (give its place from 0, or one of "
+        f"its names: {names})"
+    )
+
+
+def _deepcopy(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _deepcopy(v) for k, v in d.items()}
+    if isinstance(d, list):
+        return [_deepcopy(v) for v in d]
+    return d
