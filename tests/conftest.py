@@ -72,7 +72,7 @@ def _on_ray(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests on Ray last, each module's in its order: before them, no Ray runs in this process.
 
-    The suite runs on two pytest-xdist workers, a module at a time (pyproject's addopts: -n 2 --dist
+    `make test` runs the suite on two pytest-xdist workers, a module at a time (-n 2 --dist
     loadfile): on one process it took 19 min of a 2-core machine and kept 1.2 cores busy. A module's
     fixtures are made once, and its tests on Ray run after its others; a worker that goes on to
     another module after tests on Ray shuts its Ray down first (users_path_or_ray). Not loadgroup:

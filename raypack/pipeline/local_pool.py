@@ -89,8 +89,9 @@ class _Worker:
     task: _Task | None = None
 
 
-# A Unix socket's path holds at most 107 bytes on Linux (108 with its NUL; 103 on macOS). Under a
-# long TMPDIR (an HPC scheduler's per-job one, a test's) bind() failed with a traceback.
+# A Unix socket's path holds at most 107 bytes on Linux (108 with its NUL; 103 on macOS): the pool
+# keeps a few bytes' margin. Under a long TMPDIR (an HPC scheduler's per-job one, a test's) bind()
+# failed with a traceback.
 _SOCKET_PATH_MAX = 100
 _SHORT_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -108,7 +109,7 @@ def _socket_home(home: str) -> str:
     shutil.rmtree(home, ignore_errors=True)
     raise JobError(
         f"the local runner's socket cannot go under the temp directory {os.path.dirname(home)} "
-        f"(a Unix socket's path holds {_SOCKET_PATH_MAX} bytes) and none of {', '.join(_SHORT_DIRS)} "
+        f"(a Unix socket's path holds ~107 bytes) and none of {', '.join(_SHORT_DIRS)} "
         "is writable: set TMPDIR to a shorter directory, or run on Ray (run.executor ray)"
     )
 
@@ -150,7 +151,7 @@ class LocalPool:
         self._ctrl: Connection | None = None
         self._forked = 0
         self._fatal: BaseException | None = None
-        hello = {"address": self._address, "sys_path": list(sys.path), "env": WORKER_ENV}
+        hello = {"address": self._address, "home": self._home, "sys_path": list(sys.path), "env": WORKER_ENV}
         self._zygote = subprocess.Popen(
             [sys.executable, "-m", "raypack.pipeline.zygote"],
             stdin=subprocess.PIPE,

@@ -210,7 +210,7 @@ def _reap(children: set[int], ctrl: Connection) -> None:
             ctrl.send(("exited", pid, status))
 
 
-def _loop(ctrl: Connection, address: str) -> None:
+def _loop(ctrl: Connection, address: str, home: str | None = None) -> None:
     """The zygote's loop: the driver's requests in order, its children reaped between them."""
     import importlib
 
@@ -267,7 +267,8 @@ def _loop(ctrl: Connection, address: str) -> None:
     finally:
         # Workers still here are killed and reaped: one left unreaped would be a zombie of whatever
         # adopts it (never reaped under a PID 1 or subreaper that does not wait). The pool's
-        # directory goes too: the driver, if it was killed, cannot remove it.
+        # directories go too (its own in TMPDIR, and its socket's where that is elsewhere: a long
+        # TMPDIR's, raypack.pipeline.local_pool): the driver, if it was killed, cannot remove them.
         for pid in children:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -275,6 +276,8 @@ def _loop(ctrl: Connection, address: str) -> None:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         shutil.rmtree(os.path.dirname(address), ignore_errors=True)
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def serve(hello: dict[str, Any]) -> None:
@@ -286,7 +289,7 @@ def serve(hello: dict[str, Any]) -> None:
     ctrl = connect(hello["address"])
     ctrl.send(("zygote", os.getpid()))
     set_name("rp-zygote")
-    _loop(ctrl, hello["address"])
+    _loop(ctrl, hello["address"], hello.get("home"))
 
 
 if __name__ == "__main__":

@@ -352,3 +352,21 @@ def test_a_temp_dir_too_long_for_a_socket_path_still_packs_locally(
     assert len(str(temp)) > 110 and sorted(temp.iterdir()) == []
     report = verify(str(tmp_path / "out"), load_config(str(path)))
     assert report.ok and report.documents == 40, report.problems
+    # The driver killed once its pool runs: the zygote, finding it gone, removes the pool's
+    # directory in TMPDIR as well as its socket's (a trial found the first left behind).
+    import time
+
+    import psutil
+
+    cmd = [sys.executable, "-m", "raypack.cli", "pack", str(path), "--quiet", "--overwrite"]
+    driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    zygotes: list[psutil.Process] = []
+    while not zygotes and driver.poll() is None and time.monotonic() < deadline:
+        zygotes = [p for p in psutil.Process(driver.pid).children() if p.name() == "rp-zygote"]
+        time.sleep(0.01)
+    assert zygotes and any(temp.iterdir()), "the job ended before its pool was seen"
+    driver.kill()
+    driver.wait()
+    psutil.wait_procs(zygotes, timeout=30)
+    assert sorted(temp.iterdir()) == []
