@@ -63,11 +63,15 @@ $(WHEELS)/$(MISTRAL_COMMON): $(BIN)/raypack
 
 real-tokenizers: $(WHEELS)/$(MISTRAL_COMMON)
 
+# Two pytest-xdist workers, a module at a time (tests/conftest.py): 14-15 min on 2 cores, 19 on one.
+# A bare `pytest` runs in one process (for -s, --pdb, a single test).
+XDIST := -n 2 --dist loadfile
+
 test: lint browser mds-client real-tokenizers
-	$(BIN)/pytest
+	$(BIN)/pytest $(XDIST)
 
 test-slow: $(BIN)/raypack
-	$(BIN)/pytest -m slow
+	$(BIN)/pytest -m slow $(XDIST)
 
 soak: $(BIN)/raypack
 	$(BIN)/pytest -m slow -s tests/test_soak.py
