@@ -23,6 +23,7 @@ through it.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -214,5 +215,8 @@ def _stages(
             written = write(cfg, ready.spec, packs, totals, tokenized.units, runner, selection, log, progress)
     except (ConfigError, JobError):
         remove(ready.staging, storage)  # rejects/ stays, for the user to look at
+        if ready.made_output:  # left empty (a mixture's target refused at select): not left behind
+            with suppress(OSError):
+                os.rmdir(cfg.output.path)
         raise
     return run_record(ready, tokenized, selection, sources, stats, packs, comparison, written, timings)

@@ -14,6 +14,7 @@ vocabulary takes 0.3-0.5 s to parse) and a preload task a CPU loads it in Ray's 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -89,6 +90,10 @@ class Prepared:
     ctx: JobContext
     """What the job's tasks are told of it (its run id, its tokenizer's sha256): the runner's
     workers were given its tokenizer under it."""
+    made_output: bool = False
+    """output.path is a local directory this job made (it was not there): a job stopped by the
+    user's config or input removes it where it is left empty, never a directory the user made (an
+    empty mount point is theirs)."""
 
     @property
     def staging(self) -> str:
@@ -126,6 +131,7 @@ def prepare(
     try:
         cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
         out, storage = cfg.output.path, cfg.storage
+        made_output = not is_uri(out) and not os.path.lexists(out)
         _check_datasets(cfg, datasets)
         may_be_local = may_run_locally(cfg.run) and not datasets
         if local is not None and not may_be_local:
@@ -169,7 +175,7 @@ def prepare(
         log(f"[raypack] tasks on Ray: {runner.width} CPUs")
     else:
         log(f"[raypack] tasks on {runner.width} local processes (run.executor {cfg.run.executor})")
-    return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx)
+    return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx, made_output)
 
 
 def _check_datasets(cfg: JobConfig, datasets: dict[str, Any]) -> None:

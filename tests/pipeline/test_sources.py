@@ -193,9 +193,12 @@ def test_a_source_too_small_for_its_weight_is_a_clear_error(
         r"over its max_repeat 1",
     ):
         run_job(cfg, **quiet)
-    assert (
-        not (tmp_path / "small" / "_staging").exists() and not (tmp_path / "small" / "manifest.json").exists()
-    )
+    # Nothing was packed and nothing rejected: the output directory the job made goes too.
+    assert not (tmp_path / "small").exists()
+    (tmp_path / "small").mkdir()  # one the user made stays
+    with pytest.raises(ConfigError, match="max_repeat 1"):
+        run_job(cfg, **quiet)
+    assert (tmp_path / "small").is_dir() and not any((tmp_path / "small").iterdir())
     assert main(["pack", str(tmp_path / "small.yaml"), "--overwrite"]) == 2
     assert "raise its max_repeat" in capsys.readouterr().err
 
