@@ -67,6 +67,8 @@ def test_overrides_reach_list_entries_by_place_or_name() -> None:
         apply_overrides(base, ["input.sources.books.weight=1"])
     with pytest.raises(ConfigError, match=r"'input\.sources\.0\.weight\.x=1': weight is not a section"):
         apply_overrides(base, ["input.sources.0.weight.x=1"])
+    with pytest.raises(ConfigError, match=r"'input\.paths\.0\.x\.y=1': 0 is not a section"):
+        apply_overrides({"input": {"paths": ["a"]}}, ["input.paths.0.x.y=1"])
 
 
 def test_compare_lists_the_other_histogram_packers_with_the_settings_that_apply() -> None:

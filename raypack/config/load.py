@@ -143,21 +143,19 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     out = _deepcopy(data)
     for text in overrides:
         path, value = parse_override(text)
-        node: Any = out
+        node: dict[str, Any] | list[Any] = out
         for depth, part in enumerate(path[:-1]):
             if isinstance(node, list):
-                node = node[_entry(node, part, text, path[:depth])]
-                continue
-            child = node.setdefault(part, {})
+                child = node[_entry(node, part, text, path[:depth])]
+            else:
+                child = node.setdefault(part, {})
             if not isinstance(child, (dict, list)):
                 raise ConfigError(f"override {text!r}: {part} is not a section")
             node = child
         if isinstance(node, list):
             node[_entry(node, path[-1], text, path[:-1])] = value
-        elif isinstance(node, dict):
-            node[path[-1]] = value
         else:
-            raise ConfigError(f"override {text!r}: {'.'.join(path[:-1])} is not a section")
+            node[path[-1]] = value
     return out
 
 
