@@ -246,9 +246,8 @@ class LocalPool:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._listener.close()
-        shutil.rmtree(self._home, ignore_errors=True)
-        if self._sockets != self._home:
-            shutil.rmtree(self._sockets, ignore_errors=True)
+        for directory in {self._home, self._sockets}:
+            shutil.rmtree(directory, ignore_errors=True)
         if self._blobs is not None:
             shutil.rmtree(self._blobs, ignore_errors=True)
 

@@ -210,7 +210,7 @@ def _reap(children: set[int], ctrl: Connection) -> None:
             ctrl.send(("exited", pid, status))
 
 
-def _loop(ctrl: Connection, address: str, home: str | None = None) -> None:
+def _loop(ctrl: Connection, address: str, home: str) -> None:
     """The zygote's loop: the driver's requests in order, its children reaped between them."""
     import importlib
 
@@ -275,9 +275,8 @@ def _loop(ctrl: Connection, address: str, home: str | None = None) -> None:
         for pid in children:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
-        shutil.rmtree(os.path.dirname(address), ignore_errors=True)
-        if home is not None:
-            shutil.rmtree(home, ignore_errors=True)
+        for directory in {home, os.path.dirname(address)}:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def serve(hello: dict[str, Any]) -> None:
@@ -289,7 +288,7 @@ def serve(hello: dict[str, Any]) -> None:
     ctrl = connect(hello["address"])
     ctrl.send(("zygote", os.getpid()))
     set_name("rp-zygote")
-    _loop(ctrl, hello["address"], hello.get("home"))
+    _loop(ctrl, hello["address"], hello["home"])
 
 
 if __name__ == "__main__":
