@@ -14,6 +14,8 @@ import gzip
 import json
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ import yaml
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests import s3server
+
+ROOT = Path(__file__).resolve().parents[1]
 
 WORDS = (
     *[
@@ -339,3 +343,20 @@ def train_tokenizer(path: Path, vocab_size: int, seed: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(path))
     return path
+
+
+def cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`raypack ARGS` in a process of its own, as a user types it (no Ray named or running)."""
+    base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-m", "raypack.cli", *args],
+        capture_output=True,
+        text=True,
+        env=base | (env or {}),
+        cwd=cwd or ROOT,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done

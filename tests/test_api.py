@@ -17,9 +17,7 @@ import yaml
 import raypack
 from raypack.errors import ConfigError
 from tests import s3server
-from tests.conftest import job_config, make_corpus, packed_documents, s3_job_config, train_tokenizer
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import cli, job_config, make_corpus, packed_documents, s3_job_config, train_tokenizer
 
 
 def quiet(_: str) -> None:
@@ -34,23 +32,6 @@ def digests(out: Path) -> dict[str, str]:
         for p in sorted(out.rglob("*"))
         if p.is_file() and p.name not in skip
     }
-
-
-def cli(
-    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`raypack ARGS` in a process of its own, as a user types it (no Ray named or running)."""
-    base = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run(
-        [sys.executable, "-m", "raypack.cli", *args],
-        capture_output=True,
-        text=True,
-        env=base | (env or {}),
-        cwd=cwd or ROOT,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
 
 
 def test_the_public_api_is_what_all_lists() -> None:

@@ -22,7 +22,7 @@ from raypack.pipeline.runners import LocalRunner, choose_runner
 from raypack.pipeline.tasks import RETRIES, TransientStorageError
 from raypack.progress import Progress
 from raypack.verifier import verify
-from tests.conftest import job_config, make_corpus, write_jsonl
+from tests.conftest import cli, job_config, make_corpus, write_jsonl
 
 
 def quiet(_: str) -> None:
@@ -338,16 +338,7 @@ def test_a_temp_dir_too_long_for_a_socket_path_still_packs_locally(
     temp.mkdir(parents=True)
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=20, seed=5)
     path = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"TMPDIR": str(temp)}
-    done = subprocess.run(
-        [sys.executable, "-m", "raypack.cli", "pack", str(path), "--quiet"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = cli("pack", str(path), "--quiet", env={"TMPDIR": str(temp)})
     assert "local processes" in done.stdout, done.stdout
     assert len(str(temp)) > 110 and sorted(temp.iterdir()) == []
     report = verify(str(tmp_path / "out"), load_config(str(path)))
@@ -359,6 +350,7 @@ def test_a_temp_dir_too_long_for_a_socket_path_still_packs_locally(
     import psutil
 
     cmd = [sys.executable, "-m", "raypack.cli", "pack", str(path), "--quiet", "--overwrite"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"TMPDIR": str(temp)}
     driver = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     zygotes: list[psutil.Process] = []
