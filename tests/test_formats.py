@@ -571,14 +571,14 @@ def test_a_vocabulary_with_gaps_gets_the_dtype_of_its_largest_id(tmp_path: Path)
         tokens_as(np.asarray([[1, 70_000]], dtype=np.int32), "uint16", "data/part-00000.npy")
 
 
-@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize(("masked", "threads"), [(False, 1), (True, 1), (False, 2), (True, 3), (False, 5)])
 def test_a_parquet_file_written_a_row_group_at_a_time_has_the_bytes_of_the_whole_table_written_once(
-    tmp_path: Path, masked: bool
+    tmp_path: Path, masked: bool, threads: int
 ) -> None:
-    """The write task streams a parquet file through one row group's buffer (materialize): its bytes
-    must be those of the same packs written as one table with PARQUET_SETTINGS, and of the format's
-    encode, over several row groups (2,500 packs: three), items arriving in pieces out of order,
-    with and without a mask."""
+    """The write task streams a parquet file through a ring of row groups' buffers (materialize),
+    encoding them on `threads` threads: its bytes must be those of the same packs written as one
+    table with PARQUET_SETTINGS, and of the format's encode, over several row groups (2,500 packs:
+    three), items arriving in pieces out of order, with and without a mask."""
     from raypack.formats import PARQUET_SETTINGS, Settings, make_spec
     from raypack.pipeline.materialize import write_pack_file
 
@@ -624,7 +624,7 @@ def test_a_parquet_file_written_a_row_group_at_a_time_has_the_bytes_of_the_whole
         masked=masked,
     )
     spec = make_spec("parquet", settings)
-    written = write_pack_file(pa.concat_tables(pieces), str(tmp_path), spec, bucketed=False)
+    written = write_pack_file(pa.concat_tables(pieces), str(tmp_path), spec, bucketed=False, threads=threads)
     path = tmp_path / written.column("path")[0].as_py()
     data = path.read_bytes()
     assert written.column("row_groups")[0].as_py() == [1024, 1024, 452]

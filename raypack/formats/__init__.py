@@ -350,9 +350,12 @@ class BlockFormat(Format, Protocol):
     block_rows: int
     """Packs a block (the last may hold fewer)."""
 
-    def encode_blocks(self, stem: str, blocks: Iterable[Packs], spec: Spec) -> dict[str, bytes]:
-        """encode's files from the file's packs in consecutive blocks of block_rows: each block is
-        written before the next is drawn, so the caller may fill the next into the same memory."""
+    def encode_blocks(
+        self, stem: str, blocks: Iterable[Packs], spec: Spec, threads: int = 1
+    ) -> dict[str, bytes]:
+        """encode's files from the file's packs in consecutive blocks of block_rows, encoded on up to
+        `threads` threads: when block j is drawn, blocks j - threads and before are written, so the
+        caller may fill its blocks into a ring of `threads` buffers (one buffer on one thread)."""
         ...
 
 

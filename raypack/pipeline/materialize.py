@@ -48,10 +48,11 @@ def write_pack_files(
     bucketed: bool,
     group: int | None = None,
     storage: StorageConfig | None = None,
+    threads: int = 1,
 ) -> pa.Table:
     """Items sorted by file_key → one file written, and one WRITTEN row, per key (one key a block in the
     global job, whose sort's boundaries are the plan's file keys; every file of a group in sharded
-    mode)."""
+    mode), each file's blocks encoded on `threads` threads."""
     if block.num_rows == 0:
         return schema.WRITTEN.empty_table()
     keys = block.column("file_key").to_numpy()
@@ -60,7 +61,7 @@ def write_pack_files(
         raise RuntimeError("items reached the writer unsorted by file: the shuffle is inconsistent")
     starts, ends = np.r_[0, cuts], np.r_[cuts, len(keys)]
     return pa.concat_tables(
-        write_pack_file(block.slice(s, e - s), output, spec, bucketed, group, storage)
+        write_pack_file(block.slice(s, e - s), output, spec, bucketed, group, storage, threads=threads)
         for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
     )
 
@@ -73,10 +74,12 @@ def write_pack_file(
     group: int | None = None,
     storage: StorageConfig | None = None,
     mapped: MappedTokens | None = None,
+    threads: int = 1,
 ) -> pa.Table:
     """The items of one output file, in any order → the file written in spec's format; returns its
     WRITTEN row. `group`: the shard group in sharded mode, whose packs are numbered on their own;
-    `mapped`: the token files of the items that name their tokens there (source >= 0)."""
+    `mapped`: the token files of the items that name their tokens there (source >= 0); `threads`:
+    how many a BlockFormat's blocks may be encoded on at once."""
     _, part = split_file_key(int(items.column("file_key")[0].as_py()))
     capacity = int(items.column("capacity")[0].as_py())
     pack = items.column("pack").to_numpy()
@@ -137,7 +140,9 @@ def write_pack_file(
         values = values + mapped.values
     runs = _Runs(values, chunk_of[order], src[order], length, starts, np.r_[first, len(order)])
     if isinstance(spec.format, BlockFormat):
-        return _write_blocks(spec.format, runs, stem, index, fill, capacity, output, spec, part, storage)
+        return _write_blocks(
+            spec.format, runs, stem, index, fill, capacity, output, spec, part, storage, threads
+        )
     input_ids = runs.fill(0, n_packs, capacity, spec.pad_id, np.empty(n_packs * capacity, dtype=np.int32))
     loss_mask = loss_mask_of(input_ids, starts, fill, spec, part)
     packs = Packs(stem, input_ids, index, loss_mask)
@@ -182,24 +187,27 @@ def _write_blocks(
     spec: Spec,
     part: int,
     storage: StorageConfig | None,
+    threads: int,
 ) -> pa.Table:
-    """A BlockFormat's file (parquet), its packs filled a block at a time into one buffer that each
-    next block reuses; its WRITTEN row."""
+    """A BlockFormat's file (parquet), its packs filled a block at a time into a ring of buffers
+    (one a thread the blocks are encoded on, at most one a block) that later blocks reuse; its
+    WRITTEN row."""
     rows, size = index.num_rows, fmt.block_rows
-    buffer = np.empty(min(rows, size) * capacity, dtype=np.int32)
+    threads = max(1, min(threads, -(-rows // size)))
+    ring = [np.empty(min(rows, size) * capacity, dtype=np.int32) for _ in range(threads)]
     trained = np.zeros(rows, dtype=np.int64) if spec.loss_mask else None
 
     def blocks() -> Iterator[Packs]:
-        for lo in range(0, rows, size):
+        for j, lo in enumerate(range(0, rows, size)):
             hi = min(lo + size, rows)
-            ids = runs.fill(lo, hi, capacity, spec.pad_id, buffer)
+            ids = runs.fill(lo, hi, capacity, spec.pad_id, ring[j % threads])
             a, b = int(runs.first[lo]), int(runs.first[hi])
             mask = loss_mask_of(ids, runs.dst[a:b] - lo * capacity, fill[lo:hi], spec, part)
             if trained is not None and mask is not None:
                 trained[lo:hi] = mask.sum(axis=1, dtype=np.int64)
             yield Packs(stem, ids, index.slice(lo, hi - lo), mask)
 
-    files = fmt.encode_blocks(stem, blocks(), spec)
+    files = fmt.encode_blocks(stem, blocks(), spec, threads)
     return _written(files, spec, stem, index, capacity, trained, runs.length, 0, output, storage)
 
 

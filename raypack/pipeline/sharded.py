@@ -11,6 +11,7 @@ same bytes.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ from raypack.config import JobConfig
 from raypack.formats import Spec
 from raypack.packing import pack
 from raypack.pipeline.assign import items_table
+from raypack.pipeline.exchange import encode_threads
 from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.runners import Runner
 from raypack.pipeline.select import Selection
@@ -44,9 +46,11 @@ def write_sharded(
     """Every group of pack.shards_per_group consecutive units packed and written by a task of its own;
     the WRITTEN rows of every file (`progress` advanced a group at a time)."""
     per = cfg.pack.shards_per_group
+    starts = range(0, len(units), per)
+    threads = encode_threads(runner.width, len(starts))
     calls = [
-        (cfg, spec, g, units[first : first + per], selection, runner.patterns)
-        for g, first in enumerate(range(0, len(units), per))
+        (cfg, spec, g, units[first : first + per], selection, runner.patterns, threads)
+        for g, first in enumerate(starts)
     ]
     written = []
     for _, table in runner.unordered(pack_group, calls):
@@ -64,8 +68,10 @@ def pack_group(
     units: list[WorkUnit],
     selection: Selection | None,
     patterns: tuple[str, ...] | None,
+    threads: int = 1,
 ) -> pa.Table:
-    """Task: one group's documents packed alone and written; its WRITTEN rows. With a mixture's
+    """Task: one group's documents packed alone and written; its WRITTEN rows (a file's blocks
+    encoded on `threads` threads, at most this machine's cores). With a mixture's
     `selection`, a document comes as many times as it has copies: every first copy of the group,
     then every second, ... (so that greedy, which keeps input order, does not put two copies side by
     side)."""
@@ -101,6 +107,13 @@ def pack_group(
         keys = local // cfg.output.shard_rows
         capacity = np.full(len(local), p.seq_len, dtype=np.int32)
         items = items_table(docs, a.items, keys, local, a.slot, capacity)
+        threads = max(1, min(threads, len(os.sched_getaffinity(0))))
         return write_pack_files(
-            items.sort_by("file_key"), cfg.output.path, spec, bucketed=False, group=group, storage=cfg.storage
+            items.sort_by("file_key"),
+            cfg.output.path,
+            spec,
+            bucketed=False,
+            group=group,
+            storage=cfg.storage,
+            threads=threads,
         )

@@ -94,7 +94,7 @@ def test_a_writer_writes_each_file_of_its_range_from_pieces_cut_anywhere(tmp_pat
     rng = np.random.default_rng(2)
     owner = rng.integers(0, 3, size=items.num_rows)  # three pieces, each keeping the key order
     pieces = [items.filter(pa.array(owner == i)) for i in range(3)]
-    got = write_files(keys, str(tmp_path / "a"), PARQUET, False, None, (), None, *pieces).to_pylist()
+    got = write_files(keys, str(tmp_path / "a"), PARQUET, False, None, (), None, 2, *pieces).to_pylist()
     want = [
         write_pack_file(
             items.filter(pa.compute.equal(items.column("file_key"), int(k))),
@@ -106,9 +106,11 @@ def test_a_writer_writes_each_file_of_its_range_from_pieces_cut_anywhere(tmp_pat
     ]
     assert got == want and len(got) == len(keys) > 3
     with pytest.raises(RuntimeError, match="reached a writer of other files"):
-        write_files(keys[1:], str(tmp_path / "c"), PARQUET, False, None, (), None, *pieces)
+        write_files(keys[1:], str(tmp_path / "c"), PARQUET, False, None, (), None, 1, *pieces)
     with pytest.raises(RuntimeError, match="no items reached file key"):
-        write_files(np.r_[keys, keys[-1] + 1], str(tmp_path / "d"), PARQUET, False, None, (), None, *pieces)
+        write_files(
+            np.r_[keys, keys[-1] + 1], str(tmp_path / "d"), PARQUET, False, None, (), None, 1, *pieces
+        )
 
 
 def test_items_that_name_their_token_file_write_the_same_bytes(tmp_path: Path) -> None:
@@ -149,8 +151,8 @@ def test_items_that_name_their_token_file_write_the_same_bytes(tmp_path: Path) -
     assert sum(len(t) for t in named.column("tokens").to_pylist()) == 0
     assert named.column("length").to_pylist() == [len(t) for t in carried.column("tokens").to_pylist()]
     file_keys = np.unique(keys)
-    want = write_files(file_keys, str(tmp_path / "a"), PARQUET, False, None, (), None, carried)
-    got = write_files(file_keys, str(tmp_path / "b"), PARQUET, False, None, (), {5: str(path)}, named)
+    want = write_files(file_keys, str(tmp_path / "a"), PARQUET, False, None, (), None, 1, carried)
+    got = write_files(file_keys, str(tmp_path / "b"), PARQUET, False, None, (), {5: str(path)}, 2, named)
     assert got.to_pylist() == want.to_pylist() and len(file_keys) > 3
     # The mapped buffers are where the items say: batch by batch, each one's values.
     mapped = MappedTokens({5: str(path)})
@@ -158,4 +160,4 @@ def test_items_that_name_their_token_file_write_the_same_bytes(tmp_path: Path) -
     assert buffer.tolist() == [0, 0, 1] and at.tolist() == [0, 1, 0]
     mapped.close()
     with pytest.raises(RuntimeError, match="which were not mapped"):
-        write_files(file_keys, str(tmp_path / "c"), PARQUET, False, None, (), None, named)
+        write_files(file_keys, str(tmp_path / "c"), PARQUET, False, None, (), None, 1, named)
