@@ -83,7 +83,12 @@ def main() -> int:
     runner = args.work / f"run-{tree.name}.py"
     runner.write_text(_RUN.format(tree=str(tree)))
     commands = {args.rev: [sys.executable, str(runner)], "this": [sys.executable, "-m", "raypack.cli"]}
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
+    # The processes the command starts (a local pool's zygote: `python -m raypack.pipeline.zygote`)
+    # import raypack before they hear the driver's sys.path: without the tree on PYTHONPATH they ran
+    # this checkout's code under the other revision's driver (before 2026-11-27, so did every
+    # comparison made with this script: only the driver's code differed).
+    envs = {args.rev: {**env, "PYTHONPATH": str(tree)}, "this": env}
     seconds: dict[str, list[float]] = {name: [] for name in commands}
     digests: dict[str, str] = {}
     for r in range(args.rounds):
@@ -100,7 +105,7 @@ def main() -> int:
             t0 = time.perf_counter()
             done = subprocess.run(
                 [*command, "pack", str(path), "--overwrite", "--quiet"],
-                env=env,
+                env=envs[name],
                 capture_output=True,
                 text=True,
             )

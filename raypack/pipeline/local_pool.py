@@ -44,6 +44,14 @@ __all__ = ["LocalPool", "RemoteTraceback", "WorkerDied"]
 # pools would each take every core: N workers × N threads on N cores (two processes on 2 cores
 # encoded the demo corpus in 6.7-6.8 s each with tokenizers' default pool, 5.6-5.7 s with one thread).
 WORKER_ENV = {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}
+# The zygote's program: the hello first, then raypack imported on the driver's sys.path, so that it
+# runs the driver's code. As `python -m raypack.pipeline.zygote` it imported raypack before it heard
+# the driver, with its working directory first on its path: the installed command run in another
+# checkout ran that checkout's workers (benchmarks/bench_against.py's other revision did).
+BOOT = (
+    "import pickle, sys; hello = pickle.load(sys.stdin.buffer); sys.path[:] = hello['sys_path']; "
+    "from raypack.pipeline import zygote; zygote.main(hello)"
+)
 # How long a closing pool waits for its processes to leave before it kills them.
 EXIT_WAIT_S = 5.0
 
@@ -153,7 +161,7 @@ class LocalPool:
         self._fatal: BaseException | None = None
         hello = {"address": self._address, "home": self._home, "sys_path": list(sys.path), "env": WORKER_ENV}
         self._zygote = subprocess.Popen(
-            [sys.executable, "-m", "raypack.pipeline.zygote"],
+            [sys.executable, "-c", BOOT],
             stdin=subprocess.PIPE,
             start_new_session=True,  # no Ctrl-C of its own: the driver ends the run
         )

@@ -362,3 +362,23 @@ def test_a_temp_dir_too_long_for_a_socket_path_still_packs_locally(
     driver.wait()
     psutil.wait_procs(zygotes, timeout=30)
     assert sorted(temp.iterdir()) == []
+
+
+def test_the_pool_runs_the_drivers_raypack_whatever_the_working_directory(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """The installed command run in a directory that holds another raypack (a user's older clone):
+    the driver imports the installed one, and so must the pool's processes. Started as
+    `python -m raypack.pipeline.zygote`, the zygote found the working directory's first (here, one
+    that cannot be imported), and the workers ran another version's code under this driver."""
+    other = tmp_path / "clone"
+    (other / "raypack").mkdir(parents=True)
+    (other / "raypack" / "__init__.py").write_text('raise ImportError("the clone\'s raypack was imported")\n')
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=8)
+    config = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
+    command = [str(Path(sys.executable).parent / "raypack"), "pack", str(config), "--quiet"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300, cwd=other)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "local processes" in done.stdout
+    assert verify(str(tmp_path / "out"), load_config(str(config))).ok
