@@ -106,6 +106,7 @@ def main() -> int:
             done = subprocess.run(
                 [*command, "pack", str(path), "--overwrite", "--quiet"],
                 env=envs[name],
+                cwd=args.work,  # not this checkout: `python -m` puts the working directory first
                 capture_output=True,
                 text=True,
             )

@@ -44,14 +44,6 @@ __all__ = ["LocalPool", "RemoteTraceback", "WorkerDied"]
 # pools would each take every core: N workers × N threads on N cores (two processes on 2 cores
 # encoded the demo corpus in 6.7-6.8 s each with tokenizers' default pool, 5.6-5.7 s with one thread).
 WORKER_ENV = {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}
-# The zygote's program: the hello first, then raypack imported on the driver's sys.path, so that it
-# runs the driver's code. As `python -m raypack.pipeline.zygote` it imported raypack before it heard
-# the driver, with its working directory first on its path: the installed command run in another
-# checkout ran that checkout's workers (benchmarks/bench_against.py's other revision did).
-BOOT = (
-    "import pickle, sys; hello = pickle.load(sys.stdin.buffer); sys.path[:] = hello['sys_path']; "
-    "from raypack.pipeline import zygote; zygote.main(hello)"
-)
 # How long a closing pool waits for its processes to leave before it kills them.
 EXIT_WAIT_S = 5.0
 
@@ -100,6 +92,16 @@ class _Worker:
 # A Unix socket's path holds at most 107 bytes on Linux (108 with its NUL; 103 on macOS): the pool
 # keeps a few bytes' margin. Under a long TMPDIR (an HPC scheduler's per-job one, a test's) bind()
 # failed with a traceback.
+def zygote_env() -> dict[str, str]:
+    """The zygote's environment: this one, with this process's sys.path as its PYTHONPATH, so that
+    it imports the driver's raypack (with -P: not its working directory first). As a plain
+    `python -m` it imported raypack from its working directory or the installed one, before the
+    hello named the driver's path: the installed command run inside another checkout ran that
+    checkout's workers, and so did benchmarks/bench_against.py's other revision."""
+    path = [p or os.getcwd() for p in sys.path]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+
+
 _SOCKET_PATH_MAX = 100
 _SHORT_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -161,7 +163,8 @@ class LocalPool:
         self._fatal: BaseException | None = None
         hello = {"address": self._address, "home": self._home, "sys_path": list(sys.path), "env": WORKER_ENV}
         self._zygote = subprocess.Popen(
-            [sys.executable, "-c", BOOT],
+            [sys.executable, "-P", "-m", "raypack.pipeline.zygote"],
+            env=zygote_env(),
             stdin=subprocess.PIPE,
             start_new_session=True,  # no Ctrl-C of its own: the driver ends the run
         )

@@ -1,8 +1,9 @@
 """The processes of a local run (raypack.pipeline.local_pool's driver side): one zygote a job, and the
 workers it forks.
 
-    driver ─spawns─▶ zygote (local_pool.BOOT: a fresh interpreter on the driver's sys.path, never a fork
-                     of the driver) ─imports, then runs the job's preload once (its tokenizer)─▶
+    driver ─spawns─▶ zygote (`python -P -m raypack.pipeline.zygote` on the driver's sys.path: a
+                     fresh interpreter, never a fork of the driver) ─imports, then runs the
+                     job's preload once (its tokenizer)─▶
                      forks the workers ─each connects back to the driver, takes a task at a time─▶
 
 Why a zygote: forking the driver handed each worker what the driver held: its S3 filesystem with its
@@ -282,6 +283,7 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
 def serve(hello: dict[str, Any]) -> None:
     """The zygote's life: connect to the driver, import what every worker needs, then serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    sys.path[:] = hello["sys_path"]
     for name, value in hello["env"].items():
         os.environ.setdefault(name, value)
     ctrl = connect(hello["address"])
@@ -290,9 +292,12 @@ def serve(hello: dict[str, Any]) -> None:
     _loop(ctrl, hello["address"], hello["home"])
 
 
-def main(hello: dict[str, Any]) -> None:
-    """The zygote process's life (local_pool.BOOT runs it, the hello's sys.path set first)."""
-    serve(hello)
+if __name__ == "__main__":
+    # Run as `python -m`, this file is __main__: its classes (BlobRef, Failure) must come from the
+    # module by its name, as the driver unpickles them.
+    from raypack.pipeline import zygote
+
+    zygote.serve(pickle.load(sys.stdin.buffer))
     # Its work done and its children reaped, no interpreter teardown: freeing a 128k vocabulary's
     # tokenizers, fastokens' copy and numba's modules took ~0.3 s that the driver waited for.
     sys.stdout.flush()
