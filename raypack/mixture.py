@@ -93,7 +93,7 @@ def source_cells(row: dict[str, Any]) -> tuple[str, ...]:
         f"{row.get('kept', row['tokens']):,}",
         f"{row['target']:,}",
         f"{row['selected']:,}",
-        f"{100 * row['share']:.2f}%",
+        f"{100 * row['share']:.2f}%" + (" !" if row.get("share_warning") else ""),
         f"{100 * row['target_share']:.2f}%",
         f"{row['repetition']:.2f}x",
         f"{row['left_out']:,}",

@@ -125,12 +125,13 @@ def sources_table(sources: list[dict[str, Any]]) -> str:
     for r in sources:
         rows.append(source_cells(r))
     widths = [max(len(row[i]) for row in rows) for i in range(len(SOURCE_HEADER))]
-    return "\n".join(
+    lines = [
         "  ".join(
             c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
         )
         for row in rows
-    )
+    ]
+    return "\n".join(lines + [f"! {r['share_warning']}" for r in sources if r.get("share_warning")])
 
 
 def _time_line(result: JobResult, command_seconds: float | None) -> str:

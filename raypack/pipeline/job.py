@@ -192,12 +192,15 @@ def _stages(
             log("[raypack] sources: " + "; ".join(f"{r['name']} {r['share']:.1%}" for r in sources))
             for r in sources:
                 if abs(r["share"] - r["target_share"]) > SHARE_TOLERANCE:
-                    log(
-                        f"[raypack] warning: source {r['name']} is {100 * r['share']:.2f}% of the output "
-                        f"against {100 * r['target_share']:.2f}% asked: {r['off_target']:+,} tokens off its "
-                        "target, within half a document or of seq_len as a cut can be, but the output is "
-                        "too small for 0.1 point (that needs ~500 packs or more)"
+                    # Kept with the source (metrics.json, the manifest, the report's and the summary's
+                    # tables), not only said on stderr: whoever reads the dataset later sees it too.
+                    r["share_warning"] = (
+                        f"source {r['name']} is {100 * r['share']:.2f}% of the output against "
+                        f"{100 * r['target_share']:.2f}% asked: {r['off_target']:+,} tokens off its target, "
+                        "within half a document or of seq_len as a cut can be, but the output is too small "
+                        "for 0.1 point (that needs ~500 packs or more)"
                     )
+                    log(f"[raypack] warning: {r['share_warning']}")
         with _stage(timings, "histogram", log):
             none = selection is not None and not any(r["copies"] for r in sources)
             hist, stats = histogram(cfg, totals, selected_none=none)

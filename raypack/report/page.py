@@ -114,7 +114,10 @@ def _sources_table(sources: Sequence[dict[str, Any]]) -> str:
         "Truncated: copies cut by overflow (under drop: documents dropped, each counted once) or partial."
         "</p>"
     )
-    return f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>{caption}'
+    warnings = "".join(
+        f'<p class="note">! {_e(r["share_warning"])}</p>' for r in sources if r.get("share_warning")
+    )
+    return f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>{warnings}{caption}'
 
 
 def _facts(facts: Sequence[tuple[str, str]]) -> str:

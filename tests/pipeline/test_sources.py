@@ -7,6 +7,7 @@ a changed source's changed shard."""
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
 import random
@@ -508,5 +509,13 @@ def test_drop_counts_each_too_long_document_once_whatever_the_selection(
             )
             off = abs(row["share"] - row["target_share"]) > 0.001
             assert off == any(f"warning: source {row['name']} is" in line for line in lines)
+            # and kept with the source where the dataset's readers look: metrics.json, the report
+            assert off == bool(row.get("share_warning"))
+        metrics = json.loads((out / "metrics.json").read_text())
+        warned = [r["share_warning"] for r in metrics["sources"] if r.get("share_warning")]
+        assert warned == [r["share_warning"] for r in result.sources if r.get("share_warning")]
+        report = (out / "report.html").read_text()
+        assert all(html.escape(w) in report for w in warned)
         assert verify(str(out), cfg, sample=10).ok
+    assert any(w for w in warned), "this small output was meant to miss a share by more than 0.1 point"
     assert dropped[0] == dropped[1]
