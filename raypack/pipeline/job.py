@@ -194,11 +194,14 @@ def _stages(
                 if abs(r["share"] - r["target_share"]) > SHARE_TOLERANCE:
                     # Kept with the source (metrics.json, the manifest, the report's and the summary's
                     # tables), not only said on stderr: whoever reads the dataset later sees it too.
+                    # "its target", not "asked": a source of tokens or repeats asks for no share;
+                    # a source's tokens and share may be off in opposite ways (the others' are off too)
                     r["share_warning"] = (
-                        f"source {r['name']} is {100 * r['share']:.2f}% of the output against "
-                        f"{100 * r['target_share']:.2f}% asked: {r['off_target']:+,} tokens off its target, "
-                        "within half a document or of seq_len as a cut can be, but the output is too small "
-                        "for 0.1 point (that needs ~500 packs or more)"
+                        f"source {r['name']} is {100 * r['share']:.2f}% of the output, its target "
+                        f"{100 * r['target_share']:.2f}%; its tokens are {r['off_target']:+,} off their "
+                        f"target of {r['target']:,}, within half a document or of seq_len as a cut can be, "
+                        "but the output is too small for its share to be within 0.1 point (that needs ~500 "
+                        "packs or more)"
                     )
                     log(f"[raypack] warning: {r['share_warning']}")
         with _stage(timings, "histogram", log):

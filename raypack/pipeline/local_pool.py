@@ -98,7 +98,10 @@ def zygote_env() -> dict[str, str]:
     `python -m` it imported raypack from its working directory or the installed one, before the
     hello named the driver's path: the installed command run inside another checkout ran that
     checkout's workers, and so did benchmarks/bench_against.py's other revision."""
-    path = [p or os.getcwd() for p in sys.path]
+    # Absolute, as the zygote may resolve a relative entry elsewhere; an entry holding the separator
+    # cannot be said in PYTHONPATH (split in two, its second half read as a relative path): left
+    # out, it is the zygote's once the hello sets sys.path, before any task runs.
+    path = [os.path.abspath(p) for p in sys.path if os.pathsep not in p]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 

@@ -382,3 +382,13 @@ def test_the_pool_runs_the_drivers_raypack_whatever_the_working_directory(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "local processes" in done.stdout
     assert verify(str(tmp_path / "out"), load_config(str(config))).ok
+
+
+def test_the_zygotes_path_holds_only_entries_it_can_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry holding the separator would be split in two, its second half a relative path that
+    found a decoy package (a trial's script in /tmp/sc:ripts); relative entries are made absolute."""
+    from raypack.pipeline.local_pool import zygote_env
+
+    monkeypatch.setattr(sys, "path", ["", "src", f"/tmp/sc{os.pathsep}ripts", "/opt/lib"])
+    path = zygote_env()["PYTHONPATH"].split(os.pathsep)
+    assert path == [os.getcwd(), os.path.join(os.getcwd(), "src"), "/opt/lib"]
