@@ -36,7 +36,6 @@ is given every unit's token file path (U strings; local runs only).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -349,7 +348,7 @@ def write_files(
     in place from the object store: the heap holds one file). One WRITTEN row a file.
     `token_files`: each unit's token file, where items name their tokens there (a runner whose
     tasks map local files): those it needs are mapped for the task's duration. `threads`: how many
-    a file's blocks are encoded on (encode_threads), at most this machine's cores."""
+    a file's blocks are encoded on (encode_threads; at most this machine's cores)."""
     forget()
     with transient(patterns):
         pieces = tuple(p for p in pieces if p.num_rows)
@@ -360,7 +359,6 @@ def write_files(
             used = np.unique(np.concatenate([p.column("source").to_numpy() for p in pieces] or [[-1]]))
             mapped = MappedTokens({u: token_files[u] for u in used.tolist() if u >= 0})
         try:
-            threads = max(1, min(threads, len(os.sched_getaffinity(0))))
             return _write_files(keys, output, spec, bucketed, storage, mapped, pieces, threads)
         finally:
             if mapped is not None:

@@ -28,6 +28,7 @@ from raypack.formats import BlockFormat, Packs, Spec, encode_index, index_path, 
 from raypack.metrics import fill_percent_counts
 from raypack.packing import copy_runs
 from raypack.pipeline.assign import split_file_key
+from raypack.pipeline.runners import local_cpus
 from raypack.storage import join, write_bytes
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ def _write_blocks(
     (one a thread the blocks are encoded on, at most one a block) that later blocks reuse; its
     WRITTEN row."""
     rows, size = index.num_rows, fmt.block_rows
-    threads = max(1, min(threads, -(-rows // size)))
+    threads = max(1, min(threads, -(-rows // size), local_cpus()))  # no more than this machine has
     ring = [np.empty(min(rows, size) * capacity, dtype=np.int32) for _ in range(threads)]
     trained = np.zeros(rows, dtype=np.int64) if spec.loss_mask else None
 

@@ -11,7 +11,6 @@ same bytes.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -107,7 +106,6 @@ def pack_group(
         keys = local // cfg.output.shard_rows
         capacity = np.full(len(local), p.seq_len, dtype=np.int32)
         items = items_table(docs, a.items, keys, local, a.slot, capacity)
-        threads = max(1, min(threads, len(os.sched_getaffinity(0))))
         return write_pack_files(
             items.sort_by("file_key"),
             cfg.output.path,
