@@ -92,19 +92,6 @@ class _Worker:
 # A Unix socket's path holds at most 107 bytes on Linux (108 with its NUL; 103 on macOS): the pool
 # keeps a few bytes' margin. Under a long TMPDIR (an HPC scheduler's per-job one, a test's) bind()
 # failed with a traceback.
-def zygote_env() -> dict[str, str]:
-    """The zygote's environment: this one, with this process's sys.path as its PYTHONPATH, so that
-    it imports the driver's raypack (with -P: not its working directory first). As a plain
-    `python -m` it imported raypack from its working directory or the installed one, before the
-    hello named the driver's path: the installed command run inside another checkout ran that
-    checkout's workers, and so did benchmarks/bench_against.py's other revision."""
-    # Absolute, as the zygote may resolve a relative entry elsewhere; an entry holding the separator
-    # cannot be said in PYTHONPATH (split in two, its second half read as a relative path): left
-    # out, it is the zygote's once the hello sets sys.path, before any task runs.
-    path = [os.path.abspath(p) for p in sys.path if os.pathsep not in p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-
-
 _SOCKET_PATH_MAX = 100
 _SHORT_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -125,6 +112,19 @@ def _socket_home(home: str) -> str:
         f"(a Unix socket's path holds ~107 bytes) and none of {', '.join(_SHORT_DIRS)} "
         "is writable: set TMPDIR to a shorter directory, or run on Ray (run.executor ray)"
     )
+
+
+def zygote_env() -> dict[str, str]:
+    """The zygote's environment: this one, with this process's sys.path as its PYTHONPATH, so that
+    it imports the driver's raypack (with -P: not its working directory first). As a plain
+    `python -m` it imported raypack from its working directory or the installed one, before the
+    hello named the driver's path: the installed command run inside another checkout ran that
+    checkout's workers, and so did benchmarks/bench_against.py's other revision."""
+    # Absolute, as the zygote may resolve a relative entry elsewhere; an entry holding the separator
+    # cannot be said in PYTHONPATH (split in two, its second half read as a relative path): left
+    # out, it is the zygote's once the hello sets sys.path, before any task runs.
+    path = [os.path.abspath(p) for p in sys.path if os.pathsep not in p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
 
 
 class LocalPool:
