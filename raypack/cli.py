@@ -448,14 +448,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from raypack.config import load_config
-    from raypack.demo import demo_config
+    from raypack.demo import demo_built, demo_config
     from raypack.pipeline.job import run_job
     from raypack.summary import format_summary
     from raypack.verifier import verify
 
     out = Path(args.out).resolve()
     log, progress = _voice(args)
-    reused = (out / "demo.yaml").exists()
+    reused = demo_built(out)
     log(f"[raypack] {'reusing' if reused else 'building'} the demo corpus and tokenizer under {out} ...")
     built = time.time()
     cfg = load_config(str(demo_config(out, seq_len=args.seq_len)))

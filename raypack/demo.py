@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-__all__ = ["build_corpus", "build_tokenizer", "demo_config", "train_byte_level_bpe"]
+__all__ = ["build_corpus", "build_tokenizer", "demo_built", "demo_config", "train_byte_level_bpe"]
 
 SHARDS = 8
 VOCAB = 8192
@@ -82,6 +82,11 @@ def train_byte_level_bpe(texts: Iterable[str], vocab_size: int, special_tokens: 
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
+
+
+def demo_built(out: Path) -> bool:
+    """Whether demo_config finds both the corpus and the tokenizer under `out` (and reuses them)."""
+    return any((out / "corpus").glob("*.jsonl.gz")) and (out / "tokenizer.json").exists()
 
 
 def demo_config(out: Path, seq_len: int = 2048) -> Path:
