@@ -44,7 +44,6 @@ from raypack.pipeline.select import Selection, select
 from raypack.pipeline.store import check_store, content_digests, store_record
 from raypack.pipeline.tokenize import check_rejects, tokenize
 from raypack.pipeline.tokenize_pool import TokenizePool
-from raypack.pipeline.worker import preload_job
 from raypack.pipeline.write import write
 from raypack.storage import join, remove
 
@@ -115,7 +114,7 @@ def _run(
     datasets: dict[str, Any] | None,
 ) -> JobResult:
     timings: dict[str, float] = {}
-    ready = prepare(cfg, overwrite, log, local, datasets)
+    ready = prepare(cfg, overwrite, log, local, datasets, store=(cache or cfg.cache.path) is not None)
     cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
     try:
         record = _stages(ready, cache, memory, timings, log, progress)
@@ -160,9 +159,10 @@ def _stages(
             units += dataset_units(
                 cfg.input, ready.datasets, len(units), join(ready.staging, "datasets"), storage
             )
-        runner.preload(preload_job, (ready.ctx, None))
+        ready.preload()
     concurrency = cfg.tokenizer.concurrency or runner.width
-    pool = TokenizePool(runner, ready.ctx, min(concurrency, len(units)), capped=concurrency < runner.width)
+    size = min(concurrency, len(units))
+    pool = TokenizePool(runner, ready.ctx, size, capped=concurrency < runner.width, load=ready.preload)
     try:
         with (
             _stage(timings, "tokenize", log),

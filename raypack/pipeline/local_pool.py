@@ -189,6 +189,12 @@ class LocalPool:
         """fn(*args) once in the zygote, before it forks: every worker has what it loaded."""
         self._request(("run", fn, args))
 
+    @property
+    def forked(self) -> bool:
+        """The workers were forked (or asked to be): a preload now would reach none of them."""
+        with self._lock:
+            return bool(self._forked)
+
     def start(self) -> None:
         """Fork the workers (after any preload). Submitting also starts them."""
         with self._lock:

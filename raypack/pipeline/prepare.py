@@ -49,7 +49,7 @@ from raypack.pipeline.tokenizer import (
     tokenizer_sha256,
 )
 from raypack.pipeline.units import WorkUnit
-from raypack.pipeline.worker import JobContext, early_loads, preload_job
+from raypack.pipeline.worker import JobContext, early_loads, preload_job, warm_worker
 from raypack.report.model import REPORT
 from raypack.storage import exists, join, remove, remove_temporaries, resolve
 from raypack.versions import LATEST, MANIFEST, METRICS
@@ -90,6 +90,9 @@ class Prepared:
     ctx: JobContext
     """What the job's tasks are told of it (its run id, its tokenizer's sha256): the runner's
     workers were given its tokenizer under it."""
+    preload: Preload
+    """Has the runner's workers load the job's tokenizer, once: sent here already, unless a token
+    store may hold every unit (then the tokenize stage calls it if a unit must be tokenized)."""
     made_output: bool = False
     """output.path is a local directory this job made (it was not there): a job stopped by the
     user's config or input removes it where it is left empty, never a directory the user made (an
@@ -98,6 +101,42 @@ class Prepared:
     @property
     def staging(self) -> str:
         return join(self.cfg.output.path, "_staging")
+
+
+class Preload:
+    """The job's state (its tokenizer, fastokens' copy: raypack.pipeline.worker) loaded into the
+    runner's workers, once, whoever asks: a local pool's zygote loads it from the bytes the driver
+    read, then forks the workers; Ray runs a preload task a CPU. A job that must tokenize asks as it
+    starts (prepare); one with a token store asks only once the tokenize stage finds a unit that is
+    not there: a repack whose every unit is stored needs none, and its workers start without the
+    2-3 s of loading a 128k BPE and fastokens' copy on 2 cores (its tasks read token files only).
+    Asked after a local pool's workers are forked: nothing (each loads it on its first unit)."""
+
+    def __init__(self, runner: Runner, ctx: JobContext, files: dict[str, bytes]) -> None:
+        self.runner, self.ctx, self.files = runner, ctx, files
+        self.sent = False
+
+    def warm(self) -> None:
+        """A local pool's zygote loads, before any fork, what a unit's summary needs without the
+        tokenizer (worker.warm_worker: ~0.65 s), which each worker's first unit paid otherwise (a
+        500 MB repack's first stored unit took 1 s on 2 busy cores). Ray's workers load it on
+        their first unit."""
+        if isinstance(self.runner, LocalRunner):
+            self.runner.preload(warm_worker, (self.ctx.cfg,))
+
+    def __call__(self) -> None:
+        if self.sent:
+            return
+        self.sent = True
+        runner, ctx = self.runner, self.ctx
+        if isinstance(runner, LocalRunner):
+            if runner.forked:
+                return
+            runner.early(early_loads(ctx, self.files[TOKENIZER_FILE].decode("utf-8", errors="replace")))
+            runner.preload(preload_job, (ctx, self.files))
+            runner.start()
+        else:
+            runner.preload(preload_job, (ctx, None))
 
 
 def staging_blobs(out: str) -> str | None:
@@ -123,9 +162,12 @@ def prepare(
     log: Callable[[str], None],
     local: LocalRunner | None = None,
     datasets: dict[str, Any] | None = None,
+    store: bool = False,
 ) -> Prepared:
     """`local`: a local runner the caller started first (runners.early_local), the job's to use or
-    close; `datasets`: the Ray Datasets of input.datasets, by name (raypack.pack(dataset=...))."""
+    close; `datasets`: the Ray Datasets of input.datasets, by name (raypack.pack(dataset=...));
+    `store`: the job reads a token store, which may hold every unit (Preload: the workers then load
+    the tokenizer only if the tokenize stage asks)."""
     runner: Runner | None = local
     datasets = datasets or {}
     try:
@@ -140,12 +182,15 @@ def prepare(
         fast = cfg.tokenizer.backend != "tokenizers"
         tokenizer = tokenizer_files(cfg.tokenizer, storage)
         ctx = JobContext(cfg, tokenizer_sha256(tokenizer), fast)
+        preload: Preload | None = None
         if may_be_local:  # loaded in the zygote from these bytes, then the workers forked
             runner = local = local or LocalRunner(local_cpus())
             local.blobs_in(staging_blobs(out))
-            local.early(early_loads(ctx, tokenizer[TOKENIZER_FILE].decode("utf-8", errors="replace")))
-            local.preload(preload_job, (ctx, tokenizer))
-            local.start()
+            preload = Preload(local, ctx, tokenizer)
+            if store:
+                preload.warm()
+            else:
+                preload()
         files = input_files(cfg.input, storage)
         check_output(out, storage, overwrite)
         if datasets or choose_runner(cfg.run, sum(f.shard.size for f in files)) == "ray":
@@ -155,8 +200,9 @@ def prepare(
             with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
                 loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
                 runner = RayRunner()
-                if not datasets:  # (a Dataset's: once it is materialized, which needs the CPUs)
-                    runner.preload(preload_job, (ctx, None))
+                preload = Preload(runner, ctx, tokenizer)
+                if not datasets and not store:  # (a Dataset's: once it is materialized, which needs the CPUs)
+                    preload()
                 tok = loading.result()
         else:
             tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
@@ -175,7 +221,8 @@ def prepare(
         log(f"[raypack] tasks on Ray: {runner.width} CPUs")
     else:
         log(f"[raypack] tasks on {runner.width} local processes (run.executor {cfg.run.executor})")
-    return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx, made_output)
+    assert preload is not None
+    return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx, preload, made_output)
 
 
 def _check_datasets(cfg: JobConfig, datasets: dict[str, Any]) -> None:

@@ -327,6 +327,10 @@ class LocalRunner(Runner):
     def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.pool.preload(fn, args)
 
+    @property
+    def forked(self) -> bool:
+        return self.pool.forked
+
     def start(self) -> None:
         self.pool.start()
 

@@ -31,6 +31,7 @@ from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError
 from raypack.pipeline.backends import (
     Choice,
+    TokenizersEncoder,
     choose_backend,
     failed_over,
     fastokens_version,
@@ -191,11 +192,12 @@ def tokenize(
         ]
 
     def run(
-        choice: Choice, refused: Callable[[], bool] = lambda: False
+        choice: Choice, refused: Callable[[], bool] = lambda: False, stored: bool = False
     ) -> tuple[list[WorkUnit], Totals, list[WorkUnit]]:
         """Every unit keyed for `choice` and tokenized; with a fast backend, giving out units stops at
         the first whose check found a difference, or once `refused` (the driver's check of a fast
-        backend the workers started with). The units, their totals, the files it wrote."""
+        backend the workers started with). `stored`: every unit's token file was found (the workers
+        need not load the tokenizer first). The units, their totals, the files it wrote."""
         keyed = keyed_for(choice)
         totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [u.source for u in keyed])
         written: list[WorkUnit] = []
@@ -209,7 +211,7 @@ def tokenize(
 
         ordered = [keyed[i] for i in order]
         stop = lambda: bool(totals.failovers) or refused()  # noqa: E731
-        pool.run(ordered, TokenizeShards, choice.backend, add, stop, cfg)
+        pool.run(ordered, TokenizeShards, choice.backend, add, stop, cfg, loaded=not stored)
         progress.close()
         return keyed, totals, written
 
@@ -223,20 +225,17 @@ def tokenize(
         for part in ("rejects", "index", join("_staging", "index")):
             remove(join(cfg.output.path, part), cfg.storage)
 
-    stored = (
-        Choice("fastokens", version, "every unit found in the token store")
-        if version is not None and remembered is None and cfg.tokenizer.backend != "tokenizers"
-        else None
-    )
-    if stored is not None and digests is not None and _stored(keyed_for(stored), token_dir, cfg):
-        # Every unit is in the token store under the fast backend's key: jobs whose check passed
-        # on this tokenizer, backend version and settings wrote them (a refused backend's files are
-        # discarded, and a job writes into a store only after its check). The check (~1 s on the
-        # driver, before a repack's assign) is then not run, unless a unit is tokenized after all
-        # (an entry that was not whole).
+    stored = None if digests is None else _stored_choice(cfg, tok, version, remembered, keyed_for, token_dir)
+    if stored is not None:
+        # Every unit is in the token store under the key of a backend this job would take: the
+        # reference's, or fastokens' (jobs whose check passed on this tokenizer, backend version and
+        # settings wrote them: a refused backend's files are discarded, and a job writes into a store
+        # only after its check). No check is run (~1 s on the driver, before a repack's assign), and
+        # the workers load no tokenizer (tokenize_pool.tokenize_unit), unless a unit is tokenized
+        # after all (an entry that was not whole): fastokens' are then checked.
         choice = stored
-        keyed, totals, written = run(choice)
-        if written:
+        keyed, totals, written = run(choice, stored=True)
+        if written and choice.backend != "tokenizers":
             choice = check()
             if choice.label != stored.label:
                 discard(written)
@@ -283,10 +282,33 @@ def tokenize(
     return Tokenized(keyed, totals, choice, failovers, chat, cut_rule)
 
 
-def _stored(keyed: list[WorkUnit], token_dir: str, cfg: JobConfig) -> bool:
-    """Whether a token file of every unit is in `token_dir` (one listing)."""
+# What a backend is said to have been chosen for, where a token store held every unit under its key.
+FOUND_IN_STORE = "every unit found in the token store"
+
+
+def _stored_choice(
+    cfg: JobConfig,
+    tok: LoadedTokenizer,
+    version: str | None,
+    remembered: Choice | None,
+    keyed_for: Callable[[Choice], list[WorkUnit]],
+    token_dir: str,
+) -> Choice | None:
+    """The backend under whose keys a token store holds every unit (one listing of it), fastokens'
+    first; None where no backend's are all there. tokenizers' only where tokenizer.backend allows
+    it (a strict fastokens asks for the check's verdict, its ConfigError included)."""
+    requested = cfg.tokenizer.backend
+    candidates = []
+    if version is not None and remembered is None and requested != "tokenizers":
+        candidates.append(Choice("fastokens", version, FOUND_IN_STORE))
+    if requested != "fastokens":
+        reference = TokenizersEncoder(tok.tokenizer).version
+        candidates.append(remembered or Choice("tokenizers", reference, FOUND_IN_STORE))
     names = {info.base_name for info in list_dir(token_dir, cfg.storage)}
-    return all(posixpath.basename(u.token_file) in names for u in keyed)
+    for choice in candidates:
+        if all(posixpath.basename(u.token_file) in names for u in keyed_for(choice)):
+            return choice
+    return None
 
 
 def check_rejects(cfg: JobConfig, totals: Totals) -> None:

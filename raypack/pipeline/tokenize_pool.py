@@ -41,7 +41,7 @@ from raypack.pipeline.assign import warm_assign
 from raypack.pipeline.backends import FastRefused, fastokens_version
 from raypack.pipeline.runners import Runner
 from raypack.pipeline.tasks import transient
-from raypack.pipeline.tokenize_task import TokenizeShards
+from raypack.pipeline.tokenize_task import TokenizeShards, stored_unit
 from raypack.pipeline.units import WorkUnit
 from raypack.pipeline.worker import JobContext, job_state
 
@@ -70,10 +70,12 @@ def tokenize_unit(
     patterns: tuple[str, ...] | None,
     unit: WorkUnit,
 ) -> dict[str, Any]:
-    """Task: one unit tokenized by this worker's TokenizeShards of the pass `key` (a pass's id, the
-    class, the backend); its summary row. `cfg`: the job's as the self-check left it."""
+    """Task: one unit's summary row: its finished token file's (stored_unit: no tokenizer needed,
+    none loaded), else the unit tokenized by this worker's TokenizeShards of the pass `key` (a
+    pass's id, the class, the backend). `cfg`: the job's as the self-check left it."""
     with transient(patterns):
-        return job_state(ctx).shards(key, cfg).unit(unit)
+        stored = stored_unit(cfg, unit)
+        return stored if stored is not None else job_state(ctx).shards(key, cfg).unit(unit)
 
 
 class PoolFast:
@@ -83,11 +85,12 @@ class PoolFast:
 
     name = "fastokens"
 
-    def __init__(self, runner: Runner, ctx: JobContext) -> None:
-        self.runner, self.ctx = runner, ctx
+    def __init__(self, runner: Runner, ctx: JobContext, load: Callable[[], None]) -> None:
+        self.runner, self.ctx, self.load = runner, ctx, load
         self.version = fastokens_version() or "?"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        self.load()
         handle = self.runner.submit(fast_encode, (self.ctx, texts), urgent=True)
         _, (self.version, flat, lengths) = self.runner.first_done([handle])
         return flat, lengths
@@ -96,10 +99,18 @@ class PoolFast:
 class TokenizePool:
     """The tokenize stage's `size` task slots on `runner`, shared among its nodes in proportion to
     their CPUs; `capped`: size is below the runner's CPUs (tokenizer.concurrency), so no unit is
-    submitted beyond it (else IN_FLIGHT a slot)."""
+    submitted beyond it (else IN_FLIGHT a slot); `load`: has the workers load the job's tokenizer
+    (prepare.Preload: once, whoever calls it), before anything is tokenized."""
 
-    def __init__(self, runner: Runner, ctx: JobContext, size: int, capped: bool = False) -> None:
-        self.runner, self.ctx, self.size = runner, ctx, size
+    def __init__(
+        self,
+        runner: Runner,
+        ctx: JobContext,
+        size: int,
+        capped: bool = False,
+        load: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.runner, self.ctx, self.size, self.load = runner, ctx, size, load
         self.slots = _slots(runner.nodes(), size)
         """The task slots of each node (node id -> slots); {"": size} on one node."""
         self.windows = {node: n if capped else IN_FLIGHT * n for node, n in self.slots.items()}
@@ -107,7 +118,7 @@ class TokenizePool:
 
     def fast_encoder(self) -> PoolFast:
         """fastokens on a worker that has loaded it (for backends.choose_backend)."""
-        return PoolFast(self.runner, self.ctx)
+        return PoolFast(self.runner, self.ctx, self.load)
 
     def run(
         self,
@@ -117,12 +128,16 @@ class TokenizePool:
         on_summary: Callable[[dict[str, Any]], None],
         stop: Callable[[], bool] = lambda: False,
         cfg: JobConfig | None = None,
+        loaded: bool = True,
     ) -> None:
         """Tokenize every row's unit, submitted in the given order, each node's window at a time;
         `on_summary` gets each summary as it arrives; once `stop()` says so, nothing more is
         submitted and the units running finish. An error that the runner's retries did not cure
         is raised. `cfg`: the job's as the self-check left it (tokenizer.chat_spans), else the
-        context's."""
+        context's; `loaded`: the workers load the tokenizer first (False: every unit's token file
+        is there, and a unit that is not after all has its worker load it)."""
+        if loaded:
+            self.load()
         cfg = cfg or self.ctx.cfg
         key = (uuid.uuid4().hex, cls, backend)  # this pass's: its workers start afresh
         runner = self.runner

@@ -44,7 +44,7 @@ from raypack.storage import atomic_output, open_output, read_bytes, whole_output
 if TYPE_CHECKING:
     from raypack.pipeline.worker import JobState
 
-__all__ = ["TokenizeShards"]
+__all__ = ["TokenizeShards", "stored_unit"]
 
 
 def _node_id() -> str:
@@ -61,7 +61,8 @@ def _node_id() -> str:
 
 class TokenizeShards:
     """Tokenizes work units one at a time (unit): each names a shard and its token file, and gives the
-    shard's summary. A token file that exists already (a rebuild's cache) is reused, not redone."""
+    shard's summary. A token file that exists already (a token store's, a rebuild's cache) is reused
+    by stored_unit, with no TokenizeShards made."""
 
     def __init__(self, cfg: JobConfig, backend: str, loaded: JobState) -> None:
         self.cfg = cfg
@@ -98,55 +99,11 @@ class TokenizeShards:
                 self.coder = offsets.coder(self.encoder, self.reference_coder, routed)
 
     def unit(self, unit: WorkUnit) -> dict[str, Any]:
-        """One work unit → its summary, the row histogram.Totals.add folds. Makes sure the unit's
-        token file exists (tokenizing only when it does not), writes its index and rejects into the
-        output."""
-        path = unit.token_file
-        finished = read_finished(path, self.storage)
-        reasons: list[str] = []
-        if finished is not None and finished[1]["rejects"]:
-            try:
-                data = read_bytes(cached_rejects_file(path), self.storage)
-                reasons = (
-                    pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
-                )
-            except (FileNotFoundError, pa.ArrowInvalid):  # a store copied in part: tokenized again
-                finished = None
-            else:
-                write_bytes(rejects_path(self.cfg.output.path, unit.index), data, self.storage)
-        cached = finished is not None
-        if finished is not None:
-            docs, lost = finished
-            if not is_uri(path):  # a local store's entry was used now (prune goes by this time)
-                with suppress(OSError):
-                    os.utime(path)
-        else:
-            docs, reasons, lost = self._tokenize_checked(unit)
-        doc_length = docs.column("length").to_numpy()
-        summary = summarize_shard(
-            self.cfg,
-            unit,
-            docs.column("doc_id").combine_chunks(),
-            docs.column("row").combine_chunks(),
-            docs.column("file").combine_chunks(),
-            doc_length,
-        )
-        return {
-            "shard": unit.index,
-            "node": _node_id(),
-            "cached": cached,
-            "documents": len(doc_length),
-            "tokens": int(doc_length.sum()),
-            "rejects": lost["rejects"],
-            "rejected_records": lost["records"],
-            "lost_files": lost["lost_files"],
-            "reasons": json.dumps(reason_counts(reasons)),
-            # Trained tokens (chat data's loss mask; every token of plain text): a file written
-            # before the count was kept trains every token it holds.
-            "trained": int(lost.get("trained", doc_length.sum())),
-            **summary,
-            **self._backend_summary(cached),
-        }
+        """A work unit without a finished token file (tokenize_pool.tokenize_unit asked stored_unit
+        first) tokenized into one; its summary, the row histogram.Totals.add folds. Writes its index
+        and rejects into the output."""
+        docs, reasons, lost = self._tokenize_checked(unit)
+        return _summary(self.cfg, unit, docs, lost, reasons) | self._backend_summary()
 
     def _tokenize_checked(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:
         """_tokenize with the chosen encoder and, for a fast one, a Checker; on a Mismatch the unit
@@ -166,19 +123,19 @@ class TokenizeShards:
             self.encoder, self.coder, self._checker = self.reference, self.reference_coder, None
             return self._tokenize(unit)
 
-    def _backend_summary(self, cached: bool) -> dict[str, Any]:
-        checker = self._checker
+    def _backend_summary(self) -> dict[str, Any]:
+        checker, fast = self._checker, self.fast
         return {
-            "backend": "cache" if cached else self.encoder.name,
-            "checked_texts": checker.texts if checker is not None and not cached else 0,
-            "checked_bytes": checker.bytes if checker is not None and not cached else 0,
+            "backend": self.encoder.name,
+            "checked_texts": checker.texts if checker is not None else 0,
+            "checked_bytes": checker.bytes if checker is not None else 0,
             "failover": self.failover,
             "note": self.note,
-            "cuts": 0 if cached else self._cuts[0],
-            "cuts_refused": 0 if cached else self._cuts[1],
-            "long_whole": 0 if cached else self._cuts[2],
-            "routed_texts": self.fast.routed[0] if self.fast is not None and not cached else 0,
-            "routed_bytes": self.fast.routed[1] if self.fast is not None and not cached else 0,
+            "cuts": self._cuts[0],
+            "cuts_refused": self._cuts[1],
+            "long_whole": self._cuts[2],
+            "routed_texts": fast.routed[0] if fast is not None else 0,
+            "routed_bytes": fast.routed[1] if fast is not None else 0,
         }
 
     def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:
@@ -265,3 +222,75 @@ class TokenizeShards:
             },
             schema=schema.TOKENIZED,
         )
+
+
+def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
+    """A unit's summary from its finished token file (a token store's entry, a rebuild's cache, a
+    retried task's), its rejects copied into the output; None where it has none, or its rejects
+    file is missing (a store copied in part): it is tokenized then. Needs no tokenizer: a unit found
+    here runs in a worker that never loaded one (raypack.pipeline.tokenize_pool), so a repack whose
+    every unit is stored starts without the ~2-3 s of loading a 128k BPE and fastokens' copy."""
+    path, storage = unit.token_file, cfg.storage
+    finished = read_finished(path, storage)
+    if finished is None:
+        return None
+    docs, lost = finished
+    reasons: list[str] = []
+    if lost["rejects"]:
+        try:
+            data = read_bytes(cached_rejects_file(path), storage)
+            reasons = pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
+        except (FileNotFoundError, pa.ArrowInvalid):
+            return None
+        write_bytes(rejects_path(cfg.output.path, unit.index), data, storage)
+    if not is_uri(path):  # a local store's entry was used now (prune goes by this time)
+        with suppress(OSError):
+            os.utime(path)
+    return _summary(cfg, unit, docs, lost, reasons, cached=True) | {
+        "backend": "cache",
+        "checked_texts": 0,
+        "checked_bytes": 0,
+        "failover": "",
+        "note": "",
+        "cuts": 0,
+        "cuts_refused": 0,
+        "long_whole": 0,
+        "routed_texts": 0,
+        "routed_bytes": 0,
+    }
+
+
+def _summary(
+    cfg: JobConfig,
+    unit: WorkUnit,
+    docs: pa.Table,
+    lost: dict[str, int],
+    reasons: list[str],
+    cached: bool = False,
+) -> dict[str, Any]:
+    """The summary of a unit's documents (row, file, doc_id, length) and rejects, but the backend's
+    part (which encoder, what it checked and cut)."""
+    doc_length = docs.column("length").to_numpy()
+    summary = summarize_shard(
+        cfg,
+        unit,
+        docs.column("doc_id").combine_chunks(),
+        docs.column("row").combine_chunks(),
+        docs.column("file").combine_chunks(),
+        doc_length,
+    )
+    return {
+        "shard": unit.index,
+        "node": _node_id(),
+        "cached": cached,
+        "documents": len(doc_length),
+        "tokens": int(doc_length.sum()),
+        "rejects": lost["rejects"],
+        "rejected_records": lost["records"],
+        "lost_files": lost["lost_files"],
+        "reasons": json.dumps(reason_counts(reasons)),
+        # Trained tokens (chat data's loss mask; every token of plain text): a file written before
+        # the count was kept trains every token it holds.
+        "trained": int(lost.get("trained", doc_length.sum())),
+        **summary,
+    }

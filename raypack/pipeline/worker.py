@@ -43,6 +43,7 @@ __all__ = [
     "job_state",
     "load_fast",
     "preload_job",
+    "warm_worker",
 ]
 
 
@@ -114,8 +115,7 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
                 )
             if cfg.input.chat:  # here, in a local pool's zygote, not in each worker it forks
                 tok.offsets()
-            summarize_shard_warm(cfg)
-            pa.array(["x"])  # pyarrow imports pandas on its first Python list: 0.2-0.4 s a first unit
+            warm_worker(cfg)
             state = JobState(ctx, tok)
             if loading is not None:
                 state.fast, state.fast_error = loading.result()
@@ -128,6 +128,14 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
         # The texts a normal form would change are tokenizers' to encode (backends.fast_json).
         state.fast.reference = TokenizersEncoder(state.tok.tokenizer)
     return state
+
+
+def warm_worker(cfg: JobConfig) -> None:
+    """What every unit's summary needs loaded, tokenizer or not: summarize_shard's compiled functions
+    (numba reads them from its cache: ~0.4 s) and pandas (pyarrow imports it on its first Python list:
+    0.2-0.4 s), else paid by each worker's first unit."""
+    summarize_shard_warm(cfg)
+    pa.array(["x"])
 
 
 def preload_job(ctx: JobContext, files: dict[str, bytes] | None = None) -> None:

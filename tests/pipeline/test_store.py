@@ -13,12 +13,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pytest
 
 from raypack.cli import main
 from raypack.config import ConfigError, load_config
+from raypack.pipeline.runners import LocalRunner
 from raypack.pipeline.store import file_digest
 from raypack.storage import Shard
 from raypack.verifier import verify
@@ -104,6 +106,51 @@ def test_a_copied_corpus_hits_and_a_repack_pays_no_tokenization(
         sample=8,
     )
     assert report.ok, report.problems
+
+
+def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stored unit's task reads its token file only: a repack that finds every unit never asks
+    the runner's workers to load the tokenizer (2-3 s for a 128k BPE and fastokens' copy on 2
+    cores), whichever backend's keys the store holds; one unit to tokenize and they load it."""
+    asked: list[str] = []
+    preload = LocalRunner.preload
+
+    def spied(self: LocalRunner, fn: Any, args: tuple[Any, ...]) -> None:
+        asked.append(fn.__name__)
+        preload(self, fn, args)
+
+    monkeypatch.setattr(LocalRunner, "preload", spied)
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=4)
+    store = tmp_path / "store"
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
+    expected = independent_tokens(corpus, tokenizer_path)
+
+    def pack(out: str, *settings: str) -> dict:
+        asked.clear()
+        sets = [x for s in (f"output.path={tmp_path / out}", *settings) for x in ("--set", s)]
+        assert main(["pack", str(cfg), "--quiet", *sets]) == 0
+        assert packed_documents(tmp_path / out) == expected
+        return manifest(tmp_path / out)["tokenizer"]["backend"]
+
+    assert pack("first")["chosen"].startswith("fastokens") and asked == ["warm_worker", "preload_job"]
+    assert units(tmp_path / "first") == {"reused": 0, "tokenized": 3}
+    backend = pack("repack", "pack.seq_len=256", "pack.algorithm=spfhp")
+    assert units(tmp_path / "repack") == {"reused": 3, "tokenized": 0}
+    assert asked == ["warm_worker"] and backend["chosen"].startswith("fastokens")
+
+    # A store of tokenizers' keys serves an auto job as tokenizers (the reference: the same ids).
+    pack("reference", "tokenizer.backend=tokenizers", f"cache.path={tmp_path / 'store2'}")
+    backend = pack("auto", "tokenizer.backend=auto", f"cache.path={tmp_path / 'store2'}")
+    assert units(tmp_path / "auto") == {"reused": 3, "tokenized": 0} and asked == ["warm_worker"]
+    assert backend["chosen"].startswith("tokenizers") and "every unit found" in backend["reason"]
+
+    # An entry gone: its unit is tokenized, by workers that load the tokenizer for it.
+    token_files(store)[0].unlink()
+    pack("partial")
+    assert units(tmp_path / "partial") == {"reused": 2, "tokenized": 1}
+    assert asked == ["warm_worker", "preload_job"]
 
 
 def test_any_change_of_content_or_settings_misses(tmp_path: Path, tokenizer_path: Path) -> None:
