@@ -162,7 +162,7 @@ def _stages(
         ready.preload()
     concurrency = cfg.tokenizer.concurrency or runner.width
     size = min(concurrency, len(units))
-    pool = TokenizePool(runner, ready.ctx, size, capped=concurrency < runner.width, load=ready.preload)
+    pool = TokenizePool(runner, ready.ctx, size, capped=concurrency < runner.width, preload=ready.preload)
     try:
         with (
             _stage(timings, "tokenize", log),

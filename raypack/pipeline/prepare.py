@@ -42,14 +42,13 @@ from raypack.pipeline.runners import (
     may_run_locally,
 )
 from raypack.pipeline.tokenizer import (
-    TOKENIZER_FILE,
     LoadedTokenizer,
     load_tokenizer,
     tokenizer_files,
     tokenizer_sha256,
 )
 from raypack.pipeline.units import WorkUnit
-from raypack.pipeline.worker import JobContext, early_loads, preload_job, warm_worker
+from raypack.pipeline.worker import JobContext, Preload
 from raypack.report.model import REPORT
 from raypack.storage import exists, join, remove, remove_temporaries, resolve
 from raypack.versions import LATEST, MANIFEST, METRICS
@@ -103,42 +102,6 @@ class Prepared:
         return join(self.cfg.output.path, "_staging")
 
 
-class Preload:
-    """The job's state (its tokenizer, fastokens' copy: raypack.pipeline.worker) loaded into the
-    runner's workers, once, whoever asks: a local pool's zygote loads it from the bytes the driver
-    read, then forks the workers; Ray runs a preload task a CPU. A job that must tokenize asks as it
-    starts (prepare); one with a token store asks only once the tokenize stage finds a unit that is
-    not there: a repack whose every unit is stored needs none, and its workers start without the
-    2-3 s of loading a 128k BPE and fastokens' copy on 2 cores (its tasks read token files only).
-    Asked after a local pool's workers are forked: nothing (each loads it on its first unit)."""
-
-    def __init__(self, runner: Runner, ctx: JobContext, files: dict[str, bytes]) -> None:
-        self.runner, self.ctx, self.files = runner, ctx, files
-        self.sent = False
-
-    def warm(self) -> None:
-        """A local pool's zygote loads, before any fork, what a unit's summary needs without the
-        tokenizer (worker.warm_worker: ~0.65 s), which each worker's first unit paid otherwise (a
-        500 MB repack's first stored unit took 1 s on 2 busy cores). Ray's workers load it on
-        their first unit."""
-        if isinstance(self.runner, LocalRunner):
-            self.runner.preload(warm_worker, (self.ctx.cfg,))
-
-    def __call__(self) -> None:
-        if self.sent:
-            return
-        self.sent = True
-        runner, ctx = self.runner, self.ctx
-        if isinstance(runner, LocalRunner):
-            if runner.forked:
-                return
-            runner.early(early_loads(ctx, self.files[TOKENIZER_FILE].decode("utf-8", errors="replace")))
-            runner.preload(preload_job, (ctx, self.files))
-            runner.start()
-        else:
-            runner.preload(preload_job, (ctx, None))
-
-
 def staging_blobs(out: str) -> str | None:
     """Where a local run keeps the blobs its tasks pass on (the exchange's pieces: about the job's
     tokens × 4 bytes): the output's staging area on a local output, else (object storage) a
@@ -187,9 +150,7 @@ def prepare(
             runner = local = local or LocalRunner(local_cpus())
             local.blobs_in(staging_blobs(out))
             preload = Preload(local, ctx, tokenizer)
-            if store:
-                preload.warm()
-            else:
+            if not store:
                 preload()
         files = input_files(cfg.input, storage)
         check_output(out, storage, overwrite)

@@ -43,7 +43,7 @@ from raypack.pipeline.runners import Runner
 from raypack.pipeline.tasks import transient
 from raypack.pipeline.tokenize_task import TokenizeShards, stored_unit
 from raypack.pipeline.units import WorkUnit
-from raypack.pipeline.worker import JobContext, job_state
+from raypack.pipeline.worker import JobContext, Preload, job_state
 
 __all__ = ["IN_FLIGHT", "PoolFast", "TokenizePool", "fast_encode", "tokenize_unit"]
 
@@ -85,12 +85,13 @@ class PoolFast:
 
     name = "fastokens"
 
-    def __init__(self, runner: Runner, ctx: JobContext, load: Callable[[], None]) -> None:
-        self.runner, self.ctx, self.load = runner, ctx, load
+    def __init__(self, runner: Runner, ctx: JobContext, preload: Preload | None = None) -> None:
+        self.runner, self.ctx, self.preload = runner, ctx, preload
         self.version = fastokens_version() or "?"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        self.load()
+        if self.preload is not None:
+            self.preload()
         handle = self.runner.submit(fast_encode, (self.ctx, texts), urgent=True)
         _, (self.version, flat, lengths) = self.runner.first_done([handle])
         return flat, lengths
@@ -99,18 +100,13 @@ class PoolFast:
 class TokenizePool:
     """The tokenize stage's `size` task slots on `runner`, shared among its nodes in proportion to
     their CPUs; `capped`: size is below the runner's CPUs (tokenizer.concurrency), so no unit is
-    submitted beyond it (else IN_FLIGHT a slot); `load`: has the workers load the job's tokenizer
-    (prepare.Preload: once, whoever calls it), before anything is tokenized."""
+    submitted beyond it (else IN_FLIGHT a slot); `preload`: has the workers load the job's
+    tokenizer before anything is tokenized (None: they loaded it, or load it on a first unit)."""
 
     def __init__(
-        self,
-        runner: Runner,
-        ctx: JobContext,
-        size: int,
-        capped: bool = False,
-        load: Callable[[], None] = lambda: None,
+        self, runner: Runner, ctx: JobContext, size: int, capped: bool = False, preload: Preload | None = None
     ) -> None:
-        self.runner, self.ctx, self.size, self.load = runner, ctx, size, load
+        self.runner, self.ctx, self.size, self.preload = runner, ctx, size, preload
         self.slots = _slots(runner.nodes(), size)
         """The task slots of each node (node id -> slots); {"": size} on one node."""
         self.windows = {node: n if capped else IN_FLIGHT * n for node, n in self.slots.items()}
@@ -118,7 +114,7 @@ class TokenizePool:
 
     def fast_encoder(self) -> PoolFast:
         """fastokens on a worker that has loaded it (for backends.choose_backend)."""
-        return PoolFast(self.runner, self.ctx, self.load)
+        return PoolFast(self.runner, self.ctx, self.preload)
 
     def run(
         self,
@@ -135,9 +131,10 @@ class TokenizePool:
         submitted and the units running finish. An error that the runner's retries did not cure
         is raised. `cfg`: the job's as the self-check left it (tokenizer.chat_spans), else the
         context's; `loaded`: the workers load the tokenizer first (False: every unit's token file
-        is there, and a unit that is not after all has its worker load it)."""
-        if loaded:
-            self.load()
+        is there: they load only what a summary needs, and a unit that is not there after all has
+        its worker load the tokenizer)."""
+        if self.preload is not None:
+            self.preload() if loaded else self.preload.warm()
         cfg = cfg or self.ctx.cfg
         key = (uuid.uuid4().hex, cls, backend)  # this pass's: its workers start afresh
         runner = self.runner

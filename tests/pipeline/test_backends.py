@@ -412,7 +412,7 @@ def test_units_the_workers_began_before_the_check_refused_fastokens_are_all_toke
             monkeypatch.setattr(
                 TokenizePool,
                 "fast_encoder",
-                lambda self, w=word: OneIdOff(PoolFast(self.runner, self.ctx, self.load), w),
+                lambda self, w=word: OneIdOff(PoolFast(self.runner, self.ctx, self.preload), w),
             )
         lines: list[str] = []
         result = raypack.pack(str(path), overrides=[f"output.path={tmp_path / name}"], log=lines.append)
@@ -449,7 +449,7 @@ def test_fastokens_asked_for_by_name_and_refused_after_the_workers_began_leaves_
     monkeypatch.setattr(
         TokenizePool,
         "fast_encoder",
-        lambda self: OneIdOff(PoolFast(self.runner, self.ctx, self.load), "histogram"),
+        lambda self: OneIdOff(PoolFast(self.runner, self.ctx, self.preload), "histogram"),
     )
     lines: list[str] = []
     with pytest.raises(ConfigError, match=r"tokenizer\.backend fastokens: fastokens .* other ids"):
