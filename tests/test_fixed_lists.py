@@ -44,6 +44,13 @@ def _packs(rng: np.random.Generator, rows: int, capacity: int, masked: bool) -> 
     return Packs("part-00000", ids, index, mask)
 
 
+def _fixed(packs: Packs, table: pa.Table) -> dict[int, np.ndarray]:
+    fixed = {0: packs.input_ids}
+    if packs.loss_mask is not None:
+        fixed[table.schema.get_field_index("loss_mask")] = packs.loss_mask
+    return fixed
+
+
 def _pyarrow(table: pa.Table, row_group: int) -> bytes:
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=row_group, **WRITER)
@@ -63,7 +70,7 @@ def test_a_row_group_is_the_bytes_pyarrow_writes(
     packs = _packs(np.random.default_rng(seed), rows, 1 << log_capacity, masked)
     table = packs.table()
     assert fits(packs.capacity, WRITER)
-    assert write_row_group(table, packs.input_ids, WRITER) == _pyarrow(table, rows)
+    assert write_row_group(table, _fixed(packs, table), WRITER) == _pyarrow(table, rows)
 
 
 @pytest.mark.parametrize(("rows", "capacity"), [(3, PAGE_VALUES), (5, PAGE_VALUES // 2), (130, 8192)])
@@ -71,7 +78,7 @@ def test_pages_of_whole_rows_and_rows_of_a_whole_page(rows: int, capacity: int) 
     """A page a row, two rows a page, and several pages a row group with a last one part full."""
     packs = _packs(np.random.default_rng(rows), rows, capacity, masked=False)
     table = packs.table()
-    assert write_row_group(table, packs.input_ids, WRITER) == _pyarrow(table, rows)
+    assert write_row_group(table, _fixed(packs, table), WRITER) == _pyarrow(table, rows)
 
 
 @settings(max_examples=15, deadline=None)
@@ -101,6 +108,9 @@ def test_capacities_and_settings_it_does_not_take_are_pyarrows(monkeypatch: pyte
     assert fits(4096, WRITER)
     assert not fits(4096, {**WRITER, "compression": "snappy"})
     assert not fits(4096, {**WRITER, "write_statistics": True})
+    assert not fits(
+        4096, {**WRITER, "write_statistics": ["loss_mask.list.element"]}, ("input_ids", "loss_mask")
+    )
     assert not fits(4096, {**WRITER, "data_page_size": 1 << 16})
     # A stand-in footer it does not know (a pyarrow that writes more): pyarrow writes the block.
     packs = _packs(np.random.default_rng(5), 40, 64, masked=False)

@@ -67,9 +67,10 @@ _CM_KNOWN = {
 _RG_KNOWN = {_RG_COLUMNS, _RG_TOTAL_BYTES, _RG_NUM_ROWS, _RG_FILE_OFFSET, _RG_COMPRESSED, _RG_ORDINAL}
 
 
-def fits(capacity: int, settings: dict[str, Any]) -> bool:
-    """Whether this writes a column of rows `capacity` long under these writer settings (pyarrow's
-    defaults but for the codec, no dictionary and which columns have statistics: not this one)."""
+def fits(capacity: int, settings: dict[str, Any], columns: tuple[str, ...] = ("input_ids",)) -> bool:
+    """Whether this writes `columns` (list columns of rows `capacity` long) under these writer
+    settings (pyarrow's defaults but for the codec, no dictionary and which columns have
+    statistics: not these)."""
     stats = settings.get("write_statistics", True)
     return (
         _STANDIN <= capacity <= PAGE_VALUES
@@ -77,7 +78,10 @@ def fits(capacity: int, settings: dict[str, Any]) -> bool:
         and settings.get("compression") == "zstd"
         and settings.get("use_dictionary") is False
         and set(settings) <= {"compression", "compression_level", "use_dictionary", "write_statistics"}
-        and (stats is False or (isinstance(stats, list | tuple) and "input_ids.list.element" not in stats))
+        and (
+            stats is False
+            or (isinstance(stats, list | tuple) and not {f"{c}.list.element" for c in columns} & set(stats))
+        )
     )
 
 
@@ -98,17 +102,18 @@ def _levels(rows: int, capacity: int) -> bytes:
     return struct.pack("<i", len(rep)) + rep + struct.pack("<i", len(define)) + define
 
 
-def write_row_group(table: pa.Table, ids: np.ndarray, settings: dict[str, Any]) -> bytes:
-    """A Parquet file of one row group holding `table` (whose first column is `ids`, (rows,
-    capacity) int32, as a list column), byte for byte what pq.write_table(table,
-    row_group_size=rows, **settings) writes; Unjoinable where the stand-in's footer or page holds
-    what this does not know (then write it with pyarrow)."""
-    rows, capacity = ids.shape
-    standin_ids = pa.ListArray.from_arrays(
-        pa.array(np.arange(0, (rows + 1) * _STANDIN, _STANDIN, dtype=np.int32)),
-        pa.array(np.zeros(rows * _STANDIN, dtype=np.int32)),
-    )
-    standin = table.set_column(0, table.schema.field(0), standin_ids)
+def write_row_group(table: pa.Table, fixed: dict[int, np.ndarray], settings: dict[str, Any]) -> bytes:
+    """A Parquet file of one row group holding `table`, byte for byte what pq.write_table(table,
+    row_group_size=rows, **settings) writes, the list columns `fixed` names (by position: (rows,
+    capacity) arrays of int32 or int8, the column's values) written here; Unjoinable where the
+    stand-in's footer or pages hold what this does not know (then write it with pyarrow)."""
+    rows = table.num_rows
+    standin = table
+    for i, values in fixed.items():
+        field = table.schema.field(i)
+        zeros = pa.array(np.zeros(rows * _STANDIN, dtype=values.dtype), field.type.value_type)
+        starts = pa.array(np.arange(0, (rows + 1) * _STANDIN, _STANDIN, dtype=np.int32))
+        standin = standin.set_column(i, field, pa.ListArray.from_arrays(starts, zeros))
     sink = pa.BufferOutputStream()
     pq.write_table(standin, sink, row_group_size=max(rows, 1), **settings)
     body, footer = _split(sink.getvalue())
@@ -119,34 +124,64 @@ def write_row_group(table: pa.Table, ids: np.ndarray, settings: dict[str, Any]) 
     if {f.id for f in group} - _RG_KNOWN:
         raise Unjoinable("a row group field this does not know")
     chunks = _get(group, _RG_COLUMNS)
-    assert chunks is not None
-    first = chunks.value.items[0]
-    if {f.id for f in first} - _CC_KNOWN:
-        raise Unjoinable("a column chunk field this does not know")
-    meta_field = _get(first, _CC_META)
-    assert meta_field is not None
-    meta: list[_Field] = meta_field.value
-    if {f.id for f in meta} - _CM_KNOWN:
-        raise Unjoinable("column metadata this does not know (statistics?)")
-    start = _value(meta, _CM_DATA_OFFSET)
-    old_size = _value(meta, _CM_COMPRESSED)
-    old_uncompressed = _value(meta, _CM_UNCOMPRESSED)
-    if start != len(MAGIC) or _value(meta, _CM_NUM_VALUES) != rows * _STANDIN:
-        raise Unjoinable("a stand-in column not first, or not as written")
-    reader = _Reader(bytes(body[:old_size]))
+    if chunks is None or len(chunks.value.items) != table.num_columns:
+        raise Unjoinable("a row group of other columns")
+    codec = pa.Codec("zstd", compression_level=settings.get("compression_level"))
+    parts: list[Any] = [MAGIC]
+    at = len(MAGIC)  # where the next chunk starts in the stand-in's file
+    shift = grown = 0  # how much further on it starts in this one; uncompressed bytes added
+    for i, chunk in enumerate(chunks.value.items):
+        if {f.id for f in chunk} - _CC_KNOWN:
+            raise Unjoinable("a column chunk field this does not know")
+        meta = _get(chunk, _CC_META)
+        if meta is None or {m.id for m in meta.value} - _CM_KNOWN - ({12} if i not in fixed else set()):
+            raise Unjoinable("column metadata this does not know (statistics on a fixed column?)")
+        first = min(_value(meta.value, fid) for fid in _CM_OFFSETS if _get(meta.value, fid) is not None)
+        size = _value(meta.value, _CM_COMPRESSED)
+        if first != at:
+            raise Unjoinable("column chunks that do not lie end to end")
+        old = body[at - len(MAGIC) : at - len(MAGIC) + size]
+        at += size
+        for m in meta.value:
+            if m.id in _CM_OFFSETS:
+                m.value += shift
+        file_offset = _get(chunk, _CC_FILE_OFFSET)
+        if file_offset is not None and file_offset.value:
+            file_offset.value += shift
+        if i not in fixed:
+            parts.append(old)
+            continue
+        before = _value(meta.value, _CM_UNCOMPRESSED)
+        pages = _pages(bytes(old), fixed[i], rows, meta.value, codec)
+        parts += pages
+        shift += _value(meta.value, _CM_COMPRESSED) - size
+        grown += _value(meta.value, _CM_UNCOMPRESSED) - before
+    if at != len(MAGIC) + len(body):
+        raise Unjoinable("bytes between the column chunks and the footer")
+    _add(group, _RG_TOTAL_BYTES, grown)
+    _add(group, _RG_COMPRESSED, shift)
+    tail = _encode(footer)
+    return b"".join([*parts, tail, struct.pack("<i", len(tail)), MAGIC])
+
+
+def _pages(standin: bytes, values: np.ndarray, rows: int, meta: list[_Field], codec: pa.Codec) -> list[Any]:
+    """A fixed column's pages (header, compressed body, ...) from its stand-in's chunk (one page,
+    whose header is the pattern), its metadata set to theirs."""
+    capacity = values.shape[1]
+    if _value(meta, _CM_NUM_VALUES) != rows * _STANDIN:
+        raise Unjoinable("a stand-in column not as written")
+    reader = _Reader(standin)
     header = reader.struct()
     data = _get(header, _PH_DATA)
     if (
-        reader.at + _value(header, _PH_COMPRESSED) != old_size  # more than one page
+        reader.at + _value(header, _PH_COMPRESSED) != len(standin)  # more than one page
         or {f.id for f in header} != {_PH_TYPE, _PH_UNCOMPRESSED, _PH_COMPRESSED, _PH_DATA}
         or data is None
         or [(f.id, f.value) for f in data.value if f.id != _DPH_NUM_VALUES]
         != [(_DPH_ENCODING, 0), (_DPH_DEF, 3), (_DPH_REP, 3), (_DPH_STATS, [])]
     ):
         raise Unjoinable("a stand-in page this does not know")
-
-    codec = pa.Codec("zstd", compression_level=settings.get("compression_level"))
-    flat = np.ascontiguousarray(ids, dtype=np.int32).reshape(-1)
+    flat = values.reshape(-1)
     per_page = PAGE_VALUES // capacity
     parts: list[Any] = []
     uncompressed = compressed = pages = 0
@@ -155,7 +190,8 @@ def write_row_group(table: pa.Table, ids: np.ndarray, settings: dict[str, Any]) 
         levels = _levels(n, capacity)
         raw = np.empty(len(levels) + 4 * n * capacity, dtype=np.uint8)
         raw[: len(levels)] = np.frombuffer(levels, dtype=np.uint8)
-        raw[len(levels) :] = flat[lo * capacity : (lo + n) * capacity].view(np.uint8)
+        # PLAIN int32 (an int8 column's too: Parquet stores it as INT32)
+        raw[len(levels) :].view(np.int32)[:] = flat[lo * capacity : (lo + n) * capacity]
         packed = codec.compress(raw)
         _set(data.value, _DPH_NUM_VALUES, n * capacity)
         _set(header, _PH_UNCOMPRESSED, raw.size)
@@ -166,8 +202,8 @@ def write_row_group(table: pa.Table, ids: np.ndarray, settings: dict[str, Any]) 
         compressed += len(head) + packed.size
         pages += 1
 
-    values = rows * capacity
-    _set(meta, _CM_NUM_VALUES, values)
+    count = rows * capacity
+    _set(meta, _CM_NUM_VALUES, count)
     _set(meta, _CM_UNCOMPRESSED, uncompressed)
     _set(meta, _CM_COMPRESSED, compressed)
     stats = _get(meta, _CM_ENCODING_STATS)
@@ -185,26 +221,9 @@ def write_row_group(table: pa.Table, ids: np.ndarray, settings: dict[str, Any]) 
             or define.value.items != [0, 0, 0, rows * _STANDIN]
         ):
             raise Unjoinable("level histograms this does not know")
-        rep.value.items[:] = [rows, values - rows]
-        define.value.items[:] = [0, 0, 0, values]
-
-    shift = compressed - old_size
-    for chunk in chunks.value.items[1:]:
-        for f in chunk:
-            if f.id not in _CC_KNOWN:
-                raise Unjoinable("a column chunk field this does not know")
-            if f.id == _CC_FILE_OFFSET and f.value:
-                f.value += shift
-            elif f.id == _CC_META:
-                for m in f.value:
-                    if m.id not in _CM_KNOWN and m.id != 12:  # (12: statistics, which stay)
-                        raise Unjoinable("column metadata this does not know")
-                    if m.id in _CM_OFFSETS:
-                        m.value += shift
-    _add(group, _RG_TOTAL_BYTES, uncompressed - old_uncompressed)
-    _add(group, _RG_COMPRESSED, shift)
-    tail = _encode(footer)
-    return b"".join([MAGIC, *parts, body[old_size:], tail, struct.pack("<i", len(tail)), MAGIC])
+        rep.value.items[:] = [rows, count - rows]
+        define.value.items[:] = [0, 0, 0, count]
+    return parts
 
 
 def _value(fields: list[_Field], fid: int) -> int:

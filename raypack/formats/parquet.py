@@ -125,12 +125,16 @@ def _encode_parallel(
 
 
 def _encode_one(block: Packs, settings: dict[str, Any]) -> pa.Buffer:
-    """A block's row group as a Parquet file: pq.write_table's bytes, its token ids written by
-    _fixed_lists where their length and the settings allow."""
+    """A block's row group as a Parquet file: pq.write_table's bytes, its token ids (and loss mask)
+    written by _fixed_lists where their length and the settings allow."""
     table = block.table()
-    if fits(block.capacity, settings):
+    fixed = {0: block.input_ids}
+    if block.loss_mask is not None:
+        fixed[table.schema.get_field_index(schema.LOSS_MASK.name)] = block.loss_mask
+    names = tuple(table.schema.field(i).name for i in fixed)
+    if fits(block.capacity, settings, names):
         with suppress(Unjoinable):
-            return pa.py_buffer(write_row_group(table, block.input_ids, settings))
+            return pa.py_buffer(write_row_group(table, fixed, settings))
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=max(table.num_rows, 1), **settings)
     return sink.getvalue()
