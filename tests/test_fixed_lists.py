@@ -116,7 +116,7 @@ def test_capacities_and_settings_it_does_not_take_are_pyarrows(monkeypatch: pyte
     packs = _packs(np.random.default_rng(5), 40, 64, masked=False)
 
     def refuse(*args: object) -> bytes:
-        raise fixed_lists.Unjoinable("a footer this does not know")
+        raise fixed_lists.Unknown("a footer this does not know")
 
     monkeypatch.setattr(parquet_format, "write_row_group", refuse)
     spec = make_spec("parquet", Settings(64, False, False, None, 130_000, 0, 40, False))

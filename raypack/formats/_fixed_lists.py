@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack.formats._joined import _I32, _I64, MAGIC, Unjoinable, _encode, _Field, _get, _Reader, _split
+from raypack.formats._footers import I32, I64, MAGIC, Field, Reader, Unknown, encode, get, split
 
 __all__ = ["PAGE_VALUES", "fits", "write_row_group"]
 
@@ -105,7 +105,7 @@ def _levels(rows: int, capacity: int) -> bytes:
 def write_row_group(table: pa.Table, fixed: dict[int, np.ndarray], settings: dict[str, Any]) -> bytes:
     """A Parquet file of one row group holding `table`, byte for byte what pq.write_table(table,
     row_group_size=rows, **settings) writes, the list columns `fixed` names (by position: (rows,
-    capacity) arrays of int32 or int8, the column's values) written here; Unjoinable where the
+    capacity) arrays of int32 or int8, the column's values) written here; Unknown where the
     stand-in's footer or pages hold what this does not know (then write it with pyarrow)."""
     rows = table.num_rows
     standin = table
@@ -116,36 +116,36 @@ def write_row_group(table: pa.Table, fixed: dict[int, np.ndarray], settings: dic
         standin = standin.set_column(i, field, pa.ListArray.from_arrays(starts, zeros))
     sink = pa.BufferOutputStream()
     pq.write_table(standin, sink, row_group_size=max(rows, 1), **settings)
-    body, footer = _split(sink.getvalue())
-    groups = _get(footer, _FILE_ROW_GROUPS)
+    body, footer = split(sink.getvalue())
+    groups = get(footer, _FILE_ROW_GROUPS)
     if groups is None or len(groups.value.items) != 1:
-        raise Unjoinable("a stand-in of other than one row group")
-    group: list[_Field] = groups.value.items[0]
+        raise Unknown("a stand-in of other than one row group")
+    group: list[Field] = groups.value.items[0]
     if {f.id for f in group} - _RG_KNOWN:
-        raise Unjoinable("a row group field this does not know")
-    chunks = _get(group, _RG_COLUMNS)
+        raise Unknown("a row group field this does not know")
+    chunks = get(group, _RG_COLUMNS)
     if chunks is None or len(chunks.value.items) != table.num_columns:
-        raise Unjoinable("a row group of other columns")
+        raise Unknown("a row group of other columns")
     codec = pa.Codec("zstd", compression_level=settings.get("compression_level"))
     parts: list[Any] = [MAGIC]
     at = len(MAGIC)  # where the next chunk starts in the stand-in's file
     shift = grown = 0  # how much further on it starts in this one; uncompressed bytes added
     for i, chunk in enumerate(chunks.value.items):
         if {f.id for f in chunk} - _CC_KNOWN:
-            raise Unjoinable("a column chunk field this does not know")
-        meta = _get(chunk, _CC_META)
+            raise Unknown("a column chunk field this does not know")
+        meta = get(chunk, _CC_META)
         if meta is None or {m.id for m in meta.value} - _CM_KNOWN - ({12} if i not in fixed else set()):
-            raise Unjoinable("column metadata this does not know (statistics on a fixed column?)")
-        first = min(_value(meta.value, fid) for fid in _CM_OFFSETS if _get(meta.value, fid) is not None)
+            raise Unknown("column metadata this does not know (statistics on a fixed column?)")
+        first = min(_value(meta.value, fid) for fid in _CM_OFFSETS if get(meta.value, fid) is not None)
         size = _value(meta.value, _CM_COMPRESSED)
         if first != at:
-            raise Unjoinable("column chunks that do not lie end to end")
+            raise Unknown("column chunks that do not lie end to end")
         old = body[at - len(MAGIC) : at - len(MAGIC) + size]
         at += size
         for m in meta.value:
             if m.id in _CM_OFFSETS:
                 m.value += shift
-        file_offset = _get(chunk, _CC_FILE_OFFSET)
+        file_offset = get(chunk, _CC_FILE_OFFSET)
         if file_offset is not None and file_offset.value:
             file_offset.value += shift
         if i not in fixed:
@@ -157,22 +157,22 @@ def write_row_group(table: pa.Table, fixed: dict[int, np.ndarray], settings: dic
         shift += _value(meta.value, _CM_COMPRESSED) - size
         grown += _value(meta.value, _CM_UNCOMPRESSED) - before
     if at != len(MAGIC) + len(body):
-        raise Unjoinable("bytes between the column chunks and the footer")
+        raise Unknown("bytes between the column chunks and the footer")
     _add(group, _RG_TOTAL_BYTES, grown)
     _add(group, _RG_COMPRESSED, shift)
-    tail = _encode(footer)
+    tail = encode(footer)
     return b"".join([*parts, tail, struct.pack("<i", len(tail)), MAGIC])
 
 
-def _pages(standin: bytes, values: np.ndarray, rows: int, meta: list[_Field], codec: pa.Codec) -> list[Any]:
+def _pages(standin: bytes, values: np.ndarray, rows: int, meta: list[Field], codec: pa.Codec) -> list[Any]:
     """A fixed column's pages (header, compressed body, ...) from its stand-in's chunk (one page,
     whose header is the pattern), its metadata set to theirs."""
     capacity = values.shape[1]
     if _value(meta, _CM_NUM_VALUES) != rows * _STANDIN:
-        raise Unjoinable("a stand-in column not as written")
-    reader = _Reader(standin)
+        raise Unknown("a stand-in column not as written")
+    reader = Reader(standin)
     header = reader.struct()
-    data = _get(header, _PH_DATA)
+    data = get(header, _PH_DATA)
     if (
         reader.at + _value(header, _PH_COMPRESSED) != len(standin)  # more than one page
         or {f.id for f in header} != {_PH_TYPE, _PH_UNCOMPRESSED, _PH_COMPRESSED, _PH_DATA}
@@ -180,7 +180,7 @@ def _pages(standin: bytes, values: np.ndarray, rows: int, meta: list[_Field], co
         or [(f.id, f.value) for f in data.value if f.id != _DPH_NUM_VALUES]
         != [(_DPH_ENCODING, 0), (_DPH_DEF, 3), (_DPH_REP, 3), (_DPH_STATS, [])]
     ):
-        raise Unjoinable("a stand-in page this does not know")
+        raise Unknown("a stand-in page this does not know")
     flat = values.reshape(-1)
     per_page = PAGE_VALUES // capacity
     parts: list[Any] = []
@@ -196,7 +196,7 @@ def _pages(standin: bytes, values: np.ndarray, rows: int, meta: list[_Field], co
         _set(data.value, _DPH_NUM_VALUES, n * capacity)
         _set(header, _PH_UNCOMPRESSED, raw.size)
         _set(header, _PH_COMPRESSED, packed.size)
-        head = _encode(header)
+        head = encode(header)
         parts += [head, packed]
         uncompressed += len(head) + raw.size
         compressed += len(head) + packed.size
@@ -206,13 +206,13 @@ def _pages(standin: bytes, values: np.ndarray, rows: int, meta: list[_Field], co
     _set(meta, _CM_NUM_VALUES, count)
     _set(meta, _CM_UNCOMPRESSED, uncompressed)
     _set(meta, _CM_COMPRESSED, compressed)
-    stats = _get(meta, _CM_ENCODING_STATS)
+    stats = get(meta, _CM_ENCODING_STATS)
     if stats is None or len(stats.value.items) != 1 or _value(stats.value.items[0], _PES_COUNT) != 1:
-        raise Unjoinable("page encoding stats this does not know")
+        raise Unknown("page encoding stats this does not know")
     _set(stats.value.items[0], _PES_COUNT, pages)
-    sizes = _get(meta, _CM_SIZE_STATS)
+    sizes = get(meta, _CM_SIZE_STATS)
     if sizes is not None:
-        rep, define = _get(sizes.value, _SS_REP), _get(sizes.value, _SS_DEF)
+        rep, define = get(sizes.value, _SS_REP), get(sizes.value, _SS_DEF)
         if (
             {f.id for f in sizes.value} != {_SS_REP, _SS_DEF}
             or rep is None
@@ -220,27 +220,27 @@ def _pages(standin: bytes, values: np.ndarray, rows: int, meta: list[_Field], co
             or rep.value.items != [rows, rows * (_STANDIN - 1)]
             or define.value.items != [0, 0, 0, rows * _STANDIN]
         ):
-            raise Unjoinable("level histograms this does not know")
+            raise Unknown("level histograms this does not know")
         rep.value.items[:] = [rows, count - rows]
         define.value.items[:] = [0, 0, 0, count]
     return parts
 
 
-def _value(fields: list[_Field], fid: int) -> int:
-    found = _get(fields, fid)
-    if found is None or found.type not in (_I32, _I64):
-        raise Unjoinable(f"no integer field {fid}")
+def _value(fields: list[Field], fid: int) -> int:
+    found = get(fields, fid)
+    if found is None or found.type not in (I32, I64):
+        raise Unknown(f"no integer field {fid}")
     return int(found.value)
 
 
-def _set(fields: list[_Field], fid: int, value: int) -> None:
-    found = _get(fields, fid)
+def _set(fields: list[Field], fid: int, value: int) -> None:
+    found = get(fields, fid)
     if found is None:
-        raise Unjoinable(f"no field {fid}")
+        raise Unknown(f"no field {fid}")
     found.value = value
 
 
-def _add(fields: list[_Field], fid: int, delta: int) -> None:
-    found = _get(fields, fid)
+def _add(fields: list[Field], fid: int, delta: int) -> None:
+    found = get(fields, fid)
     if found is not None:
         found.value += delta

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.formats import PARQUET_SETTINGS, ROW_GROUP_ROWS, Packs, Settings, Spec, data_file
 from raypack.formats._fixed_lists import fits, write_row_group
+from raypack.formats._footers import Unknown
 from raypack.formats._joined import Unjoinable, join_files
 from raypack.storage import resolve
 
@@ -133,7 +134,7 @@ def _encode_one(block: Packs, settings: dict[str, Any]) -> pa.Buffer:
         fixed[table.schema.get_field_index(schema.LOSS_MASK.name)] = block.loss_mask
     names = tuple(table.schema.field(i).name for i in fixed)
     if fits(block.capacity, settings, names):
-        with suppress(Unjoinable):
+        with suppress(Unknown):
             return pa.py_buffer(write_row_group(table, fixed, settings))
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, row_group_size=max(table.num_rows, 1), **settings)
