@@ -239,9 +239,15 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
                 fn, args = rest
                 try:
                     fn(*args)
-                    ctrl.send(("ran", None))
+                    outcome = None
                 except BaseException as e:
-                    ctrl.send(("ran", Failure.of(e)))
+                    outcome = Failure.of(e)
+                try:
+                    ctrl.send(("ran", outcome))
+                except OSError:
+                    # The driver went while it ran (killed, -9): so do we, without the traceback of
+                    # a broken pipe (twice, on the user's terminal) that the send raised here.
+                    return
             elif op == "fork":
                 # No thread of the preload may outlive it into the fork: a lock one held would stay
                 # held in every worker. (numpy's OpenBLAS and pyarrow's jemalloc threads, there from

@@ -392,3 +392,20 @@ def test_the_zygotes_path_holds_only_entries_it_can_name(monkeypatch: pytest.Mon
     monkeypatch.setattr(sys, "path", ["", "src", f"/tmp/sc{os.pathsep}ripts", "/opt/lib"])
     path = zygote_env()["PYTHONPATH"].split(os.pathsep)
     assert path == [os.getcwd(), os.path.join(os.getcwd(), "src"), "/opt/lib"]
+
+
+def test_a_zygote_whose_driver_went_during_its_preload_leaves_without_a_traceback(tmp_path: Path) -> None:
+    """The driver killed (-9) while the zygote ran the job's preload: the zygote's reply meets a
+    closed connection and it leaves quietly. It raised the send's BrokenPipeError, whose traceback
+    reached the user's terminal twice."""
+    import socket
+    import time
+    from multiprocessing.connection import Connection
+
+    from raypack.pipeline import zygote
+
+    ours, theirs = socket.socketpair()
+    driver, ctrl = Connection(ours.detach()), Connection(theirs.detach())
+    driver.send(("run", time.sleep, (0.2,)))
+    driver.close()  # gone before the preload ends
+    zygote._loop(ctrl, str(tmp_path / "sockets" / "pool.sock"), str(tmp_path / "home"))  # returns
