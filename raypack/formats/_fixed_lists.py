@@ -33,7 +33,26 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from raypack.formats._footers import I32, I64, MAGIC, Field, Reader, Unknown, encode, get, split
+from raypack.formats._footers import (
+    CC_FILE_OFFSET,
+    CC_META,
+    CM_OFFSETS,
+    FILE_ROW_GROUPS,
+    I32,
+    I64,
+    MAGIC,
+    RG_COLUMNS,
+    RG_FILE_OFFSET,
+    RG_NUM_ROWS,
+    RG_ORDINAL,
+    Field,
+    Reader,
+    Unknown,
+    encode,
+    get,
+    move_chunk,
+    split,
+)
 
 __all__ = ["PAGE_VALUES", "fits", "write_row_group"]
 
@@ -43,16 +62,13 @@ _STANDIN = 16  # the stand-in's row length: the smallest capacity this writes
 # parquet.thrift field ids.
 _PH_TYPE, _PH_UNCOMPRESSED, _PH_COMPRESSED, _PH_DATA = 1, 2, 3, 5
 _DPH_NUM_VALUES, _DPH_ENCODING, _DPH_DEF, _DPH_REP, _DPH_STATS = 1, 2, 3, 4, 5
-_RG_COLUMNS, _RG_TOTAL_BYTES, _RG_NUM_ROWS, _RG_FILE_OFFSET, _RG_COMPRESSED, _RG_ORDINAL = 1, 2, 3, 5, 6, 7
-_CC_FILE_OFFSET, _CC_META = 2, 3
+_RG_TOTAL_BYTES, _RG_COMPRESSED = 2, 6
 _CM_TYPE, _CM_ENCODINGS, _CM_PATH, _CM_CODEC, _CM_NUM_VALUES = 1, 2, 3, 4, 5
-_CM_UNCOMPRESSED, _CM_COMPRESSED, _CM_DATA_OFFSET, _CM_ENCODING_STATS, _CM_SIZE_STATS = 6, 7, 9, 13, 16
-_CM_OFFSETS = (9, 10, 11)
+_CM_UNCOMPRESSED, _CM_COMPRESSED, _CM_STATISTICS, _CM_ENCODING_STATS, _CM_SIZE_STATS = 6, 7, 12, 13, 16
 _SS_REP, _SS_DEF = 2, 3
 _PES_COUNT = 3
-_FILE_ROW_GROUPS = 4
 # The fields this module knows (and moves or sets) in the stand-in's column chunks and metadata.
-_CC_KNOWN = {_CC_FILE_OFFSET, _CC_META}
+_CC_KNOWN = {CC_FILE_OFFSET, CC_META}
 _CM_KNOWN = {
     _CM_TYPE,
     _CM_ENCODINGS,
@@ -61,11 +77,11 @@ _CM_KNOWN = {
     _CM_NUM_VALUES,
     _CM_UNCOMPRESSED,
     _CM_COMPRESSED,
-    *_CM_OFFSETS,
+    *CM_OFFSETS,
     _CM_ENCODING_STATS,
     _CM_SIZE_STATS,
 }
-_RG_KNOWN = {_RG_COLUMNS, _RG_TOTAL_BYTES, _RG_NUM_ROWS, _RG_FILE_OFFSET, _RG_COMPRESSED, _RG_ORDINAL}
+_RG_KNOWN = {RG_COLUMNS, _RG_TOTAL_BYTES, RG_NUM_ROWS, RG_FILE_OFFSET, _RG_COMPRESSED, RG_ORDINAL}
 
 
 def fits(capacity: int, settings: dict[str, Any], columns: tuple[str, ...] = ("input_ids",)) -> bool:
@@ -118,13 +134,13 @@ def write_row_group(table: pa.Table, fixed: dict[int, np.ndarray], settings: dic
     sink = pa.BufferOutputStream()
     pq.write_table(standin, sink, row_group_size=max(rows, 1), **settings)
     body, footer = split(sink.getvalue())
-    groups = get(footer, _FILE_ROW_GROUPS)
+    groups = get(footer, FILE_ROW_GROUPS)
     if groups is None or len(groups.value.items) != 1:
         raise Unknown("a stand-in of other than one row group")
     group: list[Field] = groups.value.items[0]
     if {f.id for f in group} - _RG_KNOWN:
         raise Unknown("a row group field this does not know")
-    chunks = get(group, _RG_COLUMNS)
+    chunks = get(group, RG_COLUMNS)
     if chunks is None or len(chunks.value.items) != table.num_columns:
         raise Unknown("a row group of other columns")
     codec = pa.Codec("zstd", compression_level=settings.get("compression_level"))
@@ -134,21 +150,17 @@ def write_row_group(table: pa.Table, fixed: dict[int, np.ndarray], settings: dic
     for i, chunk in enumerate(chunks.value.items):
         if {f.id for f in chunk} - _CC_KNOWN:
             raise Unknown("a column chunk field this does not know")
-        meta = get(chunk, _CC_META)
-        if meta is None or {m.id for m in meta.value} - _CM_KNOWN - ({12} if i not in fixed else set()):
+        meta = get(chunk, CC_META)
+        stats = {_CM_STATISTICS} if i not in fixed else set()  # (another column's stay as they are)
+        if meta is None or {m.id for m in meta.value} - _CM_KNOWN - stats:
             raise Unknown("column metadata this does not know (statistics on a fixed column?)")
-        first = min(_value(meta.value, fid) for fid in _CM_OFFSETS if get(meta.value, fid) is not None)
+        first = min(_value(meta.value, fid) for fid in CM_OFFSETS if get(meta.value, fid) is not None)
         size = _value(meta.value, _CM_COMPRESSED)
         if first != at:
             raise Unknown("column chunks that do not lie end to end")
         old = body[at - len(MAGIC) : at - len(MAGIC) + size]
         at += size
-        for m in meta.value:
-            if m.id in _CM_OFFSETS:
-                m.value += shift
-        file_offset = get(chunk, _CC_FILE_OFFSET)
-        if file_offset is not None and file_offset.value:
-            file_offset.value += shift
+        move_chunk(chunk, shift)
         if i not in fixed:
             parts.append(old)
             continue

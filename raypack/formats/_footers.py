@@ -14,10 +14,19 @@ from typing import Any
 
 __all__ = [
     "BINARY",
+    "CC_FILE_OFFSET",
+    "CC_META",
+    "CM_OFFSETS",
+    "FILE_NUM_ROWS",
+    "FILE_ROW_GROUPS",
     "I32",
     "I64",
     "LIST",
     "MAGIC",
+    "RG_COLUMNS",
+    "RG_FILE_OFFSET",
+    "RG_NUM_ROWS",
+    "RG_ORDINAL",
     "STRUCT",
     "Field",
     "List",
@@ -27,6 +36,7 @@ __all__ = [
     "Writer",
     "encode",
     "get",
+    "move_chunk",
     "split",
 ]
 
@@ -37,6 +47,12 @@ STOP, TRUE, FALSE, BYTE, I16, I32, I64, DOUBLE, BINARY, LIST, SET, MAP, STRUCT =
 
 # FileMetaData's encryption field: an encrypted file's footer is not read here.
 _FILE_ENCRYPTION = 8
+
+# parquet.thrift's field ids that both _joined and _fixed_lists read or change.
+FILE_NUM_ROWS, FILE_ROW_GROUPS = 3, 4  # FileMetaData
+RG_COLUMNS, RG_NUM_ROWS, RG_FILE_OFFSET, RG_ORDINAL = 1, 3, 5, 7  # RowGroup
+CC_FILE_OFFSET, CC_META = 2, 3  # ColumnChunk
+CM_OFFSETS = (9, 10, 11)  # ColumnMetaData: data_page_offset, index_page_offset, dictionary_page_offset
 
 
 class Unknown(ValueError):
@@ -219,3 +235,15 @@ def split(data: bytes | memoryview) -> tuple[memoryview, list[Field]]:
     if get(fields, _FILE_ENCRYPTION) is not None:
         raise Unknown("an encrypted file")
     return view[4 : len(view) - 8 - length], fields
+
+
+def move_chunk(chunk: list[Field], shift: int) -> None:
+    """A column chunk's offsets in its file (its own, where set, and its pages') moved `shift` bytes
+    further on."""
+    for c in chunk:
+        if c.id == CC_FILE_OFFSET and c.value:  # pyarrow writes 0: not set
+            c.value += shift
+        elif c.id == CC_META:
+            for m in c.value:
+                if m.id in CM_OFFSETS:
+                    m.value += shift

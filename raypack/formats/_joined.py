@@ -22,17 +22,29 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from raypack.formats._footers import MAGIC, Field, List, Unknown, encode, get, split
+from raypack.formats._footers import (
+    CC_META,
+    FILE_NUM_ROWS,
+    FILE_ROW_GROUPS,
+    MAGIC,
+    RG_COLUMNS,
+    RG_FILE_OFFSET,
+    RG_ORDINAL,
+    Field,
+    List,
+    Unknown,
+    encode,
+    get,
+    move_chunk,
+    split,
+)
 
 __all__ = ["Unjoinable", "join_files"]
 
-# parquet.thrift's field ids that this module reads or changes.
-_FILE_NUM_ROWS, _FILE_ROW_GROUPS = 3, 4
-_RG_COLUMNS, _RG_NUM_ROWS, _RG_FILE_OFFSET, _RG_ORDINAL = 1, 3, 5, 7
-_CC_FILE_PATH, _CC_FILE_OFFSET, _CC_META = 1, 2, 3
+# parquet.thrift's field ids that this module refuses to move (the others: _footers).
+_CC_FILE_PATH = 1
 _CC_PAGE_INDEX = (4, 5, 6, 7)  # offset index and column index: offsets and lengths
 _CC_ENCRYPTED = (8, 9)
-_CM_OFFSETS = (9, 10, 11)  # data_page_offset, index_page_offset, dictionary_page_offset
 _CM_BLOOM = (14, 15)
 
 
@@ -43,23 +55,18 @@ class Unjoinable(Unknown):
 def _move(group: list[Field], shift: int, ordinal: int) -> None:
     """A row group's offsets moved `shift` bytes further into the file, and its ordinal set."""
     for f in group:
-        if f.id == _RG_FILE_OFFSET:
+        if f.id == RG_FILE_OFFSET:
             f.value += shift
-        elif f.id == _RG_ORDINAL:
+        elif f.id == RG_ORDINAL:
             f.value = ordinal
-        elif f.id == _RG_COLUMNS:
+        elif f.id == RG_COLUMNS:
             for chunk in f.value.items:
                 for c in chunk:
                     if c.id in (_CC_FILE_PATH, *_CC_PAGE_INDEX, *_CC_ENCRYPTED):
                         raise Unjoinable(f"a column chunk's field {c.id} (page index, encryption)")
-                    if c.id == _CC_FILE_OFFSET and c.value:  # pyarrow writes 0: not set
-                        c.value += shift
-                    elif c.id == _CC_META:
-                        for m in c.value:
-                            if m.id in _CM_BLOOM:
-                                raise Unjoinable("a bloom filter")
-                            if m.id in _CM_OFFSETS:
-                                m.value += shift
+                    if c.id == CC_META and any(m.id in _CM_BLOOM for m in c.value):
+                        raise Unjoinable("a bloom filter")
+                move_chunk(chunk, shift)
 
 
 def join_files(files: list[bytes | memoryview]) -> bytes:
@@ -74,15 +81,15 @@ def join_files(files: list[bytes | memoryview]) -> bytes:
     except Unknown as e:
         raise Unjoinable(str(e)) from None
     head = footers[0]
-    rest = [f for f in head if f.id not in (_FILE_NUM_ROWS, _FILE_ROW_GROUPS)]
+    rest = [f for f in head if f.id not in (FILE_NUM_ROWS, FILE_ROW_GROUPS)]
     for other in footers[1:]:
-        if [f for f in other if f.id not in (_FILE_NUM_ROWS, _FILE_ROW_GROUPS)] != rest:
+        if [f for f in other if f.id not in (FILE_NUM_ROWS, FILE_ROW_GROUPS)] != rest:
             raise Unjoinable("files of other schemas or writers")
     groups: list[Any] = []
     rows, shift = 0, 0
     for body, footer in zip(bodies, footers, strict=True):
-        row_groups = get(footer, _FILE_ROW_GROUPS)
-        num_rows = get(footer, _FILE_NUM_ROWS)
+        row_groups = get(footer, FILE_ROW_GROUPS)
+        num_rows = get(footer, FILE_NUM_ROWS)
         if row_groups is None or num_rows is None:
             raise Unjoinable("a footer without row groups")
         for group in row_groups.value.items:
@@ -92,9 +99,9 @@ def join_files(files: list[bytes | memoryview]) -> bytes:
         shift += len(body)
     joined = []
     for f in head:
-        if f.id == _FILE_NUM_ROWS:
+        if f.id == FILE_NUM_ROWS:
             joined.append(Field(f.id, f.type, rows))
-        elif f.id == _FILE_ROW_GROUPS:
+        elif f.id == FILE_ROW_GROUPS:
             joined.append(Field(f.id, f.type, List(f.value.type, f.value.kind, groups)))
         else:
             joined.append(f)
