@@ -152,6 +152,8 @@ def prepare(
             preload = Preload(local, ctx, tokenizer)
             if not store:
                 preload()
+            else:
+                preload.warm()
         files = input_files(cfg.input, storage)
         check_output(out, storage, overwrite)
         if datasets or choose_runner(cfg.run, sum(f.shard.size for f in files)) == "ray":

@@ -113,7 +113,8 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
 ) -> None:
     """A stored unit's task reads its token file only: a repack that finds every unit never asks
     the runner's workers to load the tokenizer (2-3 s for a 128k BPE and fastokens' copy on 2
-    cores), whichever backend's keys the store holds; one unit to tokenize and they load it."""
+    cores), whichever backend's keys the store holds; one unit to tokenize and they load it. What
+    every unit's summary needs is loaded (warm_worker) as any job that names a store starts."""
     asked: list[str] = []
     preload = LocalRunner.preload
 
@@ -134,7 +135,7 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
         assert packed_documents(tmp_path / out) == expected
         return manifest(tmp_path / out)["tokenizer"]["backend"]
 
-    assert pack("first")["chosen"].startswith("fastokens") and asked == ["preload_job"]
+    assert pack("first")["chosen"].startswith("fastokens") and asked == ["warm_worker", "preload_job"]
     assert units(tmp_path / "first") == {"reused": 0, "tokenized": 3}
     backend = pack("repack", "pack.seq_len=256", "pack.algorithm=spfhp")
     assert units(tmp_path / "repack") == {"reused": 3, "tokenized": 0}
@@ -150,7 +151,7 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
     token_files(store)[0].unlink()
     pack("partial")
     assert units(tmp_path / "partial") == {"reused": 2, "tokenized": 1}
-    assert asked == ["preload_job"]
+    assert asked == ["warm_worker", "preload_job"]
 
 
 def test_any_change_of_content_or_settings_misses(tmp_path: Path, tokenizer_path: Path) -> None:
