@@ -162,6 +162,8 @@ class Totals:
         self.cuts = self.cuts_refused = self.long_whole = 0
         """Where long texts were cut for encoding, the candidate cuts a check refused, and the long
         texts (or their rests) encoded whole."""
+        self.cut_rule = ""
+        """The rule that allowed the cuts, and its proof, as a worker said it ("" where none did)."""
         self.trained = 0
         """Trained tokens the documents hold (all of plain text's; chat data's loss mask)."""
         self.failovers: list[str] = []
@@ -199,6 +201,7 @@ class Totals:
         self.cuts += int(row.get("cuts", 0))
         self.cuts_refused += int(row.get("cuts_refused", 0))
         self.long_whole += int(row.get("long_whole", 0))
+        self.cut_rule = self.cut_rule or str(row.get("cut_rule", ""))
         self.routed_texts += int(row.get("routed_texts", 0))
         self.routed_bytes += int(row.get("routed_bytes", 0))
         for said, kept in (

@@ -71,7 +71,8 @@ TOKEN_FORMAT = 5
 # Completion key, on the last record batch (empty), written last: a token file without it is
 # unfinished (see TokenizeShards._tokenize). Its value: {"rejects": rows of the rejects file,
 # "records": input records they stand for, "lost_files": files (or rests of files) that could not
-# be read, "trained": trained tokens}.
+# be read, "trained": trained tokens, and how its long texts were encoded: "cuts", "cuts_refused",
+# "long_whole", "cut_rule" (TokenizeShards._long_texts; absent from files written before)}.
 DONE = b"raypack.rejects"
 
 
@@ -246,7 +247,7 @@ def rejects_path(output: str, shard: int) -> str:
     return join(output, "rejects", f"shard-{shard:06d}.parquet")
 
 
-def read_finished(path: str, storage: StorageConfig | None) -> tuple[pa.Table, dict[str, int]] | None:
+def read_finished(path: str, storage: StorageConfig | None) -> tuple[pa.Table, dict[str, Any]] | None:
     """A finished token file's documents (row, doc_id, length) and reject counts (DONE); None when
     there is none (absent, cut short by a killed writer, or closed without its completion key by
     an error)."""

@@ -275,9 +275,9 @@ def tokenize(
         choice = failed_over(choice, tok, failovers[0])
         keyed, totals, _ = run(choice)
     totals.check_complete()
-    cut_rule = ""
-    if totals.cuts or totals.cuts_refused or totals.long_whole:
-        rule, why = tok.cut_rule()  # what the workers proved, proven again here (10-25 ms)
+    cut_rule = totals.cut_rule  # what the workers proved (or the store's entries say they did)
+    if not cut_rule and (totals.cuts or totals.cuts_refused or totals.long_whole):
+        rule, why = tok.cut_rule()  # entries written before the rule was kept: proven here (10-25 ms)
         cut_rule = f"{rule.name}: {why}" if rule is not None else why
     return Tokenized(keyed, totals, choice, failovers, chat, cut_rule)
 

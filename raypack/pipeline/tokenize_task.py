@@ -105,12 +105,11 @@ class TokenizeShards:
         docs, reasons, lost = self._tokenize_checked(unit)
         return _summary(self.cfg, unit, docs, lost, reasons) | self._backend_summary()
 
-    def _tokenize_checked(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:
+    def _tokenize_checked(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, Any]]:
         """_tokenize with the chosen encoder and, for a fast one, a Checker; on a Mismatch the unit
         is tokenized again with tokenizers, which this worker keeps (the driver, told by the
         summary's failover, stops giving out units and tokenizes every unit again)."""
         self._checker = None
-        self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
         if self.fast is not None:
             self.fast.routed[:] = [0, 0]  # this unit's texts fastokens' copy does not take
         if self.encoder is self.reference:
@@ -131,14 +130,24 @@ class TokenizeShards:
             "checked_bytes": checker.bytes if checker is not None else 0,
             "failover": self.failover,
             "note": self.note,
-            "cuts": self._cuts[0],
-            "cuts_refused": self._cuts[1],
-            "long_whole": self._cuts[2],
+            **self._long_texts(),
             "routed_texts": fast.routed[0] if fast is not None else 0,
             "routed_bytes": fast.routed[1] if fast is not None else 0,
         }
 
-    def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, int]]:
+    def _long_texts(self) -> dict[str, Any]:
+        """How this unit's long texts were encoded (pipeline.cuts): cuts made and refused, rests
+        encoded whole, and the rule that allowed the cuts with its proof (\"\" where none was
+        looked for). Kept in the token file too: a unit read from a token store reports what its
+        tokens went through, not zeros."""
+        made, refused, whole = self._cuts
+        rule = ""
+        if made or refused or whole:
+            found, why = self.tok.cut_rule()  # proven on this worker already (memoized)
+            rule = f"{found.name}: {why}" if found is not None else why
+        return {"cuts": made, "cuts_refused": refused, "long_whole": whole, "cut_rule": rule}
+
+    def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, Any]]:
         """Tokenize the unit into its token file; rejects go beside it and into the output.
 
         A local file is written under a temporary name and renamed when finished, so that another
@@ -152,6 +161,7 @@ class TokenizeShards:
         rejects: list[dict[str, Any]] = []
         docs: list[pa.Table] = []
         self._trained = 0
+        self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
         # The rejects count is known only at the end: it goes on the last, empty record batch.
         with (
             whole_output(path, self.storage) as sink,
@@ -177,6 +187,7 @@ class TokenizeShards:
                 "records": sum(r["records"] for r in rejects),
                 "lost_files": sum(r["lost_file"] for r in rejects),
                 "trained": self._trained,
+                **self._long_texts(),
             }
             done = pa.RecordBatch.from_pylist([], schema=schema.TOKENIZED)
             writer.write_batch(done, custom_metadata={DONE: json.dumps(lost).encode()})
@@ -252,9 +263,12 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
         "checked_bytes": 0,
         "failover": "",
         "note": "",
-        "cuts": 0,
-        "cuts_refused": 0,
-        "long_whole": 0,
+        # What its tokens went through when they were made (a file written before these were kept:
+        # none said).
+        "cuts": int(lost.get("cuts", 0)),
+        "cuts_refused": int(lost.get("cuts_refused", 0)),
+        "long_whole": int(lost.get("long_whole", 0)),
+        "cut_rule": str(lost.get("cut_rule", "")),
         "routed_texts": 0,
         "routed_bytes": 0,
     }
@@ -264,7 +278,7 @@ def _summary(
     cfg: JobConfig,
     unit: WorkUnit,
     docs: pa.Table,
-    lost: dict[str, int],
+    lost: dict[str, Any],
     reasons: list[str],
     cached: bool = False,
 ) -> dict[str, Any]:

@@ -154,6 +154,30 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
     assert asked == ["warm_worker", "preload_job"]
 
 
+def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A long document's tokens were made by cutting it where the tokenizer cannot merge across: a
+    repack whose units all come from the store says so (the token files keep how their long texts
+    were encoded), as the first pack did, instead of "no cut" (it said 0 cuts and no rule)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    long_text = random_text(random.Random(3), 600_000)  # ~3.5 MB: pieces of 1 MiB characters
+    assert len(long_text) > 3 << 20
+    write_jsonl(corpus / "a.jsonl", [{"text": long_text}, *({"text": f"short {i}"} for i in range(10))])
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(tmp_path / "store")})
+    expected = independent_tokens(corpus, tokenizer_path)
+    long_texts = {}
+    for out, settings in (("first", []), ("repack", ["--set", "pack.seq_len=256"])):
+        sets = ["--set", f"output.path={tmp_path / out}", *settings]
+        assert main(["pack", str(cfg), "--quiet", *sets]) == 0
+        assert packed_documents(tmp_path / out) == expected
+        long_texts[out] = manifest(tmp_path / out)["tokenizer"]["backend"]["long_texts"]
+    assert units(tmp_path / "repack") == {"reused": 1, "tokenized": 0}
+    assert long_texts["first"]["cuts"] >= 3 and long_texts["first"]["rule"]
+    assert long_texts["repack"] == long_texts["first"]
+
+
 def test_any_change_of_content_or_settings_misses(tmp_path: Path, tokenizer_path: Path) -> None:
     corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=8)
     store = tmp_path / "store"
