@@ -62,6 +62,7 @@ __all__ = [
     "fastokens_version",
     "first_difference",
     "probes",
+    "reference_version",
     "remember_failover",
     "remembered_failover",
 ]
@@ -74,6 +75,13 @@ class Encoder(Protocol):
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Every text's ids (no special tokens added) as one int32 array, and each text's length."""
         ...
+
+
+def reference_version() -> str:
+    """The reference's version (tokenizers'), which keys and choices name: no tokenizer parsed."""
+    import tokenizers
+
+    return str(tokenizers.__version__)
 
 
 class TokenizersEncoder:
@@ -528,7 +536,7 @@ def remembered_failover(path: str, requested: str, tok: Any, storage: Any = None
     )
     if requested == "fastokens":
         raise ConfigError(f"tokenizer.backend fastokens: {why}; use auto or tokenizers")
-    return Choice("tokenizers", TokenizersEncoder(tok.tokenizer).version, why)
+    return Choice("tokenizers", reference_version(), why)
 
 
 def choose_backend(

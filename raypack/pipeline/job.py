@@ -175,7 +175,17 @@ def _stages(
                 check_store(store, storage)
                 digests = content_digests(ready.files, storage, runner)
             tokenized = tokenize(
-                cfg, ready.tok, units, token_dir, pool, runner.width, memory, log, progress, digests
+                cfg,
+                ready.tok,
+                units,
+                token_dir,
+                pool,
+                runner.width,
+                memory,
+                log,
+                progress,
+                digests,
+                ready.clear,
             )
             if store is not None:
                 tokenized.store = store_record(store, storage, tokenized.totals.reused)

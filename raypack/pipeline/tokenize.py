@@ -31,10 +31,10 @@ from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError
 from raypack.pipeline.backends import (
     Choice,
-    TokenizersEncoder,
     choose_backend,
     failed_over,
     fastokens_version,
+    reference_version,
     remember_failover,
     remembered_failover,
 )
@@ -117,11 +117,15 @@ def tokenize(
     log: Callable[[str], None],
     stream: TextIO | None = None,
     digests: dict[str, str] | None = None,
+    clear: Callable[[], None] = lambda: None,
 ) -> Tokenized:
     """Every unit tokenized into `token_dir` (a staging area, or a token store: finished files
     there are reused); `memory`: a rebuild root's record of backends that differed there; `stream`:
     where the stage's progress goes (units done, MB/s, ETA); `digests`: each input file's content
-    digest by path (raypack.pipeline.store), which a store's keys are made of."""
+    digest by path (raypack.pipeline.store), which a store's keys are made of; `clear`: clears
+    the output for the new dataset where prepare left it (a token store's job, whose tokenizer is
+    parsed only if a unit must be tokenized: it is checked first, so that a file tokenizers refuses
+    leaves the previous dataset in place)."""
     template = chat_template(cfg, tok)  # conversations only: compiled once, checked, keyed
     records = _chat_records(cfg, units) if cfg.input.chat else []
     chat = check_chat(cfg, template, records)
@@ -226,6 +230,9 @@ def tokenize(
             remove(join(cfg.output.path, part), cfg.storage)
 
     stored = None if digests is None else _stored_choice(cfg, tok, version, remembered, keyed_for, token_dir)
+    if stored is None:
+        _ = tok.tokenizer  # parsed now where it was read lazily: its ConfigError before the output goes
+    clear()
     if stored is not None:
         # Every unit is in the token store under the key of a backend this job would take: the
         # reference's, or fastokens' (jobs whose check passed on this tokenizer, backend version and
@@ -302,7 +309,7 @@ def _stored_choice(
     if version is not None and remembered is None and requested != "tokenizers":
         candidates.append(Choice("fastokens", version, FOUND_IN_STORE))
     if requested != "fastokens":
-        reference = TokenizersEncoder(tok.tokenizer).version
+        reference = reference_version()
         candidates.append(remembered or Choice("tokenizers", reference, FOUND_IN_STORE))
     names = {info.base_name for info in list_dir(token_dir, cfg.storage)}
     for choice in candidates:

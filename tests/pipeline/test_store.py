@@ -20,6 +20,7 @@ import pytest
 
 from raypack.cli import main
 from raypack.config import ConfigError, load_config
+from raypack.pipeline import tokenizer as tokenizer_module
 from raypack.pipeline.runners import LocalRunner
 from raypack.pipeline.store import file_digest
 from raypack.storage import Shard
@@ -123,6 +124,14 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
         preload(self, fn, args)
 
     monkeypatch.setattr(LocalRunner, "preload", spied)
+    parsed: list[str] = []  # tokenizers' parses of the tokenizer on the driver
+    parse = tokenizer_module._parse
+
+    def counted(raw: bytes, where: str) -> Any:
+        parsed.append(where)
+        return parse(raw, where)
+
+    monkeypatch.setattr(tokenizer_module, "_parse", counted)
     corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=4)
     store = tmp_path / "store"
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
@@ -130,16 +139,18 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
 
     def pack(out: str, *settings: str) -> dict:
         asked.clear()
+        parsed.clear()
         sets = [x for s in (f"output.path={tmp_path / out}", *settings) for x in ("--set", s)]
         assert main(["pack", str(cfg), "--quiet", *sets]) == 0
         assert packed_documents(tmp_path / out) == expected
         return manifest(tmp_path / out)["tokenizer"]["backend"]
 
     assert pack("first")["chosen"].startswith("fastokens") and asked == ["warm_worker", "preload_job"]
-    assert units(tmp_path / "first") == {"reused": 0, "tokenized": 3}
+    assert units(tmp_path / "first") == {"reused": 0, "tokenized": 3} and len(parsed) == 1
     backend = pack("repack", "pack.seq_len=256", "pack.algorithm=spfhp")
     assert units(tmp_path / "repack") == {"reused": 3, "tokenized": 0}
     assert asked == ["warm_worker"] and backend["chosen"].startswith("fastokens")
+    assert parsed == []  # nor on the driver: its ids came from the JSON (load_tokenizer(lazy=True))
 
     # A store of tokenizers' keys serves an auto job as tokenizers (the reference: the same ids).
     pack("reference", "tokenizer.backend=tokenizers", f"cache.path={tmp_path / 'store2'}")
@@ -151,7 +162,26 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
     token_files(store)[0].unlink()
     pack("partial")
     assert units(tmp_path / "partial") == {"reused": 2, "tokenized": 1}
-    assert asked == ["warm_worker", "preload_job"]
+    assert asked == ["warm_worker", "preload_job"] and len(parsed) == 1
+
+
+def test_a_store_job_whose_tokenizer_tokenizers_refuses_leaves_the_dataset_it_would_replace(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A job that names a token store parses its tokenizer only when a unit must be tokenized: a
+    file tokenizers refuses (valid JSON, a component it does not know) still fails with its one
+    line before the output is cleared, so `--overwrite` leaves the dataset there in place."""
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=6)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(tmp_path / "store")})
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    before = data_files(tmp_path / "out")
+    spec = json.loads(tokenizer_path.read_text())
+    spec["pre_tokenizer"] = {"type": "NoSuchPreTokenizer"}
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(spec))
+    code = main(["pack", str(cfg), "--overwrite", "--quiet", "--set", f"tokenizer.path={broken}"])
+    assert code == 2
+    assert (tmp_path / "out" / "manifest.json").exists() and data_files(tmp_path / "out") == before
 
 
 def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(

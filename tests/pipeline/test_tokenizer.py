@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -184,3 +185,91 @@ def test_a_file_that_is_no_tokenizer_says_why(tmp_path: Path, content: str, said
         load_tokenizer(TokenizerConfig(path=str(path)))
     assert f"{path} is not a tokenizers JSON file: " in str(caught.value)
     assert said in str(caught.value)
+
+
+def _other_models(root: Path) -> dict[str, Path]:
+    """A WordPiece, a WordLevel and a Unigram tokenizer (the model types beside BPE), with added
+    tokens, one of them numbered past the vocabulary's end."""
+    made = {}
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "the": 3, "##s": 4, "cat": 5, "</s>": 6}
+    for name, model in (
+        ("wordpiece", models.WordPiece(vocab, unk_token="[UNK]")),
+        ("wordlevel", models.WordLevel(vocab, unk_token="[UNK]")),
+        (
+            "unigram",
+            models.Unigram([("<unk>", 0.0), ("<s>", 0.0), ("▁the", -1.0), ("▁cat", -2.0), ("s", -3.0)], 0),
+        ),
+    ):
+        tok = Tokenizer(model)
+        tok.add_special_tokens(["<|endoftext|>", "<pad>"])
+        tok.add_tokens(["<extra>"])
+        made[name] = root / f"{name}.json"
+        tok.save(str(made[name]))
+    return made
+
+
+@pytest.mark.parametrize(
+    "name", ["tokenizer_path", "mistral_v1", "mistral_v1_metaspace", "tekken", "deepseek_like"]
+)
+def test_the_ids_read_from_the_json_are_tokenizers_own(
+    request: pytest.FixtureRequest, tmp_path: Path, name: str
+) -> None:
+    """load_tokenizer(lazy=True) reads BOS, EOS, the pad, the vocabulary's size and largest id from
+    tokenizer.json without tokenizers' parse (a token store's job: 0.8 s for a 131k BPE): they are
+    what the parse gives, and every token's id both ways is tokenizers' own. The parse comes when
+    .tokenizer is first asked for, and encodes as an eager one does."""
+    paths = {name: request.getfixturevalue(name)}
+    if name == "tokenizer_path":
+        paths |= _other_models(tmp_path)
+    facts = ("bos_id", "eos_id", "bos_source", "eos_source", "vocab_size", "max_id", "sha256")
+
+    def load(cfg: TokenizerConfig, lazy: bool) -> tuple[Any, Any]:
+        try:
+            tok = load_tokenizer(cfg, lazy=lazy)
+        except ConfigError as e:  # no BOS where one is asked for: the same words both ways
+            return str(e), None
+        return [getattr(tok, f) for f in facts], tok
+
+    loaded = 0
+    for label, path in paths.items():
+        for add_bos, add_eos in ((False, False), (True, True), (False, True)):
+            cfg = TokenizerConfig(path=str(path), add_bos=add_bos, add_eos=add_eos)
+            (said, eager), (lazy_said, lazy) = load(cfg, False), load(cfg, True)
+            assert lazy_said == said, label
+            if eager is None:
+                continue
+            loaded += 1
+            assert eager.parsed and not lazy.parsed, label
+            assert lazy.pad(None) == eager.pad(None), label
+            assert lazy.pad(eager.max_id) == eager.pad(eager.max_id), label
+            with pytest.raises(ConfigError, match="is not a token"):
+                lazy.pad(eager.max_id + 1)
+            assert not lazy.parsed, label
+            vocab, reference = lazy._memo["vocab"], eager.tokenizer
+            every = reference.get_vocab(with_added_tokens=True)
+            assert vocab.get_vocab(with_added_tokens=True) == every, label
+            for token in [*every, "absent token", ""]:
+                assert vocab.token_to_id(token) == reference.token_to_id(token), (label, token)
+            for token_id in range(eager.max_id + 2):
+                assert vocab.id_to_token(token_id) == reference.id_to_token(token_id), (label, token_id)
+            text = "The cats sat. <extra> ünïcödé 12345 </s> the##s"
+            assert lazy.encode_ids([text]) == eager.encode_ids([text]) and lazy.parsed, label
+    assert loaded >= len(paths)
+
+
+def test_a_lazily_read_tokenizer_that_tokenizers_refuses_fails_when_parsed(tmp_path: Path) -> None:
+    """Valid JSON with a model whose ids read well, but a component tokenizers does not know:
+    lazy=True loads its ids, and the parse, when asked, fails with the eager load's ConfigError."""
+    tok = train(["<|endoftext|>"])
+    spec = json.loads(tok.to_str())
+    spec["pre_tokenizer"] = {"type": "NoSuchPreTokenizer"}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    cfg = TokenizerConfig(path=str(path))
+    with pytest.raises(ConfigError) as eager:
+        load_tokenizer(cfg)
+    lazy = load_tokenizer(cfg, lazy=True)
+    assert lazy.eos_id == 0 and not lazy.parsed
+    with pytest.raises(ConfigError) as late:
+        _ = lazy.tokenizer
+    assert str(late.value) == str(eager.value) and "is not a tokenizers JSON file" in str(late.value)
