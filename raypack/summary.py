@@ -185,6 +185,11 @@ def _backend_line(b: dict[str, Any]) -> str:
             )
         else:  # no rule proven: every long text whole
             line += f"; {long['encoded_whole']:,} texts over 1M characters encoded whole: {long['rule']}"
+    if long.get("units_unrecorded"):
+        line += (
+            f"; {long['units_unrecorded']:,} units from token store entries that predate the record of "
+            "long texts' cuts: theirs are not counted"
+        )
     return line
 
 

@@ -164,6 +164,8 @@ class Totals:
         texts (or their rests) encoded whole."""
         self.cut_rule = ""
         """The rule that allowed the cuts, and its proof, as a worker said it ("" where none did)."""
+        self.long_unrecorded = 0
+        """Units read from token store entries written before their long texts' cuts were kept."""
         self.trained = 0
         """Trained tokens the documents hold (all of plain text's; chat data's loss mask)."""
         self.failovers: list[str] = []
@@ -202,6 +204,7 @@ class Totals:
         self.cuts_refused += int(row.get("cuts_refused", 0))
         self.long_whole += int(row.get("long_whole", 0))
         self.cut_rule = self.cut_rule or str(row.get("cut_rule", ""))
+        self.long_unrecorded += int(row.get("long_unrecorded", 0))
         self.routed_texts += int(row.get("routed_texts", 0))
         self.routed_bytes += int(row.get("routed_bytes", 0))
         for said, kept in (

@@ -102,6 +102,8 @@ class Tokenized:
                 "cuts": totals.cuts,
                 "cuts_refused": totals.cuts_refused,
                 "encoded_whole": totals.long_whole,
+                # Units from token store entries older than this record: their cuts are not known.
+                "units_unrecorded": totals.long_unrecorded,
             },
         }
 

@@ -263,12 +263,13 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
         "checked_bytes": 0,
         "failover": "",
         "note": "",
-        # What its tokens went through when they were made (a file written before these were kept:
-        # none said).
+        # What its tokens went through when they were made; a file written before these were kept
+        # says nothing of them, and is counted as such (not as a unit without long texts).
         "cuts": int(lost.get("cuts", 0)),
         "cuts_refused": int(lost.get("cuts_refused", 0)),
         "long_whole": int(lost.get("long_whole", 0)),
         "cut_rule": str(lost.get("cut_rule", "")),
+        "long_unrecorded": int("cut_rule" not in lost),
         "routed_texts": 0,
         "routed_bytes": 0,
     }

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
@@ -23,6 +24,7 @@ from raypack.config import ConfigError, load_config
 from raypack.pipeline import tokenizer as tokenizer_module
 from raypack.pipeline.runners import LocalRunner
 from raypack.pipeline.store import file_digest
+from raypack.pipeline.token_files import DONE
 from raypack.storage import Shard
 from raypack.verifier import verify
 from tests import s3server
@@ -205,7 +207,25 @@ def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(
         long_texts[out] = manifest(tmp_path / out)["tokenizer"]["backend"]["long_texts"]
     assert units(tmp_path / "repack") == {"reused": 1, "tokenized": 0}
     assert long_texts["first"]["cuts"] >= 3 and long_texts["first"]["rule"]
+    assert long_texts["first"]["units_unrecorded"] == 0
     assert long_texts["repack"] == long_texts["first"]
+
+    # An entry written before the record was kept (its completion key without it): its unit's cuts
+    # are not known, and the manifest says so rather than "no cut".
+    (entry,) = token_files(tmp_path / "store")
+    with pa.ipc.open_file(pa.BufferReader(entry.read_bytes())) as reader:  # a copy: rewritten below
+        batches = [reader.get_batch_with_custom_metadata(i) for i in range(reader.num_record_batches)]
+    done = json.loads(batches[-1].custom_metadata[DONE])
+    older = {k: v for k, v in done.items() if k not in ("cuts", "cuts_refused", "long_whole", "cut_rule")}
+    with pa.OSFile(str(entry), "wb") as sink, pa.ipc.new_file(sink, batches[0].batch.schema) as writer:
+        for batch, meta in batches[:-1]:
+            writer.write_batch(batch, custom_metadata=meta)
+        writer.write_batch(batches[-1].batch, custom_metadata={DONE: json.dumps(older).encode()})
+    assert main(["pack", str(cfg), "--quiet", "--set", f"output.path={tmp_path / 'old'}"]) == 0
+    assert packed_documents(tmp_path / "old") == expected
+    assert units(tmp_path / "old") == {"reused": 1, "tokenized": 0}
+    said = manifest(tmp_path / "old")["tokenizer"]["backend"]["long_texts"]
+    assert said == {"rule": "", "cuts": 0, "cuts_refused": 0, "encoded_whole": 0, "units_unrecorded": 1}
 
 
 def test_any_change_of_content_or_settings_misses(tmp_path: Path, tokenizer_path: Path) -> None:
