@@ -256,20 +256,27 @@ class LocalPool:
             self._closing = True
             self._killing = kill
         self._wake()
-        self._thread.join()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._zygote.wait(timeout=0 if kill else EXIT_WAIT_S)
-        if self._zygote.poll() is None:
-            self._zygote.kill()
-            self._zygote.wait()
-        for fd in (self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._listener.close()
-        for directory in {self._home, self._sockets}:
-            shutil.rmtree(directory, ignore_errors=True)
-        if self._blobs is not None:
-            shutil.rmtree(self._blobs, ignore_errors=True)
+        try:
+            self._thread.join()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._zygote.wait(timeout=0 if kill else EXIT_WAIT_S)
+        finally:
+            # Also where an interrupt cut the waits short: the command repeats Ctrl-C every second
+            # while it cleans up (cli._Interrupts), and a pool whose thread was still sending the
+            # zygote its preload (a zygote busy loading does not read) left its directory, socket
+            # and all, in TMPDIR (the trial: Ctrl-C 3.0-3.6 s into a job). Its thread, if still
+            # there, meets closed connections and ends.
+            if self._zygote.poll() is None:
+                self._zygote.kill()
+                self._zygote.wait()
+            for fd in (self._wake_r, self._wake_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._listener.close()
+            for directory in {self._home, self._sockets}:
+                shutil.rmtree(directory, ignore_errors=True)
+            if self._blobs is not None:
+                shutil.rmtree(self._blobs, ignore_errors=True)
 
     # ---- helpers
 

@@ -409,3 +409,36 @@ def test_a_zygote_whose_driver_went_during_its_preload_leaves_without_a_tracebac
     driver.send(("run", time.sleep, (0.2,)))
     driver.close()  # gone before the preload ends
     zygote._loop(ctrl, str(tmp_path / "sockets" / "pool.sock"), str(tmp_path / "home"))  # returns
+
+
+def test_a_pool_whose_closing_is_interrupted_still_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C again while a pool closes (the command repeats it every second of a slow clean-up):
+    its zygote is killed and its directory, socket and blobs go all the same. They stayed in
+    TMPDIR when an interrupt cut the wait for the pool's thread short (a trial, Ctrl-C 3-3.6 s into
+    a job: the thread was sending the busy zygote its preload)."""
+    import threading
+
+    from raypack.pipeline.local_pool import LocalPool
+    from tests.fakes import pid
+
+    pool = LocalPool(1, ())
+    future, _ = pool.submit(pid, ())
+    assert future.result(timeout=60) > 0
+    blob = pool.put(b"x" * 100)
+    home, zygote = pool._home, pool._zygote
+    assert os.path.isdir(home) and os.path.exists(blob.path)
+    join = threading.Thread.join
+
+    def interrupted(thread: threading.Thread, timeout: float | None = None) -> None:
+        if thread is pool._thread:
+            raise KeyboardInterrupt
+        join(thread, timeout)
+
+    monkeypatch.setattr(threading.Thread, "join", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pool.close()
+    monkeypatch.undo()
+    assert zygote.poll() is not None
+    assert not os.path.exists(home) and not os.path.exists(blob.path)
+    pool._thread.join(30)  # its thread ends on the closed connections
+    assert not pool._thread.is_alive()
