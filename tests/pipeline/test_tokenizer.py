@@ -273,3 +273,32 @@ def test_a_lazily_read_tokenizer_that_tokenizers_refuses_fails_when_parsed(tmp_p
     with pytest.raises(ConfigError) as late:
         _ = lazy.tokenizer
     assert str(late.value) == str(eager.value) and "is not a tokenizers JSON file" in str(late.value)
+
+
+def test_the_skim_of_a_tokenizer_json_is_json_loads_but_the_merges(tmp_path: Path) -> None:
+    """_skim reads tokenizer.json as json.loads does, but for the model's merges (most of a large
+    BPE's file), in tokenizers' own layout, pretty or compact; any other layout is left to
+    json.loads (None): keys after the model, a vocab after the merges, a model without merges."""
+    from raypack.pipeline.tokenizer import _skim
+
+    spec = json.loads(train(["<|endoftext|>"]).to_str())
+    assert list(spec)[-1] == "model" and list(spec["model"])[-2:] == ["vocab", "merges"]
+
+    def without_merges(value: dict[str, Any]) -> dict[str, Any]:
+        return {**value, "model": {k: v for k, v in value["model"].items() if k != "merges"}}
+
+    for text in (
+        json.dumps(spec),
+        json.dumps(spec, indent=2, ensure_ascii=False),
+        json.dumps(spec, separators=(",", ":")),
+        " \n" + json.dumps(spec, indent="\t") + "\n",
+    ):
+        assert _skim(text) == without_merges(json.loads(text))
+    model_first = {"model": spec["model"], **{k: v for k, v in spec.items() if k != "model"}}
+    merges_first = {**spec, "model": {"merges": spec["model"]["merges"], **without_merges(spec)["model"]}}
+    no_merges = without_merges(spec)
+    for other in (model_first, merges_first, no_merges):
+        assert _skim(json.dumps(other)) is None
+    assert _skim("[1, 2]") is None
+    with pytest.raises(ValueError):
+        _skim('{"added_tokens": [], "post_processor": null, "model": {"type": "BPE", "vocab": {}, 3')
