@@ -153,6 +153,8 @@ class LocalPool:
         self._lock = threading.Lock()
         self._submitted: list[tuple[_Task, bool]] = []  # (task, urgent), from any thread
         self._requests: list[tuple[Any, ...]] = [("import", imports)]  # to the zygote, in order
+        self._queued, self._sent = 1, 0  # requests asked for, and sent (or failed to send): flush()
+        self._sending = threading.Condition()
         self._wake_r, self._wake_w = os.pipe()
         self._closing = False
         self._killing = False
@@ -293,7 +295,18 @@ class LocalPool:
     def _request(self, message: tuple[Any, ...]) -> None:
         with self._lock:
             self._requests.append(message)
+            self._queued += 1
         self._wake()
+
+    def flush(self, timeout: float = 10.0) -> None:
+        """Wait until the requests made so far are in the zygote's hands (its socket's, or sending
+        them failed), at most `timeout` s: before a call that holds the GIL long. tokenizers' parse
+        of a 131k BPE holds it 0.8 s, and this pool's thread, which pickles and sends the preload
+        (the tokenizer's 17 MB, twice), waited that long before the zygote could start loading."""
+        with self._lock:
+            target = self._queued
+        with self._sending:
+            self._sending.wait_for(lambda: self._sent >= target or self._closing, timeout)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -327,6 +340,10 @@ class LocalPool:
                     self._queue.append(task)
             for message in requests:
                 self._to_zygote(message)
+            if requests:
+                with self._sending:
+                    self._sent += len(requests)
+                    self._sending.notify_all()
             if closing and (killing or not any(w.task for w in self._workers.values())):
                 return
             self._dispatch()
@@ -400,6 +417,9 @@ class LocalPool:
 
     def _lost_zygote(self, why: str) -> None:
         ctrl, self._ctrl = self._ctrl, None
+        with self._sending:  # nothing more reaches it: flush() waits no longer
+            self._sent = sys.maxsize
+            self._sending.notify_all()
         # What it said before it went is the reason (an import it failed, then exited: a request
         # sent after that met a broken pipe), not how its going was noticed.
         with contextlib.suppress(EOFError, OSError):

@@ -83,6 +83,10 @@ class Runner:
     def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         raise NotImplementedError
 
+    def flush(self) -> None:
+        """Wait until what was asked of the runner is on its way (a local pool's zygote has its
+        messages: LocalPool.flush); nothing to wait for elsewhere."""
+
     def submit(
         self, fn: Callable[..., Any], args: tuple[Any, ...], node: str = "", urgent: bool = False
     ) -> Any:
@@ -319,6 +323,9 @@ class LocalRunner(Runner):
 
     def early(self, loads: dict[str, tuple[str, str, tuple[Any, ...]]]) -> None:
         self.pool.early(loads)
+
+    def flush(self) -> None:
+        self.pool.flush()
 
     @property
     def retried(self) -> int:  # type: ignore[override]
