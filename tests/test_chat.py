@@ -353,6 +353,29 @@ def test_two_actors_and_a_rerun_write_the_same_bytes(
         assert (tmp_path / "two" / "data" / f.name).read_bytes() == f.read_bytes()
 
 
+def test_a_chat_repack_from_a_token_store_parses_no_tokenizer(
+    packed: dict[str, Path], corpus: Path, model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chat job that reads a token store fills it; a repack that finds every unit there renders
+    its template's BOS and EOS from the JSON's ids and never parses the tokenizer (0.8 s for a
+    131k BPE). Its packs are the job's without a store."""
+    from raypack.pipeline import tokenizer as tokenizer_module
+
+    parsed: list[str] = []
+    parse = tokenizer_module._parse
+    monkeypatch.setattr(
+        tokenizer_module, "_parse", lambda raw, where: parsed.append(where) or parse(raw, where)
+    )
+    store = {"path": str(tmp_path / "store")}
+    run_job(job(tmp_path, corpus, model, "first", cache=store), **quiet)
+    assert parsed
+    parsed.clear()
+    run_job(job(tmp_path, corpus, model, "again", cache=store), **quiet)
+    assert parsed == []
+    for f in sorted((packed["parquet"] / "data").glob("*.parquet")):
+        assert (tmp_path / "again" / "data" / f.name).read_bytes() == f.read_bytes()
+
+
 def test_a_parquet_messages_column_and_pairs(corpus: Path, model: Path, tmp_path: Path) -> None:
     result = run_job(
         job(tmp_path, corpus, model, "pq", input={"paths": [f"{corpus}/*.parquet"], "format": "parquet"}),

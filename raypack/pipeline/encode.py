@@ -144,7 +144,7 @@ def chat_template(cfg: JobConfig, tok: LoadedTokenizer) -> ChatTemplate | None:
     source, origin = load_template(cfg.tokenizer, tok.configs, cfg.storage)
 
     def text(token_id: int | None) -> str | None:
-        return tok.tokenizer.id_to_token(token_id) if token_id is not None else None
+        return tok.token(token_id) if token_id is not None else None
 
     variables = template_variables(
         tok.configs,

@@ -169,10 +169,11 @@ def tokenize(
         if version is not None
         and remembered is None
         and cfg.tokenizer.backend != "tokenizers"
-        and not (cfg.input.chat and tok.offsets() is None)
         # Not into a token store: a job killed before its check ends would leave entries that a
-        # later job, finding every unit there, takes without a check (it runs none then).
+        # later job, finding every unit there, takes without a check (it runs none then). (Asked
+        # before the offsets, which need the tokenizer parsed: a store's job may never parse it.)
         and digests is None
+        and not (cfg.input.chat and tok.offsets() is None)
         else None
     )
 

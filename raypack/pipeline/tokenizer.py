@@ -83,6 +83,12 @@ class LoadedTokenizer:
         tokenizer: Tokenizer = self._memo["tokenizer"]
         return tokenizer
 
+    def token(self, token_id: int) -> str | None:
+        """The token of an id, as tokenizers' id_to_token gives it, without a parse where the ids
+        were read from the JSON (a chat job's template names its BOS and EOS)."""
+        text: str | None = self._memo["vocab"].id_to_token(token_id)
+        return text
+
     @property
     def parsed(self) -> bool:
         """tokenizers has parsed the file (or was never asked to, so far: False)."""
@@ -207,6 +213,33 @@ def load_tokenizer(
     )
 
 
+def _added_ids(vocab: dict[str, int], tokens: list[Any]) -> dict[str, int] | None:
+    """The added tokens' ids as tokenizers gives them when it loads the file, or None where one of
+    them is not the id the file writes beside it. tokenizers does not take those ids: it numbers
+    the tokens in the file's order, a token of the vocabulary at its id there, another after the
+    largest id given so far (from the vocabulary's size). A file tokenizers saved writes its own
+    ids; an edited one may not (the trial: an EOS written as 99999, which tokenizers gave 1), and
+    is left to tokenizers' parse."""
+    size, added = len(vocab), dict[str, int]()
+    for token in tokens:
+        content, written = token["content"], token["id"]
+        if not isinstance(content, str):
+            return None
+        if content in added:
+            given = added[content]
+        elif content in vocab:
+            given = vocab[content]
+        elif not added:
+            given = size
+        else:
+            top = max(added.values())
+            given = top + 1 if top >= size or size == 0 else size
+        if given != written:
+            return None
+        added[content] = given
+    return added
+
+
 _DECODE = json.JSONDecoder()
 _SPACE = re.compile(r"[ \t\n\r]*")
 
@@ -294,11 +327,12 @@ class JsonVocab:
                     return None
             else:
                 return None
-            added = {t["content"]: t["id"] for t in spec.get("added_tokens") or []}
-            values = [*vocab.values(), *added.values()]
-            if not all(type(v) is int and v >= 0 for v in values) or not all(
-                isinstance(k, str) for k in [*vocab, *added]
+            if not all(type(v) is int and v >= 0 for v in vocab.values()) or len(set(vocab.values())) != len(
+                vocab
             ):
+                return None  # ids that are no ids, or one id for two tokens: left to tokenizers
+            added = _added_ids(vocab, spec.get("added_tokens") or [])
+            if added is None or not all(isinstance(k, str) for k in vocab):
                 return None
             return cls(vocab, added, spec.get("post_processor"))
         except (ValueError, KeyError, TypeError, AttributeError):

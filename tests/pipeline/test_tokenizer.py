@@ -302,3 +302,48 @@ def test_the_skim_of_a_tokenizer_json_is_json_loads_but_the_merges(tmp_path: Pat
     assert _skim("[1, 2]") is None
     with pytest.raises(ValueError):
         _skim('{"added_tokens": [], "post_processor": null, "model": {"type": "BPE", "vocab": {}, 3')
+
+
+def test_added_ids_that_tokenizers_would_not_give_leave_the_file_to_its_parse(tmp_path: Path) -> None:
+    """tokenizers numbers added tokens itself as it loads a file (a vocabulary token at its id,
+    another after the largest so far), whatever ids the file writes beside them. Where an edited
+    file's ids are not those, lazy=True parses it: the ids are tokenizers' either way (the trial:
+    an EOS written as 99999, which tokenizers gives 1, made a store's job pad with 99999)."""
+    tok = train(["<|endoftext|>", "</s>"])
+    tok.add_special_tokens(["<pad>", "<mask>"])
+    spec = json.loads(tok.to_str())
+    ids = {t["content"]: t["id"] for t in spec["added_tokens"]}
+    assert ids["</s>"] == 1 and ids["<pad>"] == len(spec["model"]["vocab"])
+
+    def edited(change: Any) -> dict[str, Any]:
+        copy = json.loads(json.dumps(spec))
+        change(copy)
+        return copy
+
+    def set_id(content: str, value: int) -> Any:
+        return lambda s: next(t for t in s["added_tokens"] if t["content"] == content).update(id=value)
+
+    def duplicate_vocab_id(s: dict[str, Any]) -> None:
+        s["model"]["vocab"]["a"] = s["model"]["vocab"]["b"]
+
+    variants = {
+        "as saved": (lambda s: None, False),
+        "eos at another id": (set_id("</s>", 99_999), True),
+        "pad past a gap": (set_id("<pad>", 5_000), True),
+        "added tokens reversed": (lambda s: s["added_tokens"].reverse(), True),
+        "one token added twice": (
+            lambda s: s["added_tokens"].append({**s["added_tokens"][-1], "id": 7}),
+            True,
+        ),
+        "two tokens with one id": (duplicate_vocab_id, True),
+    }
+    facts = ("bos_id", "eos_id", "bos_source", "eos_source", "vocab_size", "max_id")
+    for label, (change, parsed) in variants.items():
+        path = tmp_path / f"{label}.json"
+        path.write_text(json.dumps(edited(change)))
+        cfg = TokenizerConfig(path=str(path), add_bos=False)
+        eager, lazy = load_tokenizer(cfg), load_tokenizer(cfg, lazy=True)
+        assert lazy.parsed is parsed, label
+        assert [getattr(lazy, f) for f in facts] == [getattr(eager, f) for f in facts], label
+        assert lazy.pad(None) == eager.pad(None), label
+        assert lazy.token(eager.eos_id) == eager.tokenizer.id_to_token(eager.eos_id), label
