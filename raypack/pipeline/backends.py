@@ -91,9 +91,7 @@ class TokenizersEncoder:
     name = "tokenizers"
 
     def __init__(self, tokenizer: Any) -> None:
-        import tokenizers
-
-        self.tokenizer, self.version = tokenizer, tokenizers.__version__
+        self.tokenizer, self.version = tokenizer, reference_version()
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         import itertools

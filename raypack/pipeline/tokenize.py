@@ -291,11 +291,9 @@ def tokenize(
         choice = failed_over(choice, tok, failovers[0])
         keyed, totals, _ = run(choice)
     totals.check_complete()
-    cut_rule = totals.cut_rule  # what the workers proved (or the store's entries say they did)
-    if not cut_rule and (totals.cuts or totals.cuts_refused or totals.long_whole):
-        rule, why = tok.cut_rule()  # entries written before the rule was kept: proven here (10-25 ms)
-        cut_rule = f"{rule.name}: {why}" if rule is not None else why
-    return Tokenized(keyed, totals, choice, failovers, chat, cut_rule)
+    # What the workers proved (or the store's entries say they did): a unit that cut or kept a long
+    # text whole says its rule; one from an entry written before that said none of either.
+    return Tokenized(keyed, totals, choice, failovers, chat, totals.cut_rule)
 
 
 # What a backend is said to have been chosen for, where a token store held every unit under its key.

@@ -130,7 +130,6 @@ class TokenizeShards:
             "checked_bytes": checker.bytes if checker is not None else 0,
             "failover": self.failover,
             "note": self.note,
-            **self._long_texts(),
             "routed_texts": fast.routed[0] if fast is not None else 0,
             "routed_bytes": fast.routed[1] if fast is not None else 0,
         }
@@ -263,13 +262,6 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
         "checked_bytes": 0,
         "failover": "",
         "note": "",
-        # What its tokens went through when they were made; a file written before these were kept
-        # says nothing of them, and is counted as such (not as a unit without long texts).
-        "cuts": int(lost.get("cuts", 0)),
-        "cuts_refused": int(lost.get("cuts_refused", 0)),
-        "long_whole": int(lost.get("long_whole", 0)),
-        "cut_rule": str(lost.get("cut_rule", "")),
-        "long_unrecorded": int("cut_rule" not in lost),
         "routed_texts": 0,
         "routed_bytes": 0,
     }
@@ -307,5 +299,13 @@ def _summary(
         # Trained tokens (chat data's loss mask; every token of plain text): a file written before
         # the count was kept trains every token it holds.
         "trained": int(lost.get("trained", doc_length.sum())),
+        # How its long texts were encoded, when its tokens were made (TokenizeShards._long_texts);
+        # a file written before these were kept says nothing of them, and is counted as such (not
+        # as a unit without long texts).
+        "cuts": int(lost.get("cuts", 0)),
+        "cuts_refused": int(lost.get("cuts_refused", 0)),
+        "long_whole": int(lost.get("long_whole", 0)),
+        "cut_rule": str(lost.get("cut_rule", "")),
+        "long_unrecorded": int("cut_rule" not in lost),
         **summary,
     }
