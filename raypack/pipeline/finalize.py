@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from contextlib import suppress
 from typing import Any
 
 from raypack.config import StorageConfig
 from raypack.formats import Spec
-from raypack.metrics import DocStats
 from raypack.pipeline.record import (
     RunRecord,
     dataset_files,
@@ -22,7 +20,7 @@ from raypack.pipeline.record import (
 from raypack.storage import join, remove, write_bytes, write_bytes_atomic
 from raypack.versions import MANIFEST, METRICS
 
-__all__ = ["commit", "warm_report", "write_dataset_files", "write_report_safely"]
+__all__ = ["commit", "write_dataset_files", "write_report_safely"]
 
 
 def commit(record: RunRecord, storage: StorageConfig) -> None:
@@ -43,26 +41,6 @@ def write_dataset_files(
     for path, data in made.items():
         write_bytes(join(out, path), data, storage)
     return format_entry(files, spec, made)
-
-
-def warm_report() -> None:
-    """What the report's first figure costs, paid ahead (raypack.report.plots.warm), in a thread
-    while the stages run: the report is then drawn in ~0.5 s after the commit. Never fails a job."""
-    from raypack.report.plots import warm
-
-    # Whatever goes wrong here goes wrong again when the report is drawn, which says so.
-    with suppress(Exception):
-        warm()
-
-
-def warm_length_figure(stats: DocStats, seq_len: int) -> None:
-    """The report's length figure drawn ahead, from the histogram's document lengths, in a thread
-    while assign+write runs: the report after the commit finds it drawn (raypack.report.plots
-    keeps it by its inputs; other inputs, a miss, draw it there). Never fails a job."""
-    from raypack.report.plots import draw_length
-
-    with suppress(Exception):
-        draw_length({b: n for b, n in enumerate(stats.length_bins) if n}, (seq_len,))
 
 
 def write_report_safely(out: str, storage: StorageConfig | None, log: Callable[[str], None]) -> str | None:

@@ -33,7 +33,7 @@ from typing import Any, TextIO
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.pipeline.datasets import dataset_units, without_blocks
-from raypack.pipeline.finalize import commit, warm_length_figure, warm_report, write_report_safely
+from raypack.pipeline.finalize import commit, write_report_safely
 from raypack.pipeline.histogram import histogram
 from raypack.pipeline.plan import compare, plan, warm_planner
 from raypack.pipeline.prepare import Prepared, prepare
@@ -169,7 +169,6 @@ def _stages(
             ThreadPoolExecutor(1, thread_name_prefix="raypack-plan") as warming,
         ):
             warming.submit(warm_planner, cfg)
-            warming.submit(warm_report)  # the report, drawn after the commit, then takes ~0.5 s
             digests = None
             if store is not None:
                 check_store(store, storage)
@@ -223,11 +222,7 @@ def _stages(
         if cfg.pack.compare:
             with _stage(timings, "compare", log):
                 comparison = compare(cfg, hist, stats)
-        with (
-            _stage(timings, "assign+write", log),
-            ThreadPoolExecutor(1, thread_name_prefix="raypack-report") as drawing,
-        ):
-            drawing.submit(warm_length_figure, stats, cfg.pack.seq_len)
+        with _stage(timings, "assign+write", log):
             written = write(cfg, ready.spec, packs, totals, tokenized.units, runner, selection, log, progress)
     except (ConfigError, JobError):
         remove(ready.staging, storage)  # rejects/ stays, for the user to look at

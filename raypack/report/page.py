@@ -1,13 +1,11 @@
-"""The report as one self-contained HTML file: inline CSS, figures as PNG data URIs, no script and
+"""The report as one self-contained HTML file: inline CSS, figures as inline SVG, no script and
 nothing fetched, so it opens from object storage, a laptop or a CI artifact alike. Every string that
 comes from the data (paths, document ids, rejected records) is escaped.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +30,7 @@ table.facts th { width: 110px; background: #f3f3f3; }
 table.metrics { font-size: 12.5px; }
 table.metrics th, table.metrics td { padding: 3px 6px; }
 figure { margin: 10px 0; background: #fff; border: 1px solid #e4e4e4; width: 900px; }
-figure img { display: block; max-width: none; }
+figure svg { display: block; }
 figcaption { padding: 4px 8px 6px; color: #555; font-size: 13px; }
 .note { background: #fff8e1; border: 1px solid #f0e0a0; padding: 6px 10px; margin: 8px 0; }
 code, td.raw { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
@@ -62,12 +60,12 @@ def render(report: Report) -> str:
         ),
         *(
             _figure(
-                png,
+                svg,
                 f"Pack fill at seq_len {seq_len}",
                 "Packs by real tokens over capacity, in whole percent (log count axis); the rest of a pack "
                 "is padding.",
             )
-            for seq_len, png in plots.fill_figures(report)
+            for seq_len, svg in plots.fill_figures(report)
         ),
         _figure(
             plots.truncation_figure(report),
@@ -171,15 +169,12 @@ def _metrics_table(runs: Sequence[Run]) -> str:
     return f'<table class="metrics"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
-def _figure(png: bytes | None, alt: str, caption: str) -> str:
-    if png is None:
+def _figure(svg: str | None, alt: str, caption: str) -> str:
+    """A figure and its caption; `alt` names it where the drawing is not seen (its aria-label is the
+    figure's title)."""
+    if svg is None:
         return ""
-    width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk: the size the PNG was drawn at
-    data = base64.b64encode(png).decode("ascii")
-    return (
-        f'<figure><img alt="{_e(alt)}" width="{width}" height="{height}" src="data:image/png;base64,{data}">'
-        f"<figcaption>{_e(caption)}</figcaption></figure>"
-    )
+    return f'<figure aria-label="{_e(alt)}">{svg}<figcaption>{_e(caption)}</figcaption></figure>'
 
 
 def _rejects(report: Report) -> str:

@@ -1,91 +1,80 @@
-"""The report's figures, drawn with matplotlib's Agg renderer into PNG bytes (no display, no pyplot
-state: each figure is its own object, safe in a job's driver). One function per figure; each returns
-None when it has nothing to show.
+"""The report's figures as inline SVG, written here and drawn by the browser that opens the page. One
+function per figure; each returns None when it has nothing to show.
 
-Figures are 900 × 340 px at 1× and the page shows them at that size: a browser then draws every pixel
-as encoded (tests/test_report.py finds each PNG pixel for pixel in a real browser's screenshot).
+Not matplotlib (which drew them as PNG until run 28, docs/benchmarks.md): importing it and drawing four
+figures cost 1.3-1.9 s of CPU a job, and a job on 2 cores is CPU-bound, so the command took that much
+longer: 0.85 s of a 130 MB job's 7.9 s, 1.26 s of a 500 MB repack's 6.2 s (interleaved rounds). These
+take a few milliseconds, and the page's text stays text (selectable, sharp at any zoom).
+
+Figures are 900 px wide, 340 px high (the stage figure: by its rows), in CSS pixels; coordinates are
+written with one decimal, so the same report gives the same bytes.
 """
 
 from __future__ import annotations
 
-import functools
-import io
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+import html
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from raypack.metrics import LENGTH_BINS_PER_OCTAVE
 from raypack.report.model import Report
 
-if TYPE_CHECKING:
-    from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
-
 __all__ = [
     "FIGURE_PX",
+    "Scale",
     "draw_length",
     "fill_figures",
     "length_figure",
     "stage_figure",
     "truncation_figure",
-    "warm",
 ]
 
-DPI = 100
 FIGURE_PX = (900, 340)
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+# The axes' margins in pixels: room for the title above, tick labels and the axis label below and left.
+_MARGINS = {"left": 78, "right": 18, "bottom": 46, "top": 30}
+_CHAR_PX = 7.0  # a character of the 12 px labels, wide side (the legend's columns, the stage names)
 
 
-def length_figure(report: Report) -> bytes | None:
+def length_figure(report: Report) -> str | None:
     """Documents by length, log-log, with every seq_len of the report marked."""
     if not report.length_bins:
         return None
     return draw_length(report.length_bins, [r.metrics.seq_len for r in report.runs])
 
 
-def draw_length(length_bins: dict[int, int], seq_lens: Iterable[int]) -> bytes:
-    """length_figure's PNG from its inputs, kept for the process (the last two): a job draws it
-    while assign+write runs (its inputs are known from the histogram on), so the report after the
-    commit finds it drawn (0.2 s of the ~0.6 s it took there, 500 MB job on 2 cores)."""
-    return _length_png(tuple(sorted(length_bins.items())), tuple(sorted(set(seq_lens))))
-
-
-@functools.lru_cache(maxsize=2)
-def _length_png(length_bins: tuple[tuple[int, int], ...], seq_lens: tuple[int, ...]) -> bytes:
-    bins = np.array([b for b, _ in length_bins], dtype=np.int64)
-    counts = np.array([n for _, n in length_bins], dtype=np.int64)
+def draw_length(length_bins: dict[int, int], seq_lens: Iterable[int]) -> str:
+    """length_figure's SVG from its inputs: documents by 1/8-octave bin of length."""
+    bins = np.array(sorted(length_bins), dtype=np.int64)
+    counts = np.array([length_bins[int(b)] for b in bins], dtype=np.int64)
     # Every bin from the first to the last, empty ones included, so the outline does not bridge gaps.
     full = np.zeros(int(bins[-1] - bins[0]) + 1, dtype=np.int64)
     full[bins - bins[0]] = counts
     edges = 2.0 ** (np.arange(bins[0], bins[-1] + 2) / LENGTH_BINS_PER_OCTAVE)
-    fig, ax = _figure()
-    ax.stairs(full, edges, fill=True, color=_COLORS[0], alpha=0.85, label="documents")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_ylim(bottom=0.7)
-    ax.set_xlabel("document length (tokens, 1/8-octave bins)")
-    ax.set_ylabel("documents")
+    lines = sorted(set(seq_lens))
+    # The x range holds every bin and every seq_len, with a little room either side.
+    lo = min(float(edges[0]), *lines) / 1.15 if lines else float(edges[0]) / 1.15
+    hi = max(float(edges[-1]), *lines) * 1.15 if lines else float(edges[-1]) * 1.15
+    plot = _Plot(
+        Scale(lo, hi, log=2, label=_band),
+        Scale(0.7, _log_top(int(full.max())), log=10, label=_count),
+        "Document length",
+    )
+    plot.stairs(full, edges, _COLORS[0], fill=True, opacity=0.85)
     total = int(counts.sum())
-    for i, seq_len in enumerate(seq_lens):
+    for i, seq_len in enumerate(lines):
         over = int(counts[(2.0 ** (bins / LENGTH_BINS_PER_OCTAVE)) >= seq_len].sum())
-        ax.axvline(seq_len, color=_COLORS[3 + i % 5], linestyle="--", linewidth=1.5)
         share = f"{100 * over / total:.1f}%" if total else "0%"
-        ax.text(
-            seq_len,
-            0.97 - 0.09 * i,
-            f" seq_len {seq_len}: ~{share} longer",
-            transform=ax.get_xaxis_transform(),
-            va="top",
-            fontsize=9,
-            color=_COLORS[3 + i % 5],
-            bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1},
-        )
-    ax.set_title("Document length")
-    return _png(fig)
+        color = _COLORS[3 + i % 5]
+        plot.vline(seq_len, color)
+        plot.note(seq_len, i, f"seq_len {seq_len:,}: ~{share} longer", color)
+    return plot.svg("document length (tokens, 1/8-octave bins)", "documents")
 
 
-def fill_figures(report: Report) -> list[tuple[int, bytes]]:
+def fill_figures(report: Report) -> list[tuple[int, str]]:
     """Packs by fill (whole percent of capacity), log count axis: one figure per seq_len, a line per
     algorithm when a dry run compared several."""
     out = []
@@ -93,134 +82,303 @@ def fill_figures(report: Report) -> list[tuple[int, bytes]]:
         runs = [r for r in report.runs if r.metrics.seq_len == seq_len and any(r.fill_percent)]
         if not runs:
             continue
-        fig, ax = _figure()
         percent = np.arange(len(runs[0].fill_percent))
+        edges = np.r_[percent - 0.5, percent[-1] + 0.5]
         lowest = min(int(np.flatnonzero(r.fill_percent)[0]) for r in runs)
+        most = max(max(r.fill_percent) for r in runs)
+        plot = _Plot(
+            Scale(max(-1, lowest - 2), 101),
+            Scale(0.7, _log_top(most), log=10, label=_count),
+            f"Pack fill, seq_len {seq_len:,}",
+        )
         if len(runs) == 1:
-            # One filled outline, not 101 bars: a bar is an artist of its own with its transforms
-            # (0.25 s of the report's drawing went to them).
-            edges = np.r_[percent - 0.5, percent[-1] + 0.5]
-            ax.stairs(runs[0].fill_percent, edges, fill=True, color=_COLORS[0], label=runs[0].label)
+            plot.stairs(np.array(runs[0].fill_percent), edges, _COLORS[0], fill=True)
         else:
             for i, r in enumerate(runs):
-                ax.stairs(
-                    r.fill_percent, np.r_[percent - 0.5, percent[-1] + 0.5], color=_color(i), label=r.label
-                )
-            ax.legend(fontsize=8, ncols=2, loc="upper left")
-        ax.set_yscale("log")
-        ax.set_ylim(bottom=0.7)
-        ax.set_xlim(max(-1, lowest - 2), 101)
-        ax.set_xlabel("pack fill (% of capacity; 100 = full)")
-        ax.set_ylabel("packs")
-        ax.set_title(f"Pack fill, seq_len {seq_len}")
-        out.append((seq_len, _png(fig)))
+                plot.stairs(np.array(r.fill_percent), edges, _color(i), label=r.label)
+        out.append((seq_len, plot.svg("pack fill (% of capacity; 100 = full)", "packs")))
     return out
 
 
-def truncation_figure(report: Report) -> bytes | None:
+def truncation_figure(report: Report) -> str | None:
     """Truncations per document by power-of-two length band (Ding et al.'s figure 1), per run."""
     # Packers compared on one histogram cut the same documents: the written run stands for them.
     runs = [r for r in report.runs if r.metrics.truncation_bands and not r.compared]
     if not runs:
         return None
-    fig, ax = _figure()
+    title = "Truncations per document by length"
+    top = max(b.truncations_per_doc for r in runs for b in r.metrics.truncation_bands)
+    y = Scale(0, top * 1.1 or 1)
     if len(runs) == 1:
         bands = runs[0].metrics.truncation_bands
-        x = np.arange(len(bands))
-        ax.bar(x, [b.truncations_per_doc for b in bands], color=_COLORS[0], width=0.8)
-        ax.set_xticks(x, [_band(b.lo) for b in bands], fontsize=8, rotation=0)
-        ax.set_xlabel("document length band (tokens)")
-    else:
-        for i, r in enumerate(runs):
-            bands = r.metrics.truncation_bands
-            ax.plot(
-                [b.lo for b in bands],
-                [b.truncations_per_doc for b in bands],
-                marker="o",
-                markersize=3,
-                color=_color(i),
-                label=r.label,
-            )
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("document length band (tokens, lower edge)")
-        ax.legend(fontsize=8, ncols=2, loc="upper left")
-    ax.set_ylabel("truncations per document")
-    ax.set_title("Truncations per document by length")
-    return _png(fig)
+        names = [_band(b.lo) for b in bands]
+        plot = _Plot(
+            Scale(-0.6, len(bands) - 0.4, label=lambda v: names[int(v)], ticks=range(len(bands))), y, title
+        )
+        plot.bars([b.truncations_per_doc for b in bands], _COLORS[0])
+        return plot.svg("document length band (tokens)", "truncations per document")
+    los = [b.lo for r in runs for b in r.metrics.truncation_bands]
+    plot = _Plot(Scale(min(los) / 1.3, max(los) * 1.3, log=2, label=_band), y, title)
+    for i, r in enumerate(runs):
+        bands = r.metrics.truncation_bands
+        plot.line([b.lo for b in bands], [b.truncations_per_doc for b in bands], _color(i), r.label)
+    return plot.svg("document length band (tokens, lower edge)", "truncations per document")
 
 
-def stage_figure(stage_seconds: dict[str, float]) -> bytes | None:
+def stage_figure(stage_seconds: dict[str, float]) -> str | None:
+    """Wall-clock seconds per stage, a bar each, in the order the stages ran."""
     if not stage_seconds:
         return None
     names = list(stage_seconds)
     seconds = [stage_seconds[n] for n in names]
-    # ~7 px a character of a stage's name at the tick labels' 10 pt, beside the tick.
-    fig, ax = _figure(
-        height=max(1.6, 0.42 * len(names) + 0.8), left_px=max(78, 7 * max(map(len, names)) + 24)
+    plot = _Plot(
+        Scale(0, max(seconds) * 1.15 or 1),
+        Scale(
+            -0.6, len(names) - 0.4, label=lambda v: names[len(names) - 1 - int(v)], ticks=range(len(names))
+        ),
+        f"Time per stage ({sum(seconds):.1f} s in all)",
+        height=max(160, 42 * len(names) + 80),
+        left=max(_MARGINS["left"], round(_CHAR_PX * max(map(len, names))) + 24),
     )
-    y = np.arange(len(names))[::-1]
-    ax.barh(y, seconds, color=_COLORS[0])
-    ax.set_yticks(y, names)
-    for yi, s in zip(y, seconds, strict=True):
-        ax.text(s, yi, f" {s:.1f} s", va="center", fontsize=9)
-    ax.set_xlim(0, max(seconds) * 1.15 or 1)
-    ax.set_xlabel("seconds")
-    ax.set_title(f"Time per stage ({sum(seconds):.1f} s in all)")
-    return _png(fig)
+    plot.hbars(seconds[::-1], _COLORS[0], [f"{s:.1f} s" for s in seconds[::-1]])
+    return plot.svg("seconds", "")
 
 
-def warm() -> None:
-    """Import matplotlib and draw one small figure of the kinds the report draws (log axes, a filled
-    outline, boxed text): what the first figure of a process pays, 0.5 s of imports and 0.4 s of
-    font and renderer setup on 2 cores. The job calls it in a thread while its stages run, so the
-    report drawn after the commit takes ~0.5 s instead of ~1.6 s (44 MB chat job)."""
-    fig, ax = _figure()
-    ax.stairs(np.array([1, 2, 3]), np.array([1.0, 2.0, 4.0, 8.0]), fill=True)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_title("warm")
-    ax.text(2.0, 2.0, "warm", bbox={"facecolor": "white", "edgecolor": "none"})
-    _png(fig)
+@dataclass
+class Scale:
+    """An axis: data values `lo`..`hi` onto pixels `p0`..`p1` (set by the plot), linear or log to
+    `log`'s base; `ticks`: where its ticks go (default: decades, or powers of two, or round steps);
+    `label`: a tick's text."""
+
+    lo: float
+    hi: float
+    log: int | None = None
+    label: Callable[[float], str] | None = None
+    ticks: Iterable[float] | None = None
+    p0: float = 0.0
+    p1: float = 1.0
+
+    def __call__(self, value: float) -> float:
+        """The pixel of `value`, clamped to the axis (a log axis's 0 sits at its bottom)."""
+        if self.log:
+            v = math.log(max(value, self.lo)) if value > 0 else math.log(self.lo)
+            lo, hi = math.log(self.lo), math.log(self.hi)
+        else:
+            v, lo, hi = float(value), self.lo, self.hi
+        frac = min(1.0, max(0.0, (v - lo) / (hi - lo)))
+        return self.p0 + frac * (self.p1 - self.p0)
+
+    def tick_values(self) -> list[float]:
+        if self.ticks is not None:
+            return [float(t) for t in self.ticks]
+        if self.log:
+            first = math.ceil(math.log(self.lo, self.log) - 1e-9)
+            last = math.floor(math.log(self.hi, self.log) + 1e-9)
+            step = max(1, math.ceil((last - first + 1) / 12))  # at most ~12 labels side by side
+            return [float(self.log**k) for k in range(first, last + 1) if (k - first) % step == 0]
+        raw = (self.hi - self.lo) / 6
+        magnitude = 10 ** math.floor(math.log10(raw))
+        step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+        start = math.ceil(self.lo / step - 1e-9)
+        return [k * step for k in range(start, math.floor(self.hi / step + 1e-9) + 1)]
+
+    def text(self, value: float) -> str:
+        if self.label is not None:
+            return self.label(value)
+        return f"{value:,.0f}" if float(value).is_integer() else f"{value:g}"
 
 
-# The axes' margins in pixels, fixed: matplotlib's constrained layout measured every tick label to
-# find them, 0.24 s of each figure's ~0.5 s (0.7 s of a job's report, after its commit).
-_MARGINS_PX = {"left": 78, "right": 18, "bottom": 46, "top": 30}
+@dataclass
+class _Plot:
+    """One figure: its axes, what is drawn in them (in order, clamped to them) and its texts."""
+
+    x: Scale
+    y: Scale
+    title: str
+    height: int = FIGURE_PX[1]
+    left: int = _MARGINS["left"]
+    marks: list[str] = field(default_factory=list)
+    legend: list[tuple[str, str]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.x.p0, self.x.p1 = self.left, FIGURE_PX[0] - _MARGINS["right"]
+        self.y.p0, self.y.p1 = self.height - _MARGINS["bottom"], _MARGINS["top"]
+
+    def stairs(
+        self,
+        values: np.ndarray,
+        edges: np.ndarray,
+        color: str,
+        fill: bool = False,
+        opacity: float = 1.0,
+        label: str | None = None,
+    ) -> None:
+        """A step outline: values[i] from edges[i] to edges[i + 1]; `fill`: down to the x axis."""
+        xs = [_f(self.x(float(e))) for e in edges]
+        ys = [_f(self.y(float(v))) for v in values]
+        steps = "".join(f"V{ys[i]}H{xs[i + 1]}" for i in range(len(ys)))
+        if fill:
+            base = _f(self.y.p0)
+            self.marks.append(
+                f'<path d="M{xs[0]},{base}{steps}V{base}Z" fill="{color}" fill-opacity="{opacity}"/>'
+            )
+        else:
+            d = f"M{xs[0]},{ys[0]}{steps}"
+            self.marks.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        if label is not None:
+            self.legend.append((label, color))
+
+    def bars(self, heights: Sequence[float], color: str) -> None:
+        """A vertical bar per category 0, 1, ..., 0.8 of a category wide."""
+        base = self.y.p0
+        for i, h in enumerate(heights):
+            x0, x1, top = self.x(i - 0.4), self.x(i + 0.4), self.y(h)
+            self.marks.append(_rect(x0, top, x1 - x0, base - top, color))
+
+    def hbars(self, lengths: Sequence[float], color: str, notes: Sequence[str]) -> None:
+        """A horizontal bar per category 0, 1, ... (bottom up), its note at its end."""
+        for i, (length, note) in enumerate(zip(lengths, notes, strict=True)):
+            y0, y1, end = self.y(i + 0.4), self.y(i - 0.4), self.x(length)
+            self.marks.append(_rect(self.x.p0, y0, end - self.x.p0, y1 - y0, color))
+            self.marks.append(_text(end + 4, (y0 + y1) / 2, note, dy="0.35em"))
+
+    def line(self, xs: Sequence[float], ys: Sequence[float], color: str, label: str) -> None:
+        """A polyline with a dot at each point."""
+        points = [(self.x(x), self.y(y)) for x, y in zip(xs, ys, strict=True)]
+        path = "M" + "L".join(f"{_f(px)},{_f(py)}" for px, py in points)
+        self.marks.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        self.marks += [f'<circle cx="{_f(px)}" cy="{_f(py)}" r="3" fill="{color}"/>' for px, py in points]
+        self.legend.append((label, color))
+
+    def vline(self, x: float, color: str) -> None:
+        """A dashed line across the axes at data x."""
+        px = _f(self.x(x))
+        self.marks.append(
+            f'<path d="M{px},{_f(self.y.p0)}V{_f(self.y.p1)}" stroke="{color}" stroke-width="1.5" '
+            'stroke-dasharray="6,3"/>'
+        )
+
+    def note(self, x: float, row: int, text: str, color: str) -> None:
+        """A note beside the line at data x, in the row-th line from the axes' top, on a white halo."""
+        y = self.y.p1 + 14 + 18 * row
+        self.marks.append(_text(self.x(x) + 4, y, text, fill=color, halo=True))
+
+    def svg(self, xlabel: str, ylabel: str) -> str:
+        width, height = FIGURE_PX[0], self.height
+        x0, x1, y0, y1 = self.x.p0, self.x.p1, self.y.p0, self.y.p1
+        grid, ticks = [], []
+        for v in self.x.tick_values():
+            px = _f(self.x(v))
+            grid.append(f"M{px},{_f(y0)}V{_f(y1)}")
+            ticks.append(f"M{px},{_f(y0)}v4")
+        for v in self.y.tick_values():
+            py = _f(self.y(v))
+            grid.append(f"M{_f(x0)},{py}H{_f(x1)}")
+            ticks.append(f"M{_f(x0)},{py}h-4")
+        labels = [_text(self.x(v), y0 + 17, self.x.text(v), anchor="middle") for v in self.x.tick_values()]
+        labels += [
+            _text(x0 - 7, self.y(v), self.y.text(v), anchor="end", dy="0.35em") for v in self.y.tick_values()
+        ]
+        parts = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img" aria-label="{_e(self.title)}">',
+            f"<title>{_e(self.title)}</title>",
+            f'<rect width="{width}" height="{height}" fill="#fff"/>',
+            f'<path d="{"".join(grid)}" stroke="#e3e3e3" stroke-width="1"/>',
+            *self.marks,
+            f'<rect x="{_f(x0)}" y="{_f(y1)}" width="{_f(x1 - x0)}" height="{_f(y0 - y1)}" fill="none" '
+            'stroke="#333" stroke-width="1"/>',
+            f'<path d="{"".join(ticks)}" stroke="#333" stroke-width="1"/>',
+            *labels,
+            _text((x0 + x1) / 2, _MARGINS["top"] - 10, self.title, anchor="middle", size=14),
+            _text((x0 + x1) / 2, height - 8, xlabel, anchor="middle"),
+        ]
+        if ylabel:
+            parts.append(
+                f'<text transform="translate(16,{_f((y0 + y1) / 2)}) rotate(-90)" text-anchor="middle" '
+                f'font-size="12" fill="#222">{_e(ylabel)}</text>'
+            )
+        parts += self._legend()
+        parts.append("</svg>")
+        return "".join(parts)
+
+    def _legend(self) -> list[str]:
+        """The lines' labels in two columns in the axes' top-left corner, on white."""
+        if not self.legend:
+            return []
+        column = 34 + _CHAR_PX * max(len(label) for label, _ in self.legend)
+        rows = math.ceil(len(self.legend) / 2)
+        left, top = self.x.p0 + 8, self.y.p1 + 8
+        width = column * min(2, len(self.legend)) + 8
+        parts = [
+            f'<rect x="{_f(left)}" y="{_f(top)}" width="{_f(width)}" height="{_f(18 * rows + 8)}" '
+            'fill="#fff" fill-opacity="0.9" stroke="#ccc"/>'
+        ]
+        for i, (label, color) in enumerate(self.legend):
+            lx, ly = left + 8 + column * (i % 2), top + 13 + 18 * (i // 2)
+            parts.append(f'<path d="M{_f(lx)},{_f(ly)}h20" stroke="{color}" stroke-width="2"/>')
+            parts.append(_text(lx + 26, ly, label, dy="0.35em"))
+        return parts
 
 
-def _figure(height: float | None = None, left_px: int | None = None) -> tuple[Figure, Axes]:
-    """A figure of the report's width and the axes in it; `left_px`: a left margin wider than the
-    default (long tick labels on the y axis)."""
-    from matplotlib.figure import Figure
+def _text(
+    x: float,
+    y: float,
+    text: str,
+    anchor: str = "start",
+    dy: str | None = None,
+    size: int = 12,
+    fill: str = "#222",
+    halo: bool = False,
+) -> str:
+    attrs = f'x="{_f(x)}" y="{_f(y)}" font-size="{size}" fill="{fill}"'
+    if anchor != "start":
+        attrs += f' text-anchor="{anchor}"'
+    if dy:
+        attrs += f' dy="{dy}"'
+    if halo:  # a white outline drawn under the glyphs: readable over the bars, no box to measure
+        attrs += ' stroke="#fff" stroke-width="4" stroke-linejoin="round" paint-order="stroke"'
+    return f"<text {attrs}>{_e(text)}</text>"
 
-    width, h = FIGURE_PX[0] / DPI, (height or FIGURE_PX[1] / DPI)
-    fig = Figure(figsize=(width, h), dpi=DPI)
-    m = _MARGINS_PX | ({"left": left_px} if left_px else {})
-    fig.subplots_adjust(
-        left=m["left"] / (width * DPI),
-        right=1 - m["right"] / (width * DPI),
-        bottom=m["bottom"] / (h * DPI),
-        top=1 - m["top"] / (h * DPI),
-    )
-    ax = fig.add_subplot()
-    ax.grid(True, which="major", alpha=0.3)
-    ax.set_axisbelow(True)
-    return fig, ax
+
+def _categories(names: Sequence[str]) -> Scale:
+    """An axis of categories 0, 1, ... named `names`, each a unit wide."""
+    return Scale(-0.6, len(names) - 0.4, label=lambda v: names[int(v)], ticks=range(len(names)))
 
 
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    # No Software tag: the same report gives the same bytes whatever matplotlib build wrote it.
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
-    return buf.getvalue()
+def _rect(x: float, y: float, w: float, h: float, color: str) -> str:
+    return f'<rect x="{_f(x)}" y="{_f(y)}" width="{_f(w)}" height="{_f(max(h, 0.0))}" fill="{color}"/>'
+
+
+def _log_top(most: int) -> float:
+    """A log count axis's top: the largest count and half a decade of room (the notes at the top)."""
+    return max(1, most) * 10**0.6
+
+
+def _f(v: float) -> str:
+    return f"{v:.1f}"
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
 
 
 def _color(i: int) -> str:
     return _COLORS[i % len(_COLORS)]
 
 
-def _band(lo: int) -> str:
+def _count(v: float) -> str:
+    """A count axis's tick (decades): 1, 10, 100, 1,000, 10k, 100k, 1M, ..."""
+    n = round(v)
+    for unit, size in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if n >= max(size, 10**4):
+            return f"{n // size:,}{unit}"
+    return f"{n:,}"
+
+
+def _band(lo: float) -> str:
+    n = round(lo)
     for unit, size in (("M", 1 << 20), ("K", 1 << 10)):
-        if lo >= size:
-            return f"{lo // size}{unit}"
-    return str(lo)
+        if n >= size:
+            return f"{n // size}{unit}"
+    return str(n)
