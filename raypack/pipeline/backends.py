@@ -328,10 +328,10 @@ def fastokens_version() -> str | None:
         return None
 
 
-def probes(tokenizer: Any) -> list[str]:
+def probes(added: list[str]) -> list[str]:
     """Texts that catch the known ways for two BPE implementations to differ (PROBES), plus each of
-    the tokenizer's added tokens inside text, at its edges, doubled and next to whitespace."""
-    added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+    the tokenizer's added tokens (`added`, by id: LoadedTokenizer.added_tokens) inside text, at its
+    edges, doubled and next to whitespace."""
     inside = []
     for t in added[:64]:  # a 128k vocabulary may add hundreds; these cover the matching rules
         inside += [f"abc{t}def", f" {t} ", f"{t}{t}", f"\n{t}\n", f"x {t}x", t]
@@ -379,7 +379,7 @@ PROBES = (
 
 
 def first_difference(
-    reference: TokenizersEncoder,
+    reference: Encoder,
     fast: Encoder,
     texts: list[str],
     offsets: ByteOffsets | PieceOffsets | None = None,
@@ -389,6 +389,8 @@ def first_difference(
     if not texts:
         return None
     if offsets is not None:
+        # Offsets are asked of the driver's own parse (conversations parse the tokenizer there).
+        assert isinstance(reference, TokenizersEncoder)
         want_coded = reference_coder(reference.tokenizer)(texts).split()
         got_coded = offsets.coder(fast, reference_coder(reference.tokenizer))(texts).split()
         for i, (text, (a, oa), (b, ob)) in enumerate(zip(texts, want_coded, got_coded, strict=True)):
@@ -419,7 +421,7 @@ class FastFailed(Exception):
 
 
 def _compared(
-    reference: TokenizersEncoder, fast: Encoder, texts: list[str], offsets: ByteOffsets | PieceOffsets | None
+    reference: Encoder, fast: Encoder, texts: list[str], offsets: ByteOffsets | PieceOffsets | None
 ) -> str | None:
     """first_difference(reference, fast, texts, offsets); FastFailed where fastokens raised on the
     texts or panicked: then it is not usable."""
@@ -488,9 +490,9 @@ class Choice:
         return f"{self.backend} {self.version}"
 
 
-def failed_over(choice: Choice, tok: Any, reason: str) -> Choice:
+def failed_over(choice: Choice, reason: str) -> Choice:
     """tokenizers, in place of `choice`, whose ids differed from tokenizers' in the run."""
-    version = TokenizersEncoder(tok.tokenizer).version
+    version = reference_version()
     why = f"{choice.label} gave other ids than tokenizers {version} in the run: {reason}"
     return Choice("tokenizers", version, why, choice.probes, choice.sampled, failed_over=choice)
 
@@ -545,6 +547,7 @@ def choose_backend(
     *,
     chat: bool = False,
     probe_texts: list[str] | None = None,
+    reference_encoder: Callable[[], Encoder] | None = None,
 ) -> Choice:
     """The backend to tokenize with, for `tokenizer.backend` = `requested` (BACKENDS). ConfigError
     when `fastokens` was asked for and cannot be used exactly; `auto` falls back with the reason.
@@ -554,10 +557,12 @@ def choose_backend(
     needs character offsets too (a chat mask): only a byte-level or SentencePiece BPE's follow from
     fast ids (raypack.pipeline.offsets.offsets_of), and every offset of the probes and sample is
     compared as well as every id;
-    `probe_texts` then adds the template's renders of the chat probes."""
+    `probe_texts` then adds the template's renders of the chat probes; `reference_encoder`:
+    tokenizers' encoder of tok on a worker (the job's driver did not parse it), default the
+    driver's."""
     from raypack.errors import ConfigError
 
-    reference = TokenizersEncoder(tok.tokenizer)
+    reference = reference_encoder() if reference_encoder is not None else TokenizersEncoder(tok.tokenizer)
     if requested == "tokenizers":
         return Choice("tokenizers", reference.version, "tokenizer.backend: tokenizers")
 
@@ -575,7 +580,7 @@ def choose_backend(
         )
     if fastokens_version() is None:
         return refuse("fastokens is not installed (no wheel for this platform?)")
-    checked = [*probes(tok.tokenizer), *(probe_texts or [])]
+    checked = [*probes(tok.added_tokens()), *(probe_texts or [])]
     sample: list[str] = []
     try:
         if fast_encoder is not None:

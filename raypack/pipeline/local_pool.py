@@ -166,6 +166,7 @@ class LocalPool:
         self._ctrl: Connection | None = None
         self._forked = 0
         self._fatal: BaseException | None = None
+        self._ran: deque[Future[None]] = deque()  # the preloads' outcomes not yet heard, in order
         hello = {"address": self._address, "home": self._home, "sys_path": list(sys.path), "env": WORKER_ENV}
         self._zygote = subprocess.Popen(
             [sys.executable, "-P", "-m", "raypack.pipeline.zygote"],
@@ -187,9 +188,15 @@ class LocalPool:
         if loads:
             self._request(("early", loads))
 
-    def preload(self, fn: Any, args: tuple[Any, ...]) -> None:
-        """fn(*args) once in the zygote, before it forks: every worker has what it loaded."""
+    def preload(self, fn: Any, args: tuple[Any, ...]) -> Future[None]:
+        """fn(*args) once in the zygote, before it forks: every worker has what it loaded. Its
+        outcome: the exception fn raised there (a tokenizer tokenizers refuses: a ConfigError), or
+        the pool's if the zygote is gone first; a task that needs the state meets it again."""
+        outcome: Future[None] = Future()
+        with self._lock:
+            self._ran.append(outcome)
         self._request(("run", fn, args))
+        return outcome
 
     @property
     def forked(self) -> bool:
@@ -412,7 +419,15 @@ class LocalPool:
             failure.error.__cause__ = RemoteTraceback(failure.trace)
             self._fail_everything(failure.error)
             return True
-        # "ran": the preload's outcome; a failed one is met again by the tasks that need its state.
+        elif message[0] == "ran":  # a preload's outcome, in the order they were asked for
+            with self._lock:
+                outcome = self._ran.popleft() if self._ran else None
+            if outcome is not None and message[1] is not None:
+                failure = message[1]
+                failure.error.__cause__ = RemoteTraceback(failure.trace)
+                outcome.set_exception(failure.error)
+            elif outcome is not None:
+                outcome.set_result(None)
         return False
 
     def _lost_zygote(self, why: str) -> None:
@@ -532,6 +547,9 @@ class LocalPool:
         with self._lock:
             self._fatal = error
             submitted, self._submitted = self._submitted, []
+            ran, self._ran = self._ran, deque()
+        for outcome in ran:
+            outcome.set_exception(error)
         for task in [*self._tasks.values(), *(t for t, _ in submitted)]:
             self._finish(task, error)
         self._queue.clear()
@@ -546,6 +564,9 @@ class LocalPool:
             for task, _ in self._submitted:
                 task.future.cancel()
             self._submitted = []
+            for outcome in self._ran:
+                outcome.cancel()
+            self._ran.clear()
         self._queue.clear()
         if self._killing:
             for worker in self._workers.values():

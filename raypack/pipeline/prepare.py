@@ -1,12 +1,17 @@
 """Stage 0, prepare: everything that can be wrong with the config or the environment fails here,
 before any work, with one line (a ConfigError): the tokenizer's files, the inputs, the output (the
-common mistakes, before any worker starts), then the tokenizer parsed beside the runner's start, its
+common mistakes, before any worker starts), then the tokenizer read beside the runner's start, its
 pad and the output format's Spec checked against it. Then the output directory is cleared for the
-new dataset.
+new dataset (on local processes, by the tokenize stage once the workers' load has parsed the
+tokenizer: Prepared.clear).
 
 Where the job may run on this machine's processes, their pool starts first (its zygote imports the
 task modules, ~0.7 s, while this process reads the tokenizer and lists the input), and loads the
-tokenizer once from the bytes read here, before it forks the workers (raypack.pipeline.zygote). On
+tokenizer once from the bytes read here, before it forks the workers (raypack.pipeline.zygote).
+This process reads only the ids it needs from the JSON (raypack.pipeline.tokenizer.JsonVocab) and
+leaves tokenizers' parse to that load, conversations aside (their template and offsets are
+asked of this process's parse): a 131k BPE's parse is 0.8 s of CPU holding the GIL, and a job on
+2 cores is CPU-bound (130 MB with tekken, 6 interleaved rounds: median 6.95 -> 6.23 s). On
 Ray, Ray starts beside the tokenizer's parse (3-4 s, mostly waiting on its processes; a 128k
 vocabulary takes 0.3-0.5 s to parse) and a preload task a CPU loads it in Ray's workers.
 """
@@ -93,8 +98,9 @@ class Prepared:
     """Has the runner's workers load the job's tokenizer, once: sent here already, unless a token
     store may hold every unit (then the tokenize stage calls it if a unit must be tokenized)."""
     cleared: bool = True
-    """The output was cleared for the new dataset; False where the tokenizer is not parsed yet (a job
-    reading a token store): the tokenize stage clears it (clear), after the parse if it needs one."""
+    """The output was cleared for the new dataset; False where the tokenizer is not parsed yet (read
+    from its JSON, on local processes): the tokenize stage clears it (clear), once a parse (the
+    workers', or its own) has taken the file, where a unit must be tokenized."""
     made_output: bool = False
     """output.path is a local directory this job made (it was not there): a job stopped by the
     user's config or input removes it where it is left empty, never a directory the user made (an
@@ -177,10 +183,13 @@ def prepare(
                     preload()
                 tok = loading.result()
         else:
-            # A job that may find every unit in a token store reads the ids it needs from the JSON,
-            # and parses the tokenizer only where a unit must be tokenized (tokenize checks it then,
-            # before the output is cleared): 0.8-1.1 s of a 131k BPE's parse, on a repack's path.
-            tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed, lazy=store)
+            # The ids the driver needs are read from the JSON, and tokenizers' parse (0.8-1.1 s of a
+            # 131k BPE's, holding the GIL) is left to the workers' load, which checks the file before
+            # the output is cleared (tokenize): a repack from a token store may parse it nowhere.
+            # Conversations parse it here, unless they may come from a store: their template and
+            # offsets are the driver's.
+            lazy = store or not cfg.input.chat
+            tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed, lazy=lazy)
         cfg = _fix_chat_date(cfg, tok, log)
         pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
         if pad[1] == "output.pad_id" and pad[0] == tok.bos_id:

@@ -80,7 +80,9 @@ class Runner:
         """Task slots by node ({"": width} for one node, or one Ray schedules alone)."""
         return {"": self.width}
 
-    def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[None] | None:
+        """fn(*args) in the workers before their tasks; its outcome, where the runner has one to
+        give before a task meets it (a local pool's zygote runs it once for every worker)."""
         raise NotImplementedError
 
     def flush(self) -> None:
@@ -205,7 +207,8 @@ class RayRunner(Runner):
 
     def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """A task of fn a CPU slot, placed on each node in proportion (a worker process that ran one
-        has what it loaded; Ray reuses it for the tasks that follow)."""
+        has what it loaded; Ray reuses it for the tasks that follow). No outcome: one is met by
+        the tasks that need the state."""
         for node, slots in self.nodes().items():
             for _ in range(slots):
                 self._preloads.append(self.submit(fn, args, node))
@@ -331,8 +334,8 @@ class LocalRunner(Runner):
     def retried(self) -> int:  # type: ignore[override]
         return self.pool.retried
 
-    def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        self.pool.preload(fn, args)
+    def preload(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Future[None]:
+        return self.pool.preload(fn, args)
 
     @property
     def forked(self) -> bool:

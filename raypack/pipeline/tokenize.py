@@ -157,7 +157,12 @@ def tokenize(
         )
     else:
         sample = partial(_corpus_sample, units, cfg.storage)
-        check = partial(choose_backend, cfg.tokenizer.backend, tok, sample, pool.fast_encoder)
+        # Where the driver read the ids from the JSON and has not parsed the tokenizer, the
+        # reference's side of the check runs on a worker too (whose load parsed it anyway).
+        reference = None if tok.parsed else pool.reference_encoder
+        check = partial(
+            choose_backend, cfg.tokenizer.backend, tok, sample, pool.fast_encoder, reference_encoder=reference
+        )
     # The workers start with fastokens while the driver checks it (its encodes go to a worker ahead
     # of the units waiting): the check took 0.6 s of a 500 MB job with the cores idle. A refusal
     # deletes what they wrote and tokenizes every unit again. Not where the check surely refuses:
@@ -205,6 +210,7 @@ def tokenize(
         the first whose check found a difference, or once `refused` (the driver's check of a fast
         backend the workers started with). `stored`: every unit's token file was found (the workers
         need not load the tokenizer first). The units, their totals, the files it wrote."""
+        ready()
         keyed = keyed_for(choice)
         totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [u.source for u in keyed])
         written: list[WorkUnit] = []
@@ -233,15 +239,28 @@ def tokenize(
             remove(join(cfg.output.path, part), cfg.storage)
 
     stored = None if digests is None else _stored_choice(cfg, tok, version, remembered, keyed_for, token_dir)
-    if stored is None and not tok.parsed:
-        # Read lazily (a token store's job), the tokenizer is parsed now, its ConfigError before the
-        # output goes. The workers' load is sent first, and put into the zygote's hands before the
-        # parse takes the GIL: it went 0.8 s later on a first pack into a store (131k BPE, traces).
-        if pool.preload is not None:
-            pool.preload()
-            pool.runner.flush()
-        _ = tok.tokenizer
-    clear()
+    cleared: list[bool] = []
+
+    def ready() -> None:
+        """The output cleared, once, before the first unit is given out; where the driver read the
+        tokenizer lazily and a unit must be tokenized, only once tokenizers has parsed it (its
+        ConfigError leaves the previous dataset in place): the local pool's zygote parses it as it
+        loads the workers' state, and says how that went (Preload.checked); elsewhere, or for
+        conversations (their template and offsets are the driver's), the driver parses it, after
+        putting the workers' load into the zygote's hands (a parse holds the GIL: the load went
+        0.8 s later on a first pack into a store, 131k BPE, traces)."""
+        if cleared:
+            return
+        if (stored is None and not tok.parsed) and (
+            cfg.input.chat or pool.preload is None or not pool.preload.checked()
+        ):
+            if pool.preload is not None:
+                pool.preload()
+                pool.runner.flush()
+            _ = tok.tokenizer
+        clear()
+        cleared.append(True)
+
     if stored is not None:
         # Every unit is in the token store under the key of a backend this job would take: the
         # reference's, or fastokens' (jobs whose check passed on this tokenizer, backend version and
@@ -288,7 +307,7 @@ def tokenize(
         discard(written)
         if memory:
             remember_failover(memory, choice, tok, failovers[0], cfg.storage)
-        choice = failed_over(choice, tok, failovers[0])
+        choice = failed_over(choice, failovers[0])
         keyed, totals, _ = run(choice)
     totals.check_complete()
     # What the workers proved (or the store's entries say they did): a unit that cut or kept a long

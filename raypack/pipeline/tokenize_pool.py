@@ -38,7 +38,7 @@ import numpy as np
 
 from raypack.config import JobConfig
 from raypack.pipeline.assign import warm_assign
-from raypack.pipeline.backends import FastRefused, fastokens_version
+from raypack.pipeline.backends import FastRefused, TokenizersEncoder, fastokens_version, reference_version
 from raypack.pipeline.runners import Runner
 from raypack.pipeline.tasks import transient
 from raypack.pipeline.tokenize_task import TokenizeShards, stored_unit
@@ -61,6 +61,12 @@ def fast_encode(ctx: JobContext, texts: list[str]) -> tuple[str, np.ndarray, np.
         raise FastRefused(state.fast_error or "fastokens was not loaded")
     flat, lengths = state.fast.encode(texts)
     return state.fast.version, np.array(flat), np.asarray(lengths)
+
+
+def reference_encode(ctx: JobContext, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Task: tokenizers' ids of `texts` on this worker (the self-check's reference side, where the
+    driver has not parsed the tokenizer: PoolReference)."""
+    return TokenizersEncoder(job_state(ctx).tok.tokenizer).encode(texts)
 
 
 def tokenize_unit(
@@ -97,6 +103,27 @@ class PoolFast:
         return flat, lengths
 
 
+class PoolReference:
+    """tokenizers on one of the runner's workers, as the self-check's reference Encoder
+    (backends.choose_backend), for a job whose driver reads the tokenizer's ids from its JSON and
+    never parses it (raypack.pipeline.tokenizer.JsonVocab): the workers parse it anyway, and the
+    driver's own parse of a 131k BPE was 0.8 s of CPU holding the GIL. Its tasks go ahead of the
+    units waiting."""
+
+    name = "tokenizers"
+
+    def __init__(self, runner: Runner, ctx: JobContext, preload: Preload | None = None) -> None:
+        self.runner, self.ctx, self.preload = runner, ctx, preload
+        self.version = reference_version()
+
+    def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.preload is not None:
+            self.preload()
+        handle = self.runner.submit(reference_encode, (self.ctx, texts), urgent=True)
+        _, (flat, lengths) = self.runner.first_done([handle])
+        return flat, lengths
+
+
 class TokenizePool:
     """The tokenize stage's `size` task slots on `runner`, shared among its nodes in proportion to
     their CPUs; `capped`: size is below the runner's CPUs (tokenizer.concurrency), so no unit is
@@ -115,6 +142,10 @@ class TokenizePool:
     def fast_encoder(self) -> PoolFast:
         """fastokens on a worker that has loaded it (for backends.choose_backend)."""
         return PoolFast(self.runner, self.ctx, self.preload)
+
+    def reference_encoder(self) -> PoolReference:
+        """tokenizers on a worker (for backends.choose_backend, where the driver did not parse it)."""
+        return PoolReference(self.runner, self.ctx, self.preload)
 
     def run(
         self,

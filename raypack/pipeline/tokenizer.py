@@ -89,6 +89,15 @@ class LoadedTokenizer:
         text: str | None = self._memo["vocab"].id_to_token(token_id)
         return text
 
+    def added_tokens(self) -> list[str]:
+        """The added tokens' contents in the order of their ids, as tokenizers' added-tokens decoder
+        holds them (the self-check's probes), without a parse where the ids were read from the JSON."""
+        vocab = self._memo["vocab"]
+        if isinstance(vocab, JsonVocab):
+            return [t for t, _ in sorted(vocab.added.items(), key=lambda item: item[1])]
+        decoder = vocab.get_added_tokens_decoder()
+        return [decoder[i].content for i in sorted(decoder)]
+
     @property
     def parsed(self) -> bool:
         """tokenizers has parsed the file (or was never asked to, so far: False)."""

@@ -21,7 +21,7 @@ import ctypes
 import gc
 import os
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +158,8 @@ class Preload:
         self.runner, self.ctx, self.files = runner, ctx, files
         self.sent = False
         self.warmed = False
+        self.outcome: Future[None] | None = None
+        """A local pool zygote's load of the state, as it ends (checked)."""
 
     def __call__(self) -> None:
         if self.sent:
@@ -168,10 +170,22 @@ class Preload:
             if runner.forked:
                 return
             runner.early(early_loads(ctx, self.files[TOKENIZER_FILE].decode("utf-8", errors="replace")))
-            runner.preload(preload_job, (ctx, self.files))
+            self.outcome = runner.preload(preload_job, (ctx, self.files))
             runner.start()
         else:
             runner.preload(preload_job, (ctx, None))
+
+    def checked(self) -> bool:
+        """Whether the workers loaded the job's state, tokenizers' parse of the tokenizer included,
+        waiting for it (asking for it first): True where a local pool's zygote did, the load's
+        error raised where it failed there (a file tokenizers refuses: its ConfigError, as the
+        driver's own parse would raise it); False where no outcome comes before a task meets it
+        (Ray, a pool already forked), and the caller must parse the tokenizer itself to know."""
+        self()
+        if self.outcome is None:
+            return False
+        self.outcome.result()
+        return True
 
     def warm(self) -> None:
         """What every unit's summary needs, tokenizer or not (warm_worker), loaded by a local pool's

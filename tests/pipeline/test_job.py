@@ -260,6 +260,49 @@ def test_sharded_mode_packs_each_group_alone(tmp_path: Path, tokenizer_path: Pat
     assert metrics["mode"] == "sharded" and metrics["global_bfd_efficiency"] == result.global_efficiency
 
 
+def test_the_driver_leaves_the_tokenizers_parse_to_the_workers_whose_load_checks_it_first(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On the local executor the driver reads the ids it needs from tokenizer.json and never parses
+    it: the workers' load does (0.8 s of a 131k BPE's, holding the GIL, was the driver's too), and
+    the self-check's reference side runs there. The packs are still tokenizers' tokens, after the
+    check. A file tokenizers refuses fails with the one line the driver's parse gave, before the
+    output is cleared: `--overwrite` leaves the dataset in place."""
+    from raypack.config import TokenizerConfig
+    from raypack.pipeline import tokenizer as tokenizer_module
+    from raypack.pipeline.backends import probes
+    from tests.conftest import packed_documents
+
+    parsed: list[str] = []  # tokenizers' parses on the driver
+    parse = tokenizer_module._parse
+
+    def counted(raw: bytes, where: str) -> Tokenizer:
+        parsed.append(where)
+        return parse(raw, where)
+
+    monkeypatch.setattr(tokenizer_module, "_parse", counted)
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=15, seed=8)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    assert parsed == [] and packed_documents(tmp_path / "out") == independent_tokens(corpus, tokenizer_path)
+    backend = json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer"]["backend"]
+    # The probes of the driver's parse, every added token's among them, from the JSON's read.
+    eager = probes(tokenizer_module.load_tokenizer(TokenizerConfig(path=str(tokenizer_path))).added_tokens())
+    assert backend["chosen"].startswith("fastokens") and backend["self_check"]["probes"] == len(eager)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out" / "data").iterdir()}
+
+    spec = json.loads(tokenizer_path.read_text())
+    spec["pre_tokenizer"] = {"type": "NoSuchPreTokenizer"}
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(spec))
+    capsys.readouterr()
+    code = main(["pack", str(cfg), "--overwrite", "--quiet", "--set", f"tokenizer.path={broken}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and f"{broken} is not a tokenizers JSON file" in err[0], err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "data").iterdir()} == before
+    assert (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_sharded_mode_refuses_histogram_only_packers(tmp_path: Path, tokenizer_path: Path) -> None:
     corpus = make_corpus(tmp_path, shards=1, docs_per_shard=2)
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack={"mode": "sharded", "algorithm": "nnlshp"})

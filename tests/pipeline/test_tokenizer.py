@@ -252,6 +252,10 @@ def test_the_ids_read_from_the_json_are_tokenizers_own(
                 assert vocab.token_to_id(token) == reference.token_to_id(token), (label, token)
             for token_id in range(eager.max_id + 2):
                 assert vocab.id_to_token(token_id) == reference.id_to_token(token_id), (label, token_id)
+            # The self-check's probes: the added tokens by id, read as tokenizers' decoder has them.
+            decoder = reference.get_added_tokens_decoder()
+            assert lazy.added_tokens() == [decoder[i].content for i in sorted(decoder)] and decoder, label
+            assert eager.added_tokens() == lazy.added_tokens() and not lazy.parsed, label
             text = "The cats sat. <extra> ünïcödé 12345 </s> the##s"
             assert lazy.encode_ids([text]) == eager.encode_ids([text]) and lazy.parsed, label
     assert loaded >= len(paths)
@@ -347,3 +351,4 @@ def test_added_ids_that_tokenizers_would_not_give_leave_the_file_to_its_parse(tm
         assert [getattr(lazy, f) for f in facts] == [getattr(eager, f) for f in facts], label
         assert lazy.pad(None) == eager.pad(None), label
         assert lazy.token(eager.eos_id) == eager.tokenizer.id_to_token(eager.eos_id), label
+        assert lazy.added_tokens() == eager.added_tokens(), label
