@@ -32,6 +32,7 @@ __all__ = [
     "DONE",
     "STAGED_OPTIONS",
     "TOKEN_FORMAT",
+    "Checksum",
     "MappedTokens",
     "cached_rejects_file",
     "read_finished",
@@ -72,7 +73,8 @@ TOKEN_FORMAT = 5
 # unfinished (see TokenizeShards._tokenize). Its value: {"rejects": rows of the rejects file,
 # "records": input records they stand for, "lost_files": files (or rests of files) that could not
 # be read, "trained": trained tokens, and how its long texts were encoded: "cuts", "cuts_refused",
-# "long_whole", "cut_rule" (TokenizeShards._long_texts; absent from files written before)}.
+# "long_whole", "cut_rule" (TokenizeShards._long_texts; absent from files written before), and
+# "crc32": each column's Checksum (absent from files written before: not checked)}.
 DONE = b"raypack.rejects"
 
 
@@ -247,6 +249,61 @@ def rejects_path(output: str, shard: int) -> str:
     return join(output, "rejects", f"shard-{shard:06d}.parquet")
 
 
+class Checksum:
+    """CRC-32s of each column of a token file's documents as they read back, whatever their record
+    batches: a stream each of a column's nulls, its lengths (a list's or a string's, not its
+    offsets) and the values they span, so that a batch's end changes none. Its writer folds in
+    each table it writes, and the completion key keeps the result (DONE's "crc32"), which a
+    finished local file must match before it is used (matches). A store's entry damaged in place
+    (a trial zeroed 4 KiB of one: 1,024 wrong ids packed, and `verify` passed) is then tokenized
+    again. ISA-L's crc32 runs ~13 GB/s on a core: a 500 MB corpus's 750 MB of tokens in ~0.06 s."""
+
+    def __init__(self) -> None:
+        self.crcs: list[dict[str, int]] = [{} for _ in schema.TOKENIZED]
+
+    def add(self, data: pa.Table | pa.RecordBatch) -> None:
+        from isal import isal_zlib
+
+        for i, column in enumerate(data.columns):
+            crcs = self.crcs[i]
+            chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+            for chunk in chunks:
+                for kind, part in _canonical(chunk, ""):
+                    crcs[kind] = isal_zlib.crc32(part, crcs.get(kind, 0))
+
+    def matches(self, path: str) -> bool:
+        """A local finished token file's documents have these checksums."""
+        again = Checksum()
+        with pa.memory_map(path) as mapped:
+            reader = pa.ipc.open_file(mapped, options=STAGED_READ)
+            for i in range(reader.num_record_batches):
+                again.add(reader.get_batch(i))
+        return again.crcs == self.crcs
+
+
+def _canonical(array: pa.Array, kind: str) -> list[tuple[str, Any]]:
+    """The bytes a column's chunk is checked by, by stream: which documents' values are null, a
+    list's or a string's lengths, and the values they span (a token list's values are never null)."""
+    parts: list[tuple[str, Any]] = []
+    if not len(array):
+        return parts
+    if not kind:  # a byte a document, every chunk (one without nulls too, so that chunks do not count)
+        parts.append(("nulls", array.is_null().to_numpy(zero_copy_only=False).view(np.uint8)))
+    if pa.types.is_list(array.type) or pa.types.is_string(array.type):
+        offsets = np.frombuffer(array.buffers()[1], dtype=np.int32)[
+            array.offset : array.offset + len(array) + 1
+        ]
+        parts.append((f"{kind}lengths", np.diff(offsets).astype(np.int32)))
+        if pa.types.is_string(array.type):
+            parts.append((f"{kind}values", memoryview(array.buffers()[2])[offsets[0] : offsets[-1]]))
+        else:
+            values = array.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+            parts += _canonical(values, f"{kind}values.")
+    else:
+        parts.append((f"{kind}values", array.to_numpy(zero_copy_only=False)))
+    return parts
+
+
 def read_finished(path: str, storage: StorageConfig | None) -> tuple[pa.Table, dict[str, Any]] | None:
     """A finished token file's documents (row, doc_id, length) and reject counts (DONE); None when
     there is none (absent, cut short by a killed writer, or closed without its completion key by
@@ -265,4 +322,16 @@ def read_finished(path: str, storage: StorageConfig | None) -> tuple[pa.Table, d
             docs = reader.read_all()
     except pa.ArrowInvalid:  # no footer: a local file whose writer was killed
         return None
-    return docs, json.loads(meta[DONE])
+    lost = json.loads(meta[DONE])
+    if "crc32" in lost and not is_uri(path):
+        # A local entry is checked whole (its pages are read by the write tasks anyway). One on
+        # object storage is not read for it: the store checks what it is given, and an object is
+        # replaced whole or not at all.
+        expected = Checksum()
+        expected.crcs = [{str(k): int(v) for k, v in c.items()} for c in lost["crc32"]]
+        try:
+            if not expected.matches(inner):
+                return None
+        except (pa.ArrowInvalid, OSError):
+            return None
+    return docs, lost

@@ -32,6 +32,7 @@ from raypack.pipeline.offsets import Coder, reference_coder
 from raypack.pipeline.readers import Batch, Reject, read_unit
 from raypack.pipeline.token_files import (
     DONE,
+    Checksum,
     cached_rejects_file,
     read_finished,
     reason_counts,
@@ -167,11 +168,13 @@ class TokenizeShards:
             pa.ipc.new_file(sink, schema.TOKENIZED, options=staged_options(path)) as writer,
         ):
             relpaths = unit.relpaths
+            checksum = Checksum()
             for batch in read_unit(unit, cfg.tokenizer.batch_size, self.storage):
                 rejects.extend(r.as_row(relpaths) for r in batch.rejects)
                 if len(batch):
                     table = self._encode(batch, unit, rejects)
                     writer.write_table(table)
+                    checksum.add(table)
                     docs.append(table.select(["row", "file", "doc_id", "length"]))
             if rejects:
                 table = pa.Table.from_pylist(rejects, schema=schema.REJECTS)
@@ -187,6 +190,7 @@ class TokenizeShards:
                 "lost_files": sum(r["lost_file"] for r in rejects),
                 "trained": self._trained,
                 **self._long_texts(),
+                "crc32": checksum.crcs,
             }
             done = pa.RecordBatch.from_pylist([], schema=schema.TOKENIZED)
             writer.write_batch(done, custom_metadata={DONE: json.dumps(lost).encode()})

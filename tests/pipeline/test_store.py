@@ -24,7 +24,7 @@ from raypack.config import ConfigError, load_config
 from raypack.pipeline import tokenizer as tokenizer_module
 from raypack.pipeline.runners import LocalRunner
 from raypack.pipeline.store import file_digest
-from raypack.pipeline.token_files import DONE
+from raypack.pipeline.token_files import DONE, Checksum
 from raypack.storage import Shard
 from raypack.verifier import verify
 from tests import s3server
@@ -217,7 +217,8 @@ def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(
     with pa.ipc.open_file(pa.BufferReader(entry.read_bytes())) as reader:  # a copy: rewritten below
         batches = [reader.get_batch_with_custom_metadata(i) for i in range(reader.num_record_batches)]
     done = json.loads(batches[-1].custom_metadata[DONE])
-    older = {k: v for k, v in done.items() if k not in ("cuts", "cuts_refused", "long_whole", "cut_rule")}
+    recent = ("cuts", "cuts_refused", "long_whole", "cut_rule", "crc32")
+    older = {k: v for k, v in done.items() if k not in recent}  # and unchecked: no checksum either
     with pa.OSFile(str(entry), "wb") as sink, pa.ipc.new_file(sink, batches[0].batch.schema) as writer:
         for batch, meta in batches[:-1]:
             writer.write_batch(batch, custom_metadata=meta)
@@ -463,3 +464,62 @@ def test_an_entry_whose_rejects_file_is_gone_is_tokenized_again(tmp_path: Path, 
     assert main(["pack", str(cfg), "--quiet", "--overwrite"]) == 0
     assert units(tmp_path / "out") == {"reused": 2, "tokenized": 1}
     assert manifest(tmp_path / "out")["counts"] == first and rejects.exists()
+
+
+def test_a_checksum_is_the_documents_whatever_their_record_batches(tmp_path: Path) -> None:
+    """A token file's checksum (token_files.Checksum) is its documents': written in any record
+    batches, from sliced arrays, with nulls and empty token lists, it matches as read back; one token
+    changed, it does not."""
+    rng = random.Random(5)
+    lengths = [rng.choice([0, 1, 3, 40]) for _ in range(200)]
+    table = pa.table(
+        {
+            "row": pa.array(range(200), pa.int64()),
+            "file": pa.array([0] * 200, pa.int32()),
+            "doc_id": pa.array([None if i % 7 == 0 else f"doc-{i}" for i in range(200)]),
+            "length": pa.array(lengths, pa.int64()),
+            "tokens": pa.array(
+                [[rng.randrange(50_000) for _ in range(n)] for n in lengths], pa.list_(pa.int32())
+            ),
+        }
+    ).slice(3, 190)
+    written = Checksum()
+    written.add(table)
+    for chunk in (7, 64, 1000):
+        path = tmp_path / f"tokens-{chunk}.arrow"
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=chunk)
+        assert written.matches(str(path)), chunk
+    changed = table.to_pylist()
+    at = next(i for i, doc in enumerate(changed) if len(doc["tokens"]) > 1)
+    changed[at]["tokens"][1] += 1
+    again = Checksum()
+    again.add(pa.Table.from_pylist(changed, schema=table.schema))
+    assert again.crcs[:4] == written.crcs[:4] and again.crcs[4] != written.crcs[4]
+    assert set(written.crcs[2]) == {"nulls", "lengths", "values"}  # doc ids: some are null
+
+
+def test_an_entry_damaged_in_place_is_tokenized_again(tmp_path: Path, tokenizer_path: Path) -> None:
+    """A local store's entry whose tokens changed on disk after it was finished (4 KiB zeroed: the
+    trial packed 1,024 wrong ids from one, and `verify` passed) fails its checksum: its unit is
+    tokenized again, the entry rewritten, and the packs are the corpus's tokens."""
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=40, seed=9)
+    store = tmp_path / "store"
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
+    expected = independent_tokens(corpus, tokenizer_path)
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    entry = token_files(store)[1]
+    data = bytearray(entry.read_bytes())
+    with pa.ipc.open_file(pa.BufferReader(bytes(data))) as reader:
+        tokens = reader.get_batch(0).column(4).values.to_numpy()
+    assert len(tokens) > 1024
+    at = data.find(tokens[:16].tobytes())  # the first record batch's token values, in the file
+    assert at > 0
+    data[at : at + 4096] = bytes(4096)
+    entry.write_bytes(bytes(data))
+    assert main(["pack", str(cfg), "--quiet", "--overwrite", "--set", "pack.seq_len=256"]) == 0
+    assert units(tmp_path / "out") == {"reused": 2, "tokenized": 1}
+    assert packed_documents(tmp_path / "out") == expected
+    assert entry.read_bytes() != bytes(data)  # rewritten whole
+    assert main(["pack", str(cfg), "--quiet", "--overwrite"]) == 0
+    assert units(tmp_path / "out") == {"reused": 3, "tokenized": 0}
