@@ -88,6 +88,21 @@ def test_the_length_figure_puts_each_count_at_its_height_and_each_length_at_its_
     assert "seq_len 4: ~90.1% longer" in svg  # 100 of 111 documents in bins from 4 on
 
 
+def test_a_seq_len_past_every_document_is_labelled_left_of_its_line() -> None:
+    """The note beside a seq_len's line goes right of it, or left where it would run past the axes:
+    a seq_len above every document puts the line near the right edge (a trial: one short document
+    at 2048 showed "seq_le", the rest clipped)."""
+    note = re.compile(
+        r'<text x="([\d.]+)" y="[\d.]+" font-size="12" fill="[^"]+"( text-anchor="end")?[^>]*>seq_len'
+    )
+    right = FIGURE_PX[0] - 18  # the axes' right edge (plots._MARGINS)
+    for seq_lens, anchored_end in (([4], False), ([2048], True)):
+        svg = plots.draw_length({0: 1, 8: 10, 16: 100, 80: 5}, seq_lens)  # lengths 1 to ~1K
+        found = note.search(svg)
+        assert found is not None and bool(found.group(2)) is anchored_end, seq_lens
+        assert float(found.group(1)) < right
+
+
 def test_every_string_from_the_data_is_escaped() -> None:
     hostile = '<script>alert("x")</script>'
     report = Report(

@@ -59,6 +59,21 @@ class RemoteTraceback(Exception):
         return str(self.args[0]) if self.args else ""
 
 
+def _despite_interrupts(*steps: Any) -> None:
+    """Every step run to its end, each again where an interrupt (KeyboardInterrupt) cut it short
+    (each may run twice: they are idempotent); the first interrupt raised once all are done."""
+    interrupted: BaseException | None = None
+    for step in steps:
+        while True:
+            try:
+                step()
+                break
+            except KeyboardInterrupt as e:
+                interrupted = interrupted or e
+    if interrupted is not None:
+        raise interrupted
+
+
 @dataclass
 class _Task:
     id: int
@@ -274,18 +289,27 @@ class LocalPool:
             # while it cleans up (cli._Interrupts), and a pool whose thread was still sending the
             # zygote its preload (a zygote busy loading does not read) left its directory, socket
             # and all, in TMPDIR (the trial: Ctrl-C 3.0-3.6 s into a job). Its thread, if still
-            # there, meets closed connections and ends.
-            if self._zygote.poll() is None:
-                self._zygote.kill()
-                self._zygote.wait()
-            for fd in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self._listener.close()
-            for directory in {self._home, self._sockets}:
-                shutil.rmtree(directory, ignore_errors=True)
-            if self._blobs is not None:
-                shutil.rmtree(self._blobs, ignore_errors=True)
+            # there, meets closed connections and ends. Each step runs to its end whatever
+            # interrupts come meanwhile, the files removed before the zygote is waited for: an
+            # interrupt during that wait (a zygote slow to die on a loaded machine) skipped the
+            # removal (a later trial: 3 runs of ~55 under load left `raypack-pool-*/pool.sock`).
+            _despite_interrupts(self._kill_zygote, self._close_files, self._remove_files, self._zygote.wait)
+
+    def _kill_zygote(self) -> None:
+        if self._zygote.poll() is None:
+            self._zygote.kill()
+
+    def _close_files(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._listener.close()
+
+    def _remove_files(self) -> None:
+        for directory in {self._home, self._sockets}:
+            shutil.rmtree(directory, ignore_errors=True)
+        if self._blobs is not None:
+            shutil.rmtree(self._blobs, ignore_errors=True)
 
     # ---- helpers
 
@@ -325,6 +349,10 @@ class LocalPool:
         try:
             self._serve()
         except BaseException as e:  # a bug here must not leave futures waiting for ever
+            if self.closed and isinstance(e, (OSError, ValueError)):
+                # Its files closed under it by a close() that an interrupt cut short: nothing is
+                # left to serve.
+                return
             self._fail_everything(RuntimeError(f"the local pool stopped: {type(e).__name__}: {e}"))
             raise
         finally:

@@ -95,7 +95,7 @@ def fill_figures(report: Report) -> list[tuple[int, str]]:
             plot.stairs(np.array(runs[0].fill_percent), edges, _COLORS[0], fill=True)
         else:
             for i, r in enumerate(runs):
-                plot.stairs(np.array(r.fill_percent), edges, _color(i), label=r.label)
+                plot.stairs(np.array(r.fill_percent), edges, _color(i), label=r.label, dash=_dash(i))
         out.append((seq_len, plot.svg("pack fill (% of capacity; 100 = full)", "packs")))
     return out
 
@@ -112,16 +112,16 @@ def truncation_figure(report: Report) -> str | None:
     if len(runs) == 1:
         bands = runs[0].metrics.truncation_bands
         names = [_band(b.lo) for b in bands]
-        plot = _Plot(
-            Scale(-0.6, len(bands) - 0.4, label=lambda v: names[int(v)], ticks=range(len(bands))), y, title
-        )
+        plot = _Plot(_categories(names), y, title)
         plot.bars([b.truncations_per_doc for b in bands], _COLORS[0])
+        if not top:
+            plot.centered("no document was cut")
         return plot.svg("document length band (tokens)", "truncations per document")
     los = [b.lo for r in runs for b in r.metrics.truncation_bands]
     plot = _Plot(Scale(min(los) / 1.3, max(los) * 1.3, log=2, label=_band), y, title)
     for i, r in enumerate(runs):
         bands = r.metrics.truncation_bands
-        plot.line([b.lo for b in bands], [b.truncations_per_doc for b in bands], _color(i), r.label)
+        plot.line([b.lo for b in bands], [b.truncations_per_doc for b in bands], _color(i), r.label, _dash(i))
     return plot.svg("document length band (tokens, lower edge)", "truncations per document")
 
 
@@ -198,7 +198,8 @@ class _Plot:
     height: int = FIGURE_PX[1]
     left: int = _MARGINS["left"]
     marks: list[str] = field(default_factory=list)
-    legend: list[tuple[str, str]] = field(default_factory=list)
+    legend: list[tuple[str, str, str]] = field(default_factory=list)
+    """(label, colour, dash attribute) a line."""
 
     def __post_init__(self) -> None:
         self.x.p0, self.x.p1 = self.left, FIGURE_PX[0] - _MARGINS["right"]
@@ -212,6 +213,7 @@ class _Plot:
         fill: bool = False,
         opacity: float = 1.0,
         label: str | None = None,
+        dash: str = "",
     ) -> None:
         """A step outline: values[i] from edges[i] to edges[i + 1]; `fill`: down to the x axis."""
         xs = [_f(self.x(float(e))) for e in edges]
@@ -224,9 +226,9 @@ class _Plot:
             )
         else:
             d = f"M{xs[0]},{ys[0]}{steps}"
-            self.marks.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+            self.marks.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"{dash}/>')
         if label is not None:
-            self.legend.append((label, color))
+            self.legend.append((label, color, dash))
 
     def bars(self, heights: Sequence[float], color: str) -> None:
         """A vertical bar per category 0, 1, ..., 0.8 of a category wide."""
@@ -242,13 +244,13 @@ class _Plot:
             self.marks.append(_rect(self.x.p0, y0, end - self.x.p0, y1 - y0, color))
             self.marks.append(_text(end + 4, (y0 + y1) / 2, note, dy="0.35em"))
 
-    def line(self, xs: Sequence[float], ys: Sequence[float], color: str, label: str) -> None:
+    def line(self, xs: Sequence[float], ys: Sequence[float], color: str, label: str, dash: str = "") -> None:
         """A polyline with a dot at each point."""
         points = [(self.x(x), self.y(y)) for x, y in zip(xs, ys, strict=True)]
         path = "M" + "L".join(f"{_f(px)},{_f(py)}" for px, py in points)
-        self.marks.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        self.marks.append(f'<path d="{path}" fill="none" stroke="{color}" stroke-width="1.5"{dash}/>')
         self.marks += [f'<circle cx="{_f(px)}" cy="{_f(py)}" r="3" fill="{color}"/>' for px, py in points]
-        self.legend.append((label, color))
+        self.legend.append((label, color, dash))
 
     def vline(self, x: float, color: str) -> None:
         """A dashed line across the axes at data x."""
@@ -259,9 +261,18 @@ class _Plot:
         )
 
     def note(self, x: float, row: int, text: str, color: str) -> None:
-        """A note beside the line at data x, in the row-th line from the axes' top, on a white halo."""
-        y = self.y.p1 + 14 + 18 * row
-        self.marks.append(_text(self.x(x) + 4, y, text, fill=color, halo=True))
+        """A note beside the line at data x, in the row-th line from the axes' top, on a white halo:
+        right of it, or left where it would run past the axes (a seq_len above every document)."""
+        y, px = self.y.p1 + 14 + 18 * row, self.x(x)
+        if px + 4 + _CHAR_PX * len(text) <= self.x.p1:
+            self.marks.append(_text(px + 4, y, text, fill=color, halo=True))
+        else:
+            self.marks.append(_text(px - 4, y, text, anchor="end", fill=color, halo=True))
+
+    def centered(self, text: str) -> None:
+        """A note in the middle of the axes (a figure with nothing to draw)."""
+        y = (self.y.p0 + self.y.p1) / 2
+        self.marks.append(_text((self.x.p0 + self.x.p1) / 2, y, text, anchor="middle", size=14, fill="#555"))
 
     def svg(self, xlabel: str, ylabel: str) -> str:
         width, height = FIGURE_PX[0], self.height
@@ -303,21 +314,20 @@ class _Plot:
         return "".join(parts)
 
     def _legend(self) -> list[str]:
-        """The lines' labels in two columns in the axes' top-left corner, on white."""
+        """The lines' labels in the axes' top-left corner, on white: two columns, three past eight
+        lines (a dry run of every packer at three lengths has 24), in 11 px type."""
         if not self.legend:
             return []
-        column = 34 + _CHAR_PX * max(len(label) for label, _ in self.legend)
-        rows = math.ceil(len(self.legend) / 2)
+        columns = min(len(self.legend), 2 if len(self.legend) <= 8 else 3)
+        width = 30 + 6.5 * max(len(label) for label, _, _ in self.legend)
+        rows = math.ceil(len(self.legend) / columns)
         left, top = self.x.p0 + 8, self.y.p1 + 8
-        width = column * min(2, len(self.legend)) + 8
-        parts = [
-            f'<rect x="{_f(left)}" y="{_f(top)}" width="{_f(width)}" height="{_f(18 * rows + 8)}" '
-            'fill="#fff" fill-opacity="0.9" stroke="#ccc"/>'
-        ]
-        for i, (label, color) in enumerate(self.legend):
-            lx, ly = left + 8 + column * (i % 2), top + 13 + 18 * (i // 2)
-            parts.append(f'<path d="M{_f(lx)},{_f(ly)}h20" stroke="{color}" stroke-width="2"/>')
-            parts.append(_text(lx + 26, ly, label, dy="0.35em"))
+        box = f'x="{_f(left)}" y="{_f(top)}" width="{_f(width * columns + 8)}" height="{_f(15 * rows + 8)}"'
+        parts = [f'<rect {box} fill="#fff" fill-opacity="0.9" stroke="#ccc"/>']
+        for i, (label, color, dash) in enumerate(self.legend):
+            lx, ly = left + 8 + width * (i % columns), top + 11 + 15 * (i // columns)
+            parts.append(f'<path d="M{_f(lx)},{_f(ly)}h20" stroke="{color}" stroke-width="2"{dash}/>')
+            parts.append(_text(lx + 26, ly, label, dy="0.35em", size=11))
         return parts
 
 
@@ -365,6 +375,11 @@ def _e(value: object) -> str:
 
 def _color(i: int) -> str:
     return _COLORS[i % len(_COLORS)]
+
+
+def _dash(i: int) -> str:
+    """A line's dash attribute: solid for the first round of colours, then dashed, then dotted."""
+    return ("", ' stroke-dasharray="6,3"', ' stroke-dasharray="2,2"')[(i // len(_COLORS)) % 3]
 
 
 def _count(v: float) -> str:
