@@ -173,7 +173,9 @@ def tokenize(
         Choice("fastokens", version, "being checked")
         if version is not None
         and remembered is None
-        and cfg.tokenizer.backend != "tokenizers"
+        # Not where the check's refusal is an error (tokenizer.backend fastokens), whose one line
+        # must leave the previous dataset in place: the check ends before the output is cleared.
+        and cfg.tokenizer.backend == "auto"
         # Not into a token store: a job killed before its check ends would leave entries that a
         # later job, finding every unit there, takes without a check (it runs none then). (Asked
         # before the offsets, which need the tokenizer parsed: a store's job may never parse it.)

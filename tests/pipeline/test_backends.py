@@ -188,6 +188,28 @@ def test_a_tokenizer_fastokens_refuses_runs_on_tokenizers_and_says_so(
         choose_backend("fastokens", loaded, list)
 
 
+def test_tokenizer_backend_fastokens_that_it_refuses_leaves_the_dataset_it_would_replace(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tokenizer.backend: fastokens` asks for it by name, so its refusal is an error: one line,
+    and with `--overwrite` the previous dataset still in place (the check ends before the output
+    is cleared; with `auto` the workers start beside it, as `auto` never fails on it). A trial found
+    the output emptied."""
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=12)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out" / "data").iterdir()}
+    refused = tmp_path / "strip.json"
+    _stripping(tokenizer_path).save(str(refused))
+    capsys.readouterr()
+    sets = ["--set", f"tokenizer.path={refused}", "--set", "tokenizer.backend=fastokens"]
+    assert main(["pack", str(cfg), "--quiet", "--overwrite", *sets]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tokenizer.backend fastokens: fastokens" in err[0] and "refuses" in err[0], err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out" / "data").iterdir()} == before
+    assert (tmp_path / "out" / "manifest.json").exists()
+
+
 class _Spy(TokenizersEncoder):
     """tokenizers, noting the texts it is given."""
 
