@@ -76,6 +76,7 @@ TOKEN_FORMAT = 5
 # "long_whole", "cut_rule" (TokenizeShards._long_texts; absent from files written before), and
 # "crc32": each column's Checksum (absent from files written before: not checked)}.
 DONE = b"raypack.rejects"
+_DONE_KEYS = {"rejects", "records", "lost_files"}  # in every completion key (TOKEN_FORMAT 4 on)
 
 
 def token_settings(
@@ -322,16 +323,21 @@ def read_finished(path: str, storage: StorageConfig | None) -> tuple[pa.Table, d
             docs = reader.read_all()
     except pa.ArrowInvalid:  # no footer: a local file whose writer was killed
         return None
-    lost = json.loads(meta[DONE])
+    try:
+        lost = json.loads(meta[DONE])
+    except ValueError:  # its completion key damaged since: not finished as far as anyone can tell
+        return None
+    if not isinstance(lost, dict) or not lost.keys() >= _DONE_KEYS:
+        return None
     if "crc32" in lost and not is_uri(path):
         # A local entry is checked whole (its pages are read by the write tasks anyway). One on
         # object storage is not read for it: the store checks what it is given, and an object is
         # replaced whole or not at all.
         expected = Checksum()
-        expected.crcs = [{str(k): int(v) for k, v in c.items()} for c in lost["crc32"]]
         try:
+            expected.crcs = [{str(k): int(v) for k, v in c.items()} for c in lost["crc32"]]
             if not expected.matches(inner):
                 return None
-        except (pa.ArrowInvalid, OSError):
-            return None
+        except (pa.ArrowInvalid, OSError, TypeError, ValueError, AttributeError):
+            return None  # unreadable since, or a key that is no checksum: tokenized again
     return docs, lost

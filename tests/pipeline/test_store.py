@@ -523,3 +523,16 @@ def test_an_entry_damaged_in_place_is_tokenized_again(tmp_path: Path, tokenizer_
     assert entry.read_bytes() != bytes(data)  # rewritten whole
     assert main(["pack", str(cfg), "--quiet", "--overwrite"]) == 0
     assert units(tmp_path / "out") == {"reused": 3, "tokenized": 0}
+
+    # A completion key damaged (no JSON, or JSON without its counts): not finished, tokenized again.
+    for key in (b"{not json", b'{"crc32": []}'):
+        other = token_files(store)[0]
+        with pa.ipc.open_file(pa.BufferReader(other.read_bytes())) as reader:
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        with pa.OSFile(str(other), "wb") as sink, pa.ipc.new_file(sink, batches[0].schema) as writer:
+            for batch in batches[:-1]:
+                writer.write_batch(batch)
+            writer.write_batch(batches[-1], custom_metadata={DONE: key})
+        assert main(["pack", str(cfg), "--quiet", "--overwrite"]) == 0
+        assert units(tmp_path / "out") == {"reused": 2, "tokenized": 1}, key
+        assert packed_documents(tmp_path / "out") == expected
