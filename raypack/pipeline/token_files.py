@@ -39,6 +39,7 @@ __all__ = [
     "read_tokens",
     "reason_counts",
     "rejects_path",
+    "seal",
     "staged_options",
     "token_batches",
     "token_key",
@@ -323,11 +324,18 @@ def read_finished(path: str, storage: StorageConfig | None) -> tuple[pa.Table, d
             docs = reader.read_all()
     except pa.ArrowInvalid:  # no footer: a local file whose writer was killed
         return None
+    except OSError:
+        # A local file damaged since (pyarrow's "Invalid flatbuffers message" is an OSError): not
+        # finished as far as anyone can tell. On object storage an OSError may be the network's:
+        # raised, for the task's retries.
+        if is_uri(path):
+            raise
+        return None
     try:
         lost = json.loads(meta[DONE])
     except ValueError:  # its completion key damaged since: not finished as far as anyone can tell
         return None
-    if not isinstance(lost, dict) or not lost.keys() >= _DONE_KEYS:
+    if not isinstance(lost, dict) or not lost.keys() >= _DONE_KEYS or not _key_sound(lost, path):
         return None
     if "crc32" in lost and not is_uri(path):
         # A local entry is checked whole (its pages are read by the write tasks anyway). One on
@@ -338,6 +346,29 @@ def read_finished(path: str, storage: StorageConfig | None) -> tuple[pa.Table, d
             expected.crcs = [{str(k): int(v) for k, v in c.items()} for c in lost["crc32"]]
             if not expected.matches(inner):
                 return None
-        except (pa.ArrowInvalid, OSError, TypeError, ValueError, AttributeError):
-            return None  # unreadable since, or a key that is no checksum: tokenized again
+        except Exception:  # unreadable since (damage in its metadata), or a key that is no checksum
+            return None
     return docs, lost
+
+
+def seal(lost: dict[str, Any], path: str) -> dict[str, Any]:
+    """A completion key made whole: the entry's own name (an entry moved to another's name is not
+    that entry: a trial swapped two, and one shard's documents were packed twice, another's not
+    at all) and a CRC-32 of the rest (an edited count: the trial set "rejects" to 0 and the rejects
+    went silently)."""
+    named = {**lost, "name": path.rstrip("/").rsplit("/", 1)[-1]}
+    return {**named, "key_crc32": _key_crc(named)}
+
+
+def _key_crc(lost: dict[str, Any]) -> int:
+    from isal import isal_zlib
+
+    body = {k: v for k, v in lost.items() if k != "key_crc32"}
+    return int(isal_zlib.crc32(json.dumps(body, sort_keys=True).encode()))
+
+
+def _key_sound(lost: dict[str, Any], path: str) -> bool:
+    """A completion key is this entry's, and as written (keys written before `seal` pass)."""
+    if "name" in lost and lost["name"] != path.rstrip("/").rsplit("/", 1)[-1]:
+        return False
+    return "key_crc32" not in lost or lost["key_crc32"] == _key_crc(lost)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from isal.isal_zlib import crc32
 
 from raypack import schema
 from raypack.config import JobConfig
@@ -37,6 +38,7 @@ from raypack.pipeline.token_files import (
     read_finished,
     reason_counts,
     rejects_path,
+    seal,
     staged_options,
 )
 from raypack.pipeline.units import WorkUnit
@@ -176,14 +178,19 @@ class TokenizeShards:
                     writer.write_table(table)
                     checksum.add(table)
                     docs.append(table.select(["row", "file", "doc_id", "length"]))
+            rejects_crc = None
             if rejects:
                 table = pa.Table.from_pylist(rejects, schema=schema.REJECTS)
+                buffer = pa.BufferOutputStream()
+                pq.write_table(table, buffer)
+                data = buffer.getvalue().to_pybytes()
+                rejects_crc = crc32(data)
                 # Beside the token file before its completion key, so a finished token file always
                 # has its rejects.
                 with atomic_output(cached_rejects_file(path), self.storage) as f:
-                    pq.write_table(table, f)
+                    f.write(data)
                 with open_output(rejects_path(cfg.output.path, unit.index), self.storage) as f:
-                    pq.write_table(table, f)
+                    f.write(data)
             lost = {
                 "rejects": len(rejects),
                 "records": sum(r["records"] for r in rejects),
@@ -191,7 +198,9 @@ class TokenizeShards:
                 "trained": self._trained,
                 **self._long_texts(),
                 "crc32": checksum.crcs,
+                **({"rejects_crc32": rejects_crc} if rejects_crc is not None else {}),
             }
+            lost = seal(lost, path)
             done = pa.RecordBatch.from_pylist([], schema=schema.TOKENIZED)
             writer.write_batch(done, custom_metadata={DONE: json.dumps(lost).encode()})
         empty = schema.TOKENIZED.empty_table().select(["row", "file", "doc_id", "length"])
@@ -253,8 +262,16 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
     if lost["rejects"]:
         try:
             data = read_bytes(cached_rejects_file(path), storage)
+            if "rejects_crc32" in lost and crc32(data) != lost["rejects_crc32"]:
+                return None  # damaged since it was written: tokenized again
             reasons = pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
-        except (FileNotFoundError, pa.ArrowInvalid):
+        except FileNotFoundError:
+            return None
+        except Exception:
+            # Unreadable since (a flipped byte made pyarrow raise OSError, UnicodeDecodeError):
+            # tokenized again. On object storage an OSError may be the network's: the task's.
+            if is_uri(path):
+                raise
             return None
         write_bytes(rejects_path(cfg.output.path, unit.index), data, storage)
     if not is_uri(path):  # a local store's entry was used now (prune goes by this time)

@@ -67,10 +67,10 @@ def draw_length(length_bins: dict[int, int], seq_lens: Iterable[int]) -> str:
     total = int(counts.sum())
     for i, seq_len in enumerate(lines):
         over = int(counts[(2.0 ** (bins / LENGTH_BINS_PER_OCTAVE)) >= seq_len].sum())
-        share = f"{100 * over / total:.1f}%" if total else "0%"
+        share = f"~{100 * over / total:.1f}% longer" if over else "none longer"
         color = _COLORS[3 + i % 5]
         plot.vline(seq_len, color)
-        plot.note(seq_len, i, f"seq_len {seq_len:,}: ~{share} longer", color)
+        plot.note(seq_len, i, f"seq_len {seq_len:,}: {share}", color)
     return plot.svg("document length (tokens, 1/8-octave bins)", "documents")
 
 

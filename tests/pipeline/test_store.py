@@ -217,7 +217,7 @@ def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(
     with pa.ipc.open_file(pa.BufferReader(entry.read_bytes())) as reader:  # a copy: rewritten below
         batches = [reader.get_batch_with_custom_metadata(i) for i in range(reader.num_record_batches)]
     done = json.loads(batches[-1].custom_metadata[DONE])
-    recent = ("cuts", "cuts_refused", "long_whole", "cut_rule", "crc32")
+    recent = ("cuts", "cuts_refused", "long_whole", "cut_rule", "crc32", "rejects_crc32", "name", "key_crc32")
     older = {k: v for k, v in done.items() if k not in recent}  # and unchecked: no checksum either
     with pa.OSFile(str(entry), "wb") as sink, pa.ipc.new_file(sink, batches[0].batch.schema) as writer:
         for batch, meta in batches[:-1]:
@@ -536,3 +536,62 @@ def test_an_entry_damaged_in_place_is_tokenized_again(tmp_path: Path, tokenizer_
         assert main(["pack", str(cfg), "--quiet", "--overwrite"]) == 0
         assert units(tmp_path / "out") == {"reused": 2, "tokenized": 1}, key
         assert packed_documents(tmp_path / "out") == expected
+
+
+def test_an_entry_swapped_edited_or_damaged_in_its_metadata_is_a_miss(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """What a trial did to a store's entries, each on a fresh copy of it: two entries' files
+    swapped (one shard's documents were packed twice, another's not at all, exit 0), zeros over an
+    entry's Arrow metadata (every job failed with "Invalid flatbuffers message"), a byte of a
+    rejects file flipped (a traceback), the rejects count edited to 0 (the rejects went). Each is
+    a miss now: its units tokenized again, the packs and rejects a fresh pack's."""
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=30, seed=11)
+    write_jsonl(corpus / "part-009.jsonl", [{"text": "fine"}, {"text": ""}, b"{not json"])
+    pristine, store = tmp_path / "pristine", tmp_path / "store"
+    cfg = job_config(
+        tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)}, input={"max_reject_ratio": 0.5}
+    )
+    expected = independent_tokens(corpus, tokenizer_path)
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    counts = manifest(tmp_path / "out")["counts"]
+    shutil.copytree(store, pristine)
+    (with_rejects,) = (p for p in token_files(pristine) if (p.parent / f"{p.stem}.rejects.parquet").exists())
+    plain = [p for p in token_files(pristine) if p != with_rejects]
+
+    def swap(s: Path) -> None:
+        a, b = s / plain[0].name, s / plain[1].name
+        a.rename(s / "t")
+        b.rename(a)
+        (s / "t").rename(b)
+
+    def zero_metadata(s: Path) -> None:
+        entry = s / plain[0].name
+        data = bytearray(entry.read_bytes())
+        data[448:512] = bytes(64)
+        entry.write_bytes(bytes(data))
+
+    def flip_rejects(s: Path) -> None:
+        rejects = s / f"{with_rejects.stem}.rejects.parquet"
+        data = bytearray(rejects.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        rejects.write_bytes(bytes(data))
+
+    def no_rejects(s: Path) -> None:
+        entry = s / with_rejects.name
+        with pa.ipc.open_file(pa.BufferReader(entry.read_bytes())) as reader:
+            batches = [reader.get_batch_with_custom_metadata(i) for i in range(reader.num_record_batches)]
+        done = json.loads(batches[-1].custom_metadata[DONE]) | {"rejects": 0, "records": 0}
+        with pa.OSFile(str(entry), "wb") as sink, pa.ipc.new_file(sink, batches[0].batch.schema) as writer:
+            for batch, meta in batches[:-1]:
+                writer.write_batch(batch, custom_metadata=meta)
+            writer.write_batch(batches[-1].batch, custom_metadata={DONE: json.dumps(done).encode()})
+
+    for damage, missed in ((swap, 2), (zero_metadata, 1), (flip_rejects, 1), (no_rejects, 1)):
+        shutil.rmtree(store)
+        shutil.copytree(pristine, store)
+        damage(store)
+        assert main(["pack", str(cfg), "--quiet", "--overwrite", "--set", "pack.seq_len=256"]) == 0, damage
+        assert units(tmp_path / "out") == {"reused": 4 - missed, "tokenized": missed}, damage
+        assert packed_documents(tmp_path / "out") == expected, damage
+        assert manifest(tmp_path / "out")["counts"]["rejects"] == counts["rejects"], damage
