@@ -185,6 +185,23 @@ def tekken(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tekken(tmp_path_factory.mktemp("tekken"))
 
 
+@pytest.fixture
+def driver_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Where tokenizers parsed a tokenizer file in this process (the driver's), from now on: a job
+    on local processes leaves the parse to its workers' load."""
+    from raypack.pipeline import tokenizer as tokenizer_module
+
+    parsed: list[str] = []
+    parse = tokenizer_module._parse
+
+    def counted(raw: bytes, where: str) -> Any:
+        parsed.append(where)
+        return parse(raw, where)
+
+    monkeypatch.setattr(tokenizer_module, "_parse", counted)
+    return parsed
+
+
 @pytest.fixture(scope="session")
 def tokenizer_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real byte-level BPE (512 tokens) trained on generated text, with <|endoftext|> and <s>."""

@@ -356,7 +356,7 @@ def seal(lost: dict[str, Any], path: str) -> dict[str, Any]:
     that entry: a trial swapped two, and one shard's documents were packed twice, another's not
     at all) and a CRC-32 of the rest (an edited count: the trial set "rejects" to 0 and the rejects
     went silently)."""
-    named = {**lost, "name": path.rstrip("/").rsplit("/", 1)[-1]}
+    named = {**lost, "name": _entry_name(path)}
     return {**named, "key_crc32": _key_crc(named)}
 
 
@@ -369,6 +369,11 @@ def _key_crc(lost: dict[str, Any]) -> int:
 
 def _key_sound(lost: dict[str, Any], path: str) -> bool:
     """A completion key is this entry's, and as written (keys written before `seal` pass)."""
-    if "name" in lost and lost["name"] != path.rstrip("/").rsplit("/", 1)[-1]:
+    if "name" in lost and lost["name"] != _entry_name(path):
         return False
     return "key_crc32" not in lost or lost["key_crc32"] == _key_crc(lost)
+
+
+def _entry_name(path: str) -> str:
+    """A token file's name, its key (token_key) and suffix, local path or URI alike."""
+    return path.rstrip("/").rsplit("/", 1)[-1]

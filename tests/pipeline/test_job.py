@@ -261,7 +261,7 @@ def test_sharded_mode_packs_each_group_alone(tmp_path: Path, tokenizer_path: Pat
 
 
 def test_the_driver_leaves_the_tokenizers_parse_to_the_workers_whose_load_checks_it_first(
-    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, tokenizer_path: Path, driver_parses: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     """On the local executor the driver reads the ids it needs from tokenizer.json and never parses
     it: the workers' load does (0.8 s of a 131k BPE's, holding the GIL, was the driver's too), and
@@ -273,18 +273,12 @@ def test_the_driver_leaves_the_tokenizers_parse_to_the_workers_whose_load_checks
     from raypack.pipeline.backends import probes
     from tests.conftest import packed_documents
 
-    parsed: list[str] = []  # tokenizers' parses on the driver
-    parse = tokenizer_module._parse
-
-    def counted(raw: bytes, where: str) -> Tokenizer:
-        parsed.append(where)
-        return parse(raw, where)
-
-    monkeypatch.setattr(tokenizer_module, "_parse", counted)
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=15, seed=8)
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
     assert main(["pack", str(cfg), "--quiet"]) == 0
-    assert parsed == [] and packed_documents(tmp_path / "out") == independent_tokens(corpus, tokenizer_path)
+    assert driver_parses == [] and packed_documents(tmp_path / "out") == independent_tokens(
+        corpus, tokenizer_path
+    )
     backend = json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer"]["backend"]
     # The probes of the driver's parse, every added token's among them, from the JSON's read.
     eager = probes(tokenizer_module.load_tokenizer(TokenizerConfig(path=str(tokenizer_path))).added_tokens())

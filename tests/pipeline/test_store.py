@@ -21,7 +21,6 @@ import pytest
 
 from raypack.cli import main
 from raypack.config import ConfigError, load_config
-from raypack.pipeline import tokenizer as tokenizer_module
 from raypack.pipeline.runners import LocalRunner
 from raypack.pipeline.store import file_digest
 from raypack.pipeline.token_files import DONE, Checksum
@@ -112,7 +111,7 @@ def test_a_copied_corpus_hits_and_a_repack_pays_no_tokenization(
 
 
 def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
-    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch, driver_parses: list[str]
 ) -> None:
     """A stored unit's task reads its token file only: a repack that finds every unit never asks
     the runner's workers to load the tokenizer (2-3 s for a 128k BPE and fastokens' copy on 2
@@ -126,14 +125,7 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
         return preload(self, fn, args)
 
     monkeypatch.setattr(LocalRunner, "preload", spied)
-    parsed: list[str] = []  # tokenizers' parses of the tokenizer on the driver
-    parse = tokenizer_module._parse
-
-    def counted(raw: bytes, where: str) -> Any:
-        parsed.append(where)
-        return parse(raw, where)
-
-    monkeypatch.setattr(tokenizer_module, "_parse", counted)
+    parsed = driver_parses  # tokenizers' parses of the tokenizer on the driver
     corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=4)
     store = tmp_path / "store"
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, cache={"path": str(store)})
