@@ -80,6 +80,7 @@ def main() -> int:
         limit = min(fast_s, procs_s)
         print(f"encode_batch_fast {fast_s:.1f} s, in one-thread processes {procs_s:.1f} s", flush=True)
     tree = checkout(args.rev, args.work)
+    bench_job.compile_package(tree)
     runner = args.work / f"run-{tree.name}.py"
     runner.write_text(_RUN.format(tree=str(tree)))
     commands = {args.rev: [sys.executable, str(runner)], "this": [sys.executable, "-m", "raypack.cli"]}
