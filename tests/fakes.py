@@ -45,8 +45,8 @@ class OneIdOff:
 class Differs(TokenizeShards):
     """A worker whose fast encoder differs on WORD (its sampled check is to find it)."""
 
-    def __init__(self, cfg: Any, backend: str, loaded: Any) -> None:
-        super().__init__(cfg, backend, loaded)
+    def __init__(self, cfg: Any, backend: str, loaded: Any, ahead: bool = False) -> None:
+        super().__init__(cfg, backend, loaded, ahead)
         if self.encoder is not self.reference:
             self.encoder = OneIdOff(self.encoder, WORD)
 
@@ -65,8 +65,8 @@ class Shifted(TokenizeShards):
     """A worker whose fast character offsets are shifted past the third character (a chat mask's
     input): its sampled check is to find it."""
 
-    def __init__(self, cfg: Any, backend: str, loaded: Any) -> None:
-        super().__init__(cfg, backend, loaded)
+    def __init__(self, cfg: Any, backend: str, loaded: Any, ahead: bool = False) -> None:
+        super().__init__(cfg, backend, loaded, ahead)
         if self.coder is not self.reference_coder:
             inner = self.coder
 

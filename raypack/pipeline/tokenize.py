@@ -206,27 +206,32 @@ def tokenize(
         ]
 
     def run(
-        choice: Choice, refused: Callable[[], bool] = lambda: False, stored: bool = False
+        choice: Choice, refused: Callable[[], bool] | None = None, stored: bool = False
     ) -> tuple[list[WorkUnit], Totals, list[WorkUnit]]:
         """Every unit keyed for `choice` and tokenized; with a fast backend, giving out units stops at
-        the first whose check found a difference, or once `refused` (the driver's check of a fast
-        backend the workers started with). `stored`: every unit's token file was found (the workers
+        the first whose check found a difference. `refused`: the pass runs ahead of the driver's
+        check of its backend, and stops giving out units once that says so or a worker refused a
+        unit (its fastokens did not load). `stored`: every unit's token file was found (the workers
         need not load the tokenizer first). The units, their totals, the files it wrote."""
         ready()
+        unloaded.clear()
         keyed = keyed_for(choice)
         totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [u.source for u in keyed])
         written: list[WorkUnit] = []
         progress = Progress("tokenize", len(keyed), "units", sum(weights), stream)
 
         def add(summary: dict[str, Any]) -> None:
+            if "refused" in summary:  # untokenized: the pass is refused, and run again
+                unloaded.append(str(summary["refused"]))
+                return
             totals.add(summary)  # folded as they arrive: no list of every unit's histogram
             progress.advance(1, weights[int(summary["shard"])])
             if not summary["cached"]:
                 written.append(keyed[int(summary["shard"])])
 
         ordered = [keyed[i] for i in order]
-        stop = lambda: bool(totals.failovers) or refused()  # noqa: E731
-        pool.run(ordered, TokenizeShards, choice.backend, add, stop, cfg, loaded=not stored)
+        stop = lambda: bool(totals.failovers or unloaded) or (refused is not None and refused())  # noqa: E731
+        pool.run(ordered, TokenizeShards, choice.backend, add, stop, cfg, not stored, refused is not None)
         progress.close()
         return keyed, totals, written
 
@@ -242,6 +247,8 @@ def tokenize(
 
     stored = None if digests is None else _stored_choice(cfg, tok, version, remembered, keyed_for, token_dir)
     cleared: list[bool] = []
+    unloaded: list[str] = []
+    """Why workers refused units of a pass run ahead of the check (their fastokens did not load)."""
 
     def ready() -> None:
         """The output cleared, once, before the first unit is given out; where the driver read the
@@ -298,9 +305,10 @@ def tokenize(
             except BaseException:
                 discard(written)
                 raise
-        if choice.label != ahead.label:
-            began = f"{len(written)} units tokenized by {ahead.label} before its check"
-            log(f"[raypack] {began}: tokenizing again")
+        if choice.label != ahead.label or unloaded:
+            if written:
+                began = f"{len(written)} units tokenized by {ahead.label} before its check"
+                log(f"[raypack] {began}: tokenizing again")
             discard(written)
             keyed, totals, written = run(choice)
     failovers = list(totals.failovers)

@@ -71,14 +71,15 @@ def reference_encode(ctx: JobContext, texts: list[str]) -> tuple[np.ndarray, np.
 
 def tokenize_unit(
     ctx: JobContext,
-    key: tuple[str, type[TokenizeShards], str],
+    key: tuple[str, type[TokenizeShards], str, bool],
     cfg: JobConfig,
     patterns: tuple[str, ...] | None,
     unit: WorkUnit,
 ) -> dict[str, Any]:
     """Task: one unit's summary row: its finished token file's (stored_unit: no tokenizer needed,
     none loaded), else the unit tokenized by this worker's TokenizeShards of the pass `key` (a
-    pass's id, the class, the backend). `cfg`: the job's as the self-check left it."""
+    pass's id, the class, the backend, whether the pass runs ahead of the backend's check). `cfg`:
+    the job's as the self-check left it."""
     with transient(patterns):
         stored = stored_unit(cfg, unit)
         return stored if stored is not None else job_state(ctx).shards(key, cfg).unit(unit)
@@ -156,6 +157,7 @@ class TokenizePool:
         stop: Callable[[], bool] = lambda: False,
         cfg: JobConfig | None = None,
         loaded: bool = True,
+        ahead: bool = False,
     ) -> None:
         """Tokenize every row's unit, submitted in the given order, each node's window at a time;
         `on_summary` gets each summary as it arrives; once `stop()` says so, nothing more is
@@ -163,11 +165,12 @@ class TokenizePool:
         is raised. `cfg`: the job's as the self-check left it (tokenizer.chat_spans), else the
         context's; `loaded`: the workers load the tokenizer first (False: every unit's token file
         is there: they load only what a summary needs, and a unit that is not there after all has
-        its worker load the tokenizer)."""
+        its worker load the tokenizer); `ahead`: the pass runs ahead of the driver's check of its
+        fast backend (a worker where that backend did not load refuses its units, untokenized)."""
         if self.preload is not None:
             self.preload() if loaded else self.preload.warm()
         cfg = cfg or self.ctx.cfg
-        key = (uuid.uuid4().hex, cls, backend)  # this pass's: its workers start afresh
+        key = (uuid.uuid4().hex, cls, backend, ahead)  # this pass's: its workers start afresh
         runner = self.runner
         todo = iter(rows)
         running: dict[Any, str] = {}  # a unit's task -> the node it was given to

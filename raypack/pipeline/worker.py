@@ -72,17 +72,18 @@ class JobState:
     """Why fastokens did not load here ("" when it did or was not asked for)."""
     pid: int = field(default_factory=os.getpid)
     """The process that loaded it: another one is a fork of it (a local pool's zygote's worker)."""
-    passes: dict[tuple[str, Any, str], Any] = field(default_factory=dict)
-    """The tokenize stage's TokenizeShards of each pass (a pass's id, class, backend): a worker keeps
-    one from unit to unit (it holds the failover to tokenizers once a check found a difference)."""
+    passes: dict[tuple[str, Any, str, bool], Any] = field(default_factory=dict)
+    """The tokenize stage's TokenizeShards of each pass (a pass's id, class, backend, and whether it
+    runs ahead of the backend's check): a worker keeps one from unit to unit (it holds the failover
+    to tokenizers once a check found a difference)."""
 
-    def shards(self, key: tuple[str, Any, str], cfg: JobConfig) -> Any:
+    def shards(self, key: tuple[str, Any, str, bool], cfg: JobConfig) -> Any:
         """The pass's TokenizeShards (raypack.pipeline.tokenize_task: the key's class), made on its
         first unit here."""
         if key not in self.passes:
             self.passes.clear()  # a new pass starts afresh
-            _, cls, backend = key
-            self.passes[key] = cls(cfg, backend, self)
+            _, cls, backend, ahead = key
+            self.passes[key] = cls(cfg, backend, self, ahead)
         return self.passes[key]
 
 
