@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import re
 
-__all__ = ["ConfigError", "JobError", "StorageError", "storage_cause"]
+__all__ = ["ConfigError", "JobError", "StorageError", "storage_cause", "task_raised"]
 
 
 class ConfigError(ValueError):
@@ -42,11 +42,9 @@ def storage_cause(e: BaseException) -> str | None:
     current: BaseException | None = e
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        cause = getattr(current, "cause", None)
-        if _is_ray_task_error(current) and isinstance(cause, BaseException):
-            # A plain Ray task's error: RayTaskError(OSError) is an OSError too, but its text is the
-            # worker's traceback; the exception the task raised is its .cause.
-            current = cause
+        raised = task_raised(current)
+        if raised is not current:
+            current = raised
             continue
         if isinstance(current, OSError):
             found = _first_line(str(current)) or type(current).__name__
@@ -57,8 +55,14 @@ def storage_cause(e: BaseException) -> str | None:
     return found
 
 
-def _is_ray_task_error(e: BaseException) -> bool:
-    return any(c.__name__ == "RayTaskError" for c in type(e).__mro__)
+def task_raised(e: BaseException) -> BaseException:
+    """The exception a task raised: a plain Ray task's error, RayTaskError(X), is an X too, but its
+    text is Ray's header ("ray::fast_encode() (pid=..., ip=...)") and the worker's traceback; the
+    task's own exception is its .cause. Anything else is itself."""
+    cause = getattr(e, "cause", None)
+    if isinstance(cause, BaseException) and any(c.__name__ == "RayTaskError" for c in type(e).__mro__):
+        return cause
+    return e
 
 
 def _first_line(text: str) -> str:

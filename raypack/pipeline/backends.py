@@ -33,11 +33,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from raypack.config import TOKENIZER_BACKENDS as BACKENDS
+from raypack.errors import task_raised
 from raypack.pipeline.offsets import (
     PREPEND,
     ByteOffsets,
     PieceOffsets,
     added_pattern,
+    forms_beside,
     metaspace_copy,
     normal_forms,
     reference_coder,
@@ -199,6 +201,20 @@ def _added(tokenizer_json: str) -> re.Pattern[str] | None:
     return added_pattern(str(t["content"]) for t in tokens if t.get("content"))
 
 
+def _forms_kept(tokenizer_json: str) -> str:
+    """Why fastokens met a normal form raypack leaves out for it (fast_json): the normalizer holds
+    other steps too. A trial read "unsupported normalizer type: NFKC" for NFKC then Strip, where
+    NFKC alone runs on fastokens."""
+    normalizer = _part(tokenizer_json, "normalizer")
+    forms, others = forms_beside(normalizer[0] if normalizer is not None else None)
+    if not forms or not others:
+        return ""
+    return (
+        f"; raypack leaves {' and '.join(dict.fromkeys(forms))} out for fastokens only in a normalizer"
+        f" of Unicode normal forms alone, and this one has {' and '.join(dict.fromkeys(others))} too"
+    )
+
+
 def _metaspace_always(spec: dict[str, Any]) -> bool:
     return (
         spec.get("type") == "Metaspace"
@@ -212,9 +228,10 @@ def _metaspace_always(spec: dict[str, Any]) -> bool:
 class FastokensEncoder:
     name = "fastokens"
 
-    def __init__(self, tokenizer_json: str, built: Any = None) -> None:
-        """`built`: fastokens' Tokenizer of fast_json(tokenizer_json) where it was made already (a
-        local pool's zygote builds it as it starts: raypack.pipeline.worker)."""
+    def __init__(self, tokenizer_json: str, built: Callable[[], Any] | None = None) -> None:
+        """`built`: gives fastokens' Tokenizer of fast_json(tokenizer_json) where it was made
+        already, or its exception (a local pool's zygote builds it as it starts:
+        raypack.pipeline.worker); None where it was not."""
         # One thread per worker, as for tokenizers' rayon pool: N workers × N threads on N cores lose
         # ~19% (measured for tokenizers). A value the user set wins.
         os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
@@ -234,9 +251,10 @@ class FastokensEncoder:
         """For the texts `route` does not take: the job's tokenizers encoder, set by whoever holds
         one (else made from the JSON when first needed)."""
         try:
-            self.tokenizer = built if built is not None else fastokens.Tokenizer.from_json_str(loaded)
+            made = built() if built is not None else None
+            self.tokenizer = made if made is not None else fastokens.Tokenizer.from_json_str(loaded)
         except Exception as e:  # fastokens raises ValueError for what it does not support
-            raise FastRefused(_first_line(e)) from e
+            raise FastRefused(_first_line(e) + _forms_kept(tokenizer_json)) from e
         self.version = fastokens_version() or "?"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -573,10 +591,13 @@ def choose_backend(
 
     offsets = tok.offsets() if chat else None
     if chat and offsets is None:
+        normalizer = _part(tok.json, "normalizer")
+        rewrites = forms_beside(normalizer[0] if normalizer is not None else None)[1]
+        also = f"; this one's normalizer has {' and '.join(dict.fromkeys(rewrites))}" if rewrites else ""
         return refuse(
             "chat data's mask needs character offsets, and this tokenizer's do not follow from its ids "
             "(fastokens gives ids only; a byte-level BPE's offsets follow, and a SentencePiece BPE's with "
-            "byte fallback: raypack.pipeline.offsets)"
+            f"byte fallback: raypack.pipeline.offsets{also})"
         )
     if fastokens_version() is None:
         return refuse("fastokens is not installed (no wheel for this platform?)")
@@ -592,10 +613,12 @@ def choose_backend(
         if differs is None:
             sample = corpus_sample()
             differs = _compared(reference, fast, sample, offsets)
-    except FastRefused as e:  # at load
-        return refuse(f"fastokens {fastokens_version()} refuses this tokenizer ({_first_line(e)})")
+    except FastRefused as e:  # at load (on a Ray worker: its RayTaskError, whose text is Ray's header)
+        return refuse(
+            f"fastokens {fastokens_version()} refuses this tokenizer ({_first_line(task_raised(e))})"
+        )
     except FastFailed as e:
-        return refuse(f"fastokens {fastokens_version()} {e}")
+        return refuse(f"fastokens {fastokens_version()} {task_raised(e)}")
     what = "ids and character offsets" if chat else "ids"
     if differs is not None:
         return refuse(f"fastokens {fast.version} gave other {what} than tokenizers on {differs}")

@@ -36,6 +36,7 @@ __all__ = [
     "Coder",
     "PieceOffsets",
     "added_pattern",
+    "forms_beside",
     "metaspace_copy",
     "normal_forms",
     "offsets_of",
@@ -521,6 +522,12 @@ def normal_forms(spec: dict[str, Any] | None) -> tuple[str, ...] | None:
     it does more than normal forms (Lowercase, Replace, Prepend...)."""
     forms = tuple(n.get("type", "") for n in _steps(spec, "normalizers"))
     return forms if all(form in _FORMS for form in forms) else None
+
+
+def forms_beside(spec: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+    """A normalizer's normal forms and its other steps (Strip, Lowercase...), by type, in order."""
+    steps = [str(n.get("type", "")) for n in _steps(spec, "normalizers")]
+    return [s for s in steps if s in _FORMS], [s for s in steps if s not in _FORMS]
 
 
 def _steps(spec: dict[str, Any] | None, key: str) -> list[dict[str, Any]]:

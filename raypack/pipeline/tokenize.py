@@ -232,7 +232,8 @@ def tokenize(
         ordered = [keyed[i] for i in order]
         stop = lambda: bool(totals.failovers or unloaded) or (refused is not None and refused())  # noqa: E731
         pool.run(ordered, TokenizeShards, choice.backend, add, stop, cfg, not stored, refused is not None)
-        progress.close()
+        if progress.done or not unloaded:  # (a pass its workers refused whole did nothing to show)
+            progress.close()
         return keyed, totals, written
 
     def discard(written: list[WorkUnit]) -> None:

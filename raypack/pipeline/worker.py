@@ -227,7 +227,7 @@ def load_fast(tokenizer_json: str, key: str | None = None) -> tuple[FastokensEnc
     from raypack.pipeline.zygote import early
 
     try:
-        return FastokensEncoder(tokenizer_json, early(key) if key else None), ""
+        return FastokensEncoder(tokenizer_json, (lambda: early(key)) if key else None), ""
     except Exception as e:  # FastRefused, or fastokens not installed on this node
         return None, str(e).splitlines()[0] if str(e) else type(e).__name__
 

@@ -5,6 +5,7 @@ and says so."""
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import re
@@ -186,6 +187,45 @@ def test_a_tokenizer_fastokens_refuses_runs_on_tokenizers_and_says_so(
         ConfigError, match=r"tokenizer.backend fastokens: fastokens .* refuses this tokenizer"
     ):
         choose_backend("fastokens", loaded, list)
+
+
+def test_chat_with_a_byte_level_bpe_whose_normalizer_rewrites_text_says_which_step(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """Conversations with a byte-level BPE whose normalizer strips: its offsets do not follow from
+    its ids, and the reason names the step (a trial read "a byte-level BPE's offsets follow" about
+    a byte-level BPE, and could not tell why)."""
+    path = tmp_path / "strip.json"
+    _stripping(tokenizer_path).save(str(path))
+    loaded = load_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
+    assert loaded.offsets() is None
+    choice = choose_backend("auto", loaded, list, chat=True)
+    assert choice.backend == "tokenizers" and "this one's normalizer has Strip)" in choice.reason
+
+
+def test_a_refusal_on_a_ray_worker_gives_fastokens_reason_not_rays_header(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """On Ray the check's fastokens runs in a task, and its refusal reaches the driver as a
+    RayTaskError(FastRefused), whose text is Ray's header: the reason said "ray::fast_encode() (pid=
+    23071, ...)" (a trial), the manifest differed between runs by the pid, and fastokens' own reason
+    was lost. It is the task's exception that is told."""
+    from ray.exceptions import RayTaskError
+
+    path = tmp_path / "strip.json"
+    _stripping(tokenizer_path).save(str(path))
+    loaded = load_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
+    try:
+        FastokensEncoder(loaded.json)
+    except backends.FastRefused as refused:
+        on_worker = RayTaskError("fast_encode", "Traceback ...", refused).as_instanceof_cause()
+    assert isinstance(on_worker, backends.FastRefused) and "pid=" in str(on_worker)
+
+    def worker() -> Any:
+        raise on_worker
+
+    choice = choose_backend("auto", loaded, list, worker)
+    assert choice.backend == "tokenizers" and "Strip" in choice.reason and "pid=" not in choice.reason
 
 
 def test_tokenizer_backend_fastokens_that_it_refuses_leaves_the_dataset_it_would_replace(
@@ -457,12 +497,13 @@ def test_units_the_workers_began_before_the_check_refused_fastokens_are_all_toke
 def test_a_fastokens_that_did_not_load_refuses_the_units_before_its_check_ends(
     tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tokenizer whose normalizer fastokens cannot load (Strip), backend auto, the driver's check
+    """A tokenizer whose normalizer fastokens cannot load (NFKC, then Strip), backend auto, the driver's check
     slowed: the workers, started ahead of the check, tokenize nothing with tokenizers under
     fastokens' key (each such unit was tokenized twice: 33.8 against 21.3 s on 50 MB). The bytes are
     those of tokenizers named."""
     spec = json.loads(tokenizer_path.read_text())
-    spec["normalizer"] = {"type": "Strip", "strip_left": False, "strip_right": True}
+    strip = {"type": "Strip", "strip_left": False, "strip_right": True}
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "NFKC"}, strip]}
     stripped = tmp_path / "strip" / "tokenizer.json"
     stripped.parent.mkdir()
     stripped.write_text(json.dumps(spec))
@@ -472,10 +513,15 @@ def test_a_fastokens_that_did_not_load_refuses_the_units_before_its_check_ends(
     sample = tokenize_stage._corpus_sample
     monkeypatch.setattr(tokenize_stage, "_corpus_sample", lambda *a: (time.sleep(1.5), sample(*a))[1])
     lines: list[str] = []
-    result = raypack.pack(str(path), overrides=[f"output.path={tmp_path / 'auto'}"], log=lines.append)
+    shown = io.StringIO()
+    out = f"output.path={tmp_path / 'auto'}"
+    result = raypack.pack(str(path), overrides=[out], log=lines.append, progress=shown)
     assert result.runner["name"] == "local"
     assert not any("before its check" in x for x in lines), lines
-    assert result.backend["chosen"].startswith("tokenizers ") and "Strip" in result.backend["reason"]
+    # One tokenize pass shown, the one that tokenized: none of 0 units before it.
+    assert re.findall(r"tokenize (\d+)/4 units", shown.getvalue()) == ["4"], shown.getvalue()
+    # fastokens names NFKC, which raypack takes out for it when alone: the reason says what is not.
+    assert result.backend["chosen"].startswith("tokenizers ") and "has Strip too" in result.backend["reason"]
     assert result.backend["units_by_backend"] == {"tokenizers": 4}
     assert _data(tmp_path / "auto") == _data(tmp_path / "named")
 
