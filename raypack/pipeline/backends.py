@@ -201,17 +201,24 @@ def _added(tokenizer_json: str) -> re.Pattern[str] | None:
     return added_pattern(str(t["content"]) for t in tokens if t.get("content"))
 
 
+def _normalizer_steps(tokenizer_json: str) -> tuple[str, str]:
+    """The normalizer's normal forms and its other steps, each kind named once ("NFKC", "Strip and
+    Lowercase"; "" for none), for the reasons a refusal gives."""
+    normalizer = _part(tokenizer_json, "normalizer")
+    forms, others = forms_beside(normalizer[0] if normalizer is not None else None)
+    return " and ".join(dict.fromkeys(forms)), " and ".join(dict.fromkeys(others))
+
+
 def _forms_kept(tokenizer_json: str) -> str:
     """Why fastokens met a normal form raypack leaves out for it (fast_json): the normalizer holds
     other steps too. A trial read "unsupported normalizer type: NFKC" for NFKC then Strip, where
     NFKC alone runs on fastokens."""
-    normalizer = _part(tokenizer_json, "normalizer")
-    forms, others = forms_beside(normalizer[0] if normalizer is not None else None)
+    forms, others = _normalizer_steps(tokenizer_json)
     if not forms or not others:
         return ""
     return (
-        f"; raypack leaves {' and '.join(dict.fromkeys(forms))} out for fastokens only in a normalizer"
-        f" of Unicode normal forms alone, and this one has {' and '.join(dict.fromkeys(others))} too"
+        f"; raypack leaves {forms} out for fastokens only in a normalizer of Unicode normal forms"
+        f" alone, and this one has {others} too"
     )
 
 
@@ -591,9 +598,8 @@ def choose_backend(
 
     offsets = tok.offsets() if chat else None
     if chat and offsets is None:
-        normalizer = _part(tok.json, "normalizer")
-        rewrites = forms_beside(normalizer[0] if normalizer is not None else None)[1]
-        also = f"; this one's normalizer has {' and '.join(dict.fromkeys(rewrites))}" if rewrites else ""
+        rewrites = _normalizer_steps(tok.json)[1]
+        also = f"; this one's normalizer has {rewrites}" if rewrites else ""
         return refuse(
             "chat data's mask needs character offsets, and this tokenizer's do not follow from its ids "
             "(fastokens gives ids only; a byte-level BPE's offsets follow, and a SentencePiece BPE's with "
