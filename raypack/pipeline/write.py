@@ -16,10 +16,11 @@ import numpy as np
 from raypack.config import JobConfig
 from raypack.formats import Spec, group_of, stem_of_file
 from raypack.packing import Plan
+from raypack.pipeline.assign import file_rows
 from raypack.pipeline.exchange import ITEM_BYTES, check_index_ids, layout, run_exchange
 from raypack.pipeline.histogram import Totals
 from raypack.pipeline.materialize import data_file
-from raypack.pipeline.plan import file_keys, file_rows, planned_files
+from raypack.pipeline.plan import file_keys, planned_files
 from raypack.pipeline.runners import Runner
 from raypack.pipeline.select import Selection
 from raypack.pipeline.sharded import write_sharded

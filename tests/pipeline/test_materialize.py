@@ -8,11 +8,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from raypack import schema
 from raypack.formats import Spec
 from raypack.packing import pack
-from raypack.pipeline.assign import file_key, items_table
+from raypack.pipeline.assign import file_key, file_of, file_rows, items_table
 from raypack.pipeline.exchange import write_files
 from raypack.pipeline.materialize import write_pack_file, write_pack_files
 
@@ -161,3 +163,27 @@ def test_items_that_name_their_token_file_write_the_same_bytes(tmp_path: Path) -
     mapped.close()
     with pytest.raises(RuntimeError, match="which were not mapped"):
         write_files(file_keys, str(tmp_path / "c"), PARQUET, False, None, (), None, 1, named)
+
+
+@given(st.integers(0, 5_000), st.integers(1, 600))
+def test_files_are_as_even_as_can_be_and_each_pack_knows_its_file(packs: int, shard_rows: int) -> None:
+    """ceil(packs / shard_rows) files of at most shard_rows packs, one pack apart at most and the
+    longer ones first; file_of places pack k in the file whose rows hold it."""
+    rows = file_rows(packs, shard_rows)
+    assert sum(rows) == packs and len(rows) == -(-packs // shard_rows)
+    assert all(0 < r <= shard_rows for r in rows)
+    assert not rows or max(rows) - min(rows) <= 1
+    assert rows == sorted(rows, reverse=True)
+    local = np.arange(packs)
+    expected = np.repeat(np.arange(len(rows)), rows)
+    assert np.array_equal(file_of(local, packs, shard_rows), expected)
+    # one count per pack, as assign gives it (packs of several buckets side by side)
+    assert np.array_equal(file_of(local, np.full(packs, packs), shard_rows), expected)
+
+
+def test_a_repack_writes_even_files_not_a_short_last_one() -> None:
+    """33,545 packs in files of at most 10,000: four of 8,387 or 8,386 (a short last file of 3,545
+    left one of two writers idle ~1 s at the end)."""
+    assert file_rows(33_545, 10_000) == [8_387, 8_386, 8_386, 8_386]
+    assert file_rows(20_000, 10_000) == [10_000, 10_000]
+    assert file_rows(7, 10_000) == [7]
