@@ -35,6 +35,7 @@ import numpy as np
 from raypack.config import TOKENIZER_BACKENDS as BACKENDS
 from raypack.errors import task_raised
 from raypack.pipeline.offsets import (
+    PLAIN,
     PREPEND,
     ByteOffsets,
     PieceOffsets,
@@ -104,6 +105,9 @@ class TokenizersEncoder:
         return flat, lengths
 
 
+_MAIN = ("normalized", "tail")  # the copies (Route.copy) main encodes, given another text
+
+
 @dataclass(frozen=True)
 class Route:
     """Which of fastokens' copies of a tokenizer (fast_json) encodes a text as the tokenizer does;
@@ -120,8 +124,9 @@ class Route:
     """The added tokens, where a rewrite needs them (a section starts after each one)."""
 
     def copy(self, text: str) -> str | None:
-        """Which copy: "main" (fast_json's), "plain" (its Metaspace rewrite without the Prepend),
-        "normalized" (main, given the text as the normal forms write it), or None (the reference)."""
+        """Which copy: "main" (fast_json's), "tail" (main, given the text but its first character),
+        "plain" (its Metaspace rewrite without the Prepend), "normalized" (main, given the text as
+        the normal forms write it), or None (the reference)."""
         if self.forms and not unchanged(self.forms, text):
             # Holding no added token, the text is one section, normalized whole (tokenizers splits
             # a text at its added tokens, then normalizes each section): main encodes it as
@@ -130,6 +135,16 @@ class Route:
         if self.metaspace is None:
             return "main"
         copy = metaspace_copy(self.metaspace, self.added, text)
+        if (
+            copy == PLAIN
+            and len(text) > 1
+            and text[0] in " ▁"
+            and not (self.added and self.added.search(text))
+        ):
+            # One section that starts with a space or `▁`: the Replace alone writes it `▁` + R(rest),
+            # as main (Prepend + Replace) writes the rest; the plain copy, ~0.35 s a process to make
+            # for a 32k vocabulary, is then needed only for a text that also holds an added token.
+            return "tail"
         return None if copy is None else "main" if copy == PREPEND else "plain"
 
 
@@ -289,10 +304,13 @@ class FastokensEncoder:
         return out
 
     def _routed(self, texts: list[str], copies: list[str | None]) -> tuple[np.ndarray, np.ndarray]:
-        """Each text encoded by the copy Route.copy named: "main", "plain", "normalized" (main, on
-        the normalized text) or (None) the reference."""
+        """Each text encoded by the copy Route.copy named: "main", "tail" (main, on the text but its
+        first character), "plain", "normalized" (main, on the normalized text) or (None) the
+        reference."""
         if "normalized" in copies:
             texts = self._normalized(texts, copies)
+        if "tail" in copies:
+            texts = [t[1:] if c == "tail" else t for t, c in zip(texts, copies, strict=True)]
         changed = [i for i, c in enumerate(copies) if c is None]
         if changed and self.reference is None:
             from tokenizers import Tokenizer
@@ -305,8 +323,8 @@ class FastokensEncoder:
         encoders = {"main": self._encode, "plain": self._plain_encode, None: self._reference_encode}
         spent = 0.0
         for copy, encode in encoders.items():
-            # A normalized text is main's: one batch for both.
-            where = [i for i, c in enumerate(copies) if c == copy or (copy == "main" and c == "normalized")]
+            # A normalized or tail text is main's: one batch for all.
+            where = [i for i, c in enumerate(copies) if c == copy or (copy == "main" and c in _MAIN)]
             if not where:
                 continue
             t0 = time.perf_counter()
