@@ -96,6 +96,27 @@ def pid() -> int:
     return os.getpid()
 
 
+def warm_numba() -> None:
+    """A preload: numba loads a compiled function (raypack's summaries' make_items), as a zygote's
+    warm-up does."""
+    import numpy as np
+
+    from raypack.packing import make_items
+
+    make_items(np.array([3, 9], dtype=np.int64), 4, "split")
+
+
+def scipy_seen() -> tuple[bool, bool, bool]:
+    """Whether numba's functions were loaded here, whether scipy.linalg was imported for it, and
+    whether scipy's BLAS then imports (scipy.linalg.cython_blas)."""
+    import sys
+
+    loaded, before = "numba.np.arraymath" in sys.modules, "scipy.linalg" in sys.modules
+    import scipy.linalg.cython_blas
+
+    return loaded, before, scipy.linalg.cython_blas is not None
+
+
 def always_dies() -> None:
     """A task whose worker is killed every time it runs it."""
     import os

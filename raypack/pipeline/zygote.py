@@ -260,6 +260,8 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
                     pid = os.fork()
                     if pid == 0:
                         ctrl.close()
+                        if sys.modules.get(_BLAS_PROBE, ctrl) is None:
+                            del sys.modules[_BLAS_PROBE]
                         code = 0
                         try:
                             _work(address)
@@ -286,9 +288,18 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+# numba, as it loads its first compiled function, probes for a BLAS by importing this module, whose
+# package (scipy.linalg) takes 0.3 s to import. The zygote's functions use no BLAS (no np.dot, no
+# linalg) and the zygote never imports scipy, so its probe finds none at once: the warm-up the
+# workers wait for went from 0.56-1.09 s to 0.25-0.48 s. A worker it forks imports scipy as usual
+# (the entry is dropped at the fork); numba, already loaded, keeps its answer there.
+_BLAS_PROBE = "scipy.linalg.cython_blas"
+
+
 def serve(hello: dict[str, Any]) -> None:
     """The zygote's life: connect to the driver, import what every worker needs, then serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    sys.modules.setdefault(_BLAS_PROBE, None)  # type: ignore[arg-type]
     sys.path[:] = hello["sys_path"]
     for name, value in hello["env"].items():
         os.environ.setdefault(name, value)

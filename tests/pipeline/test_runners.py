@@ -247,6 +247,21 @@ def test_a_pool_whose_processes_cannot_run_fails_its_tasks_instead_of_waiting(tm
         runner.close(release=True)
 
 
+def test_the_zygote_loads_numba_without_scipy_and_its_workers_still_import_scipy() -> None:
+    """numba probes for a BLAS by importing scipy.linalg (0.3 s) as it loads its first function; the
+    zygote's warm-up skips the probe (no raypack function uses a BLAS), and a worker it forks imports
+    scipy's BLAS as any process does."""
+    from tests.fakes import scipy_seen, warm_numba
+
+    runner = LocalRunner(1)
+    try:
+        runner.preload(warm_numba, ()).result(timeout=120)  # type: ignore[union-attr]
+        runner.start()
+        assert runner.map(scipy_seen, [()]) == [(True, False, True)]
+    finally:
+        runner.close(release=True)
+
+
 def test_local_cpus_follows_the_process_affinity() -> None:
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this system")
