@@ -96,25 +96,32 @@ def pid() -> int:
     return os.getpid()
 
 
-def warm_numba() -> None:
-    """A preload: numba loads a compiled function (raypack's summaries' make_items), as a zygote's
-    warm-up does."""
+def warm_like_a_zygote() -> None:
+    """A preload: numba loads a compiled function (raypack's summaries' make_items) and pyarrow makes
+    an array of a Python list, as a zygote's warm-up does (raypack.pipeline.worker.warm_worker)."""
     import numpy as np
+    import pyarrow as pa
 
     from raypack.packing import make_items
 
     make_items(np.array([3, 9], dtype=np.int64), 4, "split")
+    pa.array(["x"])
 
 
-def scipy_seen() -> tuple[bool, bool, bool]:
-    """Whether numba's functions were loaded here, whether scipy.linalg was imported for it, and
-    whether scipy's BLAS then imports (scipy.linalg.cython_blas)."""
+def passing_imports() -> tuple[bool, bool, bool, bool]:
+    """Whether numba's functions were loaded here; whether scipy.linalg or pandas were imported for
+    it; whether scipy's BLAS and pandas then import (and pyarrow still makes arrays)."""
     import sys
 
-    loaded, before = "numba.np.arraymath" in sys.modules, "scipy.linalg" in sys.modules
+    import pyarrow as pa
+
+    loaded = "numba.np.arraymath" in sys.modules
+    before = "scipy.linalg" in sys.modules or "pandas" in sys.modules
+    import pandas
     import scipy.linalg.cython_blas
 
-    return loaded, before, scipy.linalg.cython_blas is not None
+    pa.array(["y"])
+    return loaded, before, scipy.linalg.cython_blas is not None, pandas.util.hash_array is not None
 
 
 def always_dies() -> None:

@@ -135,8 +135,9 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
 
 def warm_worker(cfg: JobConfig) -> None:
     """What every unit's summary needs loaded, tokenizer or not: summarize_shard's compiled functions
-    (numba reads them from its cache: ~0.4 s) and pandas (pyarrow imports it on its first Python list:
-    0.2-0.4 s), else paid by each worker's first unit."""
+    (numba reads them from its cache: ~0.25 s) and pyarrow's answer to whether pandas is there (it
+    asks on its first array: an import of 0.2-0.4 s, which a local pool's zygote answers no at once,
+    raypack.pipeline.zygote), else paid by each worker's first unit."""
     summarize_shard_warm(cfg)
     pa.array(["x"])
 

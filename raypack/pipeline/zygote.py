@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.abc
 import os
 import pickle
 import shutil
@@ -260,8 +261,8 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
                     pid = os.fork()
                     if pid == 0:
                         ctrl.close()
-                        if sys.modules.get(_BLAS_PROBE, ctrl) is None:
-                            del sys.modules[_BLAS_PROBE]
+                        with contextlib.suppress(ValueError):
+                            sys.meta_path.remove(_ABSENT)
                         code = 0
                         try:
                             _work(address)
@@ -288,18 +289,32 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-# numba, as it loads its first compiled function, probes for a BLAS by importing this module, whose
-# package (scipy.linalg) takes 0.3 s to import. The zygote's functions use no BLAS (no np.dot, no
-# linalg) and the zygote never imports scipy, so its probe finds none at once: the warm-up the
-# workers wait for went from 0.56-1.09 s to 0.25-0.48 s. A worker it forks imports scipy as usual
-# (the entry is dropped at the fork); numba, already loaded, keeps its answer there.
-_BLAS_PROBE = "scipy.linalg.cython_blas"
+class _Absent(importlib.abc.MetaPathFinder):
+    """Modules that libraries import in passing, only to ask a question whose answer is no here:
+    the zygote finds none of them, so each answers at once; each worker it forks finds them again
+    (the finder is gone at the fork), should a task import one.
+    - numba, as it loads its first compiled function, asks whether a BLAS is there by importing
+      scipy.linalg (0.3 s). No raypack function uses one (no np.dot, no linalg): numba has none.
+    - pyarrow imports pandas (0.2-0.5 s) on its first array, to ask whether the object is pandas';
+      raypack hands it none, and pyarrow keeps the answer (a worker can still import pandas, as the
+      exchange does for its hash).
+    The warm-up the workers wait for (worker.warm_worker) went from 0.56-1.09 s to 0.25-0.48 s
+    without scipy's import alone."""
+
+    NAMES = ("scipy.linalg", "pandas")
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name in self.NAMES:
+            raise ModuleNotFoundError(f"{name} is left out of raypack's zygote", name=name)
+
+
+_ABSENT = _Absent()
 
 
 def serve(hello: dict[str, Any]) -> None:
     """The zygote's life: connect to the driver, import what every worker needs, then serve."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-    sys.modules.setdefault(_BLAS_PROBE, None)  # type: ignore[arg-type]
+    sys.meta_path.insert(0, _ABSENT)
     sys.path[:] = hello["sys_path"]
     for name, value in hello["env"].items():
         os.environ.setdefault(name, value)

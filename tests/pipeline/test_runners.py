@@ -247,17 +247,17 @@ def test_a_pool_whose_processes_cannot_run_fails_its_tasks_instead_of_waiting(tm
         runner.close(release=True)
 
 
-def test_the_zygote_loads_numba_without_scipy_and_its_workers_still_import_scipy() -> None:
-    """numba probes for a BLAS by importing scipy.linalg (0.3 s) as it loads its first function; the
-    zygote's warm-up skips the probe (no raypack function uses a BLAS), and a worker it forks imports
-    scipy's BLAS as any process does."""
-    from tests.fakes import scipy_seen, warm_numba
+def test_the_zygote_warms_up_without_scipy_or_pandas_and_its_workers_still_import_them() -> None:
+    """numba probes for a BLAS by importing scipy.linalg (0.3 s) as it loads its first function, and
+    pyarrow imports pandas (0.2-0.5 s) on its first array: the zygote's warm-up answers both
+    without them, and a worker it forks imports either as any process does."""
+    from tests.fakes import passing_imports, warm_like_a_zygote
 
     runner = LocalRunner(1)
     try:
-        runner.preload(warm_numba, ()).result(timeout=120)  # type: ignore[union-attr]
+        runner.preload(warm_like_a_zygote, ()).result(timeout=120)  # type: ignore[union-attr]
         runner.start()
-        assert runner.map(scipy_seen, [()]) == [(True, False, True)]
+        assert runner.map(passing_imports, [()]) == [(True, False, True, True)]
     finally:
         runner.close(release=True)
 
