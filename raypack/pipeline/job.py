@@ -35,7 +35,7 @@ from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.pipeline.datasets import dataset_units, without_blocks
 from raypack.pipeline.finalize import commit, write_report_safely
 from raypack.pipeline.histogram import histogram
-from raypack.pipeline.plan import compare, plan, warm_planner
+from raypack.pipeline.plan import compare_in_task, plan_in_task
 from raypack.pipeline.prepare import Prepared, prepare
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
@@ -164,11 +164,7 @@ def _stages(
     size = min(concurrency, len(units))
     pool = TokenizePool(runner, ready.ctx, size, capped=concurrency < runner.width, preload=ready.preload)
     try:
-        with (
-            _stage(timings, "tokenize", log),
-            ThreadPoolExecutor(1, thread_name_prefix="raypack-plan") as warming,
-        ):
-            warming.submit(warm_planner, cfg)
+        with _stage(timings, "tokenize", log):
             digests = None
             if store is not None:
                 check_store(store, storage)
@@ -217,11 +213,11 @@ def _stages(
             none = selection is not None and not any(r["copies"] for r in sources)
             hist, stats = histogram(cfg, totals, selected_none=none)
         with _stage(timings, "plan", log):
-            packs = plan(cfg, hist)
+            packs = plan_in_task(runner, cfg, hist)
         comparison = []
         if cfg.pack.compare:
             with _stage(timings, "compare", log):
-                comparison = compare(cfg, hist, stats)
+                comparison = compare_in_task(runner, cfg, hist, stats)
         with _stage(timings, "assign+write", log):
             written = write(cfg, ready.spec, packs, totals, tokenized.units, runner, selection, log, progress)
     except (ConfigError, JobError):

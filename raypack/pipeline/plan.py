@@ -1,6 +1,12 @@
-"""Stage 5, plan: the packer of pack.algorithm (raypack.packing.ALGORITHMS) run once on the driver
-over the item histogram, O(seq_len²) whatever the corpus; the plans of pack.compare beside it for
-the report; and what the plan says of the output files (their keys, their packs).
+"""Stage 5, plan: the packer of pack.algorithm (raypack.packing.ALGORITHMS) run once over the item
+histogram, O(seq_len²) whatever the corpus, in one of the runner's tasks; the plans of
+pack.compare beside it for the report; and what the plan says of the output files (their keys,
+their packs).
+
+In a task, not the driver: the packers are numba's compiled functions, and a process's first load of
+one loads numba's registry (0.5-0.7 s of a CPU, scipy's import included, while the workers
+tokenize on them). A worker that summarized a unit has it already (its first planner function then
+loads in ~0.01 s), and the driver never loads it.
 
 Sharded mode packs each group inside its task; the global bfd plan is made anyway, to report the
 efficiency the sharding costs.
@@ -10,21 +16,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from raypack.config import JobConfig
-from raypack.errors import ConfigError
+from raypack.errors import ConfigError, task_raised
 from raypack.formats import Spec
 from raypack.metrics import DocStats, fill_percent_counts, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.assign import Buckets, file_key, file_rows
 from raypack.pipeline.materialize import data_file
+from raypack.pipeline.runners import Runner
 
-__all__ = ["compare", "file_keys", "plan", "plan_slots", "planned_files", "warm_planner"]
+__all__ = [
+    "compare",
+    "compare_in_task",
+    "file_keys",
+    "plan",
+    "plan_in_task",
+    "plan_slots",
+    "planned_files",
+]
 
 
 def planner(cfg: JobConfig) -> Callable[[np.ndarray], Plan]:
@@ -41,15 +55,26 @@ def plan(cfg: JobConfig, hist: np.ndarray) -> Plan:
     return planner(cfg)(hist)
 
 
-def warm_planner(cfg: JobConfig) -> None:
-    """The planner run once on a histogram of three items (what loads its compiled functions from
-    numba's cache: 0.3 s on a first call), while the workers tokenize instead of after them with
-    every core idle but the driver's; an error is the real plan's to raise."""
-    seq_len = cfg.pack.seq_len
-    hist = np.zeros(seq_len + 1, dtype=np.int64)
-    hist[[1, seq_len // 2 + 1, seq_len]] = 1
-    with suppress(Exception):
-        planner(cfg)(hist)
+def plan_in_task(runner: Runner, cfg: JobConfig, hist: np.ndarray) -> Plan:
+    """plan(cfg, hist), in one of the runner's tasks (the module's docstring says why)."""
+    return _in_task(runner, plan, (cfg, hist))
+
+
+def compare_in_task(
+    runner: Runner, cfg: JobConfig, hist: np.ndarray, stats: DocStats
+) -> list[dict[str, Any]]:
+    """compare(cfg, hist, stats), in one of the runner's tasks."""
+    return _in_task(runner, compare, (cfg, hist, stats))
+
+
+def _in_task(runner: Runner, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    try:
+        return runner.map(fn, [args])[0]
+    except Exception as e:
+        raised = task_raised(e)  # a planner's ConfigError, not Ray's header for it
+        if raised is e:
+            raise
+        raise raised from None
 
 
 def compare(cfg: JobConfig, hist: np.ndarray, stats: DocStats) -> list[dict[str, Any]]:

@@ -314,6 +314,28 @@ def test_progress_in_a_log_writes_a_line_every_few_seconds(monkeypatch: pytest.M
     silent.close()  # no stream: nothing to write to, nothing fails
 
 
+def test_the_plan_and_its_comparison_run_in_tasks_and_the_driver_loads_no_compiled_function(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """raypack.pack() in a process of its own, on the local pool, with pack.compare: the plan and the
+    compared plans are made in the workers, so the driver never loads numba's compiled functions
+    (their first load, numba's registry, cost 0.5-0.7 s of a CPU the workers tokenize on); the
+    comparison is in the record."""
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=20, seed=2)
+    config = job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack={"compare": ["spfhp"]})
+    code = (
+        "import sys, raypack\n"
+        f"record = raypack.pack({str(config)!r}, overwrite=True, log=lambda _: None)\n"
+        "print(len(record.comparison), record.metrics.packs > 0, 'numba.np.arraymath' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["1", "True", "False"]
+
+
 def test_pack_without_a_cluster_runs_locally_shows_progress_and_its_whole_time(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:
