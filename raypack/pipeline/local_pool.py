@@ -46,6 +46,10 @@ __all__ = ["LocalPool", "RemoteTraceback", "WorkerDied"]
 WORKER_ENV = {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}
 # How long a closing pool waits for its processes to leave before it kills them.
 EXIT_WAIT_S = 5.0
+# A killed pool's zygote, told to exit, reaps its killed workers first (ms): waited for this long
+# before it is killed too, else the workers were left as zombies of init (every interrupted or failed
+# job, a trial found: 2 a job, for ever under a PID 1 that does not wait).
+KILL_WAIT_S = 1.0
 
 
 class WorkerDied(JobError):
@@ -283,7 +287,7 @@ class LocalPool:
         try:
             self._thread.join()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self._zygote.wait(timeout=0 if kill else EXIT_WAIT_S)
+                self._zygote.wait(timeout=KILL_WAIT_S if kill else EXIT_WAIT_S)
         finally:
             # Also where an interrupt cut the waits short: the command repeats Ctrl-C every second
             # while it cleans up (cli._Interrupts), and a pool whose thread was still sending the

@@ -3,6 +3,7 @@ what a `raypack pack` without a cluster takes for a small corpus; progress and t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -215,6 +216,28 @@ def test_tasks_that_always_kill_their_workers_each_fail_after_their_retries(tmp_
         assert len(set(runner.map(pid, [()] * 6))) >= 1
     finally:
         runner.close(release=True)
+
+
+def test_a_failed_jobs_pool_leaves_no_zombie_worker(tmp_path: Path) -> None:
+    """A failed or interrupted job's pool kills its workers mid-task and closes: the zygote reaps
+    them before it goes, so none is left a zombie of init (a trial found two after every such job,
+    never reaped under a PID 1 that does not wait)."""
+    import psutil
+
+    from tests.fakes import pid, slow_mark
+
+    runner = LocalRunner(2)
+    try:
+        workers = set(runner.map(pid, [()] * 4))
+        running = [runner.submit(slow_mark, (str(tmp_path), 60.0)) for _ in range(2)]
+        assert not [f for f in running if f.done()]
+    finally:
+        runner.close(release=True, failed=True)
+    left = []
+    for p in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            left.append((p, psutil.Process(p).status()))
+    assert not left
 
 
 def test_a_pool_whose_processes_cannot_run_fails_its_tasks_instead_of_waiting(tmp_path: Path) -> None:
