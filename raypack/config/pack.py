@@ -96,13 +96,9 @@ class PackConfig:
             raise ConfigError(f"pack.shards_per_group must be >= 1, got {self.shards_per_group}")
         if self.nnls_bin_width is not None and not 1 <= self.nnls_bin_width <= self.seq_len:
             raise ConfigError(f"pack.nnls_bin_width must be in 1..seq_len, got {self.nnls_bin_width}")
-        if self.nnls_bin_width is not None and self.seq_len // self.nnls_bin_width > nnlshp.MAX_CLASSES:
-            raise ConfigError(
-                f"pack.nnls_bin_width {self.nnls_bin_width} gives {self.seq_len // self.nnls_bin_width} "
-                f"classes of seq_len {self.seq_len}; nnlshp plans at most {nnlshp.MAX_CLASSES} in seconds "
-                f"(its default keeps {nnlshp.DEFAULT_CLASSES}): set it to at least "
-                f"{-(-self.seq_len // nnlshp.MAX_CLASSES)}, or leave it out"
-            )
+        too_many = nnlshp.too_many_classes(self.seq_len, self.nnls_bin_width) if self.nnls_bin_width else ""
+        if too_many:
+            raise ConfigError(f"pack.nnls_bin_width {too_many}, or leave it out")
         self.compared()  # every listed packer known, planned from a histogram, and its settings valid
 
     def compared(self) -> tuple[PackConfig, ...]:

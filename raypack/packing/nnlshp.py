@@ -20,7 +20,7 @@ import numpy as np
 from raypack.packing import bfd
 from raypack.packing.plan import Plan, concat_plans
 
-__all__ = ["MAX_CLASSES", "plan"]
+__all__ = ["MAX_CLASSES", "plan", "too_many_classes"]
 
 SHORT_CUTOFF = 8
 SHORT_WEIGHT = 0.09
@@ -43,12 +43,9 @@ def plan(
     width = int(bin_width) if bin_width is not None else max(1, -(-seq_len // DEFAULT_CLASSES))
     if not 1 <= width <= seq_len:
         raise ValueError(f"bin_width must be in 1..seq_len, got {bin_width}")
-    if seq_len // width > MAX_CLASSES:
-        raise ValueError(
-            f"bin_width {width} gives {seq_len // width} classes of seq_len {seq_len}; at most "
-            f"{MAX_CLASSES} plan in seconds (the default keeps {DEFAULT_CLASSES}): use a width of at "
-            f"least {-(-seq_len // MAX_CLASSES)}"
-        )
+    too_many = too_many_classes(seq_len, width)
+    if too_many:
+        raise ValueError(f"bin_width {too_many}")
     hist = np.asarray(hist, dtype=np.int64)
     k_max = seq_len // width
     lengths = np.arange(seq_len + 1)
@@ -74,6 +71,18 @@ def plan(
     nnls_plan = Plan.build(seq_len, num_packs, runs)
     leftover = hist - taken
     return concat_plans(nnls_plan, bfd.plan(leftover, seq_len, max_depth=max_depth), taken)
+
+
+def too_many_classes(seq_len: int, width: int) -> str:
+    """Why a bin width gives more classes than MAX_CLASSES ("" where it does not): the planner's
+    check, and the config's before any work (raypack.config.pack)."""
+    classes = seq_len // width
+    if classes <= MAX_CLASSES:
+        return ""
+    return (
+        f"{width} gives {classes} classes of seq_len {seq_len}; nnlshp plans at most {MAX_CLASSES} in "
+        f"seconds (its default keeps {DEFAULT_CLASSES}): use a width of at least {-(-seq_len // MAX_CLASSES)}"
+    )
 
 
 def _strategies(k_max: int, max_depth: int) -> np.ndarray:
