@@ -72,7 +72,10 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Pack document lengths (no data) and print packs, efficiency and ratios per "
         "algorithm and seq_len.",
     )
-    source = plan.add_mutually_exclusive_group(required=True)
+    # Neither a source nor --seq-len is required by argparse, which would name them before the
+    # stray CONFIG a user of `raypack pack` gives out of habit: _cmd_plan asks for them after.
+    plan.add_argument("config", nargs="?", help=argparse.SUPPRESS)
+    source = plan.add_mutually_exclusive_group()
     source.add_argument(
         "--lengths",
         metavar="PATH",
@@ -85,7 +88,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="use N built-in lognormal(6.0, 1.2) lengths (seeded) instead of a file",
     )
     plan.add_argument(
-        "--seq-len", metavar="N", type=int, nargs="+", required=True, help="one or more pack lengths"
+        "--seq-len", metavar="N", type=int, nargs="+", help="one or more pack lengths (required)"
     )
     plan.add_argument(
         "--algorithm",
@@ -258,6 +261,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from raypack.config import parse_override
     from raypack.packing import ALGORITHMS
 
+    if args.config is not None:
+        raise ConfigError(
+            f"raypack plan takes no job config ({args.config}): it packs document lengths, from a "
+            "file or a packed dataset (--lengths PATH) or a built-in sample (--sample N), with "
+            "--seq-len; to pack a corpus: raypack pack CONFIG"
+        )
+    if args.lengths is None and args.sample is None:
+        raise ConfigError("raypack plan needs lengths: --lengths PATH or --sample N")
+    if not args.seq_len:
+        raise ConfigError("raypack plan needs --seq-len N [N ...]")
     if args.algorithm == "all":
         algorithms = list(ALGORITHMS)
     else:
@@ -271,9 +284,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     settings = {}
     for text in args.overrides:
         path, value = parse_override(text)
+        if len(path) == 2 and path[0] == "pack":  # as a job's config names it
+            path = path[1:]
         if len(path) != 1:
-            raise ConfigError(f"--set {text!r}: plan settings are flat keys (pack.* without the prefix)")
+            raise ConfigError(
+                f"--set {text!r}: a plan takes pack settings only (max_depth=3, or pack.max_depth=3)"
+            )
         settings[path[0]] = value
+    settings = dryrun.plan_settings(settings)  # before the lengths: a file of millions takes seconds
     lengths = (
         dryrun.sample_lengths(args.sample, args.seed)
         if args.sample is not None

@@ -14,13 +14,26 @@ from typing import Any
 
 import numpy as np
 
-from raypack.config import ALGORITHM_OPTION_FIELDS, PackConfig
+from raypack.config import ALGORITHM_OPTION_FIELDS, PackConfig, typed_fields
 from raypack.errors import ConfigError
 from raypack.packing import ALGORITHMS, pack
 from raypack.packing.items import check_lengths
 from raypack.report.model import Run, run_of
 
-__all__ = ["JSON_KEYS", "format_table", "json_record", "load_lengths", "run_sweep", "sample_lengths"]
+__all__ = [
+    "JSON_KEYS",
+    "PLAN_SETTINGS",
+    "format_table",
+    "json_record",
+    "load_lengths",
+    "plan_settings",
+    "run_sweep",
+    "sample_lengths",
+]
+
+# The pack settings a plan of lengths reads (--set); the others (seed, shuffle, mode, compare, loss,
+# ...) place, order or compare a job's packs and change nothing a plan measures.
+PLAN_SETTINGS = ("overflow", *ALGORITHM_OPTION_FIELDS)
 
 JSON_KEYS = (
     "algorithm",
@@ -141,10 +154,11 @@ def run_sweep(
     settings: dict[str, Any] | None = None,
 ) -> list[Run]:
     """Pack with every (algorithm, seq_len); returns metrics, pack fill and seconds spent packing."""
+    settings = plan_settings(settings or {})
     results = []
     for seq_len in seq_lens:
         for name in algorithms:
-            cfg = _config_for(name, seq_len, settings or {})
+            cfg = _config_for(name, seq_len, settings)
             options = cfg.algorithm_options()
             # Compile the numba loops on a few lengths first, so `seconds` is packing time alone.
             pack(lengths[:64], seq_len, name, overflow=cfg.overflow, **options)
@@ -155,6 +169,22 @@ def run_sweep(
     return results
 
 
+def plan_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings` (pack settings by their names in PackConfig, without `pack.`) checked as a job's
+    config checks them, each against its type whichever packer takes it (a bad value given for
+    nnlshp is an error in a plan of bfd too); ConfigError naming the setting."""
+    other = sorted(set(settings) - set(PLAN_SETTINGS))
+    if other:
+        if other[0] in ("algorithm", "seq_len"):
+            what = f"give it as --{other[0].replace('_', '-')}"
+        elif other[0] in {f.name for f in dataclasses.fields(PackConfig)}:
+            what = "a job's setting (it places, orders or compares the packs a job writes)"
+        else:
+            what = "no such setting"
+        raise ConfigError(f"--set {other[0]}: {what}; a plan takes {', '.join(PLAN_SETTINGS)}")
+    return typed_fields(PackConfig, settings, "--set ")
+
+
 def _config_for(algorithm: str, seq_len: int, settings: dict[str, Any]) -> PackConfig:
     """The pack config for one cell of a sweep: settings that do not apply to a packer are left out
     (a depth cap given for lpfhp does not break the nnlshp column of `--algorithm all`)."""
@@ -163,12 +193,6 @@ def _config_for(algorithm: str, seq_len: int, settings: dict[str, Any]) -> PackC
     for key, option in ALGORITHM_OPTION_FIELDS.items():
         if key in values and option not in accepted:
             values.pop(key)
-    if "bucket_lengths" in values and values["bucket_lengths"] is not None:
-        values["bucket_lengths"] = tuple(values["bucket_lengths"])
-    names = {f.name for f in dataclasses.fields(PackConfig)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ConfigError(f"unknown setting {unknown[0]}; valid: {', '.join(sorted(names))}")
     return PackConfig(**values)
 
 

@@ -60,7 +60,7 @@ def test_sweep_prints_one_row_per_algorithm_and_seq_len(capsys: pytest.CaptureFi
 
 def test_settings_reach_the_packer(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["plan", "--sample", "500", "--seq-len", "512", "--json", "--algorithm", "lpfhp,nnlshp"]
-    assert main([*args, "--set", "max_depth=2", "--set", "overflow=truncate"]) == 0
+    assert main([*args, "--set", "pack.max_depth=2", "--set", "overflow=truncate"]) == 0
     capped, nnls = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert capped["packing_factor"] <= 2.0
     assert capped["tokens_dropped"] > 0 and nnls["tokens_dropped"] == capped["tokens_dropped"]
@@ -78,9 +78,21 @@ def test_settings_reach_the_packer(capsys: pytest.CaptureFixture[str]) -> None:
         (["--sample", "10", "--seq-len", "0"], "--seq-len must be >= 1"),
         (["--sample", "10", "--seq-len", "8", "--algorithm", "magic"], "unknown algorithm 'magic'"),
         (["--sample", "10", "--seq-len", "8", "--set", "max_depth=0"], "max_depth must be >= 1"),
-        (["--sample", "10", "--seq-len", "8", "--set", "depth=3"], "unknown setting depth"),
+        (["--sample", "10", "--seq-len", "8", "--set", "depth=3"], "--set depth: no such setting"),
+        # Each setting's type is checked as a job's config checks it, whichever packer takes it.
+        (["--sample", "10", "--seq-len", "8", "--set", "max_depth=1.5"], "max_depth must be an integer"),
+        (["--sample", "10", "--seq-len", "8", "--set", "max_depth=abc"], "max_depth must be an integer"),
+        (["--sample", "10", "--seq-len", "8", "--set", "padding_threshold=x"], "must be a number"),
+        (["--sample", "10", "--seq-len", "8", "--set", "bucket_lengths=5"], "must be a list"),
+        # A job's own settings say nothing of a plan of lengths.
+        (["--sample", "10", "--seq-len", "8", "--set", "compare=all"], "--set compare: a job's setting"),
+        (["--sample", "10", "--seq-len", "8", "--set", "seed=3"], "--set seed: a job's setting"),
+        (["--sample", "10", "--seq-len", "8", "--set", "seq_len=4"], "give it as --seq-len"),
+        (["--sample", "10", "--seq-len", "8", "--set", "input.x=4"], "a plan takes pack settings only"),
         (["--sample", "10", "--seq-len", "x"], "invalid int value"),
-        (["--seq-len", "8"], "one of the arguments --lengths --sample is required"),
+        (["--seq-len", "8"], "needs lengths: --lengths PATH or --sample N"),
+        (["--sample", "10"], "needs --seq-len"),
+        (["job.yaml", "--seq-len", "8"], "raypack plan takes no job config (job.yaml)"),
         (["--lengths", "{empty_dir}", "--seq-len", "8"], "no .parquet files with a 'length' column"),
     ],
 )

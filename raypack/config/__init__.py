@@ -11,7 +11,7 @@ line in the README's configuration reference.
 from raypack.config.cache import CacheConfig
 from raypack.config.input import INPUT_FORMATS, InputConfig, Reading, SourceConfig
 from raypack.config.job import BYTES_PER_FILE_POSITION, MAX_FILE_POSITIONS, SHARDED_ALGORITHMS, JobConfig
-from raypack.config.load import apply_overrides, from_dict, load_config, parse_override
+from raypack.config.load import apply_overrides, from_dict, load_config, parse_override, typed_fields
 from raypack.config.output import MASKED_FORMATS, OUTPUT_FORMATS, OutputConfig, StorageConfig
 from raypack.config.pack import ALGORITHM_OPTION_FIELDS, LOSS_POLICIES, PACK_MODES, PackConfig
 from raypack.config.run import EXECUTORS, RunConfig
@@ -45,4 +45,5 @@ __all__ = [
     "from_dict",
     "load_config",
     "parse_override",
+    "typed_fields",
 ]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from raypack.config.job import JobConfig
 from raypack.errors import ConfigError
 
-__all__ = ["apply_overrides", "from_dict", "load_config", "parse_override"]
+__all__ = ["apply_overrides", "from_dict", "load_config", "parse_override", "typed_fields"]
 
 T = TypeVar("T")
 
@@ -65,9 +65,19 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if required and name not in data:
             raise ConfigError(f"missing required key {where}{name}")
+    return cls(**typed_fields(cls, data, where))
+
+
+def typed_fields(cls: type[Any], data: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Some of dataclass `cls`'s fields, each checked against its type and coerced as from_dict
+    does (lists to tuples, ints to floats), without building `cls` (whose checks may need the
+    fields left out): unknown keys and wrong types are ConfigErrors."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {where}{unknown[0]}; valid keys: {', '.join(fields)}")
     hints = typing.get_type_hints(cls)
-    kwargs = {name: _coerce(value, hints[name], f"{where}{name}") for name, value in data.items()}
-    return cls(**kwargs)
+    return {name: _coerce(value, hints[name], f"{where}{name}") for name, value in data.items()}
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:
