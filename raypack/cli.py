@@ -159,8 +159,16 @@ def _build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--format", required=True, help="parquet, megatron, olmo or mds")
     convert.add_argument("--out", required=True, metavar="DIR", help="where the converted dataset goes")
     convert.add_argument("--overwrite", action="store_true", help="replace a dataset already at --out")
-    convert.add_argument("--config", help="a job config, for its storage settings (an S3 endpoint)")
-    _add_sets(convert, "; with --config")
+    convert.add_argument(
+        "--pad-id",
+        type=int,
+        metavar="ID",
+        help="what the new dataset's padding holds (default: the dataset's; olmo needs an id other than EOS)",
+    )
+    convert.add_argument(
+        "--config", help="a job config, for its storage and run settings (an S3 endpoint, run.executor)"
+    )
+    _add_sets(convert, "; with --config: storage.* and run.*")
 
     report = sub.add_parser(
         "report",
@@ -171,7 +179,7 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
     report.add_argument("--out", metavar="DIR", help="write DIR/report.html (default: OUTPUT/report.html)")
     report.add_argument("--config", help="the job config, for its storage settings (an S3 endpoint)")
-    _add_sets(report, "; with --config")
+    _add_sets(report, "; with --config: storage.*")
 
     cache = sub.add_parser(
         "cache",
@@ -185,7 +193,7 @@ def _build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--older-than", metavar="AGE", help="prune units last used AGE ago: 30d, 12h, 90min")
     cache.add_argument("--max-size", metavar="SIZE", help="then prune the oldest until it holds SIZE: 500GB")
     cache.add_argument("--config", help="a job config: its cache.path and storage settings (an S3 endpoint)")
-    _add_sets(cache, "; with --config")
+    _add_sets(cache, "; with --config: storage.* and cache.*")
 
     demo = sub.add_parser(
         "demo",
@@ -244,15 +252,25 @@ def _job_overrides(args: argparse.Namespace) -> list[str]:
     return [*args.overrides, f"pack.compare={json.dumps(names)}"]
 
 
-def _config_of(args: argparse.Namespace, more: list[str] | None = None) -> JobConfig | None:
-    """--config with its --set overrides (verify, convert, report), then `more`; None without
-    --config."""
-    from raypack.config import load_config
+def _config_of(
+    args: argparse.Namespace, more: list[str] | None = None, reads: tuple[str, ...] = ()
+) -> JobConfig | None:
+    """--config with its --set overrides (verify, convert, report, cache), then `more`; None
+    without --config. `reads`: the only sections the command reads, where it reads only some: an
+    override of another is refused, not ignored."""
+    from raypack.config import load_config, parse_override
 
     if not args.config:
         if args.overrides:
             raise ConfigError("--set overrides the job config: give it with --config")
         return None
+    for text in args.overrides:
+        section = parse_override(text)[0][0]
+        if reads and section not in reads:
+            raise ConfigError(
+                f"--set {text}: raypack {args.command} reads only the config's "
+                f"{' and '.join(f'{r}.*' for r in reads)} (a dataset's own settings are its manifest's)"
+            )
     return load_config(args.config, [*args.overrides, *(more or [])])
 
 
@@ -388,12 +406,19 @@ def _print_lost_and_warnings(report: VerifyReport) -> None:
 def _cmd_convert(args: argparse.Namespace) -> int:
     from raypack.convert import convert
 
-    cfg = _config_of(args)
+    cfg = _config_of(args, reads=("storage", "run"))
     storage = cfg.storage if cfg is not None else None
     log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     run = cfg.run if cfg is not None else None
     result = convert(
-        args.dataset, args.format, args.out, overwrite=args.overwrite, storage=storage, log=log, run=run
+        args.dataset,
+        args.format,
+        args.out,
+        overwrite=args.overwrite,
+        storage=storage,
+        log=log,
+        run=run,
+        pad_id=args.pad_id,
     )
     print(
         f"converted {result.source} to {result.format['name']}: {result.output} ({result.files:,} files, "
@@ -406,7 +431,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from raypack.report import from_dataset, write_report
     from raypack.versions import resolve_dataset
 
-    cfg = _config_of(args)
+    cfg = _config_of(args, reads=("storage",))
     storage = cfg.storage if cfg is not None else None
     report = from_dataset(args.output, storage)
     out = args.out or resolve_dataset(args.output, storage)
@@ -437,7 +462,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     from raypack.config import StorageConfig
     from raypack.pipeline.store import check_store, prune, size_text, units_text, usage
 
-    cfg = _config_of(args)
+    cfg = _config_of(args, reads=("storage", "cache"))
     store = args.store or (cfg.cache.path if cfg is not None else None)
     if store is None:
         raise ConfigError("name the store: raypack cache ACTION STORE, or --config with cache.path")

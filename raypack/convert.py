@@ -76,16 +76,30 @@ def packed_config(manifest: dict[str, Any]) -> JobConfig:
         raise ConfigError(f"the dataset's manifest holds a config this raypack cannot read: {e}") from None
 
 
-def target_spec(manifest: dict[str, Any], name: str) -> Spec:
+def target_spec(manifest: dict[str, Any], name: str, pad_id: int | None = None) -> Spec:
     """The Spec a dataset's packs take in format `name`, decided as the job decides it (settings_of)
-    from the config it was packed with and its tokenizer record: a ConfigError where that format's
-    trainer could not read them right (megatron for packs of several lengths, or for conversations)."""
+    from the config it was packed with and its tokenizer record, or with padding of `pad_id`: a
+    ConfigError where that format's trainer could not read them right (megatron for packs of several
+    lengths, or for conversations; olmo for padding of EOS)."""
     cfg = packed_config(manifest)
     tok = manifest["tokenizer"]
     max_id = int(tok.get("max_id", int(tok["vocab_size"]) - 1))  # written before max_id was kept
-    pad_id = int(tok.get("pad_id", cfg.output.pad_id if cfg.output.pad_id is not None else 0))
-    lengths = [int(f["bucket_length"]) for f in manifest["files"]]
-    return make_spec(name, settings_of(cfg, tok.get("eos_id"), max_id, pad_id, lengths))
+    if pad_id is not None and not 0 <= pad_id <= max_id:
+        raise ConfigError(f"--pad-id {pad_id} is no id of the dataset's tokenizer (0..{max_id})")
+    pad = pad_id
+    if pad is None:
+        pad = int(tok.get("pad_id", cfg.output.pad_id if cfg.output.pad_id is not None else 0))
+    spec = make_spec(name, settings_of(cfg, tok.get("eos_id"), max_id, pad, lengths=_lengths(manifest)))
+    if pad_id is not None and spec.pad_id != pad_id:
+        raise ConfigError(
+            f"--pad-id: format {name} pads with id {spec.pad_id} (its trainer masks padding by it), "
+            "whatever pad is given"
+        )
+    return spec
+
+
+def _lengths(manifest: dict[str, Any]) -> list[int]:
+    return [int(f["bucket_length"]) for f in manifest["files"]]
 
 
 def convert(
@@ -97,16 +111,18 @@ def convert(
     storage: StorageConfig | None = None,
     log: Callable[[str], None] = print,
     run: RunConfig | None = None,
+    pad_id: int | None = None,
 ) -> ConvertResult:
     """`run`: where the tasks run (run.executor; default auto: this machine's processes for a
-    dataset up to run.local_max_bytes, without a Ray cluster named or running)."""
+    dataset up to run.local_max_bytes, without a Ray cluster named or running). `pad_id`: what
+    the new dataset's padding holds (None: what the dataset's does, where its format allows)."""
     storage = (storage or StorageConfig()).from_environment()
     try:
         pinned = pin(source, storage)
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(str(e)) from None
     manifest, dataset = pinned.manifest, pinned.path
-    spec = target_spec(manifest, name)
+    spec = target_spec(manifest, name, pad_id)
     if contains(dataset, out) or contains(out, dataset):
         raise ConfigError(f"--out {out} and the dataset {dataset} overlap: write the conversion elsewhere")
     check_output(out, storage, overwrite)
@@ -144,6 +160,9 @@ def convert(
     new = dict(manifest)
     new["schema_version"] = manifest["schema_version"] if spec.name == "parquet" else 2
     output = {**manifest["config"]["output"], "path": out, "format": name}
+    if pad_id is not None:  # the new padding, as a job given output.pad_id records it
+        output["pad_id"] = pad_id
+        new["tokenizer"] = {**manifest["tokenizer"], "pad_id": pad_id, "pad_source": "output.pad_id"}
     new["config"] = {**manifest["config"], "output": output}
     new["files"] = manifest_files(written)
     new["format"] = output_format

@@ -380,6 +380,50 @@ def test_a_plain_dataset_written_as_trl_converts_to_every_format_as_pack_writes_
     assert "loss_mask" not in plain.names
 
 
+def test_convert_pads_with_the_id_it_is_given_and_refuses_settings_it_does_not_read(
+    packed: dict[str, Any], tmp_path: Path, capsys: Any
+) -> None:
+    """A dataset padded with EOS (a tokenizer without a pad token) cannot go to olmo as it is: the
+    refusal names convert's --pad-id, which re-pads every pack; a format whose trainer fixes its
+    pad refuses another; and convert's --set takes only the sections it reads."""
+    source = packed["out"]["parquet"]
+    eos = int(manifest(source)["tokenizer"]["eos_id"])
+    padded_with_eos = {**manifest(source), "tokenizer": {**manifest(source)["tokenizer"], "pad_id": eos}}
+    with pytest.raises(ConfigError, match="--pad-id"):
+        target_spec(padded_with_eos, "olmo")
+    assert target_spec(padded_with_eos, "olmo", pad_id=2).pad_id == 2
+    with pytest.raises(ConfigError, match=f"format megatron pads with id {eos}"):
+        target_spec(padded_with_eos, "megatron", pad_id=2)
+    max_id = int(manifest(source)["tokenizer"]["max_id"])
+    for bad in (-1, max_id + 1):
+        with pytest.raises(ConfigError, match=f"no id of the dataset's tokenizer \\(0..{max_id}\\)"):
+            target_spec(padded_with_eos, "olmo", pad_id=bad)
+
+    out = tmp_path / "repadded"
+    capsys.readouterr()
+    assert main(["convert", str(source), "--format", "parquet", "--out", str(out), "--pad-id", "7"]) == 0
+    tokens, index = stacked(out)
+    before, _ = stacked(source)
+    real = np.arange(tokens.shape[1])[None, :] < index.column("num_tokens").to_numpy()[:, None]
+    assert (~real).any() and (tokens[~real] == 7).all() and np.array_equal(tokens[real], before[real])
+    assert manifest(out)["format"]["pad_id"] == 7 and manifest(out)["tokenizer"]["pad_id"] == 7
+    was = packed["cfg"]["parquet"]
+    assert not verify(str(out), was, sample=8).ok  # its output.pad_id is not the dataset's now
+    assert verify(str(out), dataclasses.replace(was, output=dataclasses.replace(was.output, pad_id=7))).ok
+
+    cfg = tmp_path / "storage.yaml"
+    cfg.write_text(yaml.safe_dump(packed["cfg"]["parquet"].to_dict()))
+    capsys.readouterr()
+    for command in (
+        ["convert", str(source), "--format", "mds", "--out", str(tmp_path / "x")],
+        ["report", str(source)],
+    ):
+        assert main([*command, "--config", str(cfg), "--set", "output.shard_rows=5"]) == 2
+        err = capsys.readouterr().err
+        assert "--set output.shard_rows=5: raypack " in err and "reads only the config's storage.*" in err
+    assert not (tmp_path / "x").exists()
+
+
 def test_configs_a_trainer_cannot_read_right_are_refused_before_any_work(
     packed: dict[str, Any], tmp_path: Path, capsys: Any
 ) -> None:

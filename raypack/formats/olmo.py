@@ -73,8 +73,8 @@ class Olmo:
         if settings.pad_id == eos:  # the pad fell back to EOS: the tokenizer names no pad token
             raise ConfigError(
                 f"output.format olmo: OLMo-core finds documents by EOS, so padding of EOS (id {eos}) "
-                "would read as one-token documents; set output.pad_id to another id (padding is "
-                "never trained: e.g. the tokenizer's <unk> or another special token)"
+                "would read as one-token documents; set output.pad_id (raypack convert: --pad-id) to "
+                "another id (padding is never trained: e.g. the tokenizer's <unk> or another special token)"
             )
         dtype = next(d for d in _DTYPES if settings.max_id <= np.iinfo(d).max)
         return Spec(self.name, settings.pad_id, dtype, eos)
