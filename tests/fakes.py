@@ -108,20 +108,23 @@ def warm_like_a_zygote() -> None:
     pa.array(["x"])
 
 
-def passing_imports() -> tuple[bool, bool, bool, bool]:
-    """Whether numba's functions were loaded here; whether scipy.linalg or pandas were imported for
-    it; whether scipy's BLAS and pandas then import (and pyarrow still makes arrays)."""
+def passing_imports() -> tuple[bool, bool, bool, bool, bool]:
+    """Whether numba's functions were loaded here; whether scipy.linalg, pandas or cffi were
+    imported for it; whether scipy's BLAS, pandas and cffi then import (and pyarrow still makes
+    arrays)."""
     import sys
 
     import pyarrow as pa
 
     loaded = "numba.np.arraymath" in sys.modules
-    before = "scipy.linalg" in sys.modules or "pandas" in sys.modules
+    before = any(name in sys.modules for name in ("scipy.linalg", "pandas", "cffi"))
+    import cffi
     import pandas
     import scipy.linalg.cython_blas
 
     pa.array(["y"])
-    return loaded, before, scipy.linalg.cython_blas is not None, pandas.util.hash_array is not None
+    blas, hashes = scipy.linalg.cython_blas is not None, pandas.util.hash_array is not None
+    return loaded, before, blas, hashes, cffi.FFI().sizeof("int") == 4
 
 
 def always_dies() -> None:

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-# _cache first: it installs the numba cache locator before the packers' functions are decorated.
-from raypack.packing import _cache, bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp  # noqa: F401
+# No numba here: the packers' loops are compiled at their first call (raypack.packing._jit), so a
+# process that only names them (a job's driver, checking its config) never imports it.
+from raypack.packing import bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp
 from raypack.packing._buffers import copy_runs
 from raypack.packing.assignment import Assignment, check_assignment
 from raypack.packing.items import OVERFLOW_POLICIES, Items, item_histogram, make_items

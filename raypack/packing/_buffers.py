@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from raypack.packing._jit import njit
 
 __all__ = ["copy_runs", "grow_rows"]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def grow_rows(a, used):
     """`a`, or a copy with twice the rows when row `used` does not exist yet (amortized O(1) appends)."""
     if used < a.shape[0]:
@@ -18,7 +19,7 @@ def grow_rows(a, used):
     return b
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def copy_runs(dst, dst_start, src, src_start, length):
     """dst[dst_start[i] : dst_start[i] + length[i]] = src[src_start[i] : ...] for every run i: what a
     fancy-index scatter does (dst[index] = src) without its index, 16 bytes a value in int64 for

@@ -22,9 +22,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from numba.core import caching
-
-__all__ = ["ContentCacheLocator", "cache_root", "install"]
+__all__ = ["cache_root", "install"]
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # this copy of raypack/
 
@@ -47,40 +45,46 @@ def _digest(package: Path) -> str:
     return digest.hexdigest()[:24]
 
 
-class ContentCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
-    def __init__(self, py_func: Any, py_file: str) -> None:
-        self._py_file = py_file
-        self._lineno = py_func.__code__.co_firstlineno
-        self._cache_path = str(cache_root() / _digest(Path(py_file).resolve().parent))
+def _locator_class() -> type:
+    """The locator, a subclass of numba's own (defined here, not at import: raypack.packing._jit
+    imports numba only for a first call)."""
+    from numba.core import caching
 
-    def get_cache_path(self) -> str:
-        return self._cache_path
+    class ContentCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
+        def __init__(self, py_func: Any, py_file: str) -> None:
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+            self._cache_path = str(cache_root() / _digest(Path(py_file).resolve().parent))
 
-    def get_disambiguator(self) -> str:
-        return str(self._lineno)
+        def get_cache_path(self) -> str:
+            return self._cache_path
 
-    @classmethod
-    def from_function(cls, py_func: Any, py_file: str) -> ContentCacheLocator | None:
-        path = Path(py_file).resolve()
-        if not path.is_file() or _PACKAGE not in path.parents:
-            return None  # not raypack's: numba's own locators decide
-        locator = cls(py_func, py_file)
-        try:
-            locator.ensure_cache_path()
-        except OSError:
-            return None
-        return locator
+        def get_disambiguator(self) -> str:
+            return str(self._lineno)
+
+        @classmethod
+        def from_function(cls, py_func: Any, py_file: str) -> ContentCacheLocator | None:
+            path = Path(py_file).resolve()
+            if not path.is_file() or _PACKAGE not in path.parents:
+                return None  # not raypack's: numba's own locators decide
+            locator = cls(py_func, py_file)
+            try:
+                locator.ensure_cache_path()
+            except OSError:
+                return None
+            return locator
+
+    return ContentCacheLocator
 
 
 def install() -> None:
-    """Put the locator first for functions decorated from now on (call before they are defined)."""
+    """Put the locator first for functions decorated from now on (raypack.packing._jit calls it
+    before it decorates any); once a process."""
+    from numba.core import caching
+
     impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
     classes = getattr(impl, "_locator_classes", None)
     if classes is None:  # another numba layout: its own cache still works, keyed by path
         return
-    if ContentCacheLocator not in classes:
-        classes.insert(0, ContentCacheLocator)
-
-
-# raypack/packing/__init__.py imports this module before any module that defines numba functions.
-install()
+    if not any(getattr(c, "__name__", "") == "ContentCacheLocator" for c in classes):
+        classes.insert(0, _locator_class())

@@ -19,10 +19,10 @@ with "worst fit, one item per pack per step" is Krell et al.'s SPFHP, and with a
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from raypack.packing._buffers import grow_rows
+from raypack.packing._jit import njit
 from raypack.packing._segtree import tree_first_ge, tree_new, tree_set
 from raypack.packing.plan import Plan
 
@@ -48,7 +48,7 @@ def fit_histogram(hist: np.ndarray, seq_len: int, *, best: bool, stack: bool, ma
     return Plan.build(seq_len, num_packs, runs)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _push(groups, ng, head, tree, room, base, count, used, depth):
     """Add group `ng` (packs base..base+count-1) to the list of groups with `room` left."""
     groups = grow_rows(groups, ng)
@@ -63,7 +63,7 @@ def _push(groups, ng, head, tree, room, base, count, used, depth):
     return groups
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _fit(hist, seq_len, best, stack, max_depth):
     tree = tree_new(seq_len + 1)
     head = np.full(seq_len + 1, -1, dtype=np.int64)

@@ -8,13 +8,14 @@ capacity below it. "Smallest present capacity >= x" (best fit) and "largest pres
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from raypack.packing._jit import njit
 
 __all__ = ["tree_first_ge", "tree_last_le", "tree_new", "tree_set"]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def tree_new(n):
     size = 1
     while size < n:
@@ -22,7 +23,7 @@ def tree_new(n):
     return np.full(2 * size, -1, dtype=np.int64)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def tree_set(tree, value, present):
     size = len(tree) // 2
     node = size + value
@@ -35,7 +36,7 @@ def tree_set(tree, value, present):
         node //= 2
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def tree_first_ge(tree, x):
     """Smallest present value >= x, or -1. The left child is tried first: it holds the smaller values."""
     if x < 0:
@@ -52,7 +53,7 @@ def tree_first_ge(tree, x):
     return node - size
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def tree_last_le(tree, x):
     """Largest present value <= x, or -1."""
     size = len(tree) // 2

@@ -16,10 +16,10 @@ repeats at once. The loop thus runs per pattern change, not per pack.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from raypack.packing._buffers import grow_rows
+from raypack.packing._jit import njit
 from raypack.packing._segtree import tree_last_le, tree_new, tree_set
 from raypack.packing.items import check_depth
 from raypack.packing.plan import Plan
@@ -59,7 +59,7 @@ def plan(
     return Plan.build(seq_len, num_packs, runs, cap_start, cap_value)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _fill(tree, count, capacity, max_depth, steps):
     """Greedy fill of one pack, at most max_depth items; writes (length, q) rows to steps; returns
     (rows, room)."""
@@ -85,7 +85,7 @@ def _fill(tree, count, capacity, max_depth, steps):
     return nsteps, room
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _compose(count, buckets, threshold, max_depth):
     seq_len = buckets[-1]
     nb = len(buckets)

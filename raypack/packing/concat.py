@@ -8,9 +8,9 @@ bfd, which only cuts documents longer than the context (Ding et al. 2024, figure
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from raypack.packing._jit import njit
 from raypack.packing.items import Items, check_lengths, make_items
 
 __all__ = ["assign", "make_concat_items"]
@@ -43,7 +43,7 @@ def assign(items: Items, seq_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return pack.astype(np.int32 if num_packs < 2**31 else np.int64), slot, offset, num_packs
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _count_pieces(stream, seq_len):
     pos, total = 0, 0
     for d in range(len(stream)):
@@ -53,7 +53,7 @@ def _count_pieces(stream, seq_len):
     return total
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _cut(stream, seq_len, doc_start, out_length):
     pos, k = 0, 0
     doc_start[0] = 0

@@ -8,9 +8,9 @@ bfd's; it is here to measure against.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from raypack.packing._jit import njit
 from raypack.packing.items import Items, check_depth
 
 __all__ = ["assign"]
@@ -28,7 +28,7 @@ def assign(
     return pack, slot, offset, int(num_packs)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _ffd(length, seq_len, max_depth, out_pack, out_slot, out_offset):
     n = len(length)
     # Counting sort, longest first and stable: O(n + seq_len) instead of an O(n log n) argsort.

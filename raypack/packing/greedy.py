@@ -8,9 +8,9 @@ lengths (`raypack plan --sample 200000 --algorithm all`).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from raypack.packing._jit import njit
 from raypack.packing.items import Items, check_depth
 
 __all__ = ["assign"]
@@ -28,7 +28,7 @@ def assign(
     return pack, slot, offset, int(num_packs)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _next_fit(length, seq_len, max_depth, out_pack, out_slot, out_offset):
     current, fill, depth = -1, seq_len, 0
     for i in range(len(length)):

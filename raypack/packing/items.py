@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
+
+from raypack.packing._jit import njit
 
 __all__ = ["OVERFLOW_POLICIES", "Items", "check_depth", "check_lengths", "item_histogram", "make_items"]
 
@@ -120,7 +121,7 @@ def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> It
     return Items(doc_length=doc_length, doc_start=doc_start, length=length)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _count_chunks(doc_length, seq_len):
     total = 0
     for n in doc_length:
@@ -128,7 +129,7 @@ def _count_chunks(doc_length, seq_len):
     return total
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _split(doc_length, seq_len, doc_start, out_length):
     k = 0
     for d in range(len(doc_length)):

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 
-import numba
 import numpy as np
+
+from raypack.packing._jit import njit
 
 __all__ = ["PackPermutation"]
 
@@ -53,7 +54,7 @@ class PackPermutation:
         return y.astype(ids.dtype)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _permute(ids, keys, half, mask, n):
     """Each id through the Feistel network, again while it lands at or past n (cycle walking: stays
     inside [0, n), still a bijection). Numba, an id at a time: the numpy version, a pass per round

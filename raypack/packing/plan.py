@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
 import numpy as np
+
+from raypack.packing._jit import njit
 
 __all__ = ["RUN_COLUMNS", "Plan", "concat_plans", "expand", "fill_offsets"]
 
@@ -150,7 +151,7 @@ def expand(
     return pack, slot, offset
 
 
-@numba.njit(cache=True, nogil=True)
+@njit
 def _expand(item_length, rank_base, run_ptr, runs, out_pack, out_slot, out_offset):
     seq_len = len(run_ptr) - 2
     counter = rank_base.copy()

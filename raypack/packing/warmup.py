@@ -12,14 +12,18 @@ import numpy as np
 
 from raypack.packing import ALGORITHMS, PackPermutation, copy_runs, pack
 from raypack.packing._cache import cache_root
+from raypack.packing._jit import load
 
 __all__ = ["dispatchers", "warmup"]
 
 
 def dispatchers() -> list[Any]:
+    """Every packing function's numba dispatcher (made now where none is yet)."""
     from numba.core.registry import CPUDispatcher
 
     import raypack.packing as package
+
+    load()
 
     found = {}
     for name, module in sorted(sys.modules.items()):

@@ -295,13 +295,15 @@ class _Absent(importlib.abc.MetaPathFinder):
     (the finder is gone at the fork), should a task import one.
     - numba, as it loads its first compiled function, asks whether a BLAS is there by importing
       scipy.linalg (0.3 s). No raypack function uses one (no np.dot, no linalg): numba has none.
+    - numba, then, asks whether cffi is there, and builds a cffi.FFI() (its C parser: 0.03-0.05
+      s) to type cffi functions called from compiled code. raypack's call none.
     - pyarrow imports pandas (0.2-0.5 s) on its first array, to ask whether the object is pandas';
       raypack hands it none, and pyarrow keeps the answer (a worker can still import pandas, as the
       exchange does for its hash).
     The warm-up the workers wait for (worker.warm_worker) went from 0.56-1.09 s to 0.25-0.48 s
     without scipy's import alone."""
 
-    NAMES = ("scipy.linalg", "pandas")
+    NAMES = ("scipy.linalg", "pandas", "cffi")
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
         if name in self.NAMES:
