@@ -167,3 +167,37 @@ def test_console_script_output_and_exit_handlers_survive_its_fast_exit(tmp_path:
     assert [r["seq_len"] for r in records] == [64, 128] and records[0]["documents"] == 2999
     assert marker.read_text() == "yes"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit-ran", "l.txt"]  # the directory went
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+def test_ctrl_c_ends_a_long_plan_at_once_and_leaves_no_process() -> None:
+    """nnlshp at 512 classes on 200,000 lengths plans for ~45 s, in scipy's NNLS, which holds the
+    GIL: a plan in the command's own process heard Ctrl-C only when it returned (24 s measured,
+    past the interrupt watchdog's 10 s, which needs the GIL too). The command waits on a child
+    that does the work, and kills it."""
+    import signal
+    import time
+
+    command = [sys.executable, "-m", "raypack.cli", "plan", "--sample", "200000", "--seq-len", "8192"]
+    command += ["--algorithm", "nnlshp", "--set", "nnls_bin_width=16"]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(4.0)  # imports, the sample, and well into the plan
+        assert proc.poll() is None
+        children = _children(proc.pid)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        waited = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "raypack: interrupted" in err and "Traceback" not in err
+    assert waited < 5.0, f"Ctrl-C took {waited:.1f} s"
+    assert children, "no process of the plan's own"
+    for child in children:
+        assert not Path(f"/proc/{child}").exists(), f"the plan's process {child} is left"
