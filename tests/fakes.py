@@ -145,3 +145,25 @@ def slow_mark(directory: str, seconds: float) -> None:
     time.sleep(seconds)
     with open(os.path.join(directory, f"{os.getpid()}-{uuid.uuid4().hex}"), "w") as f:
         f.write("done")
+
+
+def mark_now(directory: str) -> float:
+    """An early load (a local pool's zygote starts it in a thread): when it ran, also written to
+    `early-at`."""
+    import os
+    import time
+
+    now = time.time()
+    with open(os.path.join(directory, "early-at"), "w") as f:
+        f.write(repr(now))
+    return now
+
+
+def takes_early(key: str, directory: str) -> None:
+    """A preload that takes the early load `key`'s value, as the job's takes fastokens' build."""
+    import os
+
+    from raypack.pipeline.zygote import early
+
+    with open(os.path.join(directory, "early-taken"), "w") as f:
+        f.write(repr(early(key)))

@@ -34,6 +34,7 @@ import socket
 import sys
 import threading
 import traceback
+from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -212,15 +213,63 @@ def _reap(children: set[int], ctrl: Connection) -> None:
             ctrl.send(("exited", pid, status))
 
 
+class _Run(threading.Thread):
+    """A preload (the driver's "run": fn(*args)) in a thread of the zygote, so that its loop goes
+    on taking the driver's requests while it runs: an early load asked meanwhile starts at once.
+    A job with a token store warms the zygote first (worker.Preload.warm, 0.6-0.8 s), and asks
+    for fastokens' build of its tokenizer only once its tokenize stage finds a unit to tokenize;
+    the build (2-2.5 s of a 131k BPE) waited for the warm-up to end."""
+
+    def __init__(self, fn: Any, args: tuple[Any, ...], wake: socket.socket) -> None:
+        super().__init__(name="raypack-preload", daemon=True)
+        self.fn, self.args, self.wake = fn, args, wake
+        self.outcome: Failure | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.fn(*self.args)
+        except BaseException as e:
+            self.outcome = Failure.of(e)
+        finally:
+            with contextlib.suppress(OSError):
+                self.wake.send(b"!")  # the loop hears it now, not at its next timeout
+
+
 def _loop(ctrl: Connection, address: str, home: str) -> None:
-    """The zygote's loop: the driver's requests in order, its children reaped between them."""
+    """The zygote's loop: the driver's requests in order (preloads one at a time, in a thread;
+    the fork after the last), its children reaped between them."""
     import importlib
 
     children: set[int] = set()
+    runs: deque[tuple[Any, tuple[Any, ...]]] = deque()  # preloads after the one running
+    running: _Run | None = None
+    wake, woken = socket.socketpair()
+
+    def finished() -> bool:
+        """The running preload's outcome told the driver, and the next one started; False where
+        the driver is gone."""
+        nonlocal running
+        assert running is not None
+        running.join()
+        try:
+            ctrl.send(("ran", running.outcome))
+        except OSError:
+            # The driver went while it ran (killed, -9): so do we, without the traceback of a
+            # broken pipe (twice, on the user's terminal) that the send raised here.
+            return False
+        running = _Run(*runs.popleft(), woken) if runs else None
+        return True
+
     try:
         while True:
             _reap(children, ctrl)
-            if not wait([ctrl], timeout=0.05):
+            ready = wait([ctrl, wake], timeout=0.05)
+            if wake in ready:
+                wake.recv(64)
+            if running is not None and not running.is_alive() and not finished():
+                return
+            if ctrl not in ready:
                 continue
             try:
                 op, *rest = ctrl.recv()
@@ -236,20 +285,14 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
             elif op == "early":  # loads in threads, for the preload to take
                 for key, (module, name, args) in rest[0].items():
                     _EARLY[key] = _Early(module, name, args)
-            elif op == "run":  # the job's preload, once, before the forks
-                fn, args = rest
-                try:
-                    fn(*args)
-                    outcome = None
-                except BaseException as e:
-                    outcome = Failure.of(e)
-                try:
-                    ctrl.send(("ran", outcome))
-                except OSError:
-                    # The driver went while it ran (killed, -9): so do we, without the traceback of
-                    # a broken pipe (twice, on the user's terminal) that the send raised here.
-                    return
+            elif op == "run":  # a preload of the job, before the forks
+                runs.append((rest[0], rest[1]))
+                if running is None:
+                    running = _Run(*runs.popleft(), woken)
             elif op == "fork":
+                while running is not None:  # every preload ends first
+                    if not finished():
+                        return
                 # No thread of the preload may outlive it into the fork: a lock one held would stay
                 # held in every worker. (numpy's OpenBLAS and pyarrow's jemalloc threads, there from
                 # their import, are native and both libraries reset them at fork.)
@@ -261,6 +304,8 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
                     pid = os.fork()
                     if pid == 0:
                         ctrl.close()
+                        wake.close()
+                        woken.close()
                         with contextlib.suppress(ValueError):
                             sys.meta_path.remove(_ABSENT)
                         code = 0

@@ -286,6 +286,30 @@ def test_the_zygote_warms_up_without_scipy_pandas_or_cffi_and_its_workers_still_
         runner.close(release=True)
 
 
+def test_an_early_load_starts_while_a_preload_runs_and_a_later_preload_takes_it(tmp_path: Path) -> None:
+    """A job with a token store warms the zygote first and asks for fastokens' build only once a
+    unit must be tokenized: the build, asked while the warm-up ran, waited for its end (0.4-0.6 s
+    of a 500 MB first pack). The zygote runs a preload in a thread and takes the requests that
+    come meanwhile; preloads still run one after another, and the workers fork after the last."""
+    from tests.fakes import pid, slow_mark, takes_early
+
+    runner = LocalRunner(1)
+    try:
+        first = runner.preload(slow_mark, (str(tmp_path), 2.0))
+        runner.early({"stamp": ("tests.fakes", "mark_now", (str(tmp_path),))})
+        second = runner.preload(takes_early, ("stamp", str(tmp_path)))
+        assert first is not None and second is not None
+        first.result(timeout=120)
+        second.result(timeout=120)
+        assert runner.map(pid, [()]) != [os.getpid()]  # forked after both: it still serves
+    finally:
+        runner.close(release=True)
+    (slow,) = [p for p in tmp_path.iterdir() if not p.name.startswith("early-")]
+    early_at = float((tmp_path / "early-at").read_text())
+    assert early_at < slow.stat().st_mtime - 1.0  # it ran while the 2 s preload slept
+    assert float((tmp_path / "early-taken").read_text()) == early_at
+
+
 def test_local_cpus_follows_the_process_affinity() -> None:
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this system")
