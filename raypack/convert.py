@@ -98,6 +98,14 @@ def target_spec(manifest: dict[str, Any], name: str, pad_id: int | None = None) 
     return spec
 
 
+def _default_pad(manifest: dict[str, Any], name: str) -> int | None:
+    """What a conversion to `name` pads with when given no pad (None where it refuses one)."""
+    try:
+        return target_spec(manifest, name).pad_id
+    except ConfigError:
+        return None
+
+
 def _lengths(manifest: dict[str, Any]) -> list[int]:
     return [int(f["bucket_length"]) for f in manifest["files"]]
 
@@ -123,6 +131,8 @@ def convert(
         raise ConfigError(str(e)) from None
     manifest, dataset = pinned.manifest, pinned.path
     spec = target_spec(manifest, name, pad_id)
+    if pad_id is not None and pad_id == _default_pad(manifest, name):
+        pad_id = None  # the pad the conversion takes anyway: the config keeps saying so as it did
     if contains(dataset, out) or contains(out, dataset):
         raise ConfigError(f"--out {out} and the dataset {dataset} overlap: write the conversion elsewhere")
     check_output(out, storage, overwrite)

@@ -407,7 +407,14 @@ def test_convert_pads_with_the_id_it_is_given_and_refuses_settings_it_does_not_r
     real = np.arange(tokens.shape[1])[None, :] < index.column("num_tokens").to_numpy()[:, None]
     assert (~real).any() and (tokens[~real] == 7).all() and np.array_equal(tokens[real], before[real])
     assert manifest(out)["format"]["pad_id"] == 7 and manifest(out)["tokenizer"]["pad_id"] == 7
+    # Given the pad it pads with anyway, a conversion's config says what the source's did.
+    same = tmp_path / "same-pad"
+    pad = int(manifest(source)["format"]["pad_id"])
+    command = ["convert", str(source), "--format", "parquet", "--out", str(same), "--pad-id", str(pad)]
+    assert main(command) == 0
+    assert manifest(same)["config"]["output"] == {**manifest(source)["config"]["output"], "path": str(same)}
     was = packed["cfg"]["parquet"]
+    assert verify(str(same), was, sample=8).ok
     assert not verify(str(out), was, sample=8).ok  # its output.pad_id is not the dataset's now
     assert verify(str(out), dataclasses.replace(was, output=dataclasses.replace(was.output, pad_id=7))).ok
 
