@@ -167,15 +167,19 @@ TMP_PREFIX = ".tmp-"
 
 
 @contextmanager
-def atomic_output(path: str, storage: StorageConfig | None = None) -> Iterator[pa.NativeFile]:
+def atomic_output(
+    path: str, storage: StorageConfig | None = None, tag: str | None = None
+) -> Iterator[pa.NativeFile]:
     """Like open_output, but `path` appears only once the block ends without an error: the bytes go to
     a `.tmp-*` sibling that is then moved over `path` (a rename locally; a server-side copy on S3, whose
     streams cannot be aborted: closing one commits whatever was written). On an error the sibling is
     deleted; one left by a killed process is swept by the next run (TMP_PREFIX). For small files
-    only: S3's CopyObject refuses sources over 5 GB (token files are written in place instead)."""
+    only: S3's CopyObject refuses sources over 5 GB (token files are written in place instead).
+    `tag` (32 hex digits; default a fresh uuid): the sibling is `.tmp-<tag>-<name>`, so that the
+    job a tag names can find what its killed writers left (a token store's, shared with others)."""
     fs, inner = resolve(path, storage)
     parent, name = posixpath.split(inner)
-    tmp = posixpath.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
+    tmp = posixpath.join(parent, f"{TMP_PREFIX}{tag or uuid.uuid4().hex}-{name}")
     if parent:
         fs.create_dir(parent, recursive=True)
     try:
@@ -189,7 +193,9 @@ def atomic_output(path: str, storage: StorageConfig | None = None) -> Iterator[p
 
 
 @contextmanager
-def whole_output(path: str, storage: StorageConfig | None = None) -> Iterator[pa.NativeFile]:
+def whole_output(
+    path: str, storage: StorageConfig | None = None, tag: str | None = None
+) -> Iterator[pa.NativeFile]:
     """A large file that readers see whole or not at all, of any size: a local one through
     atomic_output (a rename), an object written in place (an upload becomes visible only when it
     completes, and atomic_output's CopyObject refuses sources over 5 GB). An object cut short by an
@@ -199,7 +205,7 @@ def whole_output(path: str, storage: StorageConfig | None = None) -> Iterator[pa
         with open_output(path, storage) as f:
             yield f
     else:
-        with atomic_output(path, storage) as f:
+        with atomic_output(path, storage, tag) as f:
             yield f
 
 

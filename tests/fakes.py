@@ -10,14 +10,19 @@ import numpy as np
 from raypack.pipeline.tokenize_task import TokenizeShards
 
 __all__ = [
+    "DiesWriting",
     "Differs",
     "OneIdOff",
     "Shifted",
     "Unchecked",
     "always_dies",
     "dies_first",
+    "mark_now",
+    "passing_imports",
     "pid",
     "slow_mark",
+    "takes_early",
+    "warm_like_a_zygote",
 ]
 
 # The word the doubles below change the first id of (a word of the generated corpus, no probe's).
@@ -167,3 +172,15 @@ def takes_early(key: str, directory: str) -> None:
 
     with open(os.path.join(directory, "early-taken"), "w") as f:
         f.write(repr(early(key)))
+
+
+class DiesWriting(TokenizeShards):
+    """A worker killed (SIGKILL, as the OOM killer kills) as it encodes a unit's first batch, every
+    time: its token file's temporary is open, and is left as a killed writer leaves it."""
+
+    def _encode(self, *args: Any, **kwargs: Any) -> Any:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")

@@ -41,7 +41,7 @@ from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
 from raypack.pipeline.runners import LocalRunner, ensure_ray
 from raypack.pipeline.select import Selection, select
-from raypack.pipeline.store import check_store, content_digests, store_record
+from raypack.pipeline.store import check_store, content_digests, remove_run_temporaries, store_record
 from raypack.pipeline.tokenize import check_rejects, tokenize
 from raypack.pipeline.tokenize_pool import TokenizePool
 from raypack.pipeline.write import write
@@ -130,6 +130,10 @@ def _run(
         # it. Best effort: the error that stopped the job is the one to see.
         with suppress(Exception):
             remove(ready.staging, storage)
+        store = cache if cache is not None else cfg.cache.path
+        if store is not None:  # and what its workers were writing into a token store
+            with suppress(Exception):
+                remove_run_temporaries(store, ready.ctx.run)
         raise
     # The report's drawing (~1.8 s) beside the runner's closing (Ray's shutdown: ~1.4 s, mostly
     # waiting for its processes to exit): the dataset is committed, nothing is left to run.

@@ -24,8 +24,10 @@ Jobs never delete entries; `raypack cache prune` does, by age or size (prune bel
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,7 @@ __all__ = [
     "digest_task",
     "file_digest",
     "prune",
+    "remove_run_temporaries",
     "size_text",
     "store_line",
     "store_record",
@@ -161,6 +164,26 @@ def _key(name: str) -> str | None:
 
 def _is_temporary(name: str) -> bool:
     return _TEMPORARY.fullmatch(name) is not None
+
+
+def remove_run_temporaries(path: str, run: str) -> int:
+    """Delete what the job `run` names left half-written in the local token store at `path` (its
+    writers' temporaries carry its run id: storage.atomic_output's tag), once none of its workers
+    writes: a job stopped by Ctrl-C or an error left the units its workers were writing (two
+    `.tmp-*` files, 9.3 MB, a trial), which only a prune a day later removed. Other jobs'
+    temporaries stay (they may be writing them). On object storage a token file is written in
+    place, never under a temporary name: nothing is looked for there. How many were removed."""
+    if is_uri(path):
+        return 0
+    removed = 0
+    prefix = f"{TMP_PREFIX}{run}-"
+    with suppress(FileNotFoundError, NotADirectoryError), os.scandir(path) as entries:
+        for entry in entries:
+            if entry.name.startswith(prefix) and _is_temporary(entry.name):
+                with suppress(FileNotFoundError):
+                    os.remove(entry.path)
+                    removed += 1
+    return removed
 
 
 def check_store(path: str, storage: StorageConfig | None, must_exist: bool = False) -> None:

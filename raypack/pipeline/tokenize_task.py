@@ -70,6 +70,8 @@ class TokenizeShards:
     def __init__(self, cfg: JobConfig, backend: str, loaded: JobState, ahead: bool = False) -> None:
         self.cfg = cfg
         self.storage = cfg.storage
+        self.run = loaded.ctx.run
+        """The job's run id: its token files' temporaries carry it (store.remove_run_temporaries)."""
         self.tok = loaded.tok
         self.reference = TokenizersEncoder(self.tok.tokenizer)
         self.encoder: Encoder = self.reference
@@ -177,7 +179,7 @@ class TokenizeShards:
         self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
         # The rejects count is known only at the end: it goes on the last, empty record batch.
         with (
-            whole_output(path, self.storage) as sink,
+            whole_output(path, self.storage, self.run) as sink,
             pa.ipc.new_file(sink, schema.TOKENIZED, options=staged_options(path)) as writer,
         ):
             relpaths = unit.relpaths
@@ -198,7 +200,7 @@ class TokenizeShards:
                 rejects_crc = crc32(data)
                 # Beside the token file before its completion key, so a finished token file always
                 # has its rejects.
-                with atomic_output(cached_rejects_file(path), self.storage) as f:
+                with atomic_output(cached_rejects_file(path), self.storage, self.run) as f:
                     f.write(data)
                 with open_output(rejects_path(cfg.output.path, unit.index), self.storage) as f:
                     f.write(data)

@@ -21,6 +21,7 @@ import pytest
 
 from raypack.cli import main
 from raypack.config import ConfigError, load_config
+from raypack.pipeline.job import run_job
 from raypack.pipeline.runners import LocalRunner
 from raypack.pipeline.store import file_digest
 from raypack.pipeline.token_files import DONE, Checksum
@@ -247,6 +248,36 @@ def test_any_change_of_content_or_settings_misses(tmp_path: Path, tokenizer_path
     assert main(["pack", str(cfg), "--overwrite", "--quiet", "--set", "pack.seed=5"]) == 0
     assert units(tmp_path / "out") == {"reused": 3, "tokenized": 0}
     assert len([n for n in store_files(store) if n.endswith(".arrow")]) == 3 + 1 + 3
+
+
+def test_a_job_that_fails_while_it_writes_leaves_no_half_entry_in_the_store(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every worker is killed as it writes a token file (its temporary open), each unit's task
+    retried until the job fails: the store is left as it was. Its writers' temporaries carry the
+    job's run id, a retry reuses its own, and the job removes them once its workers are gone; a
+    trial's Ctrl-C left two (9.3 MB) that only a prune a day later removed. Another job's
+    temporaries stay: it may be writing them."""
+    from raypack.errors import JobError
+    from raypack.pipeline import tokenize as tokenize_stage
+    from tests.fakes import DiesWriting
+
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=20, seed=4)
+    store = tmp_path / "store"
+    store.mkdir()
+    others = store / (".tmp-" + "e" * 32 + "-" + "f" * 32 + ".arrow")  # another job's, being written
+    others.write_bytes(b"partial")
+    cfg = job_config(
+        tmp_path,
+        f"{corpus}/*",
+        tokenizer_path,
+        cache={"path": str(store)},
+        tokenizer={"backend": "tokenizers"},
+    )
+    monkeypatch.setattr(tokenize_stage, "TokenizeShards", DiesWriting)
+    with pytest.raises(JobError):
+        run_job(load_config(cfg), log=lambda _: None)
+    assert store_files(store) == [others.name]
 
 
 def test_two_jobs_fill_one_store_at_once(tmp_path: Path, tokenizer_path: Path) -> None:
