@@ -60,6 +60,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
+    from raypack.config.output import OUTPUT_FORMATS
     from raypack.packing import ALGORITHMS
 
     parser = _Parser(
@@ -158,7 +159,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "copied, the manifest carries over.",
     )
     convert.add_argument("dataset", metavar="DATASET", help="a dataset, or a rebuild's root (follows LATEST)")
-    convert.add_argument("--format", required=True, help="parquet, megatron, olmo or mds")
+    convert.add_argument("--format", required=True, help=f"one of {', '.join(OUTPUT_FORMATS)}")
     convert.add_argument("--out", required=True, metavar="DIR", help="where the converted dataset goes")
     convert.add_argument("--overwrite", action="store_true", help="replace a dataset already at --out")
     convert.add_argument(
@@ -170,7 +171,7 @@ def _build_parser() -> argparse.ArgumentParser:
     convert.add_argument(
         "--config", help="a job config, for its storage and run settings (an S3 endpoint, run.executor)"
     )
-    _add_sets(convert, "; with --config: storage.* and run.*")
+    _add_sets(convert, "; with --config: storage.* and run.*", "storage.endpoint=http://127.0.0.1:8333")
 
     report = sub.add_parser(
         "report",
@@ -181,7 +182,7 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
     report.add_argument("--out", metavar="DIR", help="write DIR/report.html (default: OUTPUT/report.html)")
     report.add_argument("--config", help="the job config, for its storage settings (an S3 endpoint)")
-    _add_sets(report, "; with --config: storage.*")
+    _add_sets(report, "; with --config: storage.*", "storage.endpoint=http://127.0.0.1:8333")
 
     cache = sub.add_parser(
         "cache",
@@ -195,7 +196,7 @@ def _build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--older-than", metavar="AGE", help="prune units last used AGE ago: 30d, 12h, 90min")
     cache.add_argument("--max-size", metavar="SIZE", help="then prune the oldest until it holds SIZE: 500GB")
     cache.add_argument("--config", help="a job config: its cache.path and storage settings (an S3 endpoint)")
-    _add_sets(cache, "; with --config: storage.* and cache.*")
+    _add_sets(cache, "; with --config: storage.* and cache.*", "cache.path=/data/token-store")
 
     demo = sub.add_parser(
         "demo",
@@ -209,15 +210,18 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_sets(p: argparse.ArgumentParser, what: str = "") -> None:
+def _add_sets(
+    p: argparse.ArgumentParser,
+    what: str = "",
+    example: str = "pack.seq_len=8192 or output.path=s3://bucket/out",
+) -> None:
     p.add_argument(
         "--set",
         metavar="KEY=VALUE",
         action="append",
         default=[],
         dest="overrides",
-        help="override a config value, e.g. pack.seq_len=8192 or output.path=s3://bucket/out (repeatable)"
-        + what,
+        help=f"override a config value, e.g. {example} (repeatable){what}",
     )
 
 
@@ -271,7 +275,8 @@ def _config_of(
         if reads and section not in reads:
             raise ConfigError(
                 f"--set {text}: raypack {args.command} reads only the config's "
-                f"{' and '.join(f'{r}.*' for r in reads)} (a dataset's own settings are its manifest's)"
+                f"{' and '.join(f'{r}.*' for r in reads)}"
+                + (" (a dataset's own settings are its manifest's)" if args.command != "cache" else "")
             )
     return load_config(args.config, [*args.overrides, *(more or [])])
 
@@ -312,6 +317,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             )
         settings[path[0]] = value
     settings = dryrun.plan_settings(settings)  # before the lengths: a file of millions takes seconds
+    if args.report:
+        _check_report_dir(args.report)  # before the sweep, which may take minutes
     lengths = (
         dryrun.sample_lengths(args.sample, args.seed)
         if args.sample is not None
@@ -333,6 +340,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         written = write_report(from_dry_run(lengths, source, results, settings), args.report)
         print(f"report: {written}", file=sys.stderr)
     return 0
+
+
+def _check_report_dir(path: str) -> None:
+    """A local --report DIR made now, or a ConfigError saying why it cannot be (a file there, no
+    permission): not found out once the work is done. Object storage is met when it is written."""
+    from raypack.paths import is_uri
+
+    if is_uri(path):
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--report {path}: cannot write a report there ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"--report {path}: cannot write a report there (no permission)")
 
 
 def _in_child(fn: Callable[..., T], *args: Any) -> T:
@@ -546,9 +568,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-_INTERRUPTED = (
-    "raypack: interrupted (a dataset is complete once its manifest.json exists: rerun to finish one without)"
-)
+_INTERRUPTED = "raypack: interrupted"
+_HALF_WRITTEN = "a dataset is complete once its manifest.json exists: rerun to finish one without"
+_WRITERS = ("pack", "rebuild", "demo", "convert")  # the commands that write a dataset
+
+
+def _interrupted(argv: Sequence[str] | None) -> str:
+    """The line an interrupted command ends with (what a dataset left half-written means, where
+    the command writes one)."""
+    command = list(sys.argv[1:] if argv is None else argv)[:1]
+    if command and command[0] in _WRITERS:
+        return f"{_INTERRUPTED} ({_HALF_WRITTEN})"
+    return _INTERRUPTED
+
+
 # Ctrl-C raises KeyboardInterrupt in the main thread, but one that lands inside a finalizer or a
 # callback of Ray's is printed as "ignored" and lost (seen in CI: a driver interrupted mid-tokenize
 # ran to the end and exited 0). So a watchdog raises it again every second until main() has handled
@@ -558,7 +591,8 @@ _INTERRUPT_GRACE_S = 10
 
 
 class _Interrupts:
-    def __init__(self) -> None:
+    def __init__(self, line: str) -> None:
+        self.line = line
         self.handled = threading.Event()
         self.watchdog: threading.Thread | None = None
 
@@ -578,7 +612,7 @@ class _Interrupts:
             if self.handled.wait(1.0):
                 return
             _thread.interrupt_main()
-        print(_INTERRUPTED, file=sys.stderr, flush=True)
+        print(self.line, file=sys.stderr, flush=True)
         os._exit(128 + self.signum)
 
 
@@ -589,7 +623,7 @@ _STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    interrupts = _Interrupts()
+    interrupts = _Interrupts(_interrupted(argv))
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = {s: signal.signal(s, interrupts.on_signal) for s in _STOPS} if in_main_thread else {}
     try:
@@ -643,7 +677,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"raypack: job failed: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(_INTERRUPTED, file=sys.stderr)
+        print(_interrupted(argv), file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader of the output left (`raypack plan --json | head -1`): it has what it wanted.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,11 @@ def _load_directory(p: Path) -> np.ndarray:
     from raypack.versions import resolve_dataset
 
     dataset = Path(resolve_dataset(str(p)))
+    if (dataset / "index").is_dir() and not (dataset / "manifest.json").is_file():
+        raise ConfigError(
+            f"{p} is not a complete dataset: no manifest.json (a job stopped before its commit "
+            "leaves part of its index/); rerun the job, or give a finished one"
+        )
     where = dataset / "index" if (dataset / "index").is_dir() else dataset
     files = sorted(where.glob("*.parquet"))
     if not files:
@@ -110,7 +116,9 @@ def _load_directory(p: Path) -> np.ndarray:
 
 def _load_txt(p: Path) -> np.ndarray:
     try:
-        return np.loadtxt(p, dtype=np.int64, ndmin=1, comments="#")
+        with warnings.catch_warnings():  # an empty file: "no lengths in file" says it, once
+            warnings.simplefilter("ignore", UserWarning)
+            return np.loadtxt(p, dtype=np.int64, ndmin=1, comments="#")
     except ValueError:
         pass
     # Slow path only to name the first bad line.
@@ -147,6 +155,9 @@ def _load_parquet(p: Path) -> np.ndarray:
     return column.to_numpy()
 
 
+WARM_SEQ_LEN = 64
+
+
 def run_sweep(
     lengths: np.ndarray,
     seq_lens: Sequence[int],
@@ -160,8 +171,11 @@ def run_sweep(
         for name in algorithms:
             cfg = _config_for(name, seq_len, settings)
             options = cfg.algorithm_options()
-            # Compile the numba loops on a few lengths first, so `seconds` is packing time alone.
-            pack(lengths[:64], seq_len, name, overflow=cfg.overflow, **options)
+            # Load the numba loops on a few lengths first, so `seconds` is packing time alone; at a
+            # small seq_len and each packer's own bucket lengths and bin width: nnlshp's NNLS costs
+            # what its classes cost, whatever the lengths (47 s of it at 512 classes, paid twice).
+            warm = {k: v for k, v in options.items() if k not in ("bucket_lengths", "bin_width")}
+            pack(lengths[:64], WARM_SEQ_LEN, name, overflow=cfg.overflow, **warm)
             t0 = time.perf_counter()
             assignment = pack(lengths, seq_len, name, overflow=cfg.overflow, **options)
             seconds = time.perf_counter() - t0

@@ -156,7 +156,8 @@ def _files_line(result: JobResult) -> str:
     """Data files and their bytes with every companion (pack indexes, .idx, masks) and dataset file."""
     fmt = result.output_format.get("name", "parquet")
     size = total_bytes(result.files, result.output_format.get("files", []))
-    return f"{len(result.files)} {fmt} files, {size / 2**20:.1f} MiB"
+    n = len(result.files)
+    return f"{n} {fmt} file{'s' if n != 1 else ''}, {size / 2**20:.1f} MiB"
 
 
 def _backend_line(b: dict[str, Any]) -> str:

@@ -80,6 +80,17 @@ def typed_fields(cls: type[Any], data: dict[str, Any], where: str = "") -> dict[
     return {name: _coerce(value, hints[name], f"{where}{name}") for name, value in data.items()}
 
 
+def _shown(value: Any) -> str:
+    """A value as the YAML it came from spells it (true, null), else its repr."""
+    return (
+        {True: "true", False: "false"}[value]
+        if isinstance(value, bool)
+        else "null"
+        if value is None
+        else repr(value)
+    )
+
+
 def _coerce(value: Any, hint: Any, key: str) -> Any:
     """Check `value` against a simple type hint (int, float, bool, str, tuple[int, ...], X | None,
     nested dataclass); ints are accepted for floats, lists for tuples."""
@@ -104,30 +115,30 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     if origin is tuple:
         (elem, *_rest) = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
+            raise ConfigError(f"{key} must be a list, got {_shown(value)}")
         return tuple(_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value))
     if origin is list:
         (elem,) = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {value!r}")
+            raise ConfigError(f"{key} must be a list, got {_shown(value)}")
         return [_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value)]
     if hint is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
+            raise ConfigError(f"{key} must be true or false, got {_shown(value)}")
         return value
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} must be an integer, got {value!r}")
+            raise ConfigError(f"{key} must be an integer, got {_shown(value)}")
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {value!r}")
+            raise ConfigError(f"{key} must be a number, got {_shown(value)}")
         return float(value)
     if hint is str:
         if isinstance(value, (date, datetime)):  # YAML reads 2024-07-26 as a date
             return value.isoformat()
         if not isinstance(value, str):
-            raise ConfigError(f"{key} must be a string, got {value!r}")
+            raise ConfigError(f"{key} must be a string, got {_shown(value)}")
         return value
     raise TypeError(f"config field {key} has an unsupported type {hint!r}")  # a bug in raypack
 
