@@ -19,6 +19,7 @@ import numpy as np
 # process that only names them (a job's driver, checking its config) never imports it.
 from raypack.packing import bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp
 from raypack.packing._buffers import copy_runs
+from raypack.packing._cache import has_entries as compiled_code_cached
 from raypack.packing.assignment import Assignment, check_assignment
 from raypack.packing.items import OVERFLOW_POLICIES, Items, item_histogram, make_items
 from raypack.packing.permute import PackPermutation
@@ -33,6 +34,7 @@ __all__ = [
     "PackPermutation",
     "Plan",
     "check_assignment",
+    "compiled_code_cached",
     "copy_runs",
     "expand",
     "item_histogram",

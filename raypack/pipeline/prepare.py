@@ -34,6 +34,7 @@ from raypack.formats import INDEX_DIR, Spec, make_spec, settings_of
 from raypack.formats.bridge import METADATA as BRIDGE_METADATA
 from raypack.formats.megatron import DATA_ARGS
 from raypack.formats.olmo import MASK_DIR
+from raypack.packing import compiled_code_cached
 from raypack.paths import is_uri
 from raypack.pipeline.datasets import check_dataset
 from raypack.pipeline.encode import chat_template
@@ -206,6 +207,12 @@ def prepare(
         log(f"[raypack] tasks on Ray: {runner.width} CPUs")
     else:
         log(f"[raypack] tasks on {runner.width} local processes (run.executor {cfg.run.executor})")
+        if not compiled_code_cached():  # (Ray's workers may be other machines, with caches of their own)
+            log(
+                "[raypack] note: the packers' compiled code is not cached on this machine yet: this "
+                "job compiles what it runs first (~7-20 s, once); python -m raypack.packing.warmup "
+                "does it ahead"
+            )
     assert preload is not None
     return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx, preload, tok.parsed, made_output)
 

@@ -55,3 +55,37 @@ def test_a_copy_at_another_path_loads_the_compiled_code(tmp_path: Path) -> None:
     segtree = tmp_path / "second" / "raypack" / "packing" / "_segtree.py"
     segtree.write_text(segtree.read_text() + "\n# changed\n")
     assert warm(tmp_path / "second", cache) == (compiled, 0)
+
+
+def test_a_job_says_when_it_must_compile_the_packers_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path
+) -> None:
+    """An empty cache (a new machine, RAYPACK_NUMBA_CACHE elsewhere) makes a job's first packer
+    compile, 7-20 s that it used to spend without a word (found by a trial): the cache is found
+    empty, and the job says so and what fills it ahead."""
+    from raypack.config import load_config
+    from raypack.packing import compiled_code_cached
+    from raypack.packing._cache import _digest
+    from raypack.pipeline import prepare
+    from raypack.pipeline.job import run_job
+    from tests.conftest import job_config, make_corpus
+
+    monkeypatch.setenv("RAYPACK_NUMBA_CACHE", str(tmp_path / "cache"))
+    assert not compiled_code_cached()
+    entries = tmp_path / "cache" / _digest(PACKAGE / "packing")
+    entries.mkdir(parents=True)
+    assert not compiled_code_cached()
+    (entries / "items.make_items-131.py311.nbi").write_bytes(b"")  # one function's index
+    assert compiled_code_cached()
+
+    monkeypatch.delenv("RAYPACK_NUMBA_CACHE")
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=10, seed=1)
+    cfg = load_config(job_config(tmp_path, f"{corpus}/*", tokenizer_path))
+    said: list[str] = []
+    cached = compiled_code_cached()  # (make's warm-up fills it; an edited packer empties it)
+    run_job(cfg, overwrite=True, log=said.append)
+    assert any("not cached on this machine" in line for line in said) == (not cached)
+    said.clear()
+    monkeypatch.setattr(prepare, "compiled_code_cached", lambda: False)
+    run_job(cfg, overwrite=True, log=said.append)
+    assert any("compiled code is not cached on this machine yet" in line for line in said)
