@@ -215,12 +215,14 @@ def write_bytes_atomic(path: str, data: bytes | pa.Buffer, storage: StorageConfi
         f.write(data)
 
 
-def remove_temporaries(directory: str, storage: StorageConfig | None = None) -> int:
+def remove_temporaries(directory: str, storage: StorageConfig | None = None, tag: str | None = None) -> int:
     """Delete the `.tmp-*` files atomic_output left in `directory` (its direct children) when its
-    process was killed; returns how many. Only for a directory no live writer is using."""
+    process was killed, or only those it wrote under `tag`; returns how many. Only for files no
+    live writer is using."""
+    prefix = TMP_PREFIX if tag is None else f"{TMP_PREFIX}{tag}-"
     removed = 0
     for info in list_dir(directory, storage):
-        if info.type == pafs.FileType.File and info.base_name.startswith(TMP_PREFIX):
+        if info.type == pafs.FileType.File and info.base_name.startswith(prefix):
             remove(join(directory, info.base_name), storage)
             removed += 1
     return removed

@@ -57,14 +57,11 @@ def load_config(
 def from_dict(cls: type[T], data: dict[str, Any] | None, where: str = "") -> T:
     """Build dataclass `cls` from a mapping: unknown keys and wrong types are ConfigErrors."""
     data = dict(data or {})
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key {where}{unknown[0]}; valid keys: {', '.join(fields)}")
-    for name, f in fields.items():
+    _refuse_unknown(cls, data, where)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if required and name not in data:
-            raise ConfigError(f"missing required key {where}{name}")
+        if required and f.name not in data:
+            raise ConfigError(f"missing required key {where}{f.name}")
     return cls(**typed_fields(cls, data, where))
 
 
@@ -72,23 +69,23 @@ def typed_fields(cls: type[Any], data: dict[str, Any], where: str = "") -> dict[
     """Some of dataclass `cls`'s fields, each checked against its type and coerced as from_dict
     does (lists to tuples, ints to floats), without building `cls` (whose checks may need the
     fields left out): unknown keys and wrong types are ConfigErrors."""
-    fields = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key {where}{unknown[0]}; valid keys: {', '.join(fields)}")
+    _refuse_unknown(cls, data, where)
     hints = typing.get_type_hints(cls)
     return {name: _coerce(value, hints[name], f"{where}{name}") for name, value in data.items()}
 
 
+def _refuse_unknown(cls: type[Any], data: dict[str, Any], where: str) -> None:
+    fields = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {where}{unknown[0]}; valid keys: {', '.join(fields)}")
+
+
 def _shown(value: Any) -> str:
     """A value as the YAML it came from spells it (true, null), else its repr."""
-    return (
-        {True: "true", False: "false"}[value]
-        if isinstance(value, bool)
-        else "null"
-        if value is None
-        else repr(value)
-    )
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else repr(value)
 
 
 def _coerce(value: Any, hint: Any, key: str) -> Any:

@@ -45,11 +45,16 @@ def _digest(package: Path) -> str:
     return digest.hexdigest()[:24]
 
 
+def _cache_dir(package: Path) -> Path:
+    """Where the compiled code of the functions in `package` (a directory) is kept."""
+    return cache_root() / _digest(package)
+
+
 def has_entries() -> bool:
     """Whether this machine's cache holds compiled code of this raypack's packers (any): without
     any, a process's first packer compiles (~7 s for a bfd job's, ~20 s for every packer's, on 2
     cores), and a job says so (`python -m raypack.packing.warmup` does it ahead)."""
-    directory = cache_root() / _digest(_PACKAGE / "packing")
+    directory = _cache_dir(_PACKAGE / "packing")
     try:
         return any(p.suffix == ".nbi" for p in directory.iterdir())
     except OSError:
@@ -65,7 +70,7 @@ def _locator_class() -> type:
         def __init__(self, py_func: Any, py_file: str) -> None:
             self._py_file = py_file
             self._lineno = py_func.__code__.co_firstlineno
-            self._cache_path = str(cache_root() / _digest(Path(py_file).resolve().parent))
+            self._cache_path = str(_cache_dir(Path(py_file).resolve().parent))
 
         def get_cache_path(self) -> str:
             return self._cache_path

@@ -66,8 +66,7 @@ def load(wanted: Compiled | None = None) -> Any:
             from raypack.packing import _cache
 
             _cache.install()
-            made = list(_PENDING)
-            for compiled in made:
+            for compiled in _PENDING:
                 compiled.dispatcher = numba.njit(cache=True, nogil=True)(compiled.py_func)
             _PENDING.clear()
             for name, module in list(sys.modules.items()):

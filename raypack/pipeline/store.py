@@ -24,10 +24,8 @@ Jobs never delete entries; `raypack cache prune` does, by age or size (prune bel
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import time
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +38,7 @@ from raypack.paths import is_uri
 from raypack.pipeline.runners import Runner
 from raypack.pipeline.tasks import transient
 from raypack.pipeline.units import WorkUnit
-from raypack.storage import TMP_PREFIX, Shard, join, list_dir, remove, resolve
+from raypack.storage import TMP_PREFIX, Shard, join, list_dir, remove, remove_temporaries, resolve
 
 __all__ = [
     "Pruned",
@@ -173,17 +171,7 @@ def remove_run_temporaries(path: str, run: str) -> int:
     `.tmp-*` files, 9.3 MB, a trial), which only a prune a day later removed. Other jobs'
     temporaries stay (they may be writing them). On object storage a token file is written in
     place, never under a temporary name: nothing is looked for there. How many were removed."""
-    if is_uri(path):
-        return 0
-    removed = 0
-    prefix = f"{TMP_PREFIX}{run}-"
-    with suppress(FileNotFoundError, NotADirectoryError), os.scandir(path) as entries:
-        for entry in entries:
-            if entry.name.startswith(prefix) and _is_temporary(entry.name):
-                with suppress(FileNotFoundError):
-                    os.remove(entry.path)
-                    removed += 1
-    return removed
+    return 0 if is_uri(path) else remove_temporaries(path, tag=run)
 
 
 def check_store(path: str, storage: StorageConfig | None, must_exist: bool = False) -> None:
