@@ -498,6 +498,8 @@ def _amount(text: str, units: dict[str, int], what: str, example: str) -> float:
 
     found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
     unit = found.group(2).lower() if found else ""
+    if found is not None and not unit and float(found.group(1)) == 0:
+        return 0.0  # nothing is nothing in any unit: --max-size 0 empties the store
     if found is None or unit not in units:
         raise ConfigError(
             f"{what} takes a number and one of the units {', '.join(units)} ({example}), not {text!r}"
@@ -519,7 +521,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
         if args.older_than or args.max_size:
             raise ConfigError("--older-than and --max-size are for prune")
         found = usage(store, storage)
-        print(f"{store}: {units_text(found.entries)}, {size_text(found.bytes)}")
+        # A directory named by mistake (an output, a home) read "0 units, 0 B" and nothing more.
+        besides = f"; besides, {found.others:,} files that are none of a store's" if found.others else ""
+        print(f"{store}: {units_text(found.entries)}, {size_text(found.bytes)}{besides}")
         return 0
     if not (args.older_than or args.max_size):
         raise ConfigError("say what to prune: --older-than AGE, --max-size SIZE, or both")

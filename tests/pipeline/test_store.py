@@ -330,7 +330,8 @@ def test_prune_by_age_and_by_size(
             os.utime(path, (now - 3 * 86400, now - 3 * 86400))
 
     assert main(["cache", "info", str(store)]) == 0
-    assert f"{store}: 4 units" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"{store}: 4 units" in said and "besides, 3 files that are none of a store's" in said, said
     assert main(["cache", "prune", str(store), "--older-than", "1.5d"]) == 0
     said = capsys.readouterr().out
     assert "removed 2 units" in said and "2 files a killed job left" in said, said
@@ -346,6 +347,11 @@ def test_prune_by_age_and_by_size(
     # What is left is still a store: the next pack finds that unit and tokenizes the others.
     assert main(["pack", str(cfg), "--overwrite", "--quiet"]) == 0
     assert units(tmp_path / "out") == {"reused": 1, "tokenized": 3}
+    # --max-size 0 (no unit: nothing is nothing in any) empties it of entries, and of nothing else.
+    capsys.readouterr()
+    assert main(["cache", "prune", str(store), "--max-size", "0"]) == 0
+    assert "it holds 0 units, 1 B" in capsys.readouterr().out  # the live writer's temporary stays
+    assert token_files(store) == [] and fresh.exists() and all(p.exists() for p in foreign)
 
 
 @pytest.mark.parametrize(
