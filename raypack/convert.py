@@ -16,9 +16,11 @@ a time (4 bytes a token slot, plus the encoded files).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,7 @@ import pyarrow.fs as pafs
 
 from raypack import schema
 from raypack.config import JobConfig, RunConfig, StorageConfig, from_dict
-from raypack.errors import ConfigError
+from raypack.errors import ConfigError, JobError
 from raypack.formats import (
     Packs,
     Spec,
@@ -40,12 +42,13 @@ from raypack.formats import (
     stem_of_file,
     total_bytes,
 )
+from raypack.pipeline import previous
 from raypack.pipeline.finalize import write_dataset_files, write_report_safely
 from raypack.pipeline.materialize import loss_mask_of, write_packs
-from raypack.pipeline.prepare import check_output, clear_output, open_runner
+from raypack.pipeline.prepare import OUTPUT_PARTS, check_output, clear_output, open_runner, recover_output
 from raypack.pipeline.record import manifest_files
 from raypack.pipeline.tasks import transient
-from raypack.reader import pin
+from raypack.reader import Pinned, pin
 from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic
 from raypack.versions import MANIFEST, METRICS
 
@@ -135,8 +138,33 @@ def convert(
         pad_id = None  # the pad the conversion takes anyway: the config keeps saying so as it did
     if contains(dataset, out) or contains(out, dataset):
         raise ConfigError(f"--out {out} and the dataset {dataset} overlap: write the conversion elsewhere")
+    recover_output(out, log)
     check_output(out, storage, overwrite)
     clear_output(out, storage)
+    try:
+        result = _convert(pinned, name, spec, out, storage, log, run, pad_id)
+    except BaseException:
+        with suppress(Exception):  # the dataset it was to replace comes back
+            if previous.restore(out, OUTPUT_PARTS):
+                log(f"[raypack] {out} holds the dataset it held before this conversion")
+        raise
+    previous.discard(out)
+    report = write_report_safely(out, storage, log)
+    return dataclasses.replace(result, report=report)
+
+
+def _convert(
+    pinned: Pinned,
+    name: str,
+    spec: Spec,
+    out: str,
+    storage: StorageConfig,
+    log: Callable[[str], None],
+    run: RunConfig | None,
+    pad_id: int | None,
+) -> ConvertResult:
+    """The conversion into the cleared `out`, up to its manifest (its report not drawn)."""
+    manifest, dataset = pinned.manifest, pinned.path
     source_spec = spec_of(manifest)
     files = sorted(manifest["files"], key=lambda f: str(f["path"]))
     runner = open_runner(
@@ -178,9 +206,8 @@ def convert(
     new["format"] = output_format
     new["converted_from"] = {"path": dataset, "format": source_spec.name, "manifest_sha256": pinned.sha256}
     write_bytes_atomic(join(out, MANIFEST), json.dumps(new, indent=2).encode(), storage)
-    report = write_report_safely(out, storage, log)
     size = total_bytes(written, output_format["files"])
-    return ConvertResult(dataset, out, output_format, len(written), size, report)
+    return ConvertResult(dataset, out, output_format, len(written), size, None)
 
 
 def convert_files(
@@ -196,10 +223,23 @@ def convert_files(
     WRITTEN rows."""
     with transient(patterns):
         rows = [
-            write_packs(_repadded(read_packs(dataset, e, source, storage), spec), out, spec, storage)
+            write_packs(_repadded(_source_packs(dataset, e, source, storage), spec), out, spec, storage)
             for e in entries
         ]
         return pa.concat_tables(rows) if rows else schema.WRITTEN.empty_table()
+
+
+def _source_packs(dataset: str, entry: dict[str, Any], source: Spec, storage: StorageConfig) -> Packs:
+    """One file's packs; a JobError naming it where its bytes make none (a traceback of pyarrow's
+    "Parquet magic bytes not found", before: a trial's file zeroed in place, its size unchanged)."""
+    try:
+        return read_packs(dataset, entry, source, storage)
+    except ValueError as e:  # pyarrow's ArrowInvalid is one
+        said = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise JobError(
+            f"{join(dataset, entry['path'])} does not read as the {source.name} file its manifest lists "
+            f"({said}): the dataset changed since it was written; `raypack verify {dataset}` checks it whole"
+        ) from None
 
 
 def _repadded(packs: Packs, spec: Spec) -> Packs:

@@ -32,11 +32,12 @@ from typing import Any, TextIO
 
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
+from raypack.pipeline import previous
 from raypack.pipeline.datasets import dataset_units, without_blocks
 from raypack.pipeline.finalize import commit, write_report_safely
 from raypack.pipeline.histogram import histogram
 from raypack.pipeline.plan import compare_in_task, plan_in_task
-from raypack.pipeline.prepare import Prepared, prepare
+from raypack.pipeline.prepare import OUTPUT_PARTS, Prepared, prepare
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
 from raypack.pipeline.runners import LocalRunner, ensure_ray
@@ -122,6 +123,7 @@ def _run(
             if started is not None:
                 record = dataclasses.replace(record, command_seconds=time.time() - started)
             commit(record, storage)
+            previous.discard(cfg.output.path)  # the dataset this one replaces
     except BaseException:
         runner.close(release=False, failed=True)
         # Whatever stopped the job (a worker's error, a Dataset's own pipeline failing, Ctrl-C): its
@@ -134,6 +136,10 @@ def _run(
         if store is not None:  # and what its workers were writing into a token store
             with suppress(Exception):
                 remove_run_temporaries(store, ready.ctx.run)
+        # The dataset it was to replace comes back (else the next job on this output puts it back).
+        with suppress(Exception):
+            if previous.restore(cfg.output.path, OUTPUT_PARTS):
+                log(f"[raypack] {cfg.output.path} holds the dataset it held before this job")
         raise
     # The report's drawing (~1.8 s) beside the runner's closing (Ray's shutdown: ~1.4 s, mostly
     # waiting for its processes to exit): the dataset is committed, nothing is left to run.

@@ -36,6 +36,7 @@ from raypack.formats.megatron import DATA_ARGS
 from raypack.formats.olmo import MASK_DIR
 from raypack.packing import compiled_code_cached
 from raypack.paths import is_uri
+from raypack.pipeline import previous
 from raypack.pipeline.datasets import check_dataset
 from raypack.pipeline.encode import chat_template
 from raypack.pipeline.read import input_files
@@ -59,7 +60,15 @@ from raypack.report.model import REPORT
 from raypack.storage import exists, join, remove, remove_temporaries, resolve
 from raypack.versions import LATEST, MANIFEST, METRICS
 
-__all__ = ["Prepared", "check_output", "clear_output", "open_runner", "prepare"]
+__all__ = [
+    "OUTPUT_PARTS",
+    "Prepared",
+    "check_output",
+    "clear_output",
+    "open_runner",
+    "prepare",
+    "recover_output",
+]
 
 # Everything a job writes under its output (formats' own files included), removed before it starts.
 OUTPUT_PARTS = (
@@ -73,6 +82,7 @@ OUTPUT_PARTS = (
     BRIDGE_METADATA,
     "index",
     "rejects",
+    previous.FAILED_REJECTS,
     "_staging",
 )
 
@@ -171,6 +181,7 @@ def prepare(
             else:
                 preload.warm()
         files = input_files(cfg.input, storage)
+        recover_output(out, log)
         check_output(out, storage, overwrite)
         if datasets or choose_runner(cfg.run, sum(f.shard.size for f in files)) == "ray":
             if local is not None:
@@ -293,8 +304,18 @@ def _missing_bucket(out: str, storage: StorageConfig) -> str | None:
 
 
 def clear_output(out: str, storage: StorageConfig) -> None:
-    """Remove a previous dataset, manifest first, so a crash mid-way never leaves one that looks
-    complete; and the `.tmp-*` files a killed run's atomic writes left (storage.atomic_output)."""
+    """Clear the output for a new dataset: a previous one set aside on a local output (kept until
+    the new one is committed: raypack.pipeline.previous), else removed, manifest first, so a crash
+    mid-way never leaves one that looks complete; and the `.tmp-*` files a killed run's atomic
+    writes left (storage.atomic_output)."""
+    previous.set_aside(out, OUTPUT_PARTS)
     for part in OUTPUT_PARTS:
         remove(join(out, part), storage)
     remove_temporaries(out, storage)
+
+
+def recover_output(out: str, log: Callable[[str], None]) -> None:
+    """Settle what a job killed while replacing the dataset at `out` left (previous.recover)."""
+    note = previous.recover(out, OUTPUT_PARTS)
+    if note is not None:
+        log(f"[raypack] {note}")

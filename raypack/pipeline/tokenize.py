@@ -29,6 +29,7 @@ from typing import Any, TextIO
 from raypack.chat import ONE_RENDER_TURNS, PROBES, ChatTemplate, RenderError, check_template
 from raypack.config import JobConfig
 from raypack.errors import ConfigError, JobError
+from raypack.pipeline import previous
 from raypack.pipeline.backends import (
     Choice,
     choose_backend,
@@ -363,6 +364,8 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     records = documents + rejects
     ratio = rejects / records if records else 0.0
     where = join(cfg.output.path, "rejects")
+    if previous.held(cfg.output.path):  # the dataset this job was to replace comes back, rejects/ too
+        where = f"{join(cfg.output.path, previous.FAILED_REJECTS)} (the dataset there before is kept)"
     kinds = Counter(reasons)
     # The most frequent first, ties by name: the same words whatever order the units finished in.
     common = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[:REJECT_EXAMPLES]
