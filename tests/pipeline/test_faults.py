@@ -27,6 +27,7 @@ import raypack
 from raypack.cli import main
 from raypack.config import StorageConfig, load_config
 from raypack.errors import storage_cause
+from raypack.pipeline import previous
 from raypack.pipeline.job import run_job
 from raypack.storage import write_bytes
 from raypack.verifier import verify
@@ -389,3 +390,41 @@ def test_an_interrupted_driver_leaves_no_dataset_and_the_rerun_finishes(
     rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert _digest(out) == want
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)])
+def test_an_interrupted_overwrite_leaves_the_dataset_it_was_to_replace(
+    tmp_path: Path, tokenizer_path: Path, reference: tuple[Path, dict[str, str]], sig: signal.Signals
+) -> None:
+    """`raypack pack --overwrite` stopped while it tokenizes, its output cleared: Ctrl-C puts the
+    dataset it was replacing back as the job ends; after a SIGKILL, which nothing outlives, the next
+    job on that output does. Byte for byte the dataset that was there (raypack.pipeline.previous)."""
+    corpus, _ = reference
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": SHARD_ROWS})
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "raypack.cli", "pack", str(cfg)]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    made = subprocess.run([*cmd, "--set", "pack.seq_len=256"], env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr[-2000:]
+    old = _digest(out)
+    driver = subprocess.Popen(
+        [*cmd, "--overwrite"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while (
+        not ((out / previous.PREVIOUS / ".whole").exists() and any((out / "index").glob("*.parquet")))
+        and driver.poll() is None
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.01)
+    assert driver.poll() is None, "the job ended before it could be interrupted"
+    driver.send_signal(sig)
+    _, err = driver.communicate(timeout=120)
+    if sig == signal.SIGKILL:
+        assert not (out / "manifest.json").exists()
+        again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert again.returncode == 2 and "already holds a dataset" in again.stderr, again.stderr[-2000:]
+        assert "put back the dataset" in again.stdout + again.stderr
+    else:
+        assert driver.returncode == 128 + sig and "holds the dataset it held before this job" in err, err
+    assert _digest(out) == old and not (out / previous.PREVIOUS).exists() and verify(str(out)).ok
