@@ -173,7 +173,8 @@ def _convert(
     try:
         runs = min(len(files), runner.width * RUNS_PER_CPU)
         log(
-            f"[raypack] convert: {len(files):,} files from {source_spec.name} to {spec.name}, {runs} tasks "
+            f"[raypack] convert: {len(files):,} file{'' if len(files) == 1 else 's'} from {source_spec.name} "
+            f"to {spec.name}, {runs} tasks "
             f"on {'Ray' if runner.name == 'ray' else 'local processes'}"
         )
         cuts = [len(files) * r // runs for r in range(runs + 1)]
@@ -233,7 +234,7 @@ def _source_packs(dataset: str, entry: dict[str, Any], source: Spec, storage: St
     """One file's packs; a JobError naming it where its bytes make none (a traceback of pyarrow's
     "Parquet magic bytes not found", before: a trial's file zeroed in place, its size unchanged)."""
     try:
-        return read_packs(dataset, entry, source, storage)
+        return read_packs(dataset, entry, source, storage, checked=True)
     except ValueError as e:  # pyarrow's ArrowInvalid is one
         said = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise JobError(

@@ -21,6 +21,7 @@ then, not a surprise at training time. The manifest records it under `format`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -414,11 +415,23 @@ def read_rows(
     return table
 
 
-def read_packs(dataset: str, entry: dict[str, Any], spec: Spec, storage: Any) -> Packs:
-    """Every pack of one file, its tokens read through the format (convert, read_packed)."""
+def read_packs(dataset: str, entry: dict[str, Any], spec: Spec, storage: Any, checked: bool = False) -> Packs:
+    """Every pack of one file, its tokens read through the format (convert, read_packed). `checked`:
+    each file read must have the size and sha256 its manifest entry gives (ValueError naming it
+    otherwise): a conversion of an olmo file damaged in place, its size unchanged, wrote its
+    damage out as ids of -1, and the new manifest's checksums made `verify` pass them."""
     files = {entry["path"]: read_bytes(join(dataset, entry["path"]), storage)}
     if not spec.format.holds_index:
         files[entry["index"]] = read_bytes(join(dataset, entry["index"]), storage)
+    if checked:
+        expected = {entry["path"]: (entry.get("bytes"), entry.get("sha256"))}
+        expected |= {c["path"]: (c.get("bytes"), c.get("sha256")) for c in entry.get("companions") or []}
+        for path, data in files.items():
+            size, digest = expected.get(path, (None, None))
+            if (size is not None and len(data) != size) or (
+                digest is not None and hashlib.sha256(data).hexdigest() != digest
+            ):
+                raise ValueError(f"{path}: size or sha256 differs from the manifest")
     return packs_of(files, entry, spec)
 
 

@@ -38,7 +38,9 @@ def set_aside(out: str, parts: tuple[str, ...]) -> bool:
     keep = join(out, PREVIOUS)
     shutil.rmtree(keep, ignore_errors=True)  # (recover found none, or a part-written one of no dataset)
     os.mkdir(keep)
-    for part in (MANIFEST, *(p for p in parts if p != MANIFEST)):
+    # An earlier failed job's rejects are no part of the dataset: cleared with the output, not kept
+    # (kept, a second failure found its own in their way as it put the dataset back: a trial's).
+    for part in (MANIFEST, *(p for p in parts if p not in (MANIFEST, FAILED_REJECTS))):
         with suppress(FileNotFoundError):
             os.rename(join(out, part), join(keep, part))
     # Every part moved: what the output holds from here on is the new job's. A job killed before
@@ -71,7 +73,13 @@ def restore(out: str, parts: tuple[str, ...]) -> bool:
                 _delete(join(out, part))
         os.remove(join(keep, _WHOLE))
     for part in sorted(os.listdir(keep), key=lambda p: p == MANIFEST):
-        os.rename(join(keep, part), join(out, part))
+        kept, there = join(keep, part), join(out, part)
+        if os.path.lexists(there):  # (a set-aside of an older raypack's held FAILED_REJECTS too)
+            if part == FAILED_REJECTS:
+                _delete(kept)  # the later failure's rejects stay
+                continue
+            _delete(there)
+        os.rename(kept, there)
     os.rmdir(keep)
     return True
 

@@ -99,14 +99,15 @@ def test_pack_overwrite_that_fails_leaves_the_dataset_it_was_to_replace(
     before = files_of(out)
 
     write_jsonl(corpus / "bad.jsonl", [b"{oops"] * 30)
-    capsys.readouterr()
-    code = main(["pack", str(cfg), "--overwrite", "--quiet", "--set", "input.max_reject_ratio=0.01"])
-    err = capsys.readouterr().err
-    assert code != 0 and f"see {out / 'rejects.failed'} (the dataset there before is kept)" in err, err
-    after = files_of(out)
-    failed = {k: v for k, v in after.items() if k.startswith("rejects.failed/")}
-    assert failed and {k: v for k, v in after.items() if k not in failed} == before
-    assert verify(str(out)).ok
+    for _ in range(2):  # and again: the first failure's rejects.failed/ in the second's way broke it once
+        capsys.readouterr()
+        code = main(["pack", str(cfg), "--overwrite", "--quiet", "--set", "input.max_reject_ratio=0.01"])
+        err = capsys.readouterr().err
+        assert code != 0 and f"see {out / 'rejects.failed'} (the dataset there before is kept)" in err, err
+        after = files_of(out)
+        failed = {k: v for k, v in after.items() if k.startswith("rejects.failed/")}
+        assert failed and {k: v for k, v in after.items() if k not in failed} == before
+        assert verify(str(out)).ok and not (out / previous.PREVIOUS).exists()
 
     (corpus / "bad.jsonl").unlink()
     assert main(["pack", str(cfg), "--overwrite", "--quiet", "--set", "pack.seq_len=256"]) == 0
@@ -153,3 +154,16 @@ def test_convert_overwrite_that_fails_leaves_the_dataset_it_was_to_replace(
     assert f"raypack: job failed: {data} does not read as the parquet file its manifest lists" in err, err
     assert "Traceback" not in err
     assert files_of(out) == before and verify(str(out)).ok
+    # An olmo file damaged mid-way, its size kept: its .npy still parses, into ids of -1 that the
+    # new dataset's own checksums then vouched for. Its manifest's sha256 refuses it first.
+    npy = sorted((out / "data").rglob("*.npy"))[0]
+    damaged = bytearray(npy.read_bytes())
+    middle = len(damaged) // 2
+    damaged[middle : middle + 1000] = b"\xff" * 1000
+    npy.write_bytes(bytes(damaged))
+    assert len(damaged) == npy.stat().st_size
+    back = tmp_path / "back"
+    assert main(["convert", str(out), "--format", "parquet", "--out", str(back)]) == 1
+    err = capsys.readouterr().err
+    assert f"{npy} does not read as the olmo file its manifest lists" in err and "sha256" in err, err
+    assert not (back / "manifest.json").exists()
