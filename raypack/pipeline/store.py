@@ -121,7 +121,11 @@ class StoreUsage:
     bytes: int
     """Every file of the store: token files, their rejects, temporaries."""
     others: int = 0
-    """Files in its directory that are none of a store's (a store named by mistake holds only these)."""
+    """Files and folders in its directory that are none of a store's (a store named by mistake
+    holds only these)."""
+    temporary_bytes: int = 0
+    """Of `bytes`, writers' temporaries: a live job's, or a killed one's (prune removes those a day
+    old)."""
 
 
 def _files(path: str, storage: StorageConfig | None) -> list[pafs.FileInfo]:
@@ -131,10 +135,15 @@ def _files(path: str, storage: StorageConfig | None) -> list[pafs.FileInfo]:
 def usage(path: str, storage: StorageConfig | None) -> StoreUsage:
     """How big the store is (one listing: ~1,000 entries a request on an object store); its own
     files only."""
-    listed = _files(path, storage)
-    files = [i for i in listed if _key(i.base_name) or _is_temporary(i.base_name)]
+    listed = list_dir(path, storage)
+    files = [
+        i
+        for i in listed
+        if i.type == pafs.FileType.File and (_key(i.base_name) or _is_temporary(i.base_name))
+    ]
     entries = sum(1 for i in files if _is_entry(i.base_name))
-    return StoreUsage(entries, sum(int(i.size or 0) for i in files), len(listed) - len(files))
+    temporary = sum(int(i.size or 0) for i in files if _is_temporary(i.base_name))
+    return StoreUsage(entries, sum(int(i.size or 0) for i in files), len(listed) - len(files), temporary)
 
 
 def store_record(path: str, storage: StorageConfig | None, hits: int) -> dict[str, Any]:
