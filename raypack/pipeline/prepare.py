@@ -272,8 +272,10 @@ def _fix_chat_date(cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], No
 def check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
     """Refuse to write over a complete dataset without --overwrite, or into a rebuild's root; an
     unreachable or unauthorized output fails here, before any work."""
-    resolve(out, storage)  # a mistyped URI, named as the user wrote it
+    fs, inner = resolve(out, storage)  # a mistyped URI, named as the user wrote it
     try:
+        if fs.get_file_info(inner).type == pafs.FileType.File:  # (was a storage error, exit 1)
+            raise ConfigError(f"output {out} is a file: name a directory (it is made if it is not there)")
         holds_dataset = exists(join(out, MANIFEST), storage)
         holds_versions = exists(join(out, LATEST), storage)
         bucket = _missing_bucket(out, storage)

@@ -214,6 +214,7 @@ def test_verify_names_what_is_wrong(tmp_path: Path, tokenizer_path: Path) -> Non
         (["pack", "{cfg}", "--set", "tokenizer.path=/no/tok.json"], "tokenizer file not found"),
         (["pack", "{cfg}", "--set", "input.paths=[/no/where/*.jsonl]"], "matched no files"),
         (["pack", "{cfg}", "--set", "input.colour=red"], "unknown key input.colour"),
+        (["pack", "{cfg}", "--set", "output.path={cfg}"], "is a file: name a directory"),
         (["pack", "{cfg}", "--set", "pack.algorithm=best"], "algorithm 'best' is unknown"),
         (["pack", "{cfg}", "--set", "output.shard_rows=many"], "shard_rows must be an integer"),
         (["pack", "{cfg}", "--set", "input.empty=drop"], "input.empty must be reject or keep"),
