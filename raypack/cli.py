@@ -468,8 +468,9 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         run=run,
         pad_id=args.pad_id,
     )
+    files = f"{result.files:,} file{'' if result.files == 1 else 's'}"
     print(
-        f"converted {result.source} to {result.format['name']}: {result.output} ({result.files:,} files, "
+        f"converted {result.source} to {result.format['name']}: {result.output} ({files}, "
         f"{result.bytes / 2**20:.1f} MiB); report {result.report or 'not written'}"
     )
     return 0
@@ -531,7 +532,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     done = prune(store, storage, older_than_s=older, max_bytes=most)
     print(
         f"{store}: removed {units_text(done.removed_entries)} ({size_text(done.removed_bytes)}) and "
-        f"{done.removed_leftovers:,} files a killed job left; it holds {units_text(done.kept.entries)}, "
+        f"{done.removed_leftovers:,} file{'' if done.removed_leftovers == 1 else 's'} a killed job left; "
+        f"it holds {units_text(done.kept.entries)}, "
         f"{size_text(done.kept.bytes)}{_store_notes(done.kept)}"
     )
     return 0

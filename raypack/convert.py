@@ -174,7 +174,7 @@ def _convert(
         runs = min(len(files), runner.width * RUNS_PER_CPU)
         log(
             f"[raypack] convert: {len(files):,} file{'' if len(files) == 1 else 's'} from {source_spec.name} "
-            f"to {spec.name}, {runs} tasks "
+            f"to {spec.name}, {runs} task{'' if runs == 1 else 's'} "
             f"on {'Ray' if runner.name == 'ray' else 'local processes'}"
         )
         cuts = [len(files) * r // runs for r in range(runs + 1)]

@@ -80,6 +80,7 @@ import pyarrow.parquet as pq
 from raypack.config import StorageConfig
 from raypack.formats import data_file, read_packs, read_rows, spec_of, stem_of_file
 from raypack.packing import PackPermutation
+from raypack.pipeline.previous import aside_note
 from raypack.schema import READABLE_SCHEMA_VERSIONS, row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
@@ -142,7 +143,9 @@ def pin(path: str, storage: StorageConfig | None = None) -> Pinned:
     """Resolve `path` (a dataset, or a rebuild's root through LATEST) and read its manifest, once."""
     dataset = resolve_dataset(path, storage)
     if not exists(join(dataset, MANIFEST), storage):
-        raise FileNotFoundError(f"{path} holds no complete raypack dataset (no manifest.json)")
+        raise FileNotFoundError(
+            f"{path} holds no complete raypack dataset (no manifest.json){aside_note(dataset)}"
+        )
     raw = read_bytes(join(dataset, MANIFEST), storage)
     manifest = json.loads(raw)
     if manifest.get("schema_version") not in READABLE_SCHEMA_VERSIONS:

@@ -37,6 +37,7 @@ from raypack import schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.errors import ConfigError
 from raypack.formats import Spec, packs_of, spec_of
+from raypack.pipeline.previous import aside_note
 from raypack.storage import exists, join, read_bytes, resolve
 from raypack.versions import MANIFEST, resolve_dataset
 
@@ -100,7 +101,9 @@ def verify(
         if not exists(output, storage):
             report.add(f"{output} does not exist")
         else:
-            report.add("no manifest.json: the dataset is incomplete (or not a raypack output)")
+            report.add(
+                "no manifest.json: the dataset is incomplete (or not a raypack output)" + aside_note(output)
+            )
         return report
     manifest = json.loads(read_bytes(join(output, MANIFEST), storage))
     if manifest.get("schema_version") not in schema.READABLE_SCHEMA_VERSIONS:

@@ -21,7 +21,7 @@ from raypack.paths import is_uri
 from raypack.storage import join
 from raypack.versions import MANIFEST
 
-__all__ = ["FAILED_REJECTS", "PREVIOUS", "discard", "recover", "restore", "set_aside"]
+__all__ = ["FAILED_REJECTS", "PREVIOUS", "aside_note", "discard", "held", "recover", "restore", "set_aside"]
 
 PREVIOUS = ".raypack-previous"
 _WHOLE = ".whole"  # in PREVIOUS: every part of the dataset is there
@@ -52,6 +52,18 @@ def set_aside(out: str, parts: tuple[str, ...]) -> bool:
 def held(out: str) -> bool:
     """A dataset is set aside under `out`."""
     return not is_uri(out) and os.path.isfile(join(out, PREVIOUS, MANIFEST))
+
+
+def aside_note(out: str) -> str:
+    """What a command that finds no dataset at `out` says where one is set aside (a stopped
+    `--overwrite` that could not put it back: one killed, or stopped twice in a row as it ended),
+    else "": verify and convert said only "no manifest.json", and a trial took the dataset for lost."""
+    if not held(out) or os.path.isfile(join(out, MANIFEST)):
+        return ""
+    return (
+        f"; the dataset it held is set aside in {join(out, PREVIOUS)} by a stopped `--overwrite`, and the "
+        "next `raypack pack` with this output puts it back"
+    )
 
 
 def restore(out: str, parts: tuple[str, ...]) -> bool:

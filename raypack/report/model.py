@@ -25,6 +25,7 @@ from raypack.metrics import (
     length_bins,
 )
 from raypack.packing.assignment import Assignment
+from raypack.pipeline.previous import aside_note
 from raypack.pipeline.store import store_line
 from raypack.pipeline.units import entry_files
 from raypack.storage import exists, join, list_dir, read_bytes, resolve
@@ -126,7 +127,9 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
     for a path that holds no complete dataset or one written before reports existed."""
     dataset = resolve_dataset(path, storage)
     if not exists(join(dataset, MANIFEST), storage):
-        raise ConfigError(f"{path}: no manifest.json, so no complete raypack dataset to report on")
+        raise ConfigError(
+            f"{path}: no manifest.json, so no complete raypack dataset to report on{aside_note(dataset)}"
+        )
     manifest = json.loads(read_bytes(join(dataset, MANIFEST), storage))
     doc = json.loads(read_bytes(join(dataset, manifest.get("metrics", METRICS)), storage))
     if "pack_fill_percent" not in doc or "document_lengths" not in doc:

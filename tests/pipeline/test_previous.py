@@ -127,7 +127,14 @@ def test_the_next_job_puts_back_what_a_killed_overwrite_set_aside(
     before = files_of(out)
     previous.set_aside(str(out), OUTPUT_PARTS)  # as a killed `--overwrite` left it
     the_new_job_writes(out)
+    # Until then, the commands that find no dataset there say where it is (a trial took it for lost).
+    aside = f"the dataset it held is set aside in {out / previous.PREVIOUS} by a stopped `--overwrite`"
+    assert any(aside in p for p in verify(str(out)).problems)
     capsys.readouterr()
+    for command in (["verify", str(out)], ["report", str(out)], ["convert", str(out), "--format", "olmo"]):
+        assert main([*command, "--out", str(tmp_path / "x")] if command[0] == "convert" else command) != 0
+        said = capsys.readouterr()
+        assert aside in said.out + said.err, (command, said)
     assert main(["pack", str(cfg)]) == 2  # without --overwrite: the dataset is back, and refused
     said = capsys.readouterr()
     assert "put back the dataset" in said.out + said.err and "already holds a dataset" in said.err
