@@ -20,7 +20,6 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +44,7 @@ from raypack.formats import (
 from raypack.pipeline import previous
 from raypack.pipeline.finalize import write_dataset_files, write_report_safely
 from raypack.pipeline.materialize import loss_mask_of, write_packs
-from raypack.pipeline.prepare import OUTPUT_PARTS, check_output, clear_output, open_runner, recover_output
+from raypack.pipeline.prepare import check_output, clear_output, open_runner, recover_output, restore_output
 from raypack.pipeline.record import manifest_files
 from raypack.pipeline.tasks import transient
 from raypack.reader import Pinned, pin
@@ -144,9 +143,7 @@ def convert(
     try:
         result = _convert(pinned, name, spec, out, storage, log, run, pad_id)
     except BaseException:
-        with suppress(Exception):  # the dataset it was to replace comes back
-            if previous.restore(out, OUTPUT_PARTS):
-                log(f"[raypack] {out} holds the dataset it held before this conversion")
+        restore_output(out, log, "conversion")  # the dataset it was to replace
         raise
     previous.discard(out)
     report = write_report_safely(out, storage, log)

@@ -37,7 +37,7 @@ from raypack.pipeline.datasets import dataset_units, without_blocks
 from raypack.pipeline.finalize import commit, write_report_safely
 from raypack.pipeline.histogram import histogram
 from raypack.pipeline.plan import compare_in_task, plan_in_task
-from raypack.pipeline.prepare import OUTPUT_PARTS, Prepared, prepare
+from raypack.pipeline.prepare import Prepared, prepare, restore_output
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
 from raypack.pipeline.runners import LocalRunner, ensure_ray
@@ -136,10 +136,7 @@ def _run(
         if store is not None:  # and what its workers were writing into a token store
             with suppress(Exception):
                 remove_run_temporaries(store, ready.ctx.run)
-        # The dataset it was to replace comes back (else the next job on this output puts it back).
-        with suppress(Exception):
-            if previous.restore(cfg.output.path, OUTPUT_PARTS):
-                log(f"[raypack] {cfg.output.path} holds the dataset it held before this job")
+        restore_output(cfg.output.path, log, "job")  # the dataset it was to replace
         raise
     # The report's drawing (~1.8 s) beside the runner's closing (Ray's shutdown: ~1.4 s, mostly
     # waiting for its processes to exit): the dataset is committed, nothing is left to run.

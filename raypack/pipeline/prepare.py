@@ -22,6 +22,7 @@ import dataclasses
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
@@ -68,6 +69,7 @@ __all__ = [
     "open_runner",
     "prepare",
     "recover_output",
+    "restore_output",
 ]
 
 # Everything a job writes under its output (formats' own files included), removed before it starts.
@@ -314,6 +316,15 @@ def clear_output(out: str, storage: StorageConfig) -> None:
     for part in OUTPUT_PARTS:
         remove(join(out, part), storage)
     remove_temporaries(out, storage)
+
+
+def restore_output(out: str, log: Callable[[str], None], what: str) -> None:
+    """After a job (`what`: "job", "conversion") failed or was stopped: the dataset it was to replace
+    put back (previous.restore). Best effort, in the failure's own path: where it cannot be, the
+    next job on this output puts it back (recover_output), and the error to see is the job's."""
+    with suppress(Exception):
+        if previous.restore(out, OUTPUT_PARTS):
+            log(f"[raypack] {out} holds the dataset it held before this {what}")
 
 
 def recover_output(out: str, log: Callable[[str], None]) -> None:

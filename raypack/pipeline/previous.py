@@ -18,7 +18,7 @@ import shutil
 from contextlib import suppress
 
 from raypack.paths import is_uri
-from raypack.storage import join
+from raypack.storage import join, remove
 from raypack.versions import MANIFEST
 
 __all__ = ["FAILED_REJECTS", "PREVIOUS", "aside_note", "discard", "held", "recover", "restore", "set_aside"]
@@ -82,15 +82,15 @@ def restore(out: str, parts: tuple[str, ...]) -> bool:
             os.rename(rejects, failed)
         for part in parts:
             if part != FAILED_REJECTS:
-                _delete(join(out, part))
+                remove(join(out, part))
         os.remove(join(keep, _WHOLE))
     for part in sorted(os.listdir(keep), key=lambda p: p == MANIFEST):
         kept, there = join(keep, part), join(out, part)
         if os.path.lexists(there):  # (a set-aside of an older raypack's held FAILED_REJECTS too)
             if part == FAILED_REJECTS:
-                _delete(kept)  # the later failure's rejects stay
+                remove(kept)  # the later failure's rejects stay
                 continue
-            _delete(there)
+            remove(there)
         os.rename(kept, there)
     os.rmdir(keep)
     return True
@@ -111,11 +111,3 @@ def recover(out: str, parts: tuple[str, ...]) -> str | None:
         discard(out)  # the killed job committed its own, or was killed before anything was set aside
         return None
     return f"put back the dataset at {out} that a stopped `--overwrite` had set aside ({PREVIOUS})"
-
-
-def _delete(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path)
-    else:
-        with suppress(FileNotFoundError):
-            os.remove(path)
