@@ -85,7 +85,7 @@ def main() -> int:
     runner.write_text(_RUN.format(tree=str(tree)))
     commands = {args.rev: [sys.executable, str(runner)], "this": [sys.executable, "-m", "raypack.cli"]}
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
-    # The processes the command starts (a local pool's zygote: `python -m raypack.pipeline.zygote`)
+    # The processes the command starts (a local pool's zygote: `python -m raypack.engine.zygote`)
     # import raypack before they hear the driver's sys.path: without the tree on PYTHONPATH they ran
     # this checkout's code under the other revision's driver (before 2026-11-27, so did every
     # comparison made with this script: only the driver's code differed).

@@ -55,7 +55,7 @@ def _split(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
 
 
 def _raypack(path: Path) -> Encode:
-    from raypack.pipeline.backends import FastokensEncoder
+    from raypack.text.backends import FastokensEncoder
 
     fast = FastokensEncoder(path.read_text())
     return lambda texts: _split(*fast.encode(texts))

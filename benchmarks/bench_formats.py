@@ -35,9 +35,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_job import large_tokenizer, make_corpus
 
+from raypack.dataset.layout import latest_version, version_name
 from raypack.demo import demo_config
 from raypack.formats import FORMATS, encode_index, read_packs, spec_of
-from raypack.versions import latest_version, version_name
 
 SEQ_LEN = 8192
 

@@ -37,8 +37,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_job import make_corpus
 
+from raypack.dataset.layout import latest_version, version_name
 from raypack.demo import demo_config
-from raypack.versions import latest_version, version_name
 
 SOURCES = {"web": {"repeat": 1.5}, "code": {}, "books": {"repeat": 0.5}}
 

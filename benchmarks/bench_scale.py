@@ -7,7 +7,7 @@ shards with about as many output files, then a realistic shape.
 Tiny shards: 40 documents of ~1 KB of real text each (source files found on this machine, as
 bench_job.py finds them, cut at line ends), seq_len 2048, output.shard_rows 8, so there are about as
 many files as shards: the shape that made shards × files shuffle blocks before the exchange of
-raypack.pipeline.exchange. Realistic: gzipped JSONL shards of real source files, one a document,
+raypack.pipeline.write.exchange. Realistic: gzipped JSONL shards of real source files, one a document,
 seq_len 8192, default shard_rows.
 
 Each run is `raypack pack` in a subprocess (local Ray started by it). Printed: every stage's seconds
@@ -231,7 +231,7 @@ def model(rates: dict[str, float], object_bytes: float) -> None:
     CPUs), laid out by raypack's own exchange.layout, timed with the per-CPU rates measured above."""
     import numpy as np
 
-    from raypack.pipeline import exchange
+    from raypack.pipeline.write import exchange
 
     tokens, shards, seq_len, rows, cpus, nodes = 2e12, 2_000, 8192, 10_000, 1024, 64
     docs = tokens / 1_000  # ~1,000 tokens a document

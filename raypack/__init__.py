@@ -58,9 +58,9 @@ def pack(
     fields, and input.id_field if set), in place of input.paths; or {source name: Dataset} for
     sources of input.sources without paths. Its rows are read in the Dataset's order, input.unit_rows
     a work unit, ids from input.id_field or `dataset:<row>` (`<source>:<row>`): the same bytes
-    whatever its blocks (raypack.pipeline.datasets). Runs on the Ray the Dataset lives in."""
+    whatever its blocks (raypack.corpus.datasets). Runs on the Ray the Dataset lives in."""
     datasets, overrides = _datasets(dataset, overrides)
-    from raypack.pipeline.runners import early_local
+    from raypack.engine.runner import early_local
 
     # Its zygote imports beside the config's and the job's imports, as the CLI's; not for a Dataset,
     # which Ray tasks read.
@@ -122,7 +122,7 @@ def _datasets(
         return None, overrides
     import json
 
-    from raypack.pipeline.datasets import as_datasets
+    from raypack.corpus.datasets import as_datasets
 
     datasets = as_datasets(dataset)
     given = [overrides] if isinstance(overrides, str) else list(overrides)

@@ -22,8 +22,8 @@ from raypack.errors import ConfigError, JobError, storage_cause
 
 if TYPE_CHECKING:
     from raypack.config import JobConfig
-    from raypack.pipeline.runners import LocalRunner
-    from raypack.pipeline.store import StoreUsage
+    from raypack.dataset.store import StoreUsage
+    from raypack.engine.runner import LocalRunner
     from raypack.verifier import VerifyReport
 
 T = TypeVar("T")
@@ -477,8 +477,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from raypack.dataset.layout import resolve_dataset
     from raypack.report import from_dataset, write_report
-    from raypack.versions import resolve_dataset
 
     cfg = _config_of(args, reads=("storage",))
     storage = cfg.storage if cfg is not None else None
@@ -511,7 +511,7 @@ def _amount(text: str, units: dict[str, int], what: str, example: str) -> float:
 
 def _cmd_cache(args: argparse.Namespace) -> int:
     from raypack.config import StorageConfig
-    from raypack.pipeline.store import check_store, prune, size_text, units_text, usage
+    from raypack.dataset.store import check_store, prune, size_text, units_text, usage
 
     cfg = _config_of(args, reads=("storage", "cache"))
     store = args.store or (cfg.cache.path if cfg is not None else None)
@@ -544,7 +544,7 @@ def _store_notes(found: StoreUsage) -> str:
     removes before they are a day old (a trial read "0 units, 5.9 MiB" after --max-size 0), and
     what its directory holds that is none of a store's (a directory named by mistake, an output or
     a home, read "0 units, 0 B" and nothing more)."""
-    from raypack.pipeline.store import size_text
+    from raypack.dataset.store import size_text
 
     notes = ""
     if found.temporary_bytes:
@@ -731,7 +731,7 @@ _JOB_COMMANDS = ("pack", "rebuild", "demo")
 def _early_local(argv: list[str]) -> LocalRunner | None:
     if not argv or argv[0] not in _JOB_COMMANDS or {"-h", "--help"} & set(argv):
         return None
-    from raypack.pipeline.runners import early_local
+    from raypack.engine.runner import early_local
 
     return early_local()
 

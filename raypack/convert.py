@@ -3,7 +3,7 @@ format, without tokenizing or packing again, so a team can keep one canonical da
 and give each trainer its own.
 
 Every file's packs are read through the source's format and written through the target's, file for
-file, by the runner's tasks (raypack.pipeline.runners: local processes for a small dataset, else Ray;
+file, by the runner's tasks (raypack.engine.runner: local processes for a small dataset, else Ray;
 one a run of files, retried like the job's storage tasks); `index/` and `rejects/`
 are copied as they are; the manifest and metrics.json carry over with the new files and format and
 a `converted_from` entry (the source's path and its manifest's sha256). The files are byte for byte
@@ -29,6 +29,9 @@ import pyarrow.fs as pafs
 
 from raypack import schema
 from raypack.config import JobConfig, RunConfig, StorageConfig, from_dict
+from raypack.dataset import previous
+from raypack.dataset.layout import MANIFEST, METRICS
+from raypack.engine.tasks import transient
 from raypack.errors import ConfigError, JobError
 from raypack.formats import (
     Packs,
@@ -41,15 +44,12 @@ from raypack.formats import (
     stem_of_file,
     total_bytes,
 )
-from raypack.pipeline import previous
 from raypack.pipeline.finalize import write_dataset_files, write_report_safely
-from raypack.pipeline.materialize import loss_mask_of, write_packs
 from raypack.pipeline.prepare import check_output, clear_output, open_runner, recover_output, restore_output
 from raypack.pipeline.record import manifest_files
-from raypack.pipeline.tasks import transient
+from raypack.pipeline.write.materialize import loss_mask_of, write_packs
 from raypack.reader import Pinned, pin
 from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic
-from raypack.versions import MANIFEST, METRICS
 
 __all__ = ["ConvertResult", "convert"]
 

@@ -93,7 +93,7 @@ def load_lengths(path: str | Path) -> np.ndarray:
 
 
 def _load_directory(p: Path) -> np.ndarray:
-    from raypack.versions import resolve_dataset
+    from raypack.dataset.layout import resolve_dataset
 
     dataset = Path(resolve_dataset(str(p)))
     if (dataset / "index").is_dir() and not (dataset / "manifest.json").is_file():

@@ -1,5 +1,5 @@
 """Data mixtures (input.sources): how many copies of each document go into the output so that each
-source meets its target. Pure functions; raypack.pipeline.select runs them on Ray.
+source meets its target. Pure functions; raypack.pipeline.place.select runs them on Ray.
 
 Targets (`targets`). A source asks for `tokens: T` (T), `repeat: r` (r × its tokens), `weight: w`
 (a share w of the output), or nothing (its tokens once). Weights alone are relative (normalized), and
@@ -28,7 +28,7 @@ Finding θ without a list of every document: each tokenize task reports its shar
 KEY_BITS bits of u (token_bins: a histogram of 65,536 bins, sparse), the driver sums a source's and
 finds the bin where the running total crosses the goal (boundary_bin), and then gathers the keys
 and lengths of the documents of that one bin alone (~documents / 65,536 of them) to place the cut
-(cut). Copies are made where items are made (raypack.pipeline.assign): never tokenized twice.
+(cut). Copies are made where items are made (raypack.pipeline.place.assign): never tokenized twice.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ __all__ = [
     "unit_keys",
 ]
 
-# The columns of a mixture's table, in the summary and the report (raypack.pipeline.select.source_table).
+# The columns of a mixture's table, in the summary and the report
+# (raypack.pipeline.place.select.source_table).
 SOURCE_HEADER = (
     "source",
     "asked",

@@ -78,12 +78,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
+from raypack.dataset.layout import MANIFEST, resolve_dataset
+from raypack.dataset.previous import aside_note
 from raypack.formats import data_file, read_packs, read_rows, spec_of, stem_of_file
 from raypack.packing import PackPermutation
-from raypack.pipeline.previous import aside_note
 from raypack.schema import READABLE_SCHEMA_VERSIONS, row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
-from raypack.versions import MANIFEST, resolve_dataset
 
 __all__ = [
     "IGNORE_INDEX",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from raypack.chat import chat_rows
+from raypack.dataset.store import store_line
 from raypack.formats import total_bytes
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
-from raypack.pipeline.store import store_line
+from raypack.text.chat import chat_rows
 
 __all__ = ["format_rebuild", "format_summary"]
 

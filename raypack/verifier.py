@@ -35,18 +35,18 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig, StorageConfig
+from raypack.dataset.layout import MANIFEST, resolve_dataset
+from raypack.dataset.previous import aside_note
 from raypack.errors import ConfigError
 from raypack.formats import Spec, packs_of, spec_of
-from raypack.pipeline.previous import aside_note
 from raypack.storage import exists, join, read_bytes, resolve
-from raypack.versions import MANIFEST, resolve_dataset
 
 __all__ = ["VerifyReport", "verify"]
 
 MAX_PROBLEMS = 20
 # A sampled document up to this many characters is re-tokenized whole (~100 bytes a token while
 # encoding: 64M characters ≈ 16M tokens ≈ 1.6 GB), whatever the job cut it at; longer ones at the
-# job's checked cuts (raypack.pipeline.cuts).
+# job's checked cuts (raypack.text.cuts).
 WHOLE_CHARS = 64 << 20
 
 
@@ -200,7 +200,7 @@ def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
     """Each setting of `config` that makes the dataset's bytes (input, tokenizer, pack, output) unlike
     the one it was packed with, and the tokenizer's files when they are not the ones it was packed
     with (by sha256), named."""
-    from raypack.pipeline.tokenizer import tokenizer_files, tokenizer_sha256
+    from raypack.text.tokenizer import tokenizer_files, tokenizer_sha256
 
     def plain(value: Any) -> Any:  # tuples as lists, as the manifest's JSON holds them
         return json.loads(json.dumps(value, default=str))
@@ -242,7 +242,7 @@ def _check_rejects(
     output: str, counts: dict[str, Any], report: VerifyReport, storage: StorageConfig | None
 ) -> None:
     """rejects/ against the manifest: rows, the records they stand for, and the lost files by name."""
-    from raypack.pipeline.token_files import rejects_path
+    from raypack.pipeline.tokenize.token_files import rejects_path
 
     rows = records = 0
     for shard in range(int(counts["shards"])):
@@ -437,8 +437,8 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
     placing what pack.overflow keeps of its tokens (a partial copy: its rule's partial_tokens); and
     each source's copies and kept tokens are the manifest's. Returns the documents (by id) whose
     last copy the rules make partial, with its tokens (raypack.mixture.Cut)."""
+    from raypack.corpus.units import entry_files
     from raypack.mixture import Rule, copies, copy_tokens, kept, unit_keys
-    from raypack.pipeline.units import entry_files
 
     mixture = manifest["mixture"]
     pack = manifest.get("config", {}).get("pack", {})
@@ -581,12 +581,12 @@ def _check_sample(
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs. A Ray
     Dataset's documents are re-read from `datasets`, cut into units as the job cut them."""
-    from raypack.pipeline.datasets import dataset_units
-    from raypack.pipeline.encode import chat_template, encode_chat, encode_documents
+    from raypack.corpus.datasets import dataset_units
+    from raypack.corpus.readers import read_unit
+    from raypack.corpus.units import WorkUnit, entry_files, unit_from_entry
     from raypack.pipeline.read import input_files
-    from raypack.pipeline.readers import read_unit
-    from raypack.pipeline.tokenizer import load_tokenizer
-    from raypack.pipeline.units import WorkUnit, entry_files, unit_from_entry
+    from raypack.text.encode import chat_template, encode_chat, encode_documents
+    from raypack.text.tokenizer import load_tokenizer
 
     # The work units as the job cut them (the manifest lists them in order): cutting them again would
     # read every large JSONL file whole to count its lines.

@@ -189,7 +189,7 @@ def tekken(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def driver_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Where tokenizers parsed a tokenizer file in this process (the driver's), from now on: a job
     on local processes leaves the parse to its workers' load."""
-    from raypack.pipeline import tokenizer as tokenizer_module
+    from raypack.text import tokenizer as tokenizer_module
 
     parsed: list[str] = []
     parse = tokenizer_module._parse
@@ -313,8 +313,8 @@ def independent_tokens(corpus: Path, tokenizer_file: Path) -> dict[str, list[int
     """Every document's tokens (then EOS), by doc id, tokenized here with tokenizers directly, not by
     raypack's tokenize stage: what the packs are checked against."""
     from raypack.config import InputConfig
-    from raypack.pipeline.readers import read_unit
-    from raypack.pipeline.units import WorkUnit
+    from raypack.corpus.readers import read_unit
+    from raypack.corpus.units import WorkUnit
     from raypack.storage import Shard
 
     tok = Tokenizer.from_file(str(tokenizer_file))

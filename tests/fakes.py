@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from raypack.pipeline.tokenize_task import TokenizeShards
+from raypack.pipeline.tokenize.task import TokenizeShards
 
 __all__ = [
     "DiesWriting",
@@ -103,7 +103,7 @@ def pid() -> int:
 
 def warm_like_a_zygote() -> None:
     """A preload: numba loads a compiled function (raypack's summaries' make_items) and pyarrow makes
-    an array of a Python list, as a zygote's warm-up does (raypack.pipeline.worker.warm_worker)."""
+    an array of a Python list, as a zygote's warm-up does (raypack.pipeline.tokenize.worker.warm_worker)."""
     import numpy as np
     import pyarrow as pa
 
@@ -172,7 +172,7 @@ def takes_early(key: str, directory: str) -> None:
     """A preload that takes the early load `key`'s value, as the job's takes fastokens' build."""
     import os
 
-    from raypack.pipeline.zygote import early
+    from raypack.engine.zygote import early
 
     with open(os.path.join(directory, "early-taken"), "w") as f:
         f.write(repr(early(key)))

@@ -121,7 +121,7 @@ def chat_tokens(
         start = len(hf.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True, **args))
         end = len(hf.apply_chat_template(messages[: i + 1], tokenize=False, **args))
         # The tokens holding a character of the turn, first to last: through the *last* token that
-        # holds its last character (raypack.chat.token_mask's rule, where transformers' char_to_token
+        # holds its last character (raypack.text.chat.token_mask's rule, where transformers' char_to_token
         # gives the first). A SentencePiece BPE writes the "\n" after <|im_end|> as "▁" and <0x0A>,
         # both holding it: the turn's "\n" is both.
         held = [t for t, (a, b) in enumerate(offsets) if b > a and b > start and a < end]

@@ -18,15 +18,15 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from raypack.chat import ChatTemplate, token_mask
 from raypack.cli import main
 from raypack.config import JobConfig, from_dict, load_config
+from raypack.corpus.readers import Chat
 from raypack.errors import ConfigError
-from raypack.pipeline.encode import encode_chat
 from raypack.pipeline.job import run_job
-from raypack.pipeline.readers import Chat
-from raypack.pipeline.tokenizer import load_tokenizer
 from raypack.reader import batch_fields
+from raypack.text.chat import ChatTemplate, token_mask
+from raypack.text.encode import encode_chat
+from raypack.text.tokenizer import load_tokenizer
 from raypack.verifier import verify
 from tests.chatdata import CHATML, CHATML_MARKED, DROPS_REASONING, chat_model, conversation, words
 from tests.conftest import write_jsonl, write_parquet
@@ -359,7 +359,7 @@ def test_a_chat_repack_from_a_token_store_parses_no_tokenizer(
     """A chat job that reads a token store fills it; a repack that finds every unit there renders
     its template's BOS and EOS from the JSON's ids and never parses the tokenizer (0.8 s for a
     131k BPE). Its packs are the job's without a store."""
-    from raypack.pipeline import tokenizer as tokenizer_module
+    from raypack.text import tokenizer as tokenizer_module
 
     parsed: list[str] = []
     parse = tokenizer_module._parse
@@ -708,8 +708,8 @@ def test_reading_chat_records_rejects_what_is_not_a_conversation(corpus: Path) -
     """read_unit alone: every record of a shard becomes a Chat or a reject with its reason, a parquet
     cell over input.max_document_bytes included."""
     from raypack.config import InputConfig
+    from raypack.corpus.readers import read_unit
     from raypack.pipeline.read import input_files
-    from raypack.pipeline.readers import read_unit
 
     by_file: dict[str, tuple[int, list[str]]] = {}
     for pattern, fmt in (("*.jsonl", "jsonl"), ("*.parquet", "parquet")):
@@ -995,7 +995,7 @@ def test_a_fast_backend_whose_offsets_differ_in_the_run_fails_over(
     """Offsets made to differ in the tasks (the self-check passes): the tasks' sampled check finds it,
     every unit is tokenized again with tokenizers, and the bytes are tokenizers'."""
     pytest.importorskip("fastokens")
-    from raypack.pipeline import tokenize as tokenize_stage
+    from raypack.pipeline.tokenize import stage as tokenize_stage
     from tests.fakes import Shifted
 
     run_job(job(tmp_path, corpus, model, "reference", tokenizer={"backend": "tokenizers"}), **quiet)

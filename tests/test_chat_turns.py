@@ -15,10 +15,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raypack import chat
-from raypack.chat import ONE_RENDER_TURNS, ChatTemplate, RenderError, message_starts
 from raypack.config import load_config
 from raypack.pipeline.job import run_job
+from raypack.text import chat
+from raypack.text.chat import ONE_RENDER_TURNS, ChatTemplate, RenderError, message_starts
 from raypack.verifier import verify
 from tests.chatdata import (
     CHATML,

@@ -34,8 +34,8 @@ from raypack.formats import FORMATS, Packs, Spec, read_packs, spec_of
 from raypack.formats.mds import decode_shard
 from raypack.formats.megatron import DATA_ARGS, parse_index
 from raypack.pipeline.job import run_job
-from raypack.pipeline.materialize import write_packs
 from raypack.pipeline.rebuild import run_rebuild
+from raypack.pipeline.write.materialize import write_packs
 from raypack.reader import IGNORE_INDEX, batch_fields, iter_batches, read_packed
 from raypack.verifier import verify
 from tests import s3server
@@ -631,7 +631,7 @@ def test_a_parquet_file_written_a_row_group_at_a_time_has_the_bytes_of_the_whole
     table with PARQUET_SETTINGS, and of the format's encode, over several row groups (2,500 packs:
     three), items arriving in pieces out of order, with and without a mask."""
     from raypack.formats import PARQUET_SETTINGS, Settings, make_spec
-    from raypack.pipeline.materialize import write_pack_file
+    from raypack.pipeline.write.materialize import write_pack_file
 
     rng = np.random.default_rng(7)
     capacity, packs = 16, 2_500

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import raypack.lease as lease_module
-from raypack.lease import LEASE, Lease, LeaseHeld, LeaseLost
-from raypack.versions import latest_version, set_latest
+import raypack.dataset.lease as lease_module
+from raypack.dataset.layout import latest_version, set_latest
+from raypack.dataset.lease import LEASE, Lease, LeaseHeld, LeaseLost
 
 
 @pytest.fixture(autouse=True)

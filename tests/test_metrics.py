@@ -10,7 +10,7 @@ from raypack.config import JobConfig, from_dict
 from raypack.metrics import compute_metrics
 from raypack.packing import pack
 from raypack.pipeline.job import JobResult
-from raypack.pipeline.write import Duplicates
+from raypack.pipeline.write.stage import Duplicates
 from raypack.summary import format_summary
 
 

@@ -1,5 +1,5 @@
 """cache: the token store, where tokenized work units are kept for any later job to reuse
-(raypack.pipeline.store)."""
+(raypack.dataset.store)."""
 
 from __future__ import annotations
 

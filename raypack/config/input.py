@@ -10,7 +10,7 @@ from raypack.errors import ConfigError
 
 __all__ = ["INPUT_FORMATS", "InputConfig", "Reading", "SourceConfig"]
 
-INPUT_FORMATS = ("jsonl", "parquet", "text")  # raypack.pipeline.readers.READERS
+INPUT_FORMATS = ("jsonl", "parquet", "text")  # raypack.corpus.readers.READERS
 
 
 SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -130,7 +130,7 @@ class InputConfig:
     messages_field: str | None = None
     """Chat data: the field (jsonl) or column (parquet) holding each conversation, a list of
     {role, content, ...} messages, rendered with the chat template (tokenizer.chat_template) and
-    trained as pack.loss says (raypack.chat). Replaces text_field."""
+    trained as pack.loss says (raypack.text.chat). Replaces text_field."""
     prompt_field: str | None = None
     """Instruction pairs: the prompt's field, with completion_field; the document is prompt +
     completion (plain strings), trained on the completion (pack.loss)."""
@@ -139,7 +139,7 @@ class InputConfig:
     """The sources given as Ray Datasets to raypack.pack(dataset=...), not as files: set by that
     call, not in a config file. ("",): the whole input is one Dataset (input.paths empty); else
     source names, each a source without paths. Their rows are read by Ray tasks from Ray's object
-    store (raypack.pipeline.datasets)."""
+    store (raypack.corpus.datasets)."""
     unit_rows: int = 10_000
     """Rows of a Ray Dataset (input.datasets) a work unit reads: consecutive rows in the dataset's
     order, so the units (and the output) do not depend on its blocks. 10,000 documents of ~4 KB

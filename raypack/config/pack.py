@@ -12,7 +12,7 @@ from raypack.packing.bucket import DEFAULT_PADDING_THRESHOLD
 
 __all__ = ["ALGORITHM_OPTION_FIELDS", "LOSS_POLICIES", "PACK_MODES", "PackConfig"]
 
-LOSS_POLICIES = ("assistant", "completion", "all")  # pack.loss (raypack.chat)
+LOSS_POLICIES = ("assistant", "completion", "all")  # pack.loss (raypack.text.chat)
 PACK_MODES = ("global", "sharded")
 # PackConfig field → the keyword option of the packers that take it.
 ALGORITHM_OPTION_FIELDS = {

@@ -1,4 +1,4 @@
-"""run: where the job's tasks run (raypack.pipeline.runners)."""
+"""run: where the job's tasks run (raypack.engine.runner)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ EXECUTORS = ("auto", "local", "ray")
 class RunConfig:
     executor: str = "auto"
     """ray: Ray tasks (RAY_ADDRESS's cluster, or a local Ray started for the job); local: a pool of
-    this machine's processes, the job's own (raypack.pipeline.local_pool: no Ray start or shutdown,
+    this machine's processes, the job's own (raypack.engine.pool: no Ray start or shutdown,
     ~5 s less on 2 cores; a killed worker's task runs again, as on Ray); auto: local when no Ray
     cluster is named (RAY_ADDRESS) or running in this process and the input is at most
     local_max_bytes, else ray. The output's bytes are the same either way."""

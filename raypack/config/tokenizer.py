@@ -1,4 +1,4 @@
-"""tokenizer: which tokenizer, how documents are framed, what encodes (raypack.pipeline.backends)."""
+"""tokenizer: which tokenizer, how documents are framed, what encodes (raypack.text.backends)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from raypack.errors import ConfigError
 
 __all__ = ["CHAT_SPANS", "TOKENIZER_BACKENDS", "TokenizerConfig"]
 
-TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")  # raypack.pipeline.backends
-CHAT_SPANS = ("auto", "prefixes")  # raypack.chat
+TOKENIZER_BACKENDS = ("auto", "tokenizers", "fastokens")  # raypack.text.backends
+CHAT_SPANS = ("auto", "prefixes")  # raypack.text.chat
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -22,7 +22,7 @@ class TokenizerConfig:
     add_eos: bool = True
     bos_id: int | None = None
     """BOS token id; None: the model directory's bos_token, else the post-processor template's, else a
-    token named <s>, <|begin_of_text|>, ... (raypack.pipeline.tokenizer)."""
+    token named <s>, <|begin_of_text|>, ... (raypack.text.tokenizer)."""
     eos_id: int | None = None
     """EOS token id; None: found as bos_id is (eos_token, the template, </s>, <|endoftext|>, ...)."""
     concurrency: int | None = None
@@ -42,7 +42,7 @@ class TokenizerConfig:
     assistant). prefixes: rendering growing prefixes of each conversation, two renders a turn
     (O(turns²)); auto: a conversation of 3 or more assistant turns rendered once, where the template
     is seen writing each message, taken where its first and last turns agree with their prefix
-    renders and every turn between has their form, else prefixes (raypack.chat). The job's
+    renders and every turn between has their form, else prefixes (raypack.text.chat). The job's
     self-check compares both on its probes and corpus sample and takes prefixes for the whole job
     on a difference (the manifest's chat.spans says which ran)."""
     backend: str = "auto"
@@ -50,7 +50,7 @@ class TokenizerConfig:
     tokenizer; a ConfigError where it cannot be used), or auto: fastokens when it loads the tokenizer
     and gives the same ids as tokenizers on probes and a corpus sample, else tokenizers (the summary
     says why). Each tokenize task also re-checks a sample with tokenizers and fails over on any
-    difference (raypack.pipeline.backends)."""
+    difference (raypack.text.backends)."""
 
     def __post_init__(self) -> None:
         if not self.path:

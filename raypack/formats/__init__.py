@@ -1,5 +1,5 @@
 """Output formats: how one output file's packs are stored. One module a format behind one small
-interface (`Format`), picked from `FORMATS`; the write task (raypack.pipeline.materialize) builds a
+interface (`Format`), picked from `FORMATS`; the write task (raypack.pipeline.write.materialize) builds a
 file's `Packs` and hands them over without knowing which format it writes.
 
     parquet   data/part-NNNNN.parquet: a row a pack (schema.PACKED), raypack's own
@@ -346,7 +346,7 @@ class Format(Protocol):
 class BlockFormat(Format, Protocol):
     """A format that writes a file from its packs a block at a time (parquet: a row group), the
     bytes of its encode of the packs whole: the write task then holds one block of packs, not the
-    file's (raypack.pipeline.materialize)."""
+    file's (raypack.pipeline.write.materialize)."""
 
     block_rows: int
     """Packs a block (the last may hold fewer)."""

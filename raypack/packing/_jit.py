@@ -4,7 +4,7 @@ numba is imported, and every marked function made its compiled form, at the firs
 Why: numba's import is ~0.35 s of a CPU (llvmlite, its type registry), and a process that only
 names the packers never calls one. The driver of a job checks its config against ALGORITHMS and
 builds the command's parser from it, while the plan and every loop run in the workers
-(raypack.pipeline.plan): with numba imported at `import raypack.packing`, every `raypack` command
+(raypack.pipeline.place.plan): with numba imported at `import raypack.packing`, every `raypack` command
 paid the import on the driver, beside the workers' start on 2 cores.
 
 How: `njit(fn)` returns a Compiled, which stands in for the function and is registered. The first

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from raypack.config import StorageConfig
+from raypack.dataset.layout import MANIFEST, METRICS
 from raypack.formats import Spec
 from raypack.pipeline.record import (
     RunRecord,
@@ -18,7 +19,6 @@ from raypack.pipeline.record import (
     metrics_document,
 )
 from raypack.storage import join, remove, write_bytes, write_bytes_atomic
-from raypack.versions import MANIFEST, METRICS
 
 __all__ = ["commit", "write_dataset_files", "write_report_safely"]
 

@@ -13,7 +13,7 @@ does, and the tasks it runs, is in its own module; this one only wires their typ
                              last; report.html
 
 Token files live in `<output>/_staging/tokens/` (removed at the end), or in a token store that
-outlives the job (cache.path, or a rebuild's own: raypack.pipeline.store). The driver holds the
+outlives the job (cache.path, or a rebuild's own: raypack.dataset.store). The driver holds the
 unit list (~300 bytes a unit), one histogram per run of units (runs <= the cluster's CPUs), the
 plan (O(seq_len²)), one WRITTEN row per output file (~1 KB), the exchange's object references (~3 KB
 each) and, with a store, one content digest a file (~80 bytes); documents and tokens never pass
@@ -31,21 +31,21 @@ from contextlib import contextmanager, suppress
 from typing import Any, TextIO
 
 from raypack.config import JobConfig
+from raypack.corpus.datasets import dataset_units, without_blocks
+from raypack.dataset import previous
+from raypack.dataset.store import check_store, content_digests, remove_run_temporaries, store_record
+from raypack.engine.runner import LocalRunner, ensure_ray
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
-from raypack.pipeline import previous
-from raypack.pipeline.datasets import dataset_units, without_blocks
 from raypack.pipeline.finalize import commit, write_report_safely
-from raypack.pipeline.histogram import histogram
-from raypack.pipeline.plan import compare_in_task, plan_in_task
+from raypack.pipeline.place.histogram import histogram
+from raypack.pipeline.place.plan import compare_in_task, plan_in_task
+from raypack.pipeline.place.select import Selection, select
 from raypack.pipeline.prepare import Prepared, prepare, restore_output
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
-from raypack.pipeline.runners import LocalRunner, ensure_ray
-from raypack.pipeline.select import Selection, select
-from raypack.pipeline.store import check_store, content_digests, remove_run_temporaries, store_record
-from raypack.pipeline.tokenize import check_rejects, tokenize
-from raypack.pipeline.tokenize_pool import TokenizePool
-from raypack.pipeline.write import write
+from raypack.pipeline.tokenize.pool import TokenizePool
+from raypack.pipeline.tokenize.stage import check_rejects, tokenize
+from raypack.pipeline.write.stage import write
 from raypack.storage import join, remove
 
 __all__ = ["JobError", "JobResult", "ensure_ray", "run_job"]
@@ -88,7 +88,7 @@ def run_job(
     `started`: when the command began (time.time()), for the time it took to the commit
     (metrics.json, the report); `local`: a local runner the caller started first
     (runners.early_local: the command and raypack.pack() do), the job's to use or close;
-    `datasets`: the Ray Datasets input.datasets names, by name (raypack.pipeline.datasets). A storage
+    `datasets`: the Ray Datasets input.datasets names, by name (raypack.corpus.datasets). A storage
     failure that outlived every retry is raised as a StorageError (one line), whatever wrapper Ray
     put around it."""
     try:

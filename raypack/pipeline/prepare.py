@@ -7,8 +7,8 @@ tokenizer: Prepared.clear).
 
 Where the job may run on this machine's processes, their pool starts first (its zygote imports the
 task modules, ~0.7 s, while this process reads the tokenizer and lists the input), and loads the
-tokenizer once from the bytes read here, before it forks the workers (raypack.pipeline.zygote).
-This process reads only the ids it needs from the JSON (raypack.pipeline.tokenizer.JsonVocab) and
+tokenizer once from the bytes read here, before it forks the workers (raypack.engine.zygote).
+This process reads only the ids it needs from the JSON (raypack.text.tokenizer.JsonVocab) and
 leaves tokenizers' parse to that load, conversations aside (their template and offsets are
 asked of this process's parse): a 131k BPE's parse is 0.8 s of CPU holding the GIL, and a job on
 2 cores is CPU-bound (130 MB with tekken, 6 interleaved rounds: median 6.95 -> 6.23 s). On
@@ -30,18 +30,11 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from raypack.config import JobConfig, RunConfig, StorageConfig
-from raypack.errors import ConfigError
-from raypack.formats import INDEX_DIR, Spec, make_spec, settings_of
-from raypack.formats.bridge import METADATA as BRIDGE_METADATA
-from raypack.formats.megatron import DATA_ARGS
-from raypack.formats.olmo import MASK_DIR
-from raypack.packing import compiled_code_cached
-from raypack.paths import is_uri
-from raypack.pipeline import previous
-from raypack.pipeline.datasets import check_dataset
-from raypack.pipeline.encode import chat_template
-from raypack.pipeline.read import input_files
-from raypack.pipeline.runners import (
+from raypack.corpus.datasets import check_dataset
+from raypack.corpus.units import WorkUnit
+from raypack.dataset import previous
+from raypack.dataset.layout import LATEST, MANIFEST, METRICS
+from raypack.engine.runner import (
     LocalRunner,
     RayRunner,
     Runner,
@@ -49,17 +42,24 @@ from raypack.pipeline.runners import (
     local_cpus,
     may_run_locally,
 )
-from raypack.pipeline.tokenizer import (
+from raypack.errors import ConfigError
+from raypack.formats import INDEX_DIR, Spec, make_spec, settings_of
+from raypack.formats.bridge import METADATA as BRIDGE_METADATA
+from raypack.formats.megatron import DATA_ARGS
+from raypack.formats.olmo import MASK_DIR
+from raypack.packing import compiled_code_cached
+from raypack.paths import is_uri
+from raypack.pipeline.read import input_files
+from raypack.pipeline.tokenize.worker import JobContext, Preload
+from raypack.report.model import REPORT
+from raypack.storage import exists, join, remove, remove_temporaries, resolve
+from raypack.text.encode import chat_template
+from raypack.text.tokenizer import (
     LoadedTokenizer,
     load_tokenizer,
     tokenizer_files,
     tokenizer_sha256,
 )
-from raypack.pipeline.units import WorkUnit
-from raypack.pipeline.worker import JobContext, Preload
-from raypack.report.model import REPORT
-from raypack.storage import exists, join, remove, remove_temporaries, resolve
-from raypack.versions import LATEST, MANIFEST, METRICS
 
 __all__ = [
     "OUTPUT_PARTS",
@@ -100,10 +100,10 @@ class Prepared:
     files: list[WorkUnit]
     """The input files, whole, each with its source's Reading."""
     datasets: dict[str, Any]
-    """The sources given as Ray Datasets, by name ("": the whole input; raypack.pipeline.datasets)."""
+    """The sources given as Ray Datasets, by name ("": the whole input; raypack.corpus.datasets)."""
     runner: Runner
     """Where the tasks run: Ray, started beside the tokenizer's parse, or this machine's processes
-    (raypack.pipeline.runners)."""
+    (raypack.engine.runner)."""
     ctx: JobContext
     """What the job's tasks are told of it (its run id, its tokenizer's sha256): the runner's
     workers were given its tokenizer under it."""
@@ -309,7 +309,7 @@ def _missing_bucket(out: str, storage: StorageConfig) -> str | None:
 
 def clear_output(out: str, storage: StorageConfig) -> None:
     """Clear the output for a new dataset: a previous one set aside on a local output (kept until
-    the new one is committed: raypack.pipeline.previous), else removed, manifest first, so a crash
+    the new one is committed: raypack.dataset.previous), else removed, manifest first, so a crash
     mid-way never leaves one that looks complete; and the `.tmp-*` files a killed run's atomic
     writes left (storage.atomic_output)."""
     previous.set_aside(out, OUTPUT_PARTS)

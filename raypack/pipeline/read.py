@@ -1,5 +1,5 @@
 """Stage 1, read: the job's input files, each with its source's Reading, cut into the work units the
-tokenize stage reads (raypack.pipeline.readers reads them, inside the tokenize tasks).
+tokenize stage reads (raypack.corpus.readers reads them, inside the tokenize tasks).
 
 We read shards ourselves (through pyarrow filesystems, compression detected from the suffix) rather
 than with Ray Data's read_json: a bad line must become a recorded reject, not fail the whole file;
@@ -15,11 +15,11 @@ import itertools
 from collections.abc import Callable
 
 from raypack.config import InputConfig, StorageConfig
+from raypack.corpus.readers.parquet import row_group_runs
+from raypack.corpus.units import WorkUnit
+from raypack.engine.runner import Runner
+from raypack.engine.tasks import transient
 from raypack.errors import ConfigError
-from raypack.pipeline.readers.parquet import row_group_runs
-from raypack.pipeline.runners import Runner
-from raypack.pipeline.tasks import transient
-from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, expand_inputs, resolve
 
 __all__ = [
@@ -49,7 +49,7 @@ def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[
     files: list[WorkUnit] = []
     owner: dict[str, str] = {}
     for source in sorted(cfg.sources, key=lambda s: s.name):
-        if cfg.is_dataset(source.name):  # its rows come from a Ray Dataset (raypack.pipeline.datasets)
+        if cfg.is_dataset(source.name):  # its rows come from a Ray Dataset (raypack.corpus.datasets)
             continue
         one = cfg.of(source.name)
         reading = cfg.reading(source.name)
@@ -72,7 +72,7 @@ def input_files(cfg: InputConfig, storage: StorageConfig | None = None) -> list[
 
 def read(files: list[WorkUnit], cfg: InputConfig, storage: StorageConfig, runner: Runner) -> list[WorkUnit]:
     """The stage: the job's work units, the line scans of large JSONL files as tasks of a CPU each
-    (32 for 8 GiB at the default unit_bytes), retried as every storage task is (raypack.pipeline.tasks).
+    (32 for 8 GiB at the default unit_bytes), retried as every storage task is (raypack.engine.tasks).
     Before the tokenize tasks start: behind them, the scans would wait for a free CPU."""
 
     def scan(ranges: list[tuple[Shard, int, int]]) -> list[tuple[int, int]]:

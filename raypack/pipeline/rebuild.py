@@ -1,7 +1,7 @@
 """`raypack rebuild`: a scheduled, incremental, atomic rebuild of a packed dataset.
 
-Each run writes a new version under the output root (raypack.versions) with the ordinary job, whose
-token files live in a token store (raypack.pipeline.store: `<root>/_cache/tokens/`, or cache.path)
+Each run writes a new version under the output root (raypack.dataset.layout) with the ordinary job, whose
+token files live in a token store (raypack.dataset.store: `<root>/_cache/tokens/`, or cache.path)
 keyed by each shard's content and the tokenization settings: unchanged shards are read from the
 store, new or changed ones tokenized, removed ones drop out.
 Packing always runs over the whole corpus (it takes seconds), so a rebuild's data files are byte for byte
@@ -12,7 +12,7 @@ A crash at any point leaves LATEST on the previous complete version. The next ru
 version's directory and reuses every token file that was finished (the key its footer gets last says so;
 an unfinished one is tokenized again).
 
-One rebuild at a time: each holds the root's lease (raypack.lease) from before it lists versions until
+One rebuild at a time: each holds the root's lease (raypack.dataset.lease) from before it lists versions until
 after it prunes, so the sweeps below only ever meet what a finished or dead run left; a second rebuild
 waits (`wait_s`) or exits 2 naming the holder. LATEST never moves to an older version (set_latest).
 """
@@ -28,12 +28,7 @@ from typing import TextIO
 import pyarrow.fs as pafs
 
 from raypack.config import JobConfig
-from raypack.errors import ConfigError
-from raypack.lease import Lease
-from raypack.pipeline.job import JobResult, run_job
-from raypack.pipeline.runners import LocalRunner
-from raypack.storage import TMP_PREFIX, exists, join, list_dir, read_bytes, remove, remove_temporaries
-from raypack.versions import (
+from raypack.dataset.layout import (
     CACHE,
     MANIFEST,
     complete_versions,
@@ -44,6 +39,11 @@ from raypack.versions import (
     set_latest,
     version_name,
 )
+from raypack.dataset.lease import Lease
+from raypack.engine.runner import LocalRunner
+from raypack.errors import ConfigError
+from raypack.pipeline.job import JobResult, run_job
+from raypack.storage import TMP_PREFIX, exists, join, list_dir, read_bytes, remove, remove_temporaries
 
 __all__ = ["RebuildResult", "cache_dir", "run_rebuild"]
 

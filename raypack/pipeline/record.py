@@ -17,15 +17,15 @@ import numpy as np
 
 from raypack import __version__, schema
 from raypack.config import JobConfig
+from raypack.dataset.layout import METRICS
 from raypack.formats import Spec
 from raypack.metrics import FILL_BINS, LENGTH_BINS_PER_OCTAVE, DocStats, PackingMetrics, finalize_metrics
 from raypack.packing import Plan
-from raypack.pipeline.plan import plan_slots
+from raypack.pipeline.place.plan import plan_slots
+from raypack.pipeline.place.select import Selection
 from raypack.pipeline.prepare import Prepared
-from raypack.pipeline.select import Selection
-from raypack.pipeline.tokenize import Tokenized
-from raypack.pipeline.write import Duplicates, Written
-from raypack.versions import METRICS
+from raypack.pipeline.tokenize.stage import Tokenized
+from raypack.pipeline.write.stage import Duplicates, Written
 
 __all__ = [
     "MIXTURE_KEY",
@@ -72,7 +72,7 @@ class RunRecord:
     grouped_files: dict[str, int]
     """Runs of small files (input.group_bytes): {"units": runs, "files": files they hold}."""
     sources: list[dict[str, Any]]
-    """A row a source (input.sources): asked, target, what it gave (raypack.pipeline.select)."""
+    """A row a source (input.sources): asked, target, what it gave (raypack.pipeline.place.select)."""
     mixture: dict[str, Any] | None
     chat: dict[str, Any] | None
     """Chat data: the template, the mask, trained tokens in and out, conversations cut or dropped."""

@@ -14,6 +14,10 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
+from raypack.corpus.units import entry_files
+from raypack.dataset.layout import MANIFEST, METRICS, resolve_dataset
+from raypack.dataset.previous import aside_note
+from raypack.dataset.store import store_line
 from raypack.errors import ConfigError
 from raypack.formats import total_bytes
 from raypack.metrics import (
@@ -25,11 +29,7 @@ from raypack.metrics import (
     length_bins,
 )
 from raypack.packing.assignment import Assignment
-from raypack.pipeline.previous import aside_note
-from raypack.pipeline.store import store_line
-from raypack.pipeline.units import entry_files
 from raypack.storage import exists, join, list_dir, read_bytes, resolve
-from raypack.versions import MANIFEST, METRICS, resolve_dataset
 
 __all__ = ["REPORT", "Report", "Run", "from_dataset", "from_dry_run", "length_distribution", "run_of"]
 
@@ -84,7 +84,7 @@ class Report:
     notes: tuple[str, ...] = ()
     dry_run: bool = False
     sources: tuple[dict[str, Any], ...] = ()
-    """The mixture (input.sources), a row a source (raypack.pipeline.select.source_table)."""
+    """The mixture (input.sources), a row a source (raypack.pipeline.place.select.source_table)."""
     chat: dict[str, Any] | None = None
     """Chat data: metrics.json's `chat` (template, mask, trained tokens, truncated conversations)."""
 

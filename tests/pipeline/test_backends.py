@@ -24,11 +24,11 @@ from raypack.cli import main
 from raypack.config import TokenizerConfig, load_config
 from raypack.demo import train_byte_level_bpe
 from raypack.errors import ConfigError
-from raypack.pipeline import backends
-from raypack.pipeline import tokenize as tokenize_stage
-from raypack.pipeline.backends import FastokensEncoder, TokenizersEncoder, choose_backend, first_difference
 from raypack.pipeline.job import run_job
-from raypack.pipeline.tokenizer import load_tokenizer
+from raypack.pipeline.tokenize import stage as tokenize_stage
+from raypack.text import backends
+from raypack.text.backends import FastokensEncoder, TokenizersEncoder, choose_backend, first_difference
+from raypack.text.tokenizer import load_tokenizer
 from raypack.verifier import verify
 from tests.conftest import WORDS, job_config, make_corpus, write_jsonl
 from tests.fakes import Differs, OneIdOff, Unchecked
@@ -486,7 +486,7 @@ def test_units_the_workers_began_before_the_check_refused_fastokens_are_all_toke
     the probes; the driver's corpus sample slowed, so that units are done before the check ends):
     every unit the workers began is tokenized again by tokenizers, and the bytes are tokenizers'
     again, with nothing of the refused run left in the output."""
-    from raypack.pipeline.tokenize_pool import PoolFast, TokenizePool
+    from raypack.pipeline.tokenize.pool import PoolFast, TokenizePool
 
     corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
     path = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
@@ -559,7 +559,7 @@ def test_fastokens_asked_for_by_name_and_refused_after_the_workers_began_leaves_
     """tokenizer.backend fastokens, refused by the check after the workers tokenized units with it:
     a one-line ConfigError, and the output holds none of what they wrote (index files, rejects,
     staging); a rerun with auto finishes on tokenizers."""
-    from raypack.pipeline.tokenize_pool import PoolFast, TokenizePool
+    from raypack.pipeline.tokenize.pool import PoolFast, TokenizePool
 
     corpus = make_corpus(tmp_path, shards=4, docs_per_shard=30, seed=9)
     write_jsonl(corpus / "bad.jsonl", [b"{not json", {"text": "the plan"}])
@@ -602,7 +602,7 @@ def test_a_fast_encoder_that_raises_or_panics_on_a_text_is_not_used_and_crashes_
 ) -> None:
     """auto falls back to tokenizers saying why, fastokens by name is a one-line ConfigError, and in
     the run such an encoder's failure is a difference (the unit fails over); Ctrl-C still passes."""
-    from raypack.pipeline.backends import Guarded, Mismatch
+    from raypack.text.backends import Guarded, Mismatch
 
     tok = load_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
     for error, how in (
@@ -625,7 +625,7 @@ def test_the_in_run_check_leaves_out_what_tokenizers_encoded(tokenizer_path: Pat
     already: the in-run check samples only the others, and the time tokenizers took on them is not
     counted as the fast encoder's (20% of it was the check's budget: issue 39's trial re-checked
     1.6 MiB instead of 0.2 on a run that routed most texts)."""
-    from raypack.pipeline.encode import Checker
+    from raypack.text.encode import Checker
 
     _, reference, _ = _encoders(tokenizer_path)
     texts = [f"text {i}: " + " ".join(WORDS[i % 7 : i % 7 + 20]) for i in range(60)]

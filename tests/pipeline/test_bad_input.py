@@ -372,7 +372,7 @@ def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
     """The summary's rejects by kind put N for a count or a size, not for a digit inside a word or a
     path (a template's path was shown as /tmp/pytest-N/modelN/), and a kind ends at a colon outside
     parentheses ("no trained token (pack.loss assistant" was one): issue 39's trials."""
-    from raypack.pipeline.token_files import reason_counts
+    from raypack.pipeline.tokenize.token_files import reason_counts
 
     reasons = [
         "invalid UTF-8 at byte 13",
@@ -401,7 +401,7 @@ def test_a_reject_limit_names_how_many_kinds_it_does_not_show(tmp_path: Path) ->
 
     from raypack.config import JobConfig as Job
     from raypack.config import from_dict
-    from raypack.pipeline.tokenize import check_rejects
+    from raypack.pipeline.tokenize.stage import check_rejects
 
     cfg = from_dict(
         Job,

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 import raypack
 from raypack.config import TokenizerConfig
-from raypack.pipeline import encode
-from raypack.pipeline.cuts import CutRule, cut_text
-from raypack.pipeline.tokenizer import LoadedTokenizer, load_tokenizer
+from raypack.text import encode
+from raypack.text.cuts import CutRule, cut_text
+from raypack.text.tokenizer import LoadedTokenizer, load_tokenizer
 from tests.conftest import job_config, packed_documents, write_jsonl
 
 
@@ -108,7 +108,7 @@ def test_a_tokenizer_that_merges_across_spaces_encodes_long_texts_whole(tmp_path
 def test_a_cut_the_check_refuses_moves_to_another_space(mistral_v1: Path) -> None:
     """Each cut is checked where it falls: the wrong rule for Mistral's shape (before the space) is
     refused at every candidate, and after MAX_TRIES the rest of the text is one piece."""
-    from raypack.pipeline.cuts import MAX_TRIES, check_cut
+    from raypack.text.cuts import MAX_TRIES, check_cut
 
     tok, _ = loaded(mistral_v1)
     text = stdlib_text(64 << 10).replace("\n", " ")

@@ -1,4 +1,4 @@
-"""A Ray Dataset's work units (raypack.pipeline.datasets._cut), from its blocks' row counts alone:
+"""A Ray Dataset's work units (raypack.corpus.datasets._cut), from its blocks' row counts alone:
 units of unit_rows consecutive rows that tile the rows whatever the blocks, each the slices of the
 blocks that hold it."""
 
@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from raypack.config import InputConfig
-from raypack.pipeline.datasets import _cut
-from raypack.pipeline.readers.dataset import _rows
+from raypack.corpus.datasets import _cut
+from raypack.corpus.readers.dataset import _rows
 
 
 @given(sizes=st.lists(st.integers(0, 40), max_size=12), unit_rows=st.integers(1, 50))
@@ -52,7 +52,7 @@ def test_a_unit_is_the_same_whatever_the_blocks() -> None:
 def test_a_staged_files_rows_are_read_by_their_row_groups(
     tmp_path_factory: pytest.TempPathFactory, groups: list[int], bounds: tuple[int, int]
 ) -> None:
-    """A unit's slice [start, stop) of a staged Parquet file (raypack.pipeline.readers.dataset._rows)
+    """A unit's slice [start, stop) of a staged Parquet file (raypack.corpus.readers.dataset._rows)
     is those rows, whatever row groups the Dataset's write made."""
     total = sum(groups)
     start, stop = sorted(min(b, total) for b in bounds)

@@ -1,4 +1,4 @@
-"""The exchange between assign and write (raypack.pipeline.exchange): its layout, and real jobs whose
+"""The exchange between assign and write (raypack.pipeline.write.exchange): its layout, and real jobs whose
 bytes must not depend on its shape (one hop or two, rounds, runs, writers, tokenizer actors), with
 many tiny shards and files; nor on the tokenize stage's work units (a Parquet file split by row
 groups)."""
@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from raypack.config import load_config
-from raypack.pipeline import exchange, runners, tasks
-from raypack.pipeline.exchange import layout, shard_runs
+from raypack.engine import runner as runners
+from raypack.engine import tasks
 from raypack.pipeline.job import run_job
+from raypack.pipeline.write import exchange
+from raypack.pipeline.write.exchange import layout, shard_runs
 from raypack.verifier import verify
 from tests.conftest import job_config, random_text, write_jsonl
 

@@ -26,8 +26,8 @@ import pytest
 import raypack
 from raypack.cli import main
 from raypack.config import StorageConfig, load_config
+from raypack.dataset import previous
 from raypack.errors import storage_cause
-from raypack.pipeline import previous
 from raypack.pipeline.job import run_job
 from raypack.storage import write_bytes
 from raypack.verifier import verify
@@ -52,7 +52,7 @@ def _digest(out: Path) -> dict[str, str]:
 
 def _running(task: str) -> list[psutil.Process]:
     """The processes running `task` now: a local worker names itself rp-<task> (15 characters, as
-    Linux keeps them: raypack.pipeline.zygote.set_name), a Ray worker ray::<task>."""
+    Linux keeps them: raypack.engine.zygote.set_name), a Ray worker ray::<task>."""
     return _ray_processes(f"rp-{task}"[:15]) + _ray_processes(f"ray::{task}")
 
 
@@ -398,7 +398,7 @@ def test_an_interrupted_overwrite_leaves_the_dataset_it_was_to_replace(
 ) -> None:
     """`raypack pack --overwrite` stopped while it tokenizes, its output cleared: Ctrl-C puts the
     dataset it was replacing back as the job ends; after a SIGKILL, which nothing outlives, the next
-    job on that output does. Byte for byte the dataset that was there (raypack.pipeline.previous)."""
+    job on that output does. Byte for byte the dataset that was there (raypack.dataset.previous)."""
     corpus, _ = reference
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, output={"shard_rows": SHARD_ROWS})
     out = tmp_path / "out"

@@ -21,10 +21,10 @@ from hypothesis import strategies as st
 
 from raypack.cli import main
 from raypack.config import ConfigError, InputConfig, load_config
+from raypack.corpus.readers import read_unit
+from raypack.corpus.units import WorkUnit, entry_files
 from raypack.pipeline import read
 from raypack.pipeline.job import run_job
-from raypack.pipeline.readers import read_unit
-from raypack.pipeline.units import WorkUnit, entry_files
 from raypack.storage import Shard, expand_inputs
 from raypack.verifier import verify
 from tests.conftest import (

@@ -270,8 +270,8 @@ def test_the_driver_leaves_the_tokenizers_parse_to_the_workers_whose_load_checks
     check. A file tokenizers refuses fails with the one line the driver's parse gave, before the
     output is cleared: `--overwrite` leaves the dataset in place."""
     from raypack.config import TokenizerConfig
-    from raypack.pipeline import tokenizer as tokenizer_module
-    from raypack.pipeline.backends import probes
+    from raypack.text import tokenizer as tokenizer_module
+    from raypack.text.backends import probes
     from tests.conftest import packed_documents
 
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=15, seed=8)
@@ -308,7 +308,7 @@ def test_sharded_mode_refuses_histogram_only_packers(tmp_path: Path, tokenizer_p
 def test_commit_check_refuses_files_that_add_up_but_are_not_the_plan() -> None:
     """Totals are not enough: two blocks of one file (the second overwriting the first) or a file
     under the wrong name still add up to the planned packs, items and tokens."""
-    from raypack.pipeline.write import check_commit
+    from raypack.pipeline.write.stage import check_commit
 
     def written(path: str, rows: int, items: int, tokens: int) -> dict[str, object]:
         fill = np.zeros(101, dtype=np.int64)
@@ -416,7 +416,7 @@ def test_starting_local_ray_says_nothing_of_token_authentication(tmp_path: Path)
     import subprocess
     import sys
 
-    code = "from raypack.pipeline.runners import ensure_ray; import ray; ensure_ray(); ray.shutdown()"
+    code = "from raypack.engine.runner import ensure_ray; import ray; ensure_ray(); ray.shutdown()"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path

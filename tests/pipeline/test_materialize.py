@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from raypack import schema
 from raypack.formats import Spec
 from raypack.packing import pack
-from raypack.pipeline.assign import file_key, file_of, file_rows, items_table
-from raypack.pipeline.exchange import write_files
-from raypack.pipeline.materialize import write_pack_file, write_pack_files
+from raypack.pipeline.place.assign import file_key, file_of, file_rows, items_table
+from raypack.pipeline.write.exchange import write_files
+from raypack.pipeline.write.materialize import write_pack_file, write_pack_files
 
 PARQUET = Spec("parquet", pad_id=0, dtype="int32", eos_id=None)
 
@@ -119,7 +119,7 @@ def test_items_that_name_their_token_file_write_the_same_bytes(tmp_path: Path) -
     """A local run's items carry no tokens, only where they lie in their unit's token file (source,
     start), and the writer copies them from the mapped file: the same files as items that carry
     their tokens, with the token file's documents spread over several record batches."""
-    from raypack.pipeline.token_files import MappedTokens
+    from raypack.pipeline.tokenize.token_files import MappedTokens
 
     rng = np.random.default_rng(8)
     seq_len, docs = 64, 300

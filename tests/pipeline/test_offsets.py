@@ -1,4 +1,4 @@
-"""Character offsets derived from ids (raypack.pipeline.offsets) against the ones `tokenizers`
+"""Character offsets derived from ids (raypack.text.offsets) against the ones `tokenizers`
 reports, character for character: byte-level BPEs with and without trim_offsets, and a real
 SentencePiece BPE (Mistral-7B's) in each shape tokenizers gives one."""
 
@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from raypack.config import TokenizerConfig
-from raypack.pipeline.backends import choose_backend
-from raypack.pipeline.offsets import ByteOffsets, PieceOffsets, offsets_of, reference_coder
-from raypack.pipeline.tokenizer import load_tokenizer
+from raypack.text.backends import choose_backend
+from raypack.text.offsets import ByteOffsets, PieceOffsets, offsets_of, reference_coder
+from raypack.text.tokenizer import load_tokenizer
 
 # Characters of 1 to 4 UTF-8 bytes, and the spaces trim_offsets takes out of a token.
 PIECES = ["é", "日本", "a", "b", " ", "  ", "x", "🙂", "\n", "ß", "\t"]

@@ -1,4 +1,4 @@
-"""The dataset a `pack --overwrite` replaces is kept until the new one commits (raypack.pipeline.previous):
+"""The dataset a `pack --overwrite` replaces is kept until the new one commits (raypack.dataset.previous):
 a job that fails puts it back, and one killed at any point leaves it for the next job to put back."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from raypack.cli import main
-from raypack.pipeline import previous
+from raypack.dataset import previous
 from raypack.pipeline.prepare import OUTPUT_PARTS
 from raypack.verifier import verify
 from tests.conftest import job_config, make_corpus, write_jsonl

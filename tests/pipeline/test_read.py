@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.config import InputConfig
+from raypack.corpus.readers import jsonl as read_module
+from raypack.corpus.readers import read_unit, records
+from raypack.corpus.units import WorkUnit
 from raypack.errors import ConfigError
 from raypack.pipeline import read
 from raypack.pipeline.read import COMPRESSED_SUFFIXES
-from raypack.pipeline.readers import jsonl as read_module
-from raypack.pipeline.readers import read_unit, records
-from raypack.pipeline.units import WorkUnit
 from raypack.storage import Shard, expand_inputs, glob_match
 from tests.conftest import write_jsonl, write_parquet
 
@@ -95,7 +95,7 @@ def test_every_bad_line_is_a_recorded_reject(tmp_path: Path) -> None:
     assert reasons[7] == "not a JSON object but list"
 
 
-# Lines where orjson and json disagree or refuse (raypack.pipeline.readers.jsonl._parse_line): big
+# Lines where orjson and json disagree or refuse (raypack.corpus.readers.jsonl._parse_line): big
 # integers (orjson: a float), NaN/Infinity, lone surrogate escapes, deep nesting, a BOM, control
 # characters, non-objects, duplicate keys, ids of every scalar type.
 ODD_LINES = [
@@ -285,8 +285,8 @@ def test_an_output_inside_an_input_glob_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("bos", "eos"), [(False, False), (True, False), (False, True), (True, True)])
 def test_flat_encoding_equals_per_document_encoding(tokenizer_path: Path, bos: bool, eos: bool) -> None:
     from raypack.config import TokenizerConfig
-    from raypack.pipeline.encode import encode_documents, encode_flat
-    from raypack.pipeline.tokenizer import load_tokenizer
+    from raypack.text.encode import encode_documents, encode_flat
+    from raypack.text.tokenizer import load_tokenizer
 
     cfg = TokenizerConfig(path=str(tokenizer_path), add_bos=bos, add_eos=eos, bos_id=1 if bos else None)
     tok = load_tokenizer(cfg)
@@ -432,9 +432,9 @@ def test_long_texts_are_cut_before_a_space_and_tokenize_the_same(tokenizer_path:
     """A byte-level BPE: cuts before a space between two words (the space opens the next piece, as
     it opens the next pre-token), every piece within the size, and the tokens the whole text's."""
     from raypack.config import TokenizerConfig
-    from raypack.pipeline import encode as tokenize
-    from raypack.pipeline.cuts import cut_text
-    from raypack.pipeline.tokenizer import load_tokenizer
+    from raypack.text import encode as tokenize
+    from raypack.text.cuts import cut_text
+    from raypack.text.tokenizer import load_tokenizer
 
     words = ["alpha", "beta,", "gamma.", "delta\n", "  eps", "(zeta)", "eta"]
     text = " ".join(words[i % len(words)] + str(i % 13) for i in range(20000))
@@ -467,8 +467,8 @@ def test_the_fast_encoding_gives_encode_batch_ids(tokenizer_path: Path, tmp_path
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
     from raypack.config import TokenizerConfig
-    from raypack.pipeline.encode import encode_flat
-    from raypack.pipeline.tokenizer import load_tokenizer
+    from raypack.text.encode import encode_flat
+    from raypack.text.tokenizer import load_tokenizer
 
     texts = [
         "Déjà vu: naïve café, Œuvre; straße",

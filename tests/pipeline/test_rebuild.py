@@ -15,11 +15,11 @@ import yaml
 import raypack.pipeline.rebuild as rebuild_module
 from raypack.cli import main
 from raypack.config import JobConfig, load_config
-from raypack.pipeline.histogram import Totals
+from raypack.dataset.layout import latest_version, list_versions
 from raypack.pipeline.job import run_job
+from raypack.pipeline.place.histogram import Totals
 from raypack.pipeline.rebuild import run_rebuild
 from raypack.verifier import verify
-from raypack.versions import latest_version, list_versions
 from tests.conftest import make_corpus, random_text, write_jsonl
 
 quiet = {"log": lambda _: None}
@@ -230,9 +230,9 @@ def test_a_tokenizer_library_upgrade_retokenizes_and_leftovers_are_swept(
     """The cache key names the library that encoded (`pip install -U tokenizers` may change ids: a
     rebuild must not mix old tokens with new); `.tmp-*` files a killed run left beside LATEST or in a
     version are swept by the next rebuild, which holds the lease."""
-    import raypack.pipeline.token_files as tokenize_module
-    from raypack.pipeline.token_files import token_settings, tokenizer_library
-    from raypack.pipeline.tokenizer import load_tokenizer
+    import raypack.pipeline.tokenize.token_files as tokenize_module
+    from raypack.pipeline.tokenize.token_files import token_settings, tokenizer_library
+    from raypack.text.tokenizer import load_tokenizer
 
     assert tokenizer_library().startswith("tokenizers ")
     corpus = make_corpus(tmp_path, shards=3, docs_per_shard=10, seed=23)
@@ -277,7 +277,7 @@ def test_token_files_are_compressed_on_object_storage_and_mapped_as_they_lie_on_
     store, whose files every task of a local run maps and reads in place. A fresh run and a rebuild
     (staging against store: test_incremental_rebuild_equals_a_fresh_run) write the same bytes."""
     from raypack.pipeline.rebuild import cache_dir
-    from raypack.pipeline.token_files import staged_options
+    from raypack.pipeline.tokenize.token_files import staged_options
 
     out = tmp_path / "out"
     for path in (

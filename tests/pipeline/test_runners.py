@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from raypack.config import load_config
+from raypack.engine import runner as runners
+from raypack.engine.runner import LocalRunner, choose_runner
+from raypack.engine.tasks import RETRIES, TransientStorageError
 from raypack.errors import JobError
-from raypack.pipeline import runners
 from raypack.pipeline.job import run_job
-from raypack.pipeline.runners import LocalRunner, choose_runner
-from raypack.pipeline.tasks import RETRIES, TransientStorageError
 from raypack.progress import Progress
 from raypack.verifier import verify
 from tests.conftest import cli, job_config, make_corpus, write_jsonl
@@ -108,7 +108,7 @@ def test_a_ray_job_that_ends_leaves_its_preloads_to_finish(tmp_path: Path) -> No
     the worker (a Ray Data read after a small job: "module 'pandas' has no attribute 'core'")."""
     import time
 
-    from raypack.pipeline.runners import RayRunner
+    from raypack.engine.runner import RayRunner
     from tests.fakes import slow_mark
 
     runner = RayRunner()
@@ -201,7 +201,7 @@ def test_tasks_that_always_kill_their_workers_each_fail_after_their_retries(tmp_
     for each and reporting each exit while the pool reads the next): each fails with WorkerDied
     naming it and SIGKILL after RETRIES + 1 runs, none waits for ever (a pool that read a message
     its batch had seen ready, already taken, hung), and the pool still runs tasks afterwards."""
-    from raypack.pipeline.local_pool import WorkerDied
+    from raypack.engine.pool import WorkerDied
     from tests.fakes import always_dies, pid
 
     runner = LocalRunner(2)
@@ -247,7 +247,7 @@ def test_a_pool_whose_processes_cannot_run_fails_its_tasks_instead_of_waiting(tm
 
     import psutil
 
-    from raypack.pipeline.local_pool import LocalPool
+    from raypack.engine.pool import LocalPool
     from tests.fakes import pid
 
     broken = LocalPool(1, ("raypack.no_such_module",))
@@ -455,7 +455,7 @@ def test_the_pool_runs_the_drivers_raypack_whatever_the_working_directory(
 ) -> None:
     """The installed command run in a directory that holds another raypack (a user's older clone):
     the driver imports the installed one, and so must the pool's processes. Started as
-    `python -m raypack.pipeline.zygote`, the zygote found the working directory's first (here, one
+    `python -m raypack.engine.zygote`, the zygote found the working directory's first (here, one
     that cannot be imported), and the workers ran another version's code under this driver."""
     other = tmp_path / "clone"
     (other / "raypack").mkdir(parents=True)
@@ -473,7 +473,7 @@ def test_the_pool_runs_the_drivers_raypack_whatever_the_working_directory(
 def test_the_zygotes_path_holds_only_entries_it_can_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """An entry holding the separator would be split in two, its second half a relative path that
     found a decoy package (a trial's script in /tmp/sc:ripts); relative entries are made absolute."""
-    from raypack.pipeline.local_pool import zygote_env
+    from raypack.engine.pool import zygote_env
 
     monkeypatch.setattr(sys, "path", ["", "src", f"/tmp/sc{os.pathsep}ripts", "/opt/lib"])
     path = zygote_env()["PYTHONPATH"].split(os.pathsep)
@@ -488,7 +488,7 @@ def test_a_zygote_whose_driver_went_during_its_preload_leaves_without_a_tracebac
     import time
     from multiprocessing.connection import Connection
 
-    from raypack.pipeline import zygote
+    from raypack.engine import zygote
 
     ours, theirs = socket.socketpair()
     driver, ctrl = Connection(ours.detach()), Connection(theirs.detach())
@@ -504,7 +504,7 @@ def test_a_pool_whose_closing_is_interrupted_still_leaves_nothing(monkeypatch: p
     a job: the thread was sending the busy zygote its preload)."""
     import threading
 
-    from raypack.pipeline.local_pool import LocalPool
+    from raypack.engine.pool import LocalPool
     from tests.fakes import pid
 
     pool = LocalPool(1, ())

@@ -205,8 +205,8 @@ def test_credentials_in_a_uri_are_refused_without_echoing_them() -> None:
 
 
 def test_rebuild_on_s3_moves_latest_and_reuses_the_cache(tmp_path: Path, tokenizer_path: Path, s3) -> None:
+    from raypack.dataset.layout import latest_version, list_versions
     from raypack.pipeline.rebuild import run_rebuild
-    from raypack.versions import latest_version, list_versions
 
     cfg_path = s3_config(tmp_path, s3, tokenizer_path, "rebuild")
     cfg = load_config(str(cfg_path))
@@ -263,9 +263,9 @@ def test_two_rebuilds_started_together_never_damage_each_other(
     then one that waits (--wait) builds after it. LATEST only moves forward; every version verifies."""
     import threading
 
-    from raypack.lease import LeaseHeld
+    from raypack.dataset.layout import latest_version, list_versions
+    from raypack.dataset.lease import LeaseHeld
     from raypack.pipeline.rebuild import run_rebuild
-    from raypack.versions import latest_version, list_versions
 
     cfg = load_config(str(s3_config(tmp_path, s3, tokenizer_path, "together")))
     root, storage = cfg.output.path, cfg.storage

@@ -288,11 +288,11 @@ def test_each_source_is_read_with_its_own_format_fields_and_ids(tmp_path: Path, 
     reused: the readers' code version is in the cache key."""
     from tokenizers import Tokenizer
 
-    from raypack.pipeline import token_files as tokenize_module
-    from raypack.pipeline.token_files import token_key, token_settings
-    from raypack.pipeline.tokenizer import load_tokenizer
-    from raypack.pipeline.units import WorkUnit
+    from raypack.corpus.units import WorkUnit
+    from raypack.pipeline.tokenize import token_files as tokenize_module
+    from raypack.pipeline.tokenize.token_files import token_key, token_settings
     from raypack.storage import Shard
+    from raypack.text.tokenizer import load_tokenizer
 
     rng = random.Random(31)
     texts = {

@@ -21,10 +21,10 @@ import pytest
 
 from raypack.cli import main
 from raypack.config import ConfigError, load_config
+from raypack.dataset.store import file_digest
+from raypack.engine.runner import LocalRunner
 from raypack.pipeline.job import run_job
-from raypack.pipeline.runners import LocalRunner
-from raypack.pipeline.store import file_digest
-from raypack.pipeline.token_files import DONE, Checksum
+from raypack.pipeline.tokenize.token_files import DONE, Checksum
 from raypack.storage import Shard
 from raypack.verifier import verify
 from tests import s3server
@@ -259,7 +259,7 @@ def test_a_job_that_fails_while_it_writes_leaves_no_half_entry_in_the_store(
     trial's Ctrl-C left two (9.3 MB) that only a prune a day later removed. Another job's
     temporaries stay: it may be writing them."""
     from raypack.errors import JobError
-    from raypack.pipeline import tokenize as tokenize_stage
+    from raypack.pipeline.tokenize import stage as tokenize_stage
     from tests.fakes import DiesWriting
 
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=20, seed=4)

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from raypack.config import TokenizerConfig, load_config
 from raypack.errors import ConfigError
-from raypack.pipeline.tokenizer import load_tokenizer
+from raypack.text.tokenizer import load_tokenizer
 from tests import s3server
 from tests.conftest import WORDS, job_config, make_corpus
 
@@ -283,7 +283,7 @@ def test_the_skim_of_a_tokenizer_json_is_json_loads_but_the_merges(tmp_path: Pat
     """_skim reads tokenizer.json as json.loads does, but for the model's merges (most of a large
     BPE's file), in tokenizers' own layout, pretty or compact; any other layout is left to
     json.loads (None): keys after the model, a vocab after the merges, a model without merges."""
-    from raypack.pipeline.tokenizer import _skim
+    from raypack.text.tokenizer import _skim
 
     spec = json.loads(train(["<|endoftext|>"]).to_str())
     assert list(spec)[-1] == "model" and list(spec["model"])[-2:] == ["vocab", "merges"]

@@ -1,0 +1,133 @@
+"""What every reader yields: batches of documents, and a Reject for each record that is not one.
+
+Bad data is never an exception out of a reader: a bad record (malformed JSON, a missing or mistyped
+field, bad UTF-8, an empty or oversized document) is a Reject of one record; a file that cannot be
+read whole (a truncated or corrupt compressed stream, a file that is not Parquet, a missing text
+column) is a *lost* Reject, counted as the records it held, which input.max_lost_files gates. A
+storage failure (network, permissions) is raised as the OSError it is: it says nothing about the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from raypack.config import Reading
+
+__all__ = [
+    "MAX_BATCH_BYTES",
+    "RAW_PREFIX",
+    "Batch",
+    "Reject",
+    "empty_reason",
+    "is_bad_data",
+    "one_line",
+    "raw_prefix",
+]
+
+RAW_PREFIX = 200
+# A batch ends at batch_size documents or this much text, whichever comes first. tokenizers keeps
+# ~100 bytes per token in an Encoding (ids, offsets, token strings, masks), so a batch bounded by
+# count alone grows with the longest documents it happens to meet: the tokenizer actor's peak then
+# rose with the corpus (629 → 925 MiB from 50 to 200 MB, benchmarks/bench_job.py). With 4 MiB the
+# actor's peak still rose ×1.20 from 50 to 200 MB (the worst batch met grows with the batches met);
+# 1 MiB (~250k tokens, ~35 MB of Encodings) encodes as fast on two cores (0.557 against 0.549
+# Mtok/s for two processes, measured side by side).
+MAX_BATCH_BYTES = 1 << 20
+# How pyarrow words a broken compressed stream (it raises OSError, as for a lost connection).
+_CORRUPT_STREAM = ("Truncated compressed stream", "inflate failed", "decompress", "Corrupt", "corrupt")
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """An input record that is not a document, with why. Made by `bad` (one record) or `lost` (a
+    file, or its unread rest), never field by field: a lost file is always marked so."""
+
+    row: int
+    """Its line (jsonl, from 1) or row (parquet, from 0); -1: the whole file."""
+    reason: str
+    raw: str
+    """The first RAW_PREFIX characters of the record, as read."""
+    records: int = 1
+    """Input records this reject stands for: 1 for a bad record; for a lost file (or the unread rest
+    of one), its rows as its Parquet footer counts them, or 1 (at least) where nothing says more."""
+    lost_file: bool = False
+    """A whole file, or its rest, could not be read: a corpus problem, not a bad record. The job
+    fails on one unless input.max_lost_files allows it."""
+    file: int = 0
+    """Its file's number within its work unit (a run of small files: units.WorkUnit.files)."""
+
+    @classmethod
+    def bad(cls, row: int, reason: str, raw: bytes | str = "") -> Reject:
+        """A record that is not a document."""
+        return cls(row, reason, raw_prefix(raw))
+
+    @classmethod
+    def lost(cls, row: int, reason: str, records: int = 1) -> Reject:
+        """A file, or its rest from `row` on, that could not be read: `records` it held (at least 1)."""
+        return cls(row, reason, "", records=max(1, records), lost_file=True)
+
+    def as_row(self, relpaths: list[str]) -> dict[str, Any]:
+        """Its row of a rejects file (schema.REJECTS); `relpaths`: its unit's files'."""
+        return {
+            "source": relpaths[self.file],
+            "row": self.row,
+            "reason": self.reason,
+            "raw": self.raw,
+            "records": self.records,
+            "lost_file": self.lost_file,
+        }
+
+
+@dataclass(slots=True)
+class Batch:
+    rows: list[int] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)
+    texts: list[Any] = field(default_factory=list)
+    """Each document's text (str), or for chat data its readers.chat.Chat."""
+    rejects: list[Reject] = field(default_factory=list)
+    text_bytes: int = 0
+    files: list[int] | None = None
+    """Each document's file number within its unit (read_unit of a run of small files joins the
+    files' batches); None: every document is of file 0 (a reader's own batches)."""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, row: int, doc_id: str, text: Any, size: int | None = None) -> None:
+        """`text`: the document's text, or for chat data (input.messages_field / prompt_field) its
+        Chat record, rendered and masked by the tokenize stage (raypack.text.chat)."""
+        self.rows.append(row)
+        self.ids.append(doc_id)
+        self.texts.append(text)
+        self.text_bytes += len(text) if size is None else size
+
+    def full(self, batch_size: int) -> bool:
+        return len(self.rows) >= batch_size or self.text_bytes >= MAX_BATCH_BYTES
+
+
+def empty_reason(text: str, reading: Reading) -> str | None:
+    """Why an empty or whitespace-only text is rejected, or None (not empty, or input.empty: keep)."""
+    if text.strip() or reading.empty == "keep":
+        return None
+    return "empty document" if not text else "whitespace-only document"
+
+
+def is_bad_data(e: BaseException) -> bool:
+    """True for errors that describe the bytes (record them as rejects), False for storage failures."""
+    if isinstance(e, (pa.ArrowInvalid, EOFError, UnicodeDecodeError)):
+        return True
+    return isinstance(e, OSError) and any(m in str(e) for m in _CORRUPT_STREAM)
+
+
+def raw_prefix(data: bytes | str) -> str:
+    if isinstance(data, bytes):
+        data = data[: RAW_PREFIX * 4].decode("utf-8", errors="replace")
+    return data[:RAW_PREFIX]
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

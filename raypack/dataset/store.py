@@ -1,0 +1,293 @@
+"""The token store (config `cache.path`, or a rebuild's `_cache/tokens/`): token files that outlive
+the job that wrote them, keyed by what decides their bytes, so that any later job finds them.
+
+A key (raypack.pipeline.tokenize.token_files.token_key) is made of the unit's file content, not of where the
+file lies or when it was written: a corpus copied to another directory or bucket hits, a file
+rewritten with other bytes misses. The content is:
+- a local file's SHA-256 (hashlib, ~1 GB/s a core with the CPU's SHA instructions: 127 MB of gzipped
+  shards in 0.12 s on one core here, against ~6 s to tokenize the 500 MB of text they hold);
+- an object's ETag with its size (a HEAD request; the bytes are not read). Object stores give a
+  single-part upload the MD5 of its bytes, so a copy keeps it; a multipart upload's ETag names its
+  parts, so the same bytes uploaded in other parts miss (a new entry, never a wrong one). An object
+  without an ETag is hashed as a local file is.
+
+Digests are computed by runner tasks, files grouped into about 4 tasks a CPU by size, before the
+units are keyed: S files cost S reads (or HEADs) spread over the cluster, and the driver holds one
+digest string a file.
+
+Several jobs may fill one store at once: an entry appears whole or not at all (a local token file
+is written to a `.tmp-*` sibling and renamed; an object is written in place, and an upload becomes
+visible only when it completes), and two jobs that tokenize the same unit write the same bytes.
+Jobs never delete entries; `raypack cache prune` does, by age or size (prune below).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from raypack.config import StorageConfig
+from raypack.corpus.units import WorkUnit
+from raypack.engine.runner import Runner
+from raypack.engine.tasks import transient
+from raypack.errors import ConfigError
+from raypack.paths import is_uri
+from raypack.storage import TMP_PREFIX, Shard, join, list_dir, remove, remove_temporaries, resolve
+
+__all__ = [
+    "Pruned",
+    "StoreUsage",
+    "check_store",
+    "content_digests",
+    "digest_task",
+    "file_digest",
+    "prune",
+    "remove_run_temporaries",
+    "size_text",
+    "store_line",
+    "store_record",
+    "units_text",
+    "usage",
+]
+
+# Tasks a CPU for the digests: files differ in size, so a few tasks a CPU keep the cores busy to
+# the end without a task a file (10,000 small files would be 10,000 tasks).
+DIGEST_TASKS_PER_CPU = 4
+# A temporary file older than this is a killed writer's: no token file takes a day to write.
+STALE_TMP_S = 24 * 3600
+
+
+def file_digest(shard: Shard, storage: StorageConfig | None) -> str:
+    """What a file's content is known by (see the module's docstring)."""
+    fs, inner = resolve(shard.path, storage)
+    if is_uri(shard.path):
+        with fs.open_input_stream(inner, compression=None) as f:
+            etag = (f.metadata() or {}).get("ETag")
+        if etag:
+            tag = etag.decode() if isinstance(etag, bytes) else str(etag)
+            return f"etag:{tag.strip(chr(34))}:{shard.size}"
+    digest = hashlib.sha256()
+    with fs.open_input_stream(inner, compression=None) as f:
+        while chunk := f.read(8 << 20):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def digest_task(
+    shards: list[Shard], storage: StorageConfig | None, patterns: tuple[str, ...] | None
+) -> list[str]:
+    """Task: the digest of each of a group of files, in order."""
+    with transient(patterns):
+        return [file_digest(s, storage) for s in shards]
+
+
+def content_digests(files: list[WorkUnit], storage: StorageConfig, runner: Runner) -> dict[str, str]:
+    """Every input file's digest, by its path: file_digest on the runner's tasks, or on a local
+    run in the driver's threads (hashlib and the reads release the GIL): a local pool's workers
+    are ready only once the zygote has loaded the tokenizers (2.5 s into a 500 MB repack on 2
+    cores, whose 127 MB of input hash in 0.12 s), and a local run's input is small
+    (run.local_max_bytes)."""
+    shards = list({u.shard.path: u.shard for u in files}.values())
+    if not shards:
+        return {}
+    if runner.name == "local":
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(runner.width, thread_name_prefix="raypack-digest") as threads:
+            found = list(threads.map(lambda s: file_digest(s, storage), shards))
+        return {s.path: d for s, d in zip(shards, found, strict=True)}
+    tasks = min(len(shards), max(1, runner.width * DIGEST_TASKS_PER_CPU))
+    sizes = np.asarray([max(s.size, 1) for s in shards], dtype=np.float64)
+    # Consecutive files of about equal bytes a group (where each file's middle falls).
+    middle = np.cumsum(sizes) - sizes / 2
+    group = np.minimum((middle * tasks / sizes.sum()).astype(np.int64), tasks - 1)
+    groups = [[s for s, g in zip(shards, group.tolist(), strict=True) if g == k] for k in range(tasks)]
+    groups = [g for g in groups if g]
+    found = runner.map(digest_task, [(g, storage, runner.patterns) for g in groups])
+    pairs = (zip(g, digests, strict=True) for g, digests in zip(groups, found, strict=True))
+    return {s.path: d for pair in pairs for s, d in pair}
+
+
+@dataclass(frozen=True)
+class StoreUsage:
+    entries: int
+    """Token files (a unit each)."""
+    bytes: int
+    """Every file of the store: token files, their rejects, temporaries."""
+    others: int = 0
+    """Files and folders in its directory that are none of a store's (a store named by mistake
+    holds only these)."""
+    temporary_bytes: int = 0
+    """Of `bytes`, writers' temporaries: a live job's, or a killed one's (prune removes those a day
+    old)."""
+
+
+def _files(path: str, storage: StorageConfig | None) -> list[pafs.FileInfo]:
+    return [i for i in list_dir(path, storage) if i.type == pafs.FileType.File]
+
+
+def usage(path: str, storage: StorageConfig | None) -> StoreUsage:
+    """How big the store is (one listing: ~1,000 entries a request on an object store); its own
+    files only."""
+    listed = list_dir(path, storage)
+    files = [
+        i
+        for i in listed
+        if i.type == pafs.FileType.File and (_key(i.base_name) or _is_temporary(i.base_name))
+    ]
+    entries = sum(1 for i in files if _is_entry(i.base_name))
+    temporary = sum(int(i.size or 0) for i in files if _is_temporary(i.base_name))
+    return StoreUsage(entries, sum(int(i.size or 0) for i in files), len(listed) - len(files), temporary)
+
+
+def store_record(path: str, storage: StorageConfig | None, hits: int) -> dict[str, Any]:
+    """The run record's account of a store: `hits` units found there, its size after the run's
+    additions."""
+    found = usage(path, storage)
+    return {"path": path, "hits": hits, "entries": found.entries, "bytes": found.bytes}
+
+
+# The only names a store holds: a key's token file and rejects file, and a writer's temporaries of
+# them (storage.atomic_output). prune and usage never look at any other file, so a store named by
+# mistake (a home directory, an input's) loses nothing that is not a token file.
+_KEY = r"[0-9a-f]{32}"
+_ENTRY = re.compile(rf"({_KEY})\.(arrow|rejects\.parquet)")
+_TEMPORARY = re.compile(rf"{re.escape(TMP_PREFIX)}[0-9a-f]{{32}}-{_KEY}\.(arrow|rejects\.parquet)")
+
+
+def _is_entry(name: str) -> bool:
+    found = _ENTRY.fullmatch(name)
+    return found is not None and found.group(2) == "arrow"
+
+
+def _key(name: str) -> str | None:
+    """The key a store file belongs to (None: not one of a store's entries)."""
+    found = _ENTRY.fullmatch(name)
+    return found.group(1) if found else None
+
+
+def _is_temporary(name: str) -> bool:
+    return _TEMPORARY.fullmatch(name) is not None
+
+
+def remove_run_temporaries(path: str, run: str) -> int:
+    """Delete what the job `run` names left half-written in the local token store at `path` (its
+    writers' temporaries carry its run id: storage.atomic_output's tag), once none of its workers
+    writes: a job stopped by Ctrl-C or an error left the units its workers were writing (two
+    `.tmp-*` files, 9.3 MB, a trial), which only a prune a day later removed. Other jobs'
+    temporaries stay (they may be writing them). On object storage a token file is written in
+    place, never under a temporary name: nothing is looked for there. How many were removed."""
+    return 0 if is_uri(path) else remove_temporaries(path, tag=run)
+
+
+def check_store(path: str, storage: StorageConfig | None, must_exist: bool = False) -> None:
+    """ConfigError where `path` cannot be a store: a file, or (`must_exist`: the cache command)
+    nothing at all."""
+    fs, inner = resolve(path, storage)
+    kind = fs.get_file_info(inner).type
+    if kind == pafs.FileType.File:
+        raise ConfigError(f"token store {path} is a file, not a directory")
+    if must_exist and kind == pafs.FileType.NotFound:
+        raise ConfigError(f"no token store at {path}")
+
+
+@dataclass(frozen=True)
+class Pruned:
+    removed_entries: int
+    """Units (a token file, with its rejects file)."""
+    removed_bytes: int
+    removed_leftovers: int
+    """A killed writer's files: temporaries, rejects files without their token file."""
+    kept: StoreUsage
+
+
+def prune(
+    path: str,
+    storage: StorageConfig | None,
+    older_than_s: float | None = None,
+    max_bytes: int | None = None,
+    now: float | None = None,
+) -> Pruned:
+    """Delete entries (a token file and its rejects file together) last used more than
+    `older_than_s` ago, then the least recently used until the store holds at most `max_bytes`;
+    and the files a killed writer left (older than a day). Only the store's own names are looked
+    at (a key's files and their temporaries). An entry's age is its token file's modification
+    time: when it was written, or last found by a job on a local disk (which touches it); on
+    object storage, when it was written. A job that is reading an entry while it is pruned fails
+    (its token file is gone): prune when no job uses the store, or with an age no job runs for."""
+    now = time.time() if now is None else now
+    files = _files(path, storage)
+    temporaries = [i for i in files if _is_temporary(i.base_name) and now - _mtime(i) > STALE_TMP_S]
+    entries: dict[str, list[pafs.FileInfo]] = {}
+    for info in files:
+        key = _key(info.base_name)
+        if key is not None:
+            entries.setdefault(key, []).append(info)
+    # Oldest first. A rejects file without its token file is a killed writer's once it is a day old
+    # (a live writer writes its rejects just before its token file): before every entry.
+    order: list[tuple[float, str]] = []
+    leftovers: set[str] = set()
+    for key, infos in entries.items():
+        token = [i for i in infos if _is_entry(i.base_name)]
+        if token:
+            order.append((_mtime(token[0]), key))
+        elif all(now - _mtime(i) > STALE_TMP_S for i in infos):
+            leftovers.add(key)
+    order.sort()
+    total = sum(int(i.size or 0) for infos in entries.values() for i in infos)
+    doomed = sorted(leftovers)
+    total -= sum(int(i.size or 0) for key in leftovers for i in entries[key])
+    for used, key in order:
+        old = older_than_s is not None and now - used > older_than_s
+        over = max_bytes is not None and total > max_bytes
+        if old or over:
+            doomed.append(key)
+            total -= sum(int(i.size or 0) for i in entries[key])
+    removed_bytes = 0
+    for key in doomed:
+        # The token file first: without it the entry is no longer found, whatever else remains.
+        for info in sorted(entries[key], key=lambda i: not _is_entry(i.base_name)):
+            remove(join(path, info.base_name), storage)
+            removed_bytes += int(info.size or 0)
+    for info in temporaries:
+        remove(join(path, info.base_name), storage)
+        removed_bytes += int(info.size or 0)
+    kept = usage(path, storage)
+    return Pruned(len(doomed) - len(leftovers), removed_bytes, len(temporaries) + len(leftovers), kept)
+
+
+def _mtime(info: pafs.FileInfo) -> float:
+    return info.mtime.timestamp() if info.mtime is not None else 0.0
+
+
+def store_line(store: dict[str, Any], units: int) -> str:
+    """What the summary and the report say of the store a run used (store_record's dict; `units`:
+    the run's work units)."""
+    return (
+        f"{store['path']}: {store['hits']:,} of {units:,} units found there, "
+        f"{units - store['hits']:,} tokenized; it holds {units_text(store['entries'])}, "
+        f"{size_text(store['bytes'])}"
+    )
+
+
+def units_text(n: int) -> str:
+    """1 unit, 2 units."""
+    return f"{n:,} unit{'' if n == 1 else 's'}"
+
+
+def size_text(found: Any) -> str:
+    """A size for people, in binary units as the rest of the summary: 512 B, 83.2 KiB, 1.5 GiB."""
+    size = float(found)
+    if size < 1024:
+        return f"{size:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{size:,.1f} {unit}"

@@ -1,0 +1,496 @@
+"""Stage 2, tokenize: every work unit becomes a staged token file
+(raypack.pipeline.tokenize.token_files) and a summary the driver folds into per-run histograms and
+counts (raypack.pipeline.place.histogram.Totals).
+
+    work units ─chat self-check / backend choice─▶ keyed units (token file names)
+               ─TokenizePool: a task a unit, largest first─▶ Totals (folded as summaries arrive)
+               ─a fast backend's difference?─▶ every unit again with tokenizers, under its keys
+
+The backend: chat data is encoded by tokenizers (its mask needs character offsets); plain text by
+fastokens where it loads the tokenizer and gives tokenizers' ids on probes and a corpus sample
+(raypack.text.backends), unless the rebuild root remembers it differing there. The workers
+start with fastokens while the driver checks it (a refusal deletes what they wrote and every unit
+is tokenized again). Each task re-checks a sample; at the first difference nothing more
+is given out, every token file the fast backend wrote in the run is deleted, and every unit is
+tokenized again with tokenizers, so the output never depends on which units a sampled check
+happened to catch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TextIO
+
+from raypack.config import JobConfig
+from raypack.corpus.readers import Chat, read_unit
+from raypack.corpus.units import WorkUnit
+from raypack.dataset import previous
+from raypack.errors import ConfigError, JobError
+from raypack.pipeline.place.histogram import Totals
+from raypack.pipeline.tokenize.pool import TokenizePool
+from raypack.pipeline.tokenize.task import TokenizeShards
+from raypack.pipeline.tokenize.token_files import cached_rejects_file, token_key, token_settings
+from raypack.pipeline.write.exchange import shard_runs
+from raypack.progress import Progress
+from raypack.storage import join, list_dir, remove
+from raypack.text.backends import (
+    Choice,
+    choose_backend,
+    failed_over,
+    fastokens_version,
+    reference_version,
+    remember_failover,
+    remembered_failover,
+)
+from raypack.text.chat import ONE_RENDER_TURNS, PROBES, ChatTemplate, RenderError, check_template
+from raypack.text.encode import chat_template
+from raypack.text.tokenizer import LoadedTokenizer
+
+__all__ = ["REJECT_EXAMPLES", "Tokenized", "check_rejects", "tokenize"]
+
+# The self-check's corpus sample: the first documents of up to SAMPLE_UNITS work units spread over the
+# corpus, SAMPLE_CHARS of text from each (512 KB in all: ~0.3 s of tokenizers on the driver).
+SAMPLE_UNITS = 4
+SAMPLE_CHARS = 128 << 10
+# Conversations of the corpus the chat self-check renders beside the probes: the first of each of up
+# to SAMPLE_UNITS work units, at most CHAT_SAMPLE and SAMPLE_CHARS / 4 of content from each (at least
+# one): the self-check encodes them with offsets on the driver and renders them both ways (one
+# render, prefixes), which took 1.9 s on 128 conversations of 8-16 turns (2.7 MB) without the bound.
+CHAT_SAMPLE = 32
+REJECT_EXAMPLES = 3
+
+
+@dataclass
+class Tokenized:
+    """What the tokenize stage hands on."""
+
+    units: list[WorkUnit]
+    """Every work unit with its token file."""
+    totals: Totals
+    choice: Choice
+    """What encoded (after a failover: tokenizers, the fast choice in its failed_over)."""
+    failovers: list[str]
+    """Why the fast backend was abandoned in the run ([]: it was not)."""
+    chat: dict[str, Any] | None
+    """Chat data: its template, how the mask is found, what was checked (None for plain text)."""
+    cut_rule: str = ""
+    """Where long texts may be cut, and its proof (raypack.text.cuts; "" when none was cut)."""
+    store: dict[str, Any] | None = None
+    """The token store the units were found in or added to: its path, units found there
+    ("hits"), its entries and bytes after this stage (None: the job's own staging area)."""
+
+    def backend_record(self) -> dict[str, Any]:
+        """The manifest's and the summary's account of what encoded and what was checked."""
+        chosen = self.choice.failed_over or self.choice
+        totals = self.totals
+        return {
+            "chosen": chosen.label,
+            "reason": chosen.reason,
+            "self_check": {"probes": self.choice.probes, "corpus_texts": self.choice.sampled},
+            "units_by_backend": dict(sorted(totals.encoded_by.items())),
+            "checked_in_run": {"texts": totals.checked_texts, "bytes": totals.checked_bytes},
+            "routed_to_tokenizers": {"texts": totals.routed_texts, "bytes": totals.routed_bytes},
+            "failovers": self.failovers,
+            "notes": list(totals.notes),
+            "finished_on": self.choice.backend,
+            "long_texts": {
+                "rule": self.cut_rule,
+                "cuts": totals.cuts,
+                "cuts_refused": totals.cuts_refused,
+                "encoded_whole": totals.long_whole,
+                # Units from token store entries older than this record: their cuts are not known.
+                "units_unrecorded": totals.long_unrecorded,
+            },
+        }
+
+
+def tokenize(
+    cfg: JobConfig,
+    tok: LoadedTokenizer,
+    units: list[WorkUnit],
+    token_dir: str,
+    pool: TokenizePool,
+    width: int,
+    memory: str | None,
+    log: Callable[[str], None],
+    stream: TextIO | None = None,
+    digests: dict[str, str] | None = None,
+    clear: Callable[[], None] = lambda: None,
+) -> Tokenized:
+    """Every unit tokenized into `token_dir` (a staging area, or a token store: finished files
+    there are reused); `memory`: a rebuild root's record of backends that differed there; `stream`:
+    where the stage's progress goes (units done, MB/s, ETA); `digests`: each input file's content
+    digest by path (raypack.dataset.store), which a store's keys are made of; `clear`: clears
+    the output for the new dataset where prepare left it (a token store's job, whose tokenizer is
+    parsed only if a unit must be tokenized: it is checked first, so that a file tokenizers refuses
+    leaves the previous dataset in place)."""
+    template = chat_template(cfg, tok)  # conversations only: compiled once, checked, keyed
+    records = _chat_records(cfg, units) if cfg.input.chat else []
+    chat = check_chat(cfg, template, records)
+    if chat is not None:
+        if chat.get("spans_differ"):  # the workers render every turn's prefixes too (tokenizer.chat_spans)
+            log(
+                "[raypack] one render found other assistant turns than prefix renders on "
+                f"{chat['spans_differ']}: every conversation's turns by prefix renders"
+            )
+            cfg = dataclasses.replace(
+                cfg, tokenizer=dataclasses.replace(cfg.tokenizer, chat_spans="prefixes")
+            )
+            template = chat_template(cfg, tok)
+        log(f"[raypack] chat template: {chat['template']} ({chat['mask']})")
+    remembered = remembered_failover(memory, cfg.tokenizer.backend, tok, cfg.storage) if memory else None
+    if cfg.input.chat:  # ids and character offsets of what the template renders
+        sample = partial(_rendered, template, records)
+        probe_texts = _rendered(template, [Chat(messages=p) for p in PROBES]) if template else []
+        check = partial(
+            choose_backend,
+            cfg.tokenizer.backend,
+            tok,
+            sample,
+            pool.fast_encoder,
+            chat=True,
+            probe_texts=probe_texts,
+        )
+    else:
+        sample = partial(_corpus_sample, units, cfg.storage)
+        # Where the driver read the ids from the JSON and has not parsed the tokenizer, the
+        # reference's side of the check runs on a worker too (whose load parsed it anyway).
+        reference = None if tok.parsed else pool.reference_encoder
+        check = partial(
+            choose_backend, cfg.tokenizer.backend, tok, sample, pool.fast_encoder, reference_encoder=reference
+        )
+    # The workers start with fastokens while the driver checks it (its encodes go to a worker ahead
+    # of the units waiting): the check took 0.6 s of a 500 MB job with the cores idle. A refusal
+    # deletes what they wrote and tokenizes every unit again. Not where the check surely refuses:
+    # fastokens not installed here, or conversations with a tokenizer whose offsets do not follow
+    # from its ids.
+    version = fastokens_version()
+    ahead = (
+        Choice("fastokens", version, "being checked")
+        if version is not None
+        and remembered is None
+        # Not where the check's refusal is an error (tokenizer.backend fastokens), whose one line
+        # must leave the previous dataset in place: the check ends before the output is cleared.
+        and cfg.tokenizer.backend == "auto"
+        # Not into a token store: a job killed before its check ends would leave entries that a
+        # later job, finding every unit there, takes without a check (it runs none then). (Asked
+        # before the offsets, which need the tokenizer parsed: a store's job may never parse it.)
+        and digests is None
+        and not (cfg.input.chat and tok.offsets() is None)
+        else None
+    )
+
+    def announce(choice: Choice) -> None:
+        log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
+
+    runs = max(1, min(len(units), width))
+    weights = unit_bytes(units)
+    # Largest first: the last units to start are the shortest, so workers finish close together (the
+    # summaries are folded in any order; nothing downstream depends on it).
+    order = sorted(range(len(units)), key=lambda i: -weights[i])
+
+    def keyed_for(choice: Choice) -> list[WorkUnit]:
+        settings = {u.source: token_settings(cfg, tok, u.reading, choice, template) for u in units}
+        return [
+            u.with_token_file(
+                token_dir,
+                token_key(
+                    u, settings[u.source], None if digests is None else [digests[f.path] for f in u.files]
+                ),
+            )
+            for u in units
+        ]
+
+    def run(
+        choice: Choice, refused: Callable[[], bool] | None = None, stored: bool = False
+    ) -> tuple[list[WorkUnit], Totals, list[WorkUnit]]:
+        """Every unit keyed for `choice` and tokenized; with a fast backend, giving out units stops at
+        the first whose check found a difference. `refused`: the pass runs ahead of the driver's
+        check of its backend, and stops giving out units once that says so or a worker refused a
+        unit (its fastokens did not load). `stored`: every unit's token file was found (the workers
+        need not load the tokenizer first). The units, their totals, the files it wrote."""
+        ready()
+        unloaded.clear()
+        keyed = keyed_for(choice)
+        totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [u.source for u in keyed])
+        written: list[WorkUnit] = []
+        progress = Progress("tokenize", len(keyed), "units", sum(weights), stream)
+
+        def add(summary: dict[str, Any]) -> None:
+            if "refused" in summary:  # untokenized: the pass is refused, and run again
+                unloaded.append(str(summary["refused"]))
+                return
+            totals.add(summary)  # folded as they arrive: no list of every unit's histogram
+            progress.advance(1, weights[int(summary["shard"])])
+            if not summary["cached"]:
+                written.append(keyed[int(summary["shard"])])
+
+        ordered = [keyed[i] for i in order]
+        stop = lambda: bool(totals.failovers or unloaded) or (refused is not None and refused())  # noqa: E731
+        pool.run(ordered, TokenizeShards, choice.backend, add, stop, cfg, not stored, refused is not None)
+        if progress.done or not unloaded:  # (a pass its workers refused whole did nothing to show)
+            progress.close()
+        return keyed, totals, written
+
+    def discard(written: list[WorkUnit]) -> None:
+        """Token files a backend wrote in this run that must not reach the output, and the rejects
+        and index files its units wrote (each unit writes its own again; a job that stops here
+        leaves neither)."""
+        for unit in written:
+            remove(unit.token_file, cfg.storage)
+            remove(cached_rejects_file(unit.token_file), cfg.storage)
+        for part in ("rejects", "index", join("_staging", "index")):
+            remove(join(cfg.output.path, part), cfg.storage)
+
+    stored = None if digests is None else _stored_choice(cfg, tok, version, remembered, keyed_for, token_dir)
+    cleared: list[bool] = []
+    unloaded: list[str] = []
+    """Why workers refused units of a pass run ahead of the check (their fastokens did not load)."""
+
+    def ready() -> None:
+        """The output cleared, once, before the first unit is given out; where the driver read the
+        tokenizer lazily and a unit must be tokenized, only once tokenizers has parsed it (its
+        ConfigError leaves the previous dataset in place): the local pool's zygote parses it as it
+        loads the workers' state, and says how that went (Preload.checked); elsewhere, or for
+        conversations (their template and offsets are the driver's), the driver parses it, after
+        putting the workers' load into the zygote's hands (a parse holds the GIL: the load went
+        0.8 s later on a first pack into a store, 131k BPE, traces)."""
+        if cleared:
+            return
+        if (stored is None and not tok.parsed) and (
+            cfg.input.chat or pool.preload is None or not pool.preload.checked()
+        ):
+            if pool.preload is not None:
+                pool.preload()
+                pool.runner.flush()
+            _ = tok.tokenizer
+        clear()
+        cleared.append(True)
+
+    if stored is not None:
+        # Every unit is in the token store under the key of a backend this job would take: the
+        # reference's, or fastokens' (jobs whose check passed on this tokenizer, backend version and
+        # settings wrote them: a refused backend's files are discarded, and a job writes into a store
+        # only after its check). No check is run (~1 s on the driver, before a repack's assign), and
+        # the workers load no tokenizer (tokenize_pool.tokenize_unit), unless a unit is tokenized
+        # after all (an entry that was not whole): fastokens' are then checked.
+        choice = stored
+        keyed, totals, written = run(choice, stored=True)
+        if written and choice.backend != "tokenizers":
+            choice = check()
+            if choice.label != stored.label:
+                discard(written)
+                keyed, totals, written = run(choice)
+        announce(choice)
+    elif ahead is None:
+        choice = remembered or check()
+        announce(choice)
+        keyed, totals, written = run(choice)
+    else:
+        with ThreadPoolExecutor(1, thread_name_prefix="raypack-check") as checking:
+            checked = checking.submit(check)
+            checked.add_done_callback(lambda f: None if f.exception() else announce(f.result()))
+
+            def refused() -> bool:
+                if not checked.done():
+                    return False
+                return checked.exception() is not None or checked.result().label != ahead.label
+
+            keyed, totals, written = run(ahead, refused)
+            try:
+                choice = checked.result()  # the check's ConfigError (tokenizer.backend fastokens)
+            except BaseException:
+                discard(written)
+                raise
+        if choice.label != ahead.label or unloaded:
+            if written:
+                began = f"{len(written)} units tokenized by {ahead.label} before its check"
+                log(f"[raypack] {began}: tokenizing again")
+            discard(written)
+            keyed, totals, written = run(choice)
+    failovers = list(totals.failovers)
+    if failovers and choice.backend != "tokenizers":
+        log(f"[raypack] {choice.backend} gave other ids than tokenizers ({failovers[0]}): tokenizing again")
+        discard(written)
+        if memory:
+            remember_failover(memory, choice, tok, failovers[0], cfg.storage)
+        choice = failed_over(choice, failovers[0])
+        keyed, totals, _ = run(choice)
+    totals.check_complete()
+    # What the workers proved (or the store's entries say they did): a unit that cut or kept a long
+    # text whole says its rule; one from an entry written before that said none of either.
+    return Tokenized(keyed, totals, choice, failovers, chat, totals.cut_rule)
+
+
+# What a backend is said to have been chosen for, where a token store held every unit under its key.
+FOUND_IN_STORE = "every unit found in the token store"
+
+
+def _stored_choice(
+    cfg: JobConfig,
+    tok: LoadedTokenizer,
+    version: str | None,
+    remembered: Choice | None,
+    keyed_for: Callable[[Choice], list[WorkUnit]],
+    token_dir: str,
+) -> Choice | None:
+    """The backend under whose keys a token store holds every unit (one listing of it), fastokens'
+    first; None where no backend's are all there. tokenizers' only where tokenizer.backend allows
+    it (a strict fastokens asks for the check's verdict, its ConfigError included)."""
+    requested = cfg.tokenizer.backend
+    candidates = []
+    if version is not None and remembered is None and requested != "tokenizers":
+        candidates.append(Choice("fastokens", version, FOUND_IN_STORE))
+    if requested != "fastokens":
+        reference = reference_version()
+        candidates.append(remembered or Choice("tokenizers", reference, FOUND_IN_STORE))
+    names = {info.base_name for info in list_dir(token_dir, cfg.storage)}
+    for choice in candidates:
+        if all(posixpath.basename(u.token_file) in names for u in keyed_for(choice)):
+            return choice
+    return None
+
+
+def check_rejects(cfg: JobConfig, totals: Totals) -> None:
+    """JobError when nothing is left to pack, when more input files were lost than
+    input.max_lost_files allows, or when more than input.max_reject_ratio of the records is bad
+    (rejects count records: a lost file, its rows). rejects/ stays, for the user to look at."""
+    documents, rejects, reasons = totals.documents, totals.rejected_records, totals.reasons
+    records = documents + rejects
+    ratio = rejects / records if records else 0.0
+    where = join(cfg.output.path, "rejects")
+    if previous.held(cfg.output.path):  # the dataset this job was to replace comes back, rejects/ too
+        where = f"{join(cfg.output.path, previous.FAILED_REJECTS)} (the dataset there before is kept)"
+    kinds = Counter(reasons)
+    # The most frequent first, ties by name: the same words whatever order the units finished in.
+    common = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[:REJECT_EXAMPLES]
+    top = ", ".join(f"{kind} ({n:,})" for kind, n in common)
+    if len(kinds) > REJECT_EXAMPLES:  # not a hidden kind: how many more there are, in rejects/
+        more = len(kinds) - REJECT_EXAMPLES
+        top += f" and {more} more kind{'s' if more > 1 else ''}"
+    if documents == 0 and rejects == 0:
+        raise JobError("no documents to pack: the input holds no records")
+    if documents == 0:
+        raise JobError(f"no documents to pack: {rejects:,} records rejected: {top} (see {where})")
+    if totals.lost_files > cfg.input.max_lost_files:
+        raise JobError(
+            f"{totals.lost_files:,} input files could not be read whole (unreadable, or no readable text "
+            f"column), over input.max_lost_files ({cfg.input.max_lost_files:,}); rejects by reason: {top}; "
+            f"see {where} "
+            "for each file, or allow them with input.max_lost_files"
+        )
+    if ratio > cfg.input.max_reject_ratio:
+        raise JobError(
+            f"{rejects:,} of {records:,} records rejected ({ratio:.2%}), over input.max_reject_ratio "
+            f"({cfg.input.max_reject_ratio:.2%}): {top}; see {where}, or raise the limit"
+        )
+
+
+def check_chat(cfg: JobConfig, template: ChatTemplate | None, records: list[Chat]) -> dict[str, Any] | None:
+    """Chat data: render the probes and `records` (a corpus sample) with the template as the job
+    will (a ConfigError, before any work, for a template that is not prefix-stable on any of them);
+    what the manifest and summary say of it. None for plain text."""
+    if cfg.input.chat is None:
+        return None
+    info: dict[str, Any] = {"kind": cfg.input.chat, "loss": cfg.loss}
+    if template is None:  # prompt/completion pairs: no template
+        return info | {
+            "template": "none (prompt + completion)",
+            "mask": f"pack.loss {cfg.loss}",
+            "date": None,
+        }
+    sample = [(list(p), None) for p in PROBES] + [(list(c.messages), c.tools) for c in records]
+    found = check_template(template, sample, cfg.loss)
+    if found.failure is not None:
+        raise ConfigError(found.failure)
+    spans: str | None = None
+    if cfg.loss == "all":
+        mask = "pack.loss all: every token"
+    elif template.markers:
+        mask = "assistant tokens from its {% generation %} markers"
+    else:
+        spans = "prefixes" if found.spans_differ else template.spans
+        how = {
+            "auto": f"one render for {ONE_RENDER_TURNS}+ assistant turns, checked, else growing prefixes",
+            "prefixes": "rendering growing prefixes",
+        }[spans]
+        mask = f"assistant turns found by {how} (prefix-stable on the probes and sample)"
+    date = cfg.tokenizer.chat_date if template.prints_date else None
+    return info | {
+        "template": template.origin,
+        "mask": mask,
+        "checked": found.rendered,
+        "date": date,
+        "spans": spans,
+        "spans_differ": found.spans_differ,
+    }
+
+
+def _chat_records(cfg: JobConfig, units: list[WorkUnit]) -> list[Chat]:
+    """The first records of up to SAMPLE_UNITS work units spread over the corpus: from each, up to
+    CHAT_SAMPLE of them and SAMPLE_CHARS / 4 characters of content (one at least)."""
+    records: list[Chat] = []
+    for unit in _sample_units(units):
+        taken = 0
+        for batch in read_unit(unit, CHAT_SAMPLE, cfg.storage):
+            for record in batch.texts[:CHAT_SAMPLE]:
+                if taken and taken + len(record) > SAMPLE_CHARS // 4:
+                    break
+                records.append(record)
+                taken += len(record)
+            break
+    return records
+
+
+def _rendered(template: ChatTemplate | None, records: list[Chat]) -> list[str]:
+    """The texts the job encodes for `records`: conversations rendered (those the template refuses
+    left out), pairs joined."""
+    texts = []
+    for r in records:
+        try:
+            texts.append(
+                template.render(list(r.messages), r.tools)[0] if template else r.prompt + r.completion
+            )
+        except RenderError:
+            continue
+    return texts
+
+
+def unit_bytes(units: list[WorkUnit]) -> list[int]:
+    """Input bytes of each work unit: WorkUnit.size, but a Parquet unit's share of its file (its
+    row groups' sizes are not kept)."""
+    per_file: Counter[str] = Counter(u.relpath for u in units)
+    return [
+        u.size // per_file[u.relpath] if u.shard.split and u.reading.format == "parquet" else u.size
+        for u in units
+    ]
+
+
+def _sample_units(units: list[WorkUnit]) -> list[WorkUnit]:
+    """Up to SAMPLE_UNITS work units spread evenly over the corpus, first and last included."""
+    if not units:
+        return []
+    picks = sorted({round(k * (len(units) - 1) / max(SAMPLE_UNITS - 1, 1)) for k in range(SAMPLE_UNITS)})
+    return [units[i] for i in picks]
+
+
+def _corpus_sample(units: list[WorkUnit], storage: Any = None) -> list[str]:
+    """Texts of the corpus for the backend self-check."""
+    texts: list[str] = []
+    for unit in _sample_units(units):
+        taken = 0
+        for batch in read_unit(unit, 64, storage):
+            for text in batch.texts:
+                if taken >= SAMPLE_CHARS:
+                    break
+                texts.append(text[: SAMPLE_CHARS - taken])
+                taken += len(texts[-1])
+            if taken >= SAMPLE_CHARS:
+                break
+    return texts

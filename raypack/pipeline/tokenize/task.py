@@ -1,0 +1,345 @@
+"""The tokenize task's side: what a worker process of the tokenize stage does with a work unit.
+TokenizeShards turns a unit into its staged token file (raypack.pipeline.tokenize.token_files) and rejects,
+and returns its summary (raypack.pipeline.place.histogram.summarize_shard). It runs as the runner's tasks
+(raypack.pipeline.tokenize.pool) in worker processes that hold the job's tokenizer
+(raypack.pipeline.tokenize.worker) and keep one TokenizeShards from one unit of a pass to the next.
+
+With fastokens, a Checker (raypack.text.encode) re-encodes a seeded sample of each unit's pieces
+with `tokenizers` within a fifth of the fast encoder's own time; on a difference the unit is
+tokenized again with `tokenizers`, the summary says why, and the driver tokenizes every unit again
+(raypack.pipeline.tokenize.stage). Tokens are computed once here; later stages only read these files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from isal.isal_zlib import crc32
+
+from raypack import schema
+from raypack.config import JobConfig
+from raypack.corpus.readers import Batch, Reject, read_unit
+from raypack.corpus.units import WorkUnit
+from raypack.paths import is_uri
+from raypack.pipeline.place.histogram import summarize_shard
+from raypack.pipeline.tokenize.token_files import (
+    DONE,
+    Checksum,
+    cached_rejects_file,
+    read_finished,
+    reason_counts,
+    rejects_path,
+    seal,
+    staged_options,
+)
+from raypack.storage import atomic_output, open_output, read_bytes, whole_output, write_bytes
+from raypack.text.backends import Encoder, Guarded, Mismatch, TokenizersEncoder
+from raypack.text.encode import Checker, chat_template, encode_chat, encode_flat
+from raypack.text.offsets import Coder, reference_coder
+
+if TYPE_CHECKING:
+    from raypack.pipeline.tokenize.worker import JobState
+
+__all__ = ["TokenizeShards", "stored_unit"]
+
+
+def _node_id() -> str:
+    """The Ray node this worker runs on ("" outside Ray: a local pool's workers never import it):
+    metrics.json reports how many nodes tokenized each split file."""
+    import sys
+
+    if "ray" not in sys.modules:
+        return ""
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else ""
+
+
+class TokenizeShards:
+    """Tokenizes work units one at a time (unit): each names a shard and its token file, and gives the
+    shard's summary. A token file that exists already (a token store's, a rebuild's cache) is reused
+    by stored_unit, with no TokenizeShards made."""
+
+    def __init__(self, cfg: JobConfig, backend: str, loaded: JobState, ahead: bool = False) -> None:
+        self.cfg = cfg
+        self.storage = cfg.storage
+        self.run = loaded.ctx.run
+        """The job's run id: its token files' temporaries carry it (store.remove_run_temporaries)."""
+        self.tok = loaded.tok
+        self.reference = TokenizersEncoder(self.tok.tokenizer)
+        self.encoder: Encoder = self.reference
+        self.failover = ""
+        """Why this worker went back to tokenizers after a difference ("" while it has not)."""
+        self.note = ""
+        """Why it encodes with tokenizers though fastokens was chosen (not a difference: exact either way)."""
+        self.refused = ""
+        """Why it tokenizes nothing in this pass: it runs ahead of the check of a fastokens that did
+        not load here, which the check will refuse too (its units would be tokenized again)."""
+        self.fast = loaded.fast if backend == "fastokens" else None
+        if backend == "fastokens":
+            if loaded.fast is not None:
+                self.encoder = Guarded(loaded.fast)
+            elif ahead:
+                # The units a worker took before the check refused were tokenized by tokenizers under
+                # fastokens' key, then discarded and tokenized again: 33.8 against 21.3 s (50 MB, a
+                # 131k BPE whose Strip normalizer fastokens refuses). Refused at once, they cost nothing.
+                self.refused = f"fastokens did not load ({loaded.fast_error})"
+            else:  # not installed on this node, or refused: the reference, said so
+                self.note = (
+                    f"fastokens did not load on a node ({loaded.fast_error}): tokenizers encoded there"
+                )
+        self._checker: Checker | None = None
+        self._cuts = [0, 0, 0]
+        self._trained = 0
+        self.template = chat_template(cfg, self.tok)
+        # Chat data's mask needs each token's character offsets: tokenizers' own, or a byte-level
+        # BPE's from the fast ids (chosen only where the self-check proved them equal).
+        self.reference_coder = reference_coder(self.tok.tokenizer)
+        self.coder: Coder = self.reference_coder
+        if cfg.input.chat and self.encoder is not self.reference:
+            offsets = self.tok.offsets()
+            if offsets is None:
+                self.encoder = self.reference
+            else:
+                routed = self.fast.routed if self.fast is not None else None
+                self.coder = offsets.coder(self.encoder, self.reference_coder, routed)
+
+    def unit(self, unit: WorkUnit) -> dict[str, Any]:
+        """A work unit without a finished token file (tokenize_pool.tokenize_unit asked stored_unit
+        first) tokenized into one; its summary, the row histogram.Totals.add folds. Writes its index
+        and rejects into the output. In a pass that runs ahead of a check this worker's fastokens
+        cannot pass: {"shard", "refused"} alone, nothing read or written."""
+        if self.refused:
+            return {"shard": unit.index, "refused": self.refused}
+        docs, reasons, lost = self._tokenize_checked(unit)
+        return _summary(self.cfg, unit, docs, lost, reasons) | self._backend_summary()
+
+    def _tokenize_checked(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, Any]]:
+        """_tokenize with the chosen encoder and, for a fast one, a Checker; on a Mismatch the unit
+        is tokenized again with tokenizers, which this worker keeps (the driver, told by the
+        summary's failover, stops giving out units and tokenizes every unit again)."""
+        self._checker = None
+        if self.fast is not None:
+            self.fast.routed[:] = [0, 0]  # this unit's texts fastokens' copy does not take
+        if self.encoder is self.reference:
+            return self._tokenize(unit)
+        self._checker = Checker(self.reference, f"{unit.label}:{unit.shard.unit_start}")
+        try:
+            return self._tokenize(unit)
+        except Mismatch as e:
+            self.failover = f"unit {unit.index} ({unit.label}): {e}"
+            self.encoder, self.coder, self._checker = self.reference, self.reference_coder, None
+            return self._tokenize(unit)
+
+    def _backend_summary(self) -> dict[str, Any]:
+        checker, fast = self._checker, self.fast
+        return {
+            "backend": self.encoder.name,
+            "checked_texts": checker.texts if checker is not None else 0,
+            "checked_bytes": checker.bytes if checker is not None else 0,
+            "failover": self.failover,
+            "note": self.note,
+            "routed_texts": fast.routed[0] if fast is not None else 0,
+            "routed_bytes": fast.routed[1] if fast is not None else 0,
+        }
+
+    def _long_texts(self) -> dict[str, Any]:
+        """How this unit's long texts were encoded (pipeline.cuts): cuts made and refused, rests
+        encoded whole, and the rule that allowed the cuts with its proof (\"\" where none was
+        looked for). Kept in the token file too: a unit read from a token store reports what its
+        tokens went through, not zeros."""
+        made, refused, whole = self._cuts
+        rule = ""
+        if made or refused or whole:
+            found, why = self.tok.cut_rule()  # proven on this worker already (memoized)
+            rule = f"{found.name}: {why}" if found is not None else why
+        return {"cuts": made, "cuts_refused": refused, "long_whole": whole, "cut_rule": rule}
+
+    def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, Any]]:
+        """Tokenize the unit into its token file; rejects go beside it and into the output.
+
+        A local file is written under a temporary name and renamed when finished, so that another
+        job reading the same token store never opens a part of it. On S3 it is written in place (a
+        move is a CopyObject, limited to 5 GB, and a shard of 10 GB of text makes a ~10 GB token
+        file): an upload is visible only once complete. Either way it counts as finished only by
+        the key on its last record batch, written last (DONE, with the rejects count): an error
+        mid-way closes the writer without it, and such a file is redone."""
+        cfg = self.cfg
+        path = unit.token_file
+        rejects: list[dict[str, Any]] = []
+        docs: list[pa.Table] = []
+        self._trained = 0
+        self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
+        # The rejects count is known only at the end: it goes on the last, empty record batch.
+        with (
+            whole_output(path, self.storage, self.run) as sink,
+            pa.ipc.new_file(sink, schema.TOKENIZED, options=staged_options(path)) as writer,
+        ):
+            relpaths = unit.relpaths
+            checksum = Checksum()
+            for batch in read_unit(unit, cfg.tokenizer.batch_size, self.storage):
+                rejects.extend(r.as_row(relpaths) for r in batch.rejects)
+                if len(batch):
+                    table = self._encode(batch, unit, rejects)
+                    writer.write_table(table)
+                    checksum.add(table)
+                    docs.append(table.select(["row", "file", "doc_id", "length"]))
+            rejects_crc = None
+            if rejects:
+                table = pa.Table.from_pylist(rejects, schema=schema.REJECTS)
+                buffer = pa.BufferOutputStream()
+                pq.write_table(table, buffer)
+                data = buffer.getvalue().to_pybytes()
+                rejects_crc = crc32(data)
+                # Beside the token file before its completion key, so a finished token file always
+                # has its rejects.
+                with atomic_output(cached_rejects_file(path), self.storage, self.run) as f:
+                    f.write(data)
+                with open_output(rejects_path(cfg.output.path, unit.index), self.storage) as f:
+                    f.write(data)
+            lost = {
+                "rejects": len(rejects),
+                "records": sum(r["records"] for r in rejects),
+                "lost_files": sum(r["lost_file"] for r in rejects),
+                "trained": self._trained,
+                **self._long_texts(),
+                "crc32": checksum.crcs,
+                **({"rejects_crc32": rejects_crc} if rejects_crc is not None else {}),
+            }
+            lost = seal(lost, path)
+            done = pa.RecordBatch.from_pylist([], schema=schema.TOKENIZED)
+            writer.write_batch(done, custom_metadata={DONE: json.dumps(lost).encode()})
+        empty = schema.TOKENIZED.empty_table().select(["row", "file", "doc_id", "length"])
+        return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost
+
+    def _encode(self, batch: Batch, unit: WorkUnit, rejects: list[dict[str, Any]]) -> pa.Table:
+        checker = self._checker
+        why: list[str | None]
+        if unit.reading.chat:
+            flat, lengths, why = encode_chat(
+                self.tok, self.cfg, self.template, batch.texts, self.coder, checker
+            )
+            self._trained += int(np.count_nonzero(flat >= 0))
+        else:
+            flat, lengths = encode_flat(
+                self.tok, self.cfg.tokenizer, batch.texts, self.encoder, checker, self._cuts
+            )
+            why = [None] * len(lengths)
+            self._trained += len(flat)
+        empty = np.flatnonzero(lengths == 0)
+        if empty.size:  # plain text without BOS/EOS that the tokenizer maps to nothing; chat rejects
+            for i in empty.tolist():
+                reason = why[i] or "tokenizes to zero tokens"
+                file = batch.files[i] if batch.files is not None else 0
+                reject = Reject.bad(batch.rows[i], reason, str(batch.texts[i]))
+                rejects.append(dataclasses.replace(reject, file=file).as_row(unit.relpaths))
+            keep = np.flatnonzero(lengths > 0).tolist()
+            lengths = lengths[keep]
+            files = None if batch.files is None else [batch.files[i] for i in keep]
+            batch = Batch(rows=[batch.rows[i] for i in keep], ids=[batch.ids[i] for i in keep], files=files)
+        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+        tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
+        return pa.table(
+            {
+                "row": pa.array(batch.rows, pa.int64()),
+                "file": np.zeros(len(lengths), np.int32)
+                if batch.files is None
+                else pa.array(batch.files, pa.int32()),
+                "doc_id": batch.ids,
+                "length": lengths,
+                "tokens": tokens,
+            },
+            schema=schema.TOKENIZED,
+        )
+
+
+def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
+    """A unit's summary from its finished token file (a token store's entry, a rebuild's cache, a
+    retried task's), its rejects copied into the output; None where it has none, or its rejects
+    file is missing (a store copied in part): it is tokenized then. Needs no tokenizer: a unit found
+    here runs in a worker that never loaded one (raypack.pipeline.tokenize.pool), so a repack whose
+    every unit is stored starts without the ~2-3 s of loading a 128k BPE and fastokens' copy."""
+    path, storage = unit.token_file, cfg.storage
+    finished = read_finished(path, storage)
+    if finished is None:
+        return None
+    docs, lost = finished
+    reasons: list[str] = []
+    if lost["rejects"]:
+        try:
+            data = read_bytes(cached_rejects_file(path), storage)
+            if "rejects_crc32" in lost and crc32(data) != lost["rejects_crc32"]:
+                return None  # damaged since it was written: tokenized again
+            reasons = pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
+        except FileNotFoundError:
+            return None
+        except Exception:
+            # Unreadable since (a flipped byte made pyarrow raise OSError, UnicodeDecodeError):
+            # tokenized again. On object storage an OSError may be the network's: the task's.
+            if is_uri(path):
+                raise
+            return None
+        write_bytes(rejects_path(cfg.output.path, unit.index), data, storage)
+    if not is_uri(path):  # a local store's entry was used now (prune goes by this time)
+        with suppress(OSError):
+            os.utime(path)
+    return _summary(cfg, unit, docs, lost, reasons, cached=True) | {
+        "backend": "cache",
+        "checked_texts": 0,
+        "checked_bytes": 0,
+        "failover": "",
+        "note": "",
+        "routed_texts": 0,
+        "routed_bytes": 0,
+    }
+
+
+def _summary(
+    cfg: JobConfig,
+    unit: WorkUnit,
+    docs: pa.Table,
+    lost: dict[str, Any],
+    reasons: list[str],
+    cached: bool = False,
+) -> dict[str, Any]:
+    """The summary of a unit's documents (row, file, doc_id, length) and rejects, but the backend's
+    part (which encoder, what it checked and cut)."""
+    doc_length = docs.column("length").to_numpy()
+    summary = summarize_shard(
+        cfg,
+        unit,
+        docs.column("doc_id").combine_chunks(),
+        docs.column("row").combine_chunks(),
+        docs.column("file").combine_chunks(),
+        doc_length,
+    )
+    return {
+        "shard": unit.index,
+        "node": _node_id(),
+        "cached": cached,
+        "documents": len(doc_length),
+        "tokens": int(doc_length.sum()),
+        "rejects": lost["rejects"],
+        "rejected_records": lost["records"],
+        "lost_files": lost["lost_files"],
+        "reasons": json.dumps(reason_counts(reasons)),
+        # Trained tokens (chat data's loss mask; every token of plain text): a file written before
+        # the count was kept trains every token it holds.
+        "trained": int(lost.get("trained", doc_length.sum())),
+        # How its long texts were encoded, when its tokens were made (TokenizeShards._long_texts);
+        # a file written before these were kept says nothing of them, and is counted as such (not
+        # as a unit without long texts).
+        "cuts": int(lost.get("cuts", 0)),
+        "cuts_refused": int(lost.get("cuts_refused", 0)),
+        "long_whole": int(lost.get("long_whole", 0)),
+        "cut_rule": str(lost.get("cut_rule", "")),
+        "long_unrecorded": int("cut_rule" not in lost),
+        **summary,
+    }

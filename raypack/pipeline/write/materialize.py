@@ -1,0 +1,309 @@
+"""Stages 6-7, materialize and write: all items of one output file reach one write task (the
+exchange's pieces for its file range, raypack.pipeline.write.exchange; in sharded mode, the group's own
+items), become the file's packs (formats.Packs: tokens and pack index) in pack-id order, and are
+written in the dataset's output format (raypack.formats; the parquet format, raypack's own, a row
+group at a time) under names, rows and bytes that depend only on the plan, the seed and the corpus:
+never on how many workers ran or how the pieces were cut.
+
+Memory of a write task: its file's items (≈ 4 bytes a token) plus the packed tokens (4 bytes a slot;
+for parquet, one row group's), the encoded files (≤ 4 bytes a slot) and a few int64 indexes per
+item; the token column is never reordered (a copy of the largest column saved: items are placed by
+index instead).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raypack import formats, schema
+from raypack.config import StorageConfig
+from raypack.engine.runner import local_cpus
+from raypack.formats import BlockFormat, Packs, Spec, encode_index, index_path, stem_of
+from raypack.metrics import fill_percent_counts
+from raypack.packing import copy_runs
+from raypack.pipeline.place.assign import split_file_key
+from raypack.storage import join, write_bytes
+
+if TYPE_CHECKING:
+    from raypack.pipeline.tokenize.token_files import MappedTokens
+
+__all__ = ["data_file", "write_pack_file", "write_pack_files"]
+
+
+def data_file(spec: Spec, bucket_length: int | None, part: int, group: int | None = None) -> str:
+    """The data file (the first of its files) that output file `part` has in the dataset's format."""
+    return formats.data_file(stem_of(bucket_length, part, group), spec.format.suffix)
+
+
+def write_pack_files(
+    block: pa.Table,
+    output: str,
+    spec: Spec,
+    bucketed: bool,
+    group: int | None = None,
+    storage: StorageConfig | None = None,
+    threads: int = 1,
+) -> pa.Table:
+    """Items sorted by file_key → one file written, and one WRITTEN row, per key (one key a block in the
+    global job, whose sort's boundaries are the plan's file keys; every file of a group in sharded
+    mode), each file's blocks encoded on `threads` threads."""
+    if block.num_rows == 0:
+        return schema.WRITTEN.empty_table()
+    keys = block.column("file_key").to_numpy()
+    cuts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    if np.any(np.diff(keys) < 0):
+        raise RuntimeError("items reached the writer unsorted by file: the shuffle is inconsistent")
+    starts, ends = np.r_[0, cuts], np.r_[cuts, len(keys)]
+    return pa.concat_tables(
+        write_pack_file(block.slice(s, e - s), output, spec, bucketed, group, storage, threads=threads)
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+    )
+
+
+def write_pack_file(
+    items: pa.Table,
+    output: str,
+    spec: Spec,
+    bucketed: bool,
+    group: int | None = None,
+    storage: StorageConfig | None = None,
+    mapped: MappedTokens | None = None,
+    threads: int = 1,
+) -> pa.Table:
+    """The items of one output file, in any order → the file written in spec's format; returns its
+    WRITTEN row. `group`: the shard group in sharded mode, whose packs are numbered on their own;
+    `mapped`: the token files of the items that name their tokens there (source >= 0); `threads`:
+    how many a BlockFormat's blocks may be encoded on at once."""
+    _, part = split_file_key(int(items.column("file_key")[0].as_py()))
+    capacity = int(items.column("capacity")[0].as_py())
+    pack = items.column("pack").to_numpy()
+    order = np.lexsort((items.column("slot").to_numpy(), pack))  # items in (pack, slot) order
+    # The token column stays in its chunks (a piece per assign task and round): each chunk's runs
+    # are copied from where they lie. combine_chunks copied all of them first, into fresh memory:
+    # 0.4-0.6 s of a 10,000 × 8192 file's ~3 s, mostly the kernel's page faults.
+    chunks = items.column("tokens").chunks
+    offsets = [c.offsets.to_numpy().astype(np.int64) for c in chunks]
+    length = items.column("length").to_numpy().astype(np.int64)
+    pack, length = pack[order], length[order]
+    first = np.flatnonzero(np.r_[True, pack[1:] != pack[:-1]])
+    n_packs = len(first)
+    counts = np.diff(np.r_[first, len(pack)])
+    row_of_item = np.repeat(np.arange(n_packs), counts)
+    # Items lie back to back in slot order: offset = tokens of the pack's earlier items.
+    cum = np.cumsum(length) - length
+    offset = cum - cum[first][row_of_item]
+    fill = np.bincount(row_of_item, weights=length, minlength=n_packs).astype(np.int64)
+    if np.any(fill > capacity):
+        raise RuntimeError(
+            f"a pack of file {part} holds more than {capacity} tokens: the plan is inconsistent"
+        )
+    # Each item's tokens (a run of the value buffer, items in arrival order) go to its slot.
+    dst = np.empty(len(order), dtype=np.int64)
+    dst[order] = row_of_item * capacity + offset
+    # doc_offsets per pack: 0, then the end of each item (cu_seqlens).
+    ends = (offset + length).astype(np.int32)
+    offsets_values = np.insert(ends, first, np.zeros(n_packs, dtype=np.int32))
+    offsets_list = np.r_[0, np.cumsum(counts + 1)].astype(np.int32)
+    item_list = np.r_[0, np.cumsum(counts)].astype(np.int32)
+    take = pa.array(order)
+    index = pa.table(
+        {
+            "doc_offsets": pa.ListArray.from_arrays(pa.array(offsets_list), pa.array(offsets_values)),
+            "doc_ids": pa.ListArray.from_arrays(
+                pa.array(item_list), items.column("doc_id").take(take).combine_chunks()
+            ),
+            "chunk_index": pa.ListArray.from_arrays(
+                pa.array(item_list), items.column("chunk").take(take).combine_chunks()
+            ),
+            "num_tokens": pa.array(fill.astype(np.int32)),
+        },
+        schema=schema.PACK_INDEX,
+    )
+    stem = stem_of(capacity if bucketed else None, part, group)
+    starts = dst[order]  # every item's first position, in pack order
+    values = [c.values.to_numpy() for c in chunks]
+    chunk_of = np.repeat(np.arange(len(chunks)), [len(c) for c in chunks])
+    src = np.concatenate([o[:-1] for o in offsets]) if chunks else np.zeros(0, np.int64)
+    source = items.column("source").to_numpy()
+    in_file = np.flatnonzero(source >= 0)
+    if len(in_file):  # items whose tokens stay in their token files: runs of the mapped buffers
+        if mapped is None:
+            raise RuntimeError(f"file {part}: items name their token files, which were not mapped")
+        buffer, at = mapped.locate(source[in_file], items.column("start").to_numpy()[in_file])
+        chunk_of[in_file], src[in_file] = buffer + len(values), at
+        values = values + mapped.values
+    runs = _Runs(values, chunk_of[order], src[order], length, starts, np.r_[first, len(order)])
+    if isinstance(spec.format, BlockFormat):
+        return _write_blocks(
+            spec.format, runs, stem, index, fill, capacity, output, spec, part, storage, threads
+        )
+    input_ids = runs.fill(0, n_packs, capacity, spec.pad_id, np.empty(n_packs * capacity, dtype=np.int32))
+    loss_mask = loss_mask_of(input_ids, starts, fill, spec, part)
+    packs = Packs(stem, input_ids, index, loss_mask)
+    return write_packs(packs, output, spec, storage)
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """A file's items as runs of their pieces' value buffers, in (pack, slot) order: `values` a
+    buffer per piece, and for every item its piece (`chunk`), its start there (`src`), its length,
+    its position in the file's token stream (`dst`: pack × capacity + slot offset); `first`: each
+    pack's first item, then the item count."""
+
+    values: list[np.ndarray]
+    chunk: np.ndarray
+    src: np.ndarray
+    length: np.ndarray
+    dst: np.ndarray
+    first: np.ndarray
+
+    def fill(self, lo: int, hi: int, capacity: int, pad_id: int, buffer: np.ndarray) -> np.ndarray:
+        """Packs lo..hi-1, (hi - lo, capacity) int32, in `buffer` (at least that many values):
+        padding, then every item's tokens copied from where they lie."""
+        rows = buffer[: (hi - lo) * capacity].reshape(hi - lo, capacity)
+        rows.fill(pad_id)
+        a, b = int(self.first[lo]), int(self.first[hi])
+        flat, base = rows.reshape(-1), lo * capacity
+        for c in np.unique(self.chunk[a:b]).tolist():
+            k = a + np.flatnonzero(self.chunk[a:b] == c)
+            copy_runs(flat, self.dst[k] - base, self.values[c], self.src[k], self.length[k])
+        return rows
+
+
+def _write_blocks(
+    fmt: BlockFormat,
+    runs: _Runs,
+    stem: str,
+    index: pa.Table,
+    fill: np.ndarray,
+    capacity: int,
+    output: str,
+    spec: Spec,
+    part: int,
+    storage: StorageConfig | None,
+    threads: int,
+) -> pa.Table:
+    """A BlockFormat's file (parquet), its packs filled a block at a time into a ring of buffers
+    (one a thread the blocks are encoded on, at most one a block) that later blocks reuse; its
+    WRITTEN row."""
+    rows, size = index.num_rows, fmt.block_rows
+    threads = max(1, min(threads, -(-rows // size), local_cpus()))  # no more than this machine has
+    ring = [np.empty(min(rows, size) * capacity, dtype=np.int32) for _ in range(threads)]
+    trained = np.zeros(rows, dtype=np.int64) if spec.loss_mask else None
+
+    def blocks() -> Iterator[Packs]:
+        for j, lo in enumerate(range(0, rows, size)):
+            hi = min(lo + size, rows)
+            ids = runs.fill(lo, hi, capacity, spec.pad_id, ring[j % threads])
+            a, b = int(runs.first[lo]), int(runs.first[hi])
+            mask = loss_mask_of(ids, runs.dst[a:b] - lo * capacity, fill[lo:hi], spec, part)
+            if trained is not None and mask is not None:
+                trained[lo:hi] = mask.sum(axis=1, dtype=np.int64)
+            yield Packs(stem, ids, index.slice(lo, hi - lo), mask)
+
+    files = fmt.encode_blocks(stem, blocks(), spec, threads)
+    return _written(files, spec, stem, index, capacity, trained, runs.length, 0, output, storage)
+
+
+def loss_mask_of(
+    input_ids: np.ndarray, starts: np.ndarray, fill: np.ndarray, spec: Spec, part: int
+) -> np.ndarray | None:
+    """Turn staged ids (untrained tokens as -(id + 1), raypack.pipeline.tokenize.stage.untrained) back into
+    ids, in place ((packs, capacity); `starts`: every item's first flat position; `fill`: tokens a
+    pack); the packs' loss mask when the dataset keeps one: 1 where the token is trained and
+    not an item's first (its label would be the previous item's), 0 elsewhere and on padding."""
+    if not spec.loss_mask:  # a min, not a boolean array of the packs: 0.05 s, not 0.2, at 82M tokens
+        if input_ids.size and int(input_ids.min()) < 0:
+            raise RuntimeError(f"file {part}: masked tokens reached a dataset without a loss mask")
+        return None
+    untrained = input_ids < 0
+    input_ids[untrained] = -input_ids[untrained] - 1
+    real = np.arange(input_ids.shape[1])[None, :] < fill[:, None]
+    mask = (~untrained & real).astype(np.int8)
+    mask.reshape(-1)[starts] = 0
+    return mask
+
+
+def write_packs(packs: Packs, output: str, spec: Spec, storage: StorageConfig | None = None) -> pa.Table:
+    """One output file's packs → its files written in spec's format; its WRITTEN row."""
+    fmt = spec.format
+    files = fmt.encode(packs, spec)
+    if not fmt.holds_index:
+        files[index_path(packs.stem)] = encode_index(packs.index)
+    starts, ends = packs.item_bounds()
+    trained = packs.loss_mask.sum(axis=1, dtype=np.int64) if packs.loss_mask is not None else None
+    stray = stray_eos(packs, spec.eos_id) if fmt.eos_bounded else 0
+    lengths = ends - starts
+    return _written(
+        files, spec, packs.stem, packs.index, packs.capacity, trained, lengths, stray, output, storage
+    )
+
+
+def _written(
+    files: dict[str, bytes],
+    spec: Spec,
+    stem: str,
+    index: pa.Table,
+    capacity: int,
+    trained: np.ndarray | None,
+    item_lengths: np.ndarray,
+    stray: int,
+    output: str,
+    storage: StorageConfig | None,
+) -> pa.Table:
+    """`files` (the data file first) written under `output`; the file's WRITTEN row. `trained`: the
+    trained targets of each pack (its loss mask's ones), None without a mask (then every token but
+    each item's first); `item_lengths`: every item's tokens; `stray`: stray_eos's count."""
+    rel = next(iter(files))
+    index_file = rel if spec.format.holds_index else index_path(stem)
+    row_groups = schema.row_group_rows(pq.ParquetFile(pa.BufferReader(files[index_file])).metadata)
+    companions = []
+    for path, data in files.items():
+        write_bytes(join(output, path), data, storage)
+        if path != rel:
+            companions.append({"path": path, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+    fill = index.column("num_tokens").to_numpy().astype(np.int64)
+    per_pack = np.diff(index.column("doc_ids").combine_chunks().offsets.to_numpy())
+    if trained is None:
+        trained = fill - per_pack
+    return pa.table(
+        {
+            "path": [rel],
+            "bucket_length": pa.array([capacity], pa.int32()),
+            "rows": [index.num_rows],
+            "tokens": [int(fill.sum())],
+            "items": [int(per_pack.sum())],
+            "bytes": [len(files[rel])],
+            "sha256": [hashlib.sha256(files[rel]).hexdigest()],
+            "row_groups": [row_groups],
+            "index": [index_file],
+            "companions": [companions],
+            "fill_percent": [fill_percent_counts(fill, capacity)],
+            "stray_eos": [stray],
+            "max_items": [int(per_pack.max(initial=0))],
+            "longest_item": [int(item_lengths.max(initial=0))],
+            "fewest_tokens": [int(fill.min()) if len(fill) else 0],
+            "trained": [int(trained.sum())],
+            "trained_percent": [fill_percent_counts(trained, capacity)],
+        },
+        schema=schema.WRITTEN,
+    )
+
+
+def stray_eos(packs: Packs, eos_id: int | None) -> int:
+    """EOS tokens inside items (not an item's last token): where a trainer that finds documents by EOS
+    cuts one document in two (a document whose text holds the EOS token's own text, say)."""
+    if eos_id is None:
+        return 0
+    real = np.arange(packs.capacity)[None, :] < packs.index.column("num_tokens").to_numpy()[:, None]
+    found = int(np.count_nonzero((packs.input_ids == eos_id) & real))
+    _, ends = packs.item_bounds()
+    at_ends = int(np.count_nonzero(packs.input_ids.reshape(-1)[ends - 1] == eos_id))
+    return found - at_ends

@@ -1,0 +1,323 @@
+"""Encoding documents: plain text framed by BOS/EOS, conversations and pairs rendered (raypack.text.chat)
+with their trained tokens, and the in-run check of a fast backend. Pure: no Ray, no files; the
+tokenize task (raypack.pipeline.tokenize.task) and verify call it.
+
+Documents are encoded by the backend the driver chose (raypack.text.backends): `tokenizers`'
+`encode_batch_fast(..., add_special_tokens=False)`, or fastokens where it proved the same ids. The
+tokenizer's own template (which may add BOS, CLS/SEP, ...) is off, so `add_bos` / `add_eos` alone
+decide what frames a document.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from datetime import datetime
+
+import numpy as np
+
+from raypack.config import JobConfig, TokenizerConfig
+from raypack.corpus.readers import Chat
+from raypack.text.backends import Encoder, Mismatch, TokenizersEncoder
+from raypack.text.chat import (
+    ChatTemplate,
+    RenderError,
+    load_template,
+    pair_spans,
+    template_variables,
+    token_masks,
+)
+from raypack.text.cuts import cut_text
+from raypack.text.offsets import Coded, Coder, reference_coder
+from raypack.text.tokenizer import LoadedTokenizer
+
+__all__ = [
+    "CHECK_FLOOR_S",
+    "CHECK_SHARE",
+    "PIECE_CHARS",
+    "Checker",
+    "chat_template",
+    "encode_chat",
+    "encode_documents",
+    "encode_flat",
+    "untrained",
+]
+
+# A text longer than this is encoded piece by piece, cut only where its tokens stay the whole text's
+# (raypack.text.cuts): an Encoding keeps ~100 bytes per token (ids, offsets, token strings,
+# masks) and `.ids` is a Python list (~36 bytes per token), so one 50M-token document encoded whole
+# would need ~7 GB in the worker. 1M characters ≈ 250k tokens ≈ 35 MB.
+PIECE_CHARS = 1 << 20
+# Pieces are encoded in groups of at most this much text, so that few Encodings are alive at once
+# (the reader's batches are bounded alike: read.MAX_BATCH_BYTES).
+_GROUP_CHARS = 1 << 20
+
+
+def encode_documents(
+    tok: LoadedTokenizer, cfg: TokenizerConfig, texts: list[str], whole: int = 0
+) -> list[list[int]]:
+    """Token ids of each text, framed by BOS/EOS as configured (the tokenizer's own template off),
+    by `tokenizers`: the reference (verify re-tokenizes with it). `whole`: texts up to this many
+    characters are encoded whole, never cut (verify's reference does not trust the cuts it checks)."""
+    flat, lengths = encode_flat(tok, cfg, texts, whole=whole)
+    ends = np.cumsum(lengths)
+    return [flat[e - n : e].tolist() for e, n in zip(ends.tolist(), lengths.tolist(), strict=True)]
+
+
+def encode_flat(
+    tok: LoadedTokenizer,
+    cfg: TokenizerConfig,
+    texts: list[str],
+    encoder: Encoder | None = None,
+    checker: Checker | None = None,
+    cuts: list[int] | None = None,
+    whole: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every text's tokens, framed by BOS/EOS as configured, as one int32 array and per-document
+    lengths: no list per document is kept (at 55M tokens per job a per-token Python loop costs
+    seconds), and texts over PIECE_CHARS (and over `whole`) are encoded in pieces, cut where the
+    tokenizer's proven rule and a check at each cut allow (raypack.text.cuts). `encoder`:
+    tokenizers' unless given; `checker`: re-checks a sample of the pieces (Mismatch on a
+    difference); `cuts`: [cuts made, cuts refused, texts whose rest was encoded whole] are
+    added to it."""
+    encoder = encoder or TokenizersEncoder(tok.tokenizer)
+    pieces: list[str] = []
+    piece_doc: list[int] = []
+    for i, text in enumerate(texts):
+        if len(text) > max(PIECE_CHARS, whole):
+            parts, made, refused = cut_text(text, PIECE_CHARS, tok.cut_rule()[0], tok.encode_ids)
+            if cuts is not None:
+                cuts[0] += made
+                cuts[1] += refused
+                cuts[2] += len(parts[-1]) > PIECE_CHARS  # its rest encoded whole
+        else:
+            parts = [text]
+        pieces += parts
+        piece_doc += [i] * len(parts)
+    raws: list[np.ndarray] = []
+    piece_len: list[np.ndarray] = []
+    start = 0
+    while start < len(pieces):
+        end, chars = start, 0
+        while end < len(pieces) and (end == start or chars + len(pieces[end]) <= _GROUP_CHARS):
+            chars += len(pieces[end])
+            end += 1
+        t0 = time.perf_counter()
+        flat, n = encoder.encode(pieces[start:end])
+        if checker is not None:
+            # The texts a fast encoder gave tokenizers are tokenizers' ids already: neither their
+            # time (20% of it was the check's budget) nor the texts are the check's.
+            routed, routed_s = getattr(encoder, "last_routed", ((), 0.0))
+            checker.check(pieces[start:end], flat, n, time.perf_counter() - t0 - routed_s, routed)
+        raws.append(flat)
+        piece_len.append(n)
+        start = end
+    raw = np.concatenate(raws) if raws else np.zeros(0, dtype=np.int32)
+    lengths_of_pieces = np.concatenate(piece_len) if piece_len else np.zeros(0, dtype=np.int64)
+    raw_len = np.bincount(
+        np.asarray(piece_doc, dtype=np.int64), weights=lengths_of_pieces, minlength=len(texts)
+    ).astype(np.int64)
+    bos_id = tok.bos_id if cfg.add_bos else None
+    eos_id = tok.eos_id if cfg.add_eos else None
+    bos, eos = bos_id is not None, eos_id is not None
+    if not (bos or eos):
+        return raw, raw_len
+    length = raw_len + int(bos) + int(eos)
+    start_of = np.cumsum(length) - length
+    out = np.empty(int(length.sum()), dtype=np.int32)
+    if bos_id is not None:
+        out[start_of] = bos_id
+    if eos_id is not None:
+        out[start_of + length - 1] = eos_id
+    body = np.repeat(start_of + int(bos) - (np.cumsum(raw_len) - raw_len), raw_len) + np.arange(len(raw))
+    out[body] = raw
+    return out, length
+
+
+def untrained(ids: np.ndarray) -> np.ndarray:
+    """Token ids as staged, a token that is not trained stored as -(id + 1): the loss mask rides in
+    the sign bit through the token files, items and the exchange (no column of its own to carry,
+    sort and copy; a truncated item loses its mask with its tokens). Only the write stage
+    (raypack.pipeline.write.materialize) turns it back into ids and a loss_mask column."""
+    return -ids.astype(np.int32) - 1
+
+
+def chat_template(cfg: JobConfig, tok: LoadedTokenizer) -> ChatTemplate | None:
+    """The job's compiled chat template (conversations only; None otherwise), with the special tokens
+    the tokenizer names (chat.template_variables) and tokenizer.chat_date as the date it prints."""
+    if cfg.input.chat != "messages":
+        return None
+    source, origin = load_template(cfg.tokenizer, tok.configs, cfg.storage)
+
+    def text(token_id: int | None) -> str | None:
+        return tok.token(token_id) if token_id is not None else None
+
+    variables = template_variables(
+        tok.configs,
+        {"bos_token": text(tok.bos_id), "eos_token": text(tok.eos_id)},
+        {"bos_token": text(cfg.tokenizer.bos_id), "eos_token": text(cfg.tokenizer.eos_id)},
+    )
+    date = cfg.tokenizer.chat_date
+    now = datetime.fromisoformat(date) if date else None
+    return ChatTemplate(source, origin, variables, now, spans=cfg.tokenizer.chat_spans)
+
+
+def encode_chat(
+    tok: LoadedTokenizer,
+    cfg: JobConfig,
+    template: ChatTemplate | None,
+    docs: list[Chat],
+    coder: Coder | None = None,
+    checker: Checker | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """Conversations or pairs → (staged ids of them all, trained ones as ids and the rest as
+    untrained(ids); tokens per document; per document None or why it is rejected). The text is
+    rendered (raypack.text.chat) and encoded whole with add_special_tokens off; the mask needs each
+    token's character offsets: `coder`'s (tokenizers' own unless given: raypack.text.offsets),
+    re-checked by `checker`. Pairs are framed by BOS (not trained) and EOS (trained with the
+    completion) as configured; a conversation by its template alone."""
+    loss = cfg.loss
+    texts: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    reasons: list[str | None] = []
+    for doc in docs:
+        try:
+            if template is not None:
+                text, trained = template.conversation(list(doc.messages), doc.tools, loss)
+            else:
+                text, trained = pair_spans(doc.prompt, doc.completion, loss)
+        except RenderError as e:
+            text, trained = "", []
+            reasons.append(str(e))
+        else:
+            reasons.append(None)
+        texts.append(text)
+        spans.append(trained)
+    coder = coder or reference_coder(tok.tokenizer)
+    rendered = [i for i, why in enumerate(reasons) if why is None]
+    t0 = time.perf_counter()
+    coded = coder([texts[i] for i in rendered])
+    if checker is not None:  # (the conversations tokenizers encoded: not the check's, as above)
+        spent = time.perf_counter() - t0 - coded.routed_s
+        checker.check_coded([texts[i] for i in rendered], coded, spent, coded.routed)
+    # The batch as whole arrays (Coded): a document's tokens are a run of them.
+    mask = token_masks(
+        coded.offsets, coded.lengths, [spans[i] for i in rendered], [len(texts[i]) for i in rendered]
+    )
+    ids, n = coded.ids, coded.lengths.copy()
+    pairs = template is None
+    bos = tok.bos_id if pairs and cfg.tokenizer.add_bos else None
+    eos = tok.eos_id if pairs and cfg.tokenizer.add_eos else None
+    if bos is not None or eos is not None:
+        # BOS (not trained) before each document, EOS (trained with the completion) after it: in
+        # one insert, BOS first where a document is empty (np.insert keeps equal places in order).
+        first = np.cumsum(n) - n
+        framing = [(first, bos, False)] if bos is not None else []
+        framing += [(first + n, eos, True)] if eos is not None else []
+        at = np.concatenate([place for place, _, _ in framing])
+        ids = np.insert(ids, at, np.concatenate([np.full(len(n), t, np.int32) for _, t, _ in framing]))
+        mask = np.insert(mask, at, np.concatenate([np.full(len(n), m) for _, _, m in framing]))
+        n = n + len(framing)
+    first = np.cumsum(n) - n
+    mask[first[n > 0]] = False  # a document's first token is no target (nothing before it predicts it)
+    counted = np.r_[0, np.cumsum(mask)]
+    trained = counted[first + n] - counted[first]
+    what = "assistant turn" if template is not None else "completion token"
+    for k in np.flatnonzero(trained == 0).tolist():
+        reasons[rendered[k]] = f"no trained token (pack.loss {loss}: no {what})"
+    kept = np.repeat(trained > 0, n)
+    flat = np.where(mask, ids, untrained(ids)).astype(np.int32)[kept]
+    lengths = np.zeros(len(docs), dtype=np.int64)
+    lengths[rendered] = np.where(trained > 0, n, 0)
+    return flat, lengths, reasons
+
+
+# The in-run check of a fast backend: re-encoding with tokenizers may take this share of the fast
+# encoder's own time, and at least CHECK_FLOOR_S a unit (so a small unit is checked too: ~5 KB of
+# text). At ×60, checking 1% of the text would cost 60% more; a fifth of the time checks ~0.3% of
+# it. A floor of 50 ms made the check cost twice the fast encoder on 6 MB units (cProfile: 0.32 s of
+# tokenizers against 0.16 s of fastokens for six units); a floor added to the share, not taken as
+# its minimum, made it 33% (0.43 s against 1.32 s a worker, 40 units of 6.25 MB, 128k BPE).
+CHECK_SHARE = 0.2
+CHECK_FLOOR_S = 0.005
+
+
+class Checker:
+    """Re-encodes a seeded sample of one unit's pieces with `tokenizers` and compares every id: a
+    Mismatch on the first difference. Bounded by time, not by count (module constants)."""
+
+    def __init__(self, reference: TokenizersEncoder, seed: str) -> None:
+        self.reference = reference
+        self.coded = reference_coder(reference.tokenizer)
+        self.rng = random.Random(seed)
+        self.fast_s = self.check_s = 0.0
+        self.texts = self.bytes = 0
+        self.rate = 1e6  # the reference's characters a second, until measured (tokenizers: 1-2.5 MB/s)
+
+    def _pick(self, texts: list[str], fast_s: float, routed: Sequence[int] = ()) -> list[int]:
+        """A seeded sample of `texts` the budget allows (fast_s: the fast backend's time on them;
+        `routed`: texts tokenizers encoded, not sampled)."""
+        self.fast_s += max(fast_s, 0.0)
+        budget = max(CHECK_SHARE * self.fast_s, CHECK_FLOOR_S) - self.check_s
+        picked, cost = [], 0.0
+        skip = set(routed)
+        for i in self.rng.sample(range(len(texts)), len(texts)):
+            if i in skip:
+                continue
+            need = len(texts[i]) / self.rate
+            if cost + need <= budget:
+                picked.append(i)
+                cost += need
+        return sorted(picked)
+
+    def _spent(self, texts: list[str], picked: list[int], seconds: float) -> None:
+        self.check_s += seconds
+        chars = sum(len(texts[i]) for i in picked)
+        self.rate = max(chars / max(seconds, 1e-6), 1e4)
+        self.texts += len(picked)
+        self.bytes += sum(len(texts[i].encode("utf-8", errors="surrogatepass")) for i in picked)
+
+    def check_coded(self, texts: list[str], coded: Coded, fast_s: float, routed: Sequence[int] = ()) -> None:
+        """The sampled texts' ids and character offsets against tokenizers' (a chat mask's input)."""
+        picked = self._pick(texts, fast_s, routed)
+        if not picked:
+            return
+        t0 = time.perf_counter()
+        want = self.coded([texts[i] for i in picked]).split()
+        got = coded.split()
+        for (ids, offsets), i in zip(want, picked, strict=True):
+            got_ids, got_offsets = got[i]
+            if not np.array_equal(ids, got_ids) or not np.array_equal(offsets, got_offsets):
+                what = "ids" if not np.array_equal(ids, got_ids) else "character offsets"
+                raise Mismatch(
+                    f"a {len(texts[i]):,}-character conversation ({texts[i][:40]!r}): other {what}"
+                )
+        self._spent(texts, picked, time.perf_counter() - t0)
+
+    def check(
+        self,
+        pieces: list[str],
+        flat: np.ndarray,
+        lengths: np.ndarray,
+        fast_s: float,
+        routed: Sequence[int] = (),
+    ) -> None:
+        picked = self._pick(pieces, fast_s, routed)
+        if not picked:
+            return
+        t0 = time.perf_counter()
+        want, want_len = self.reference.encode([pieces[i] for i in picked])
+        spent = time.perf_counter() - t0
+        ends = np.cumsum(lengths)
+        at = 0
+        for k, i in enumerate(picked):
+            got = flat[ends[i] - lengths[i] : ends[i]]
+            ref = want[at : at + want_len[k]]
+            at += int(want_len[k])
+            if not np.array_equal(got, ref):
+                raise Mismatch(
+                    f"a {len(pieces[i]):,}-character text ({pieces[i][:40]!r}): {len(got)} ids, "
+                    f"tokenizers {len(ref)}"
+                )
+        self._spent(pieces, picked, spent)
