@@ -60,11 +60,11 @@ def pack(
     a work unit, ids from input.id_field or `dataset:<row>` (`<source>:<row>`): the same bytes
     whatever its blocks (raypack.corpus.datasets). Runs on the Ray the Dataset lives in."""
     datasets, overrides = _datasets(dataset, overrides)
-    from raypack.engine.runner import early_local
+    from raypack.engine import start_local
 
     # Its zygote imports beside the config's and the job's imports, as the CLI's; not for a Dataset,
     # which Ray tasks read.
-    local = early_local() if datasets is None else None
+    local = start_local() if datasets is None else None
     try:
         from raypack.pipeline.job import run_job
 

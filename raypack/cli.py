@@ -23,7 +23,7 @@ from raypack.errors import ConfigError, JobError, storage_cause
 if TYPE_CHECKING:
     from raypack.config import JobConfig
     from raypack.dataset.store import StoreUsage
-    from raypack.engine.runner import LocalRunner
+    from raypack.engine import Runner
     from raypack.verifier import VerifyReport
 
 T = TypeVar("T")
@@ -688,7 +688,7 @@ def _main(argv: Sequence[str] | None) -> int:
     }
     started = _started if _started is not None else time.time()
     argv = list(sys.argv[1:] if argv is None else argv)
-    local: LocalRunner | None = None
+    local: Runner | None = None
     try:
         local = _early_local(argv)
         args = _build_parser().parse_args(argv)
@@ -724,16 +724,16 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 # The commands that run a job: a local runner is started for them before anything else is imported
-# (runners.early_local), so that its zygote's imports run beside this process's.
+# (engine.start_local), so that its zygote's imports run beside this process's.
 _JOB_COMMANDS = ("pack", "rebuild", "demo")
 
 
-def _early_local(argv: list[str]) -> LocalRunner | None:
+def _early_local(argv: list[str]) -> Runner | None:
     if not argv or argv[0] not in _JOB_COMMANDS or {"-h", "--help"} & set(argv):
         return None
-    from raypack.engine.runner import early_local
+    from raypack.engine import start_local
 
-    return early_local()
+    return start_local()
 
 
 if __name__ == "__main__":

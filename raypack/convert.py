@@ -3,7 +3,7 @@ format, without tokenizing or packing again, so a team can keep one canonical da
 and give each trainer its own.
 
 Every file's packs are read through the source's format and written through the target's, file for
-file, by the runner's tasks (raypack.engine.runner: local processes for a small dataset, else Ray;
+file, by the runner's tasks (raypack.engine: local processes for a small dataset, else Ray;
 one a run of files, retried like the job's storage tasks); `index/` and `rejects/`
 are copied as they are; the manifest and metrics.json carry over with the new files and format and
 a `converted_from` entry (the source's path and its manifest's sha256). The files are byte for byte
@@ -31,7 +31,7 @@ from raypack import schema
 from raypack.config import JobConfig, RunConfig, StorageConfig, from_dict
 from raypack.dataset import previous
 from raypack.dataset.layout import MANIFEST, METRICS
-from raypack.engine.tasks import transient
+from raypack.engine import open_runner, transient
 from raypack.errors import ConfigError, JobError
 from raypack.formats import (
     Packs,
@@ -45,7 +45,7 @@ from raypack.formats import (
     total_bytes,
 )
 from raypack.pipeline.finalize import write_dataset_files, write_report_safely
-from raypack.pipeline.prepare import check_output, clear_output, open_runner, recover_output, restore_output
+from raypack.pipeline.prepare import check_output, clear_output, recover_output, restore_output
 from raypack.pipeline.record import manifest_files
 from raypack.pipeline.write.materialize import loss_mask_of, write_packs
 from raypack.reader import Pinned, pin
@@ -172,7 +172,7 @@ def _convert(
         log(
             f"[raypack] convert: {len(files):,} file{'' if len(files) == 1 else 's'} from {source_spec.name} "
             f"to {spec.name}, {runs} task{'' if runs == 1 else 's'} "
-            f"on {'Ray' if runner.name == 'ray' else 'local processes'}"
+            f"on {runner.where}"
         )
         cuts = [len(files) * r // runs for r in range(runs + 1)]
         calls = [

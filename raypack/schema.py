@@ -79,7 +79,7 @@ ITEMS = pa.schema(
         ("chunk", pa.int32()),
         ("length", pa.int32()),
         # An item's tokens travel in `tokens` (source -1), or, where every task maps every token file
-        # (a local run: raypack.engine.runner), stay in its unit's token file: `source` is that
+        # (a local run: raypack.engine), stay in its unit's token file: `source` is that
         # unit's index, `start` its first token's position among the file's token values, batch
         # after batch (token_files.token_values), and `tokens` is empty.
         ("source", pa.int32()),

@@ -1,4 +1,4 @@
-"""run: where the job's tasks run (raypack.engine.runner)."""
+"""run: where the job's tasks run (raypack.engine)."""
 
 from __future__ import annotations
 

@@ -11,9 +11,8 @@ rewritten with other bytes misses. The content is:
   parts, so the same bytes uploaded in other parts miss (a new entry, never a wrong one). An object
   without an ETag is hashed as a local file is.
 
-Digests are computed by runner tasks, files grouped into about 4 tasks a CPU by size, before the
-units are keyed: S files cost S reads (or HEADs) spread over the cluster, and the driver holds one
-digest string a file.
+Digests are computed before the units are keyed (raypack.pipeline.tokenize.digests): S files cost
+S reads (or HEADs) spread over the cluster, and the driver holds one digest string a file.
 
 Several jobs may fill one store at once: an entry appears whole or not at all (a local token file
 is written to a `.tmp-*` sibling and renamed; an object is written in place, and an upload becomes
@@ -29,13 +28,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow.fs as pafs
 
 from raypack.config import StorageConfig
-from raypack.corpus.units import WorkUnit
-from raypack.engine.runner import Runner
-from raypack.engine.tasks import transient
 from raypack.errors import ConfigError
 from raypack.paths import is_uri
 from raypack.storage import TMP_PREFIX, Shard, join, list_dir, remove, remove_temporaries, resolve
@@ -44,8 +39,6 @@ __all__ = [
     "Pruned",
     "StoreUsage",
     "check_store",
-    "content_digests",
-    "digest_task",
     "file_digest",
     "prune",
     "remove_run_temporaries",
@@ -56,9 +49,6 @@ __all__ = [
     "usage",
 ]
 
-# Tasks a CPU for the digests: files differ in size, so a few tasks a CPU keep the cores busy to
-# the end without a task a file (10,000 small files would be 10,000 tasks).
-DIGEST_TASKS_PER_CPU = 4
 # A temporary file older than this is a killed writer's: no token file takes a day to write.
 STALE_TMP_S = 24 * 3600
 
@@ -77,41 +67,6 @@ def file_digest(shard: Shard, storage: StorageConfig | None) -> str:
         while chunk := f.read(8 << 20):
             digest.update(chunk)
     return f"sha256:{digest.hexdigest()}"
-
-
-def digest_task(
-    shards: list[Shard], storage: StorageConfig | None, patterns: tuple[str, ...] | None
-) -> list[str]:
-    """Task: the digest of each of a group of files, in order."""
-    with transient(patterns):
-        return [file_digest(s, storage) for s in shards]
-
-
-def content_digests(files: list[WorkUnit], storage: StorageConfig, runner: Runner) -> dict[str, str]:
-    """Every input file's digest, by its path: file_digest on the runner's tasks, or on a local
-    run in the driver's threads (hashlib and the reads release the GIL): a local pool's workers
-    are ready only once the zygote has loaded the tokenizers (2.5 s into a 500 MB repack on 2
-    cores, whose 127 MB of input hash in 0.12 s), and a local run's input is small
-    (run.local_max_bytes)."""
-    shards = list({u.shard.path: u.shard for u in files}.values())
-    if not shards:
-        return {}
-    if runner.name == "local":
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(runner.width, thread_name_prefix="raypack-digest") as threads:
-            found = list(threads.map(lambda s: file_digest(s, storage), shards))
-        return {s.path: d for s, d in zip(shards, found, strict=True)}
-    tasks = min(len(shards), max(1, runner.width * DIGEST_TASKS_PER_CPU))
-    sizes = np.asarray([max(s.size, 1) for s in shards], dtype=np.float64)
-    # Consecutive files of about equal bytes a group (where each file's middle falls).
-    middle = np.cumsum(sizes) - sizes / 2
-    group = np.minimum((middle * tasks / sizes.sum()).astype(np.int64), tasks - 1)
-    groups = [[s for s, g in zip(shards, group.tolist(), strict=True) if g == k] for k in range(tasks)]
-    groups = [g for g in groups if g]
-    found = runner.map(digest_task, [(g, storage, runner.patterns) for g in groups])
-    pairs = (zip(g, digests, strict=True) for g, digests in zip(groups, found, strict=True))
-    return {s.path: d for pair in pairs for s, d in pair}
 
 
 @dataclass(frozen=True)

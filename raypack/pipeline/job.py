@@ -33,8 +33,8 @@ from typing import Any, TextIO
 from raypack.config import JobConfig
 from raypack.corpus.datasets import dataset_units, without_blocks
 from raypack.dataset import previous
-from raypack.dataset.store import check_store, content_digests, remove_run_temporaries, store_record
-from raypack.engine.runner import LocalRunner, ensure_ray
+from raypack.dataset.store import check_store, remove_run_temporaries, store_record
+from raypack.engine import Runner, ensure_ray
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.pipeline.finalize import commit, write_report_safely
 from raypack.pipeline.place.histogram import histogram
@@ -43,6 +43,7 @@ from raypack.pipeline.place.select import Selection, select
 from raypack.pipeline.prepare import Prepared, prepare, restore_output
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
+from raypack.pipeline.tokenize.digests import content_digests
 from raypack.pipeline.tokenize.pool import TokenizePool
 from raypack.pipeline.tokenize.stage import check_rejects, tokenize
 from raypack.pipeline.write.stage import write
@@ -76,7 +77,7 @@ def run_job(
     memory: str | None = None,
     progress: TextIO | None = None,
     started: float | None = None,
-    local: LocalRunner | None = None,
+    local: Runner | None = None,
     datasets: dict[str, Any] | None = None,
 ) -> JobResult:
     """Pack the corpus into cfg.output.path. `cache`: a token store to reuse and fill (a rebuild's
@@ -87,7 +88,7 @@ def run_job(
     `progress`: where the tokenize and assign+write stages show theirs (raypack.progress);
     `started`: when the command began (time.time()), for the time it took to the commit
     (metrics.json, the report); `local`: a local runner the caller started first
-    (runners.early_local: the command and raypack.pack() do), the job's to use or close;
+    (engine.start_local: the command and raypack.pack() do), the job's to use or close;
     `datasets`: the Ray Datasets input.datasets names, by name (raypack.corpus.datasets). A storage
     failure that outlived every retry is raised as a StorageError (one line), whatever wrapper Ray
     put around it."""
@@ -111,7 +112,7 @@ def _run(
     memory: str | None,
     progress: TextIO | None,
     started: float | None,
-    local: LocalRunner | None,
+    local: Runner | None,
     datasets: dict[str, Any] | None,
 ) -> JobResult:
     timings: dict[str, float] = {}

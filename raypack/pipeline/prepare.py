@@ -29,19 +29,13 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from raypack.config import JobConfig, RunConfig, StorageConfig
+from raypack import engine
+from raypack.config import JobConfig, StorageConfig
 from raypack.corpus.datasets import check_dataset
 from raypack.corpus.units import WorkUnit
 from raypack.dataset import previous
 from raypack.dataset.layout import LATEST, MANIFEST, METRICS
-from raypack.engine.runner import (
-    LocalRunner,
-    RayRunner,
-    Runner,
-    choose_runner,
-    local_cpus,
-    may_run_locally,
-)
+from raypack.engine import Runner
 from raypack.errors import ConfigError
 from raypack.formats import INDEX_DIR, Spec, make_spec, settings_of
 from raypack.formats.bridge import METADATA as BRIDGE_METADATA
@@ -66,7 +60,6 @@ __all__ = [
     "Prepared",
     "check_output",
     "clear_output",
-    "open_runner",
     "prepare",
     "recover_output",
     "restore_output",
@@ -103,7 +96,7 @@ class Prepared:
     """The sources given as Ray Datasets, by name ("": the whole input; raypack.corpus.datasets)."""
     runner: Runner
     """Where the tasks run: Ray, started beside the tokenizer's parse, or this machine's processes
-    (raypack.engine.runner)."""
+    (raypack.engine)."""
     ctx: JobContext
     """What the job's tasks are told of it (its run id, its tokenizer's sha256): the runner's
     workers were given its tokenizer under it."""
@@ -137,46 +130,32 @@ def staging_blobs(out: str) -> str | None:
     return None if is_uri(out) else join(out, "_staging")
 
 
-def open_runner(run: RunConfig, input_bytes: int, blob_dir: str | None) -> Runner:
-    """The runner for work without a tokenizer to share (convert): choose_runner's, started."""
-    if choose_runner(run, input_bytes) == "ray":
-        return RayRunner()
-    local = LocalRunner(local_cpus())
-    local.blobs_in(blob_dir)
-    local.start()
-    return local
-
-
 def prepare(
     cfg: JobConfig,
     overwrite: bool,
     log: Callable[[str], None],
-    local: LocalRunner | None = None,
+    local: Runner | None = None,
     datasets: dict[str, Any] | None = None,
     store: bool = False,
 ) -> Prepared:
-    """`local`: a local runner the caller started first (runners.early_local), the job's to use or
+    """`local`: a pool the caller started first (engine.start_local), the job's to use or
     close; `datasets`: the Ray Datasets of input.datasets, by name (raypack.pack(dataset=...));
     `store`: the job reads a token store, which may hold every unit (Preload: the workers then load
     the tokenizer only if the tokenize stage asks)."""
-    runner: Runner | None = local
     datasets = datasets or {}
+    runner: Runner | None = None
     try:
         cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
         out, storage = cfg.output.path, cfg.storage
         made_output = not is_uri(out) and not os.path.lexists(out)
         _check_datasets(cfg, datasets)
-        may_be_local = may_run_locally(cfg.run) and not datasets
-        if local is not None and not may_be_local:
-            local.close(release=False, failed=True)
-            runner = local = None
+        local = engine.local_runner_for(cfg.run, local, bool(datasets), staging_blobs(out))
+        runner = local
         fast = cfg.tokenizer.backend != "tokenizers"
         tokenizer = tokenizer_files(cfg.tokenizer, storage)
         ctx = JobContext(cfg, tokenizer_sha256(tokenizer), fast)
         preload: Preload | None = None
-        if may_be_local:  # loaded in the zygote from these bytes, then the workers forked
-            runner = local = local or LocalRunner(local_cpus())
-            local.blobs_in(staging_blobs(out))
+        if local is not None:  # loaded in the zygote from these bytes, then the workers forked
             preload = Preload(local, ctx, tokenizer)
             if not store:
                 preload()
@@ -185,13 +164,13 @@ def prepare(
         files = input_files(cfg.input, storage)
         recover_output(out, log)
         check_output(out, storage, overwrite)
-        if datasets or choose_runner(cfg.run, sum(f.shard.size for f in files)) == "ray":
-            if local is not None:
-                local.close(release=False, failed=True)
-                runner = local = None
+        input_bytes = sum(f.shard.size for f in files)
+        if local is None or engine.choose(cfg.run, input_bytes) != "local" or datasets:
+            runner = None
             with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
+                # Ray starts beside the tokenizer's parse; its workers load the tokenizer themselves.
                 loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
-                runner = RayRunner()
+                runner = engine.runner_for(cfg.run, input_bytes, local, cluster_only=bool(datasets))
                 preload = Preload(runner, ctx, tokenizer)
                 if not datasets and not store:  # (a Dataset's: once it is materialized, which needs the CPUs)
                     preload()
@@ -212,20 +191,17 @@ def prepare(
         if tok.parsed:
             clear_output(out, storage)
     except BaseException:
-        if runner is not None:
-            runner.close(release=False, failed=True)
+        for held in {id(r): r for r in (runner, local) if r is not None}.values():
+            held.close(release=False, failed=True)
         raise
     assert runner is not None
-    if runner.name == "ray":
-        log(f"[raypack] tasks on Ray: {runner.width} CPUs")
-    else:
-        log(f"[raypack] tasks on {runner.width} local processes (run.executor {cfg.run.executor})")
-        if not compiled_code_cached():  # (Ray's workers may be other machines, with caches of their own)
-            log(
-                "[raypack] note: the packers' compiled code is not cached on this machine yet: this "
-                "job compiles what it runs first (~7-20 s, once); python -m raypack.packing.warmup "
-                "does it ahead"
-            )
+    log(f"[raypack] tasks on {runner.width} {runner.where} (run.executor {cfg.run.executor})")
+    if runner.shares_disk and not compiled_code_cached():  # (other machines' workers: their own caches)
+        log(
+            "[raypack] note: the packers' compiled code is not cached on this machine yet: this "
+            "job compiles what it runs first (~7-20 s, once); python -m raypack.packing.warmup "
+            "does it ahead"
+        )
     assert preload is not None
     return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx, preload, tok.parsed, made_output)
 

@@ -17,8 +17,7 @@ from collections.abc import Callable
 from raypack.config import InputConfig, StorageConfig
 from raypack.corpus.readers.parquet import row_group_runs
 from raypack.corpus.units import WorkUnit
-from raypack.engine.runner import Runner
-from raypack.engine.tasks import transient
+from raypack.engine import Runner, transient
 from raypack.errors import ConfigError
 from raypack.storage import Shard, expand_inputs, resolve
 

@@ -40,7 +40,7 @@ from raypack.dataset.layout import (
     version_name,
 )
 from raypack.dataset.lease import Lease
-from raypack.engine.runner import LocalRunner
+from raypack.engine import Runner
 from raypack.errors import ConfigError
 from raypack.pipeline.job import JobResult, run_job
 from raypack.storage import TMP_PREFIX, exists, join, list_dir, read_bytes, remove, remove_temporaries
@@ -76,7 +76,7 @@ def run_rebuild(
     log: Callable[[str], None] = print,
     progress: TextIO | None = None,
     started: float | None = None,
-    local: LocalRunner | None = None,
+    local: Runner | None = None,
 ) -> RebuildResult:
     """One rebuild of cfg.output.path. `wait_s`: how long to wait for another rebuild of the same root
     to finish (0: exit at once, LeaseHeld, naming it); `progress`, `started`, `local`: as run_job's."""

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from raypack.config import load_config
-from raypack.engine import runner as runners
+from raypack.engine import ray as ray_engine
 from raypack.engine import tasks
 from raypack.pipeline.job import run_job
 from raypack.pipeline.write import exchange
@@ -187,7 +187,7 @@ def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
 
     monkeypatch.setattr(exchange, "ONE_HOP_OBJECTS", 0)
     monkeypatch.setattr(exchange, "ROUND_BYTES", 4096)  # a round every few record batches
-    monkeypatch.setattr(runners, "cluster_cpus", lambda: 7)
+    monkeypatch.setattr(ray_engine, "cluster_cpus", lambda: 7)
     yields = tmp_path / "yields"
     yields.mkdir()
     real_assign = exchange.assign_run
@@ -211,7 +211,7 @@ def test_many_tiny_shards_and_files_through_either_hop_and_any_width(
         assert sum(kind == "items" for kind, _ in log) > 2 * 2  # several rounds of 2+ partitions
         assert sum(int(n) for kind, n in log[:last_items] if kind == "ids") > 0
     monkeypatch.undo()
-    monkeypatch.setattr(runners, "cluster_cpus", lambda: 1)
+    monkeypatch.setattr(ray_engine, "cluster_cpus", lambda: 1)
     assert pack("width1", concurrency=1) == want
 
 

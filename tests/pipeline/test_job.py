@@ -416,7 +416,7 @@ def test_starting_local_ray_says_nothing_of_token_authentication(tmp_path: Path)
     import subprocess
     import sys
 
-    code = "from raypack.engine.runner import ensure_ray; import ray; ensure_ray(); ray.shutdown()"
+    code = "from raypack.engine import ensure_ray; import ray; ensure_ray(); ray.shutdown()"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
+from raypack import engine
 from raypack.config import load_config
-from raypack.engine import runner as runners
-from raypack.engine.runner import LocalRunner, choose_runner
+from raypack.engine import choose
+from raypack.engine.local import LocalRunner
 from raypack.engine.tasks import RETRIES, TransientStorageError
 from raypack.errors import JobError
 from raypack.pipeline.job import run_job
@@ -96,9 +97,9 @@ def test_auto_takes_the_local_runner_only_without_a_cluster(tmp_path: Path, toke
     base = str(job_config(tmp_path, f"{tmp_path}/corpus/*", tokenizer_path))
     auto = load_config(base, ["run.local_max_bytes=1000"])
     # This session runs a Ray (the session fixture): auto takes it.
-    assert choose_runner(auto.run, 10) == "ray"
+    assert choose(auto.run, 10) == "ray"
     for executor in ("local", "ray"):
-        assert choose_runner(load_config(base, [f"run.executor={executor}"]).run, 10**12) == executor
+        assert choose(load_config(base, [f"run.executor={executor}"]).run, 10**12) == executor
 
 
 @pytest.mark.ray
@@ -108,7 +109,7 @@ def test_a_ray_job_that_ends_leaves_its_preloads_to_finish(tmp_path: Path) -> No
     the worker (a Ray Data read after a small job: "module 'pandas' has no attribute 'core'")."""
     import time
 
-    from raypack.engine.runner import RayRunner
+    from raypack.engine.ray import RayRunner
     from tests.fakes import slow_mark
 
     runner = RayRunner()
@@ -131,10 +132,10 @@ def test_auto_chooses_by_input_size_and_ray_address(
     )
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    assert choose_runner(cfg.run, 1000) == "local"
-    assert choose_runner(cfg.run, 1001) == "ray"
+    assert choose(cfg.run, 1000) == "local"
+    assert choose(cfg.run, 1001) == "ray"
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
-    assert choose_runner(cfg.run, 10) == "ray"
+    assert choose(cfg.run, 10) == "ray"
 
 
 def test_run_config_values_are_checked(tmp_path: Path, tokenizer_path: Path) -> None:
@@ -313,7 +314,7 @@ def test_an_early_load_starts_while_a_preload_runs_and_a_later_preload_takes_it(
 def test_local_cpus_follows_the_process_affinity() -> None:
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this system")
-    assert runners.local_cpus() == len(os.sched_getaffinity(0))
+    assert engine.local_cpus() == len(os.sched_getaffinity(0))
 
 
 class _Terminal(io.StringIO):

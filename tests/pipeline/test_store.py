@@ -22,7 +22,7 @@ import pytest
 from raypack.cli import main
 from raypack.config import ConfigError, load_config
 from raypack.dataset.store import file_digest
-from raypack.engine.runner import LocalRunner
+from raypack.engine.local import LocalRunner
 from raypack.pipeline.job import run_job
 from raypack.pipeline.tokenize.token_files import DONE, Checksum
 from raypack.storage import Shard

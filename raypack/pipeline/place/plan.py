@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from raypack.config import JobConfig
-from raypack.engine.runner import Runner
+from raypack.engine import Runner
 from raypack.errors import ConfigError, task_raised
 from raypack.formats import Spec
 from raypack.metrics import DocStats, fill_percent_counts, finalize_metrics

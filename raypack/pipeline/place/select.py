@@ -28,8 +28,7 @@ import pyarrow.parquet as pq
 
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
-from raypack.engine.runner import Runner
-from raypack.engine.tasks import transient
+from raypack.engine import Runner, transient
 from raypack.metrics import DocStats
 from raypack.mixture import (
     KEY_BITS,

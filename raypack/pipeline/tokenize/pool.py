@@ -1,4 +1,4 @@
-"""The tokenize stage's tasks, on any runner (raypack.engine.runner): each work unit is one task
+"""The tokenize stage's tasks, on any runner (raypack.engine): each work unit is one task
 (tokenize_unit) in a worker process that holds the job's tokenizer (raypack.pipeline.tokenize.worker: the
 runner's preload loaded it as the job started); the driver keeps IN_FLIGHT units a CPU submitted,
 largest first, and folds each summary as it arrives. fast_encode is the backend's self-check's
@@ -38,8 +38,7 @@ import numpy as np
 
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
-from raypack.engine.runner import Runner
-from raypack.engine.tasks import transient
+from raypack.engine import Runner, transient
 from raypack.pipeline.place.assign import warm_assign
 from raypack.pipeline.tokenize.task import TokenizeShards, stored_unit
 from raypack.pipeline.tokenize.worker import JobContext, Preload, job_state

@@ -27,6 +27,7 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.corpus.readers import Batch, Reject, read_unit
 from raypack.corpus.units import WorkUnit
+from raypack.engine import node_id
 from raypack.paths import is_uri
 from raypack.pipeline.place.histogram import summarize_shard
 from raypack.pipeline.tokenize.token_files import (
@@ -48,18 +49,6 @@ if TYPE_CHECKING:
     from raypack.pipeline.tokenize.worker import JobState
 
 __all__ = ["TokenizeShards", "stored_unit"]
-
-
-def _node_id() -> str:
-    """The Ray node this worker runs on ("" outside Ray: a local pool's workers never import it):
-    metrics.json reports how many nodes tokenized each split file."""
-    import sys
-
-    if "ray" not in sys.modules:
-        return ""
-    import ray
-
-    return str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else ""
 
 
 class TokenizeShards:
@@ -322,7 +311,7 @@ def _summary(
     )
     return {
         "shard": unit.index,
-        "node": _node_id(),
+        "node": node_id(),
         "cached": cached,
         "documents": len(doc_length),
         "tokens": int(doc_length.sum()),

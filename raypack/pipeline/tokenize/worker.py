@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 
 from raypack.config import JobConfig
-from raypack.engine.runner import LocalRunner, Runner
+from raypack.engine import Runner
 from raypack.errors import JobError
 from raypack.pipeline.place.histogram import summarize_shard_warm
 from raypack.text.backends import FastokensEncoder, TokenizersEncoder
@@ -143,7 +143,7 @@ def warm_worker(cfg: JobConfig) -> None:
 
 
 def preload_job(ctx: JobContext, files: dict[str, bytes] | None = None) -> None:
-    """A runner's preload (raypack.engine.runner): the job's state."""
+    """A runner's preload (raypack.engine): the job's state."""
     job_state(ctx, files)
 
 
@@ -168,13 +168,13 @@ class Preload:
             return
         self.sent = True
         runner, ctx = self.runner, self.ctx
-        if isinstance(runner, LocalRunner):
-            if runner.forked:
-                return
+        if not runner.takes_preload():
+            return
+        if runner.inherits_preload:  # loaded once from the bytes read here, then the workers started
             runner.early(early_loads(ctx, self.files[TOKENIZER_FILE].decode("utf-8", errors="replace")))
             self.outcome = runner.preload(preload_job, (ctx, self.files))
             runner.start()
-        else:
+        else:  # each worker slot reads the tokenizer itself
             runner.preload(preload_job, (ctx, None))
 
     def checked(self) -> bool:
@@ -201,7 +201,7 @@ class Preload:
         if self.sent or self.warmed:
             return
         self.warmed = True
-        if isinstance(self.runner, LocalRunner) and not self.runner.forked:
+        if self.runner.inherits_preload and self.runner.takes_preload():
             self.runner.preload(warm_worker, (self.ctx.cfg,))
 
 

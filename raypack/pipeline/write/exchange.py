@@ -1,4 +1,4 @@
-"""Stages 5-7 of the global job on the runner's tasks (raypack.engine.runner: Ray's, or a local
+"""Stages 5-7 of the global job on the runner's tasks (raypack.engine: Ray's, or a local
 pool's): assign every item to its pack, move it to the task that writes its output file, write the
 files. The fan-out of every task is bounded, so the number of blobs (Ray objects, or a local run's
 files) grows with the bytes moved, never with shards × files.
@@ -26,7 +26,7 @@ With S shards, F files, D bytes of items (~4 bytes a token) and W the cluster's 
 The output does not depend on any of these numbers: a file is written from all of its items, placed by
 (pack, slot), so M, R, K, J and W change the tasks, never the bytes.
 
-On a runner whose tasks share the driver's disk (the local pool: Runner.maps_files) and local token
+On a runner whose tasks share the driver's disk (the local pool: Runner.shares_disk) and local token
 files, an item carries no tokens, only where they lie in its unit's token file (schema.ITEMS' source
 and start): a piece is ~60 bytes an item, and a writer maps the token files its items name
 (token_files.MappedTokens) and copies each token once, from the page cache into its pack. Each writer
@@ -48,8 +48,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
-from raypack.engine.runner import Runner
-from raypack.engine.tasks import transient
+from raypack.engine import Runner, transient
 from raypack.formats import Spec
 from raypack.packing import Plan
 from raypack.paths import is_uri
@@ -469,7 +468,7 @@ def run_exchange(
     # there and the writers copy each token once, from the page cache to its pack: the assign tasks
     # copied every token into its item (fresh memory), then into a blob file, which the writer
     # read back (a 500 MB job's assign+write: see docs/benchmarks.md, run 21).
-    in_place = runner.maps_files and all(not is_uri(u.token_file) for u in shards)
+    in_place = runner.shares_disk and all(not is_uri(u.token_file) for u in shards)
     token_files = {u.index: u.token_file for u in shards} if in_place else None
     plan_blob = runner.put(plan)
     part_first_key = file_keys[lay.writer_first[lay.part_first[:-1]]]

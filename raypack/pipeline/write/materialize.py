@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from raypack import formats, schema
 from raypack.config import StorageConfig
-from raypack.engine.runner import local_cpus
+from raypack.engine import local_cpus
 from raypack.formats import BlockFormat, Packs, Spec, encode_index, index_path, stem_of
 from raypack.metrics import fill_percent_counts
 from raypack.packing import copy_runs

@@ -19,8 +19,7 @@ import pyarrow as pa
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
-from raypack.engine.runner import Runner
-from raypack.engine.tasks import transient
+from raypack.engine import Runner, transient
 from raypack.formats import Spec
 from raypack.packing import pack
 from raypack.pipeline.place.assign import file_of, items_table

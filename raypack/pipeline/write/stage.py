@@ -16,7 +16,7 @@ import numpy as np
 
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
-from raypack.engine.runner import Runner
+from raypack.engine import Runner
 from raypack.formats import Spec, group_of, stem_of_file
 from raypack.packing import Plan
 from raypack.pipeline.place.assign import file_rows
