@@ -31,6 +31,8 @@ from raypack import schema
 from raypack.config import JobConfig, RunConfig, StorageConfig, from_dict
 from raypack.dataset import previous
 from raypack.dataset.layout import MANIFEST, METRICS
+from raypack.dataset.manifest import manifest_files, write_dataset_files
+from raypack.dataset.output import check_output, clear_output, recover_output, restore_output
 from raypack.engine import open_runner, transient
 from raypack.errors import ConfigError, JobError
 from raypack.formats import (
@@ -44,11 +46,9 @@ from raypack.formats import (
     stem_of_file,
     total_bytes,
 )
-from raypack.pipeline.finalize import write_dataset_files, write_report_safely
-from raypack.pipeline.prepare import check_output, clear_output, recover_output, restore_output
-from raypack.pipeline.record import manifest_files
-from raypack.pipeline.write.materialize import loss_mask_of, write_packs
+from raypack.formats.files import loss_mask_of, write_packs
 from raypack.reader import Pinned, pin
+from raypack.report import write_report_safely
 from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic
 
 __all__ = ["ConvertResult", "convert"]

@@ -9,13 +9,20 @@ import functools
 import os
 import posixpath
 
-__all__ = ["WILDCARDS", "contains", "glob_match", "input_base", "is_uri", "split_glob"]
+__all__ = ["WILDCARDS", "contains", "glob_match", "input_base", "is_uri", "join", "split_glob"]
 
 WILDCARDS = "*?["
 
 
 def is_uri(path: str) -> bool:
     return "://" in path
+
+
+def join(base: str, *parts: str) -> str:
+    if is_uri(base):
+        scheme, rest = base.split("://", 1)
+        return f"{scheme}://{posixpath.join(rest, *parts)}"
+    return os.path.join(base, *parts)
 
 
 def split_glob(inner: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 
 from raypack.config import StorageConfig
 from raypack.errors import ConfigError
-from raypack.paths import WILDCARDS, contains, glob_match, input_base, is_uri, split_glob
+from raypack.paths import WILDCARDS, contains, glob_match, input_base, is_uri, join, split_glob
 
 __all__ = [
     "TMP_PREFIX",
@@ -127,13 +127,6 @@ def _s3(bucket: str, storage: StorageConfig, made_for: tuple[int, str]) -> pafs.
         options["endpoint_override"] = host.rstrip("/")
         options["scheme"] = scheme
     return pafs.S3FileSystem(**options)
-
-
-def join(base: str, *parts: str) -> str:
-    if is_uri(base):
-        scheme, rest = base.split("://", 1)
-        return f"{scheme}://{posixpath.join(rest, *parts)}"
-    return os.path.join(base, *parts)
 
 
 def exists(path: str, storage: StorageConfig | None = None) -> bool:
@@ -256,8 +249,9 @@ class Shard:
     mtime_ns: int
     unit_start: int = 0
     unit_stop: int = -1
-    """A file split into work units (read.work_units): this unit's row groups [unit_start, unit_stop) of
-    a Parquet file, or bytes [unit_start, unit_stop) of a JSONL file. unit_stop -1: the whole file."""
+    """A file split into work units (raypack.corpus.cut.work_units): this unit's row groups
+    [unit_start, unit_stop) of a Parquet file, or bytes [unit_start, unit_stop) of a JSONL file.
+    unit_stop -1: the whole file."""
     first_row: int = 0
     """Rows of the file before the unit (row groups before it, or lines before its first byte): its
     first document's row is first_row (Parquet) or first_row + 1 (JSONL lines count from 1)."""

@@ -200,7 +200,8 @@ def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
     """Each setting of `config` that makes the dataset's bytes (input, tokenizer, pack, output) unlike
     the one it was packed with, and the tokenizer's files when they are not the ones it was packed
     with (by sha256), named."""
-    from raypack.text.tokenizer import tokenizer_files, tokenizer_sha256
+    from raypack.text.files import tokenizer_files
+    from raypack.text.tokenizer import tokenizer_sha256
 
     def plain(value: Any) -> Any:  # tuples as lists, as the manifest's JSON holds them
         return json.loads(json.dumps(value, default=str))
@@ -242,7 +243,7 @@ def _check_rejects(
     output: str, counts: dict[str, Any], report: VerifyReport, storage: StorageConfig | None
 ) -> None:
     """rejects/ against the manifest: rows, the records they stand for, and the lost files by name."""
-    from raypack.pipeline.tokenize.token_files import rejects_path
+    from raypack.dataset.layout import rejects_path
 
     rows = records = 0
     for shard in range(int(counts["shards"])):
@@ -437,7 +438,7 @@ def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyRepor
     placing what pack.overflow keeps of its tokens (a partial copy: its rule's partial_tokens); and
     each source's copies and kept tokens are the manifest's. Returns the documents (by id) whose
     last copy the rules make partial, with its tokens (raypack.mixture.Cut)."""
-    from raypack.corpus.units import entry_files
+    from raypack.dataset.manifest import entry_files
     from raypack.mixture import Rule, copies, copy_tokens, kept, unit_keys
 
     mixture = manifest["mixture"]
@@ -582,11 +583,12 @@ def _check_sample(
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs. A Ray
     Dataset's documents are re-read from `datasets`, cut into units as the job cut them."""
     from raypack.corpus.datasets import dataset_units
+    from raypack.corpus.files import input_files
     from raypack.corpus.readers import read_unit
-    from raypack.corpus.units import WorkUnit, entry_files, unit_from_entry
-    from raypack.pipeline.read import input_files
-    from raypack.text.encode import chat_template, encode_chat, encode_documents
-    from raypack.text.tokenizer import load_tokenizer
+    from raypack.corpus.units import WorkUnit, unit_from_entry
+    from raypack.dataset.manifest import entry_files
+    from raypack.text.encode import encode_chat, encode_documents
+    from raypack.text.files import chat_template, read_tokenizer
 
     # The work units as the job cut them (the manifest lists them in order): cutting them again would
     # read every large JSONL file whole to count its lines.
@@ -661,7 +663,7 @@ def _check_sample(
         unit_index = int(docs.column("shard")[i].as_py())
         wanted.setdefault(unit_index, set()).add(place)
         picked_id[(unit_index, *place)] = str(docs.column("doc_id")[i].as_py())
-    tok = load_tokenizer(config.tokenizer, config.storage, framed=config.framed)
+    tok = read_tokenizer(config.tokenizer, config.storage, framed=config.framed)
     date = manifest.get("chat", {}).get("date")
     if config.tokenizer.chat_date is None and date is not None:  # the date the dataset was rendered with
         config = dataclasses.replace(config, tokenizer=dataclasses.replace(config.tokenizer, chat_date=date))

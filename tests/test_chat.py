@@ -26,7 +26,7 @@ from raypack.pipeline.job import run_job
 from raypack.reader import batch_fields
 from raypack.text.chat import ChatTemplate, token_mask
 from raypack.text.encode import encode_chat
-from raypack.text.tokenizer import load_tokenizer
+from raypack.text.files import read_tokenizer
 from raypack.verifier import verify
 from tests.chatdata import CHATML, CHATML_MARKED, DROPS_REASONING, chat_model, conversation, words
 from tests.conftest import write_jsonl, write_parquet
@@ -105,7 +105,7 @@ def ours(
 ) -> list[tuple[list[int], list[bool]]]:
     """Each conversation's ids and trained-token mask as the tokenize stage stages them."""
     cfg = cfg_of(model, **inputs)
-    flat, lengths, reasons = encode_chat(load_tokenizer(cfg.tokenizer), cfg, template, docs)
+    flat, lengths, reasons = encode_chat(read_tokenizer(cfg.tokenizer), cfg, template, docs)
     assert reasons == [None] * len(docs)
     ends = np.cumsum(lengths)
     staged = [flat[e - n : e] for e, n in zip(ends, lengths, strict=True)]
@@ -708,8 +708,8 @@ def test_reading_chat_records_rejects_what_is_not_a_conversation(corpus: Path) -
     """read_unit alone: every record of a shard becomes a Chat or a reject with its reason, a parquet
     cell over input.max_document_bytes included."""
     from raypack.config import InputConfig
+    from raypack.corpus.files import input_files
     from raypack.corpus.readers import read_unit
-    from raypack.pipeline.read import input_files
 
     by_file: dict[str, tuple[int, list[str]]] = {}
     for pattern, fmt in (("*.jsonl", "jsonl"), ("*.parquet", "parquet")):

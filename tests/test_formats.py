@@ -31,11 +31,11 @@ from raypack.config import JobConfig, load_config
 from raypack.convert import convert, target_spec
 from raypack.errors import ConfigError
 from raypack.formats import FORMATS, Packs, Spec, read_packs, spec_of
+from raypack.formats.files import write_packs
 from raypack.formats.mds import decode_shard
 from raypack.formats.megatron import DATA_ARGS, parse_index
 from raypack.pipeline.job import run_job
 from raypack.pipeline.rebuild import run_rebuild
-from raypack.pipeline.write.materialize import write_packs
 from raypack.reader import IGNORE_INDEX, batch_fields, iter_batches, read_packed
 from raypack.verifier import verify
 from tests import s3server

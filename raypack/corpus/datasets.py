@@ -36,11 +36,11 @@ from typing import Any
 import pyarrow as pa
 
 from raypack.config import InputConfig, Reading, StorageConfig
+from raypack.corpus.cut import MAX_SPLIT_UNITS
 from raypack.corpus.readers.chat import chat_fields
 from raypack.corpus.readers.parquet import is_text
 from raypack.corpus.units import WorkUnit
 from raypack.errors import ConfigError
-from raypack.pipeline.read import MAX_SPLIT_UNITS
 from raypack.storage import Shard, join, list_dir, resolve
 
 __all__ = [

@@ -3,8 +3,8 @@ back. One typed record, made on the driver (raypack.pipeline.read lists the file
 units) and handed to every task as it is: nothing downstream looks a source's settings up again or
 rebuilds a unit field by field, so a setting that reaches the driver reaches every task.
 
-    input file ─read.input_files─▶ WorkUnit(file, its source's Reading)
-               ─read.work_units─▶ a WorkUnit a unit (a large file: several, each a byte range or
+    input file ─files.input_files─▶ WorkUnit(file, its source's Reading)
+               ─cut.work_units─▶ a WorkUnit a unit (a large file: several, each a byte range or
                                   a run of row groups; small files: a run of them, one unit)
                                   ─with_token_file─▶ its token file named
 
@@ -22,7 +22,7 @@ from typing import Any
 from raypack.config import Reading
 from raypack.storage import Shard, join
 
-__all__ = ["WorkUnit", "entry_files", "token_file", "unit_entry", "unit_from_entry"]
+__all__ = ["WorkUnit", "token_file", "unit_entry", "unit_from_entry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class WorkUnit:
     token_dir: str = ""
     """Where its token file is: the staging area, or a rebuild's cache."""
     more: tuple[Shard, ...] = ()
-    """A run of small whole files (read.work_units, input.group_bytes): the files after `shard`, in
+    """A run of small whole files (cut.work_units, input.group_bytes): the files after `shard`, in
     order, all of the same source."""
     blocks: tuple[tuple[Any, int, int], ...] = ()
     """A Ray Dataset's unit (raypack.corpus.datasets): (block reference, first row, end row) of
@@ -121,14 +121,6 @@ def unit_entry(shard: Shard, fmt: str, rows: bool = True) -> dict[str, Any]:
 
 def _file_entry(shard: Shard) -> dict[str, Any]:
     return {"path": shard.relpath, "size": shard.size, "mtime_ns": shard.mtime_ns}
-
-
-def entry_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The files (path, size, mtime_ns) of a manifest `inputs` entry, in the unit's order; a Ray
-    Dataset's unit as one of its name (`path` only: its documents' ids and mixture keys hold it)."""
-    if "dataset" in entry:
-        return [{"path": entry["dataset"]}]
-    return list(entry.get("files", [entry]))
 
 
 def unit_from_entry(files: list[WorkUnit], index: int, entry: dict[str, Any]) -> WorkUnit:

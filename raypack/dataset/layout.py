@@ -20,13 +20,17 @@ from raypack.errors import ConfigError
 from raypack.storage import exists, join, list_dir, read_bytes, remove, write_bytes_atomic
 
 __all__ = [
+    "CACHE",
     "LATEST",
     "MANIFEST",
+    "METRICS",
+    "REPORT",
     "complete_versions",
     "latest_version",
     "list_versions",
     "next_version",
     "prune_versions",
+    "rejects_path",
     "remove_incomplete",
     "resolve_dataset",
     "set_latest",
@@ -36,8 +40,15 @@ __all__ = [
 LATEST = "LATEST"
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"  # beside the manifest in every dataset: how its packing went
+REPORT = "report.html"  # beside them: the run's page, made again by `raypack report` from those two
 CACHE = "_cache"
 _VERSION = re.compile(r"^v=(\d+)$")
+
+
+def rejects_path(output: str, unit: int) -> str:
+    """The rejects file of work unit `unit` in a dataset: every record of it that is not a document,
+    with its reason."""
+    return join(output, "rejects", f"shard-{unit:06d}.parquet")
 
 
 def version_name(number: int) -> str:

@@ -34,16 +34,12 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from raypack.engine.tasks import RETRIES
+from raypack.engine.tasks import RETRIES, worker_env
 from raypack.engine.zygote import BlobRef, Failure, load_blob, write_blob
 from raypack.errors import JobError
 
 __all__ = ["LocalPool", "RemoteTraceback", "WorkerDied"]
 
-# Variables every worker starts with (a value the user set wins). tokenizers' and fastokens' thread
-# pools would each take every core: N workers × N threads on N cores (two processes on 2 cores
-# encoded the demo corpus in 6.7-6.8 s each with tokenizers' default pool, 5.6-5.7 s with one thread).
-WORKER_ENV = {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}
 # How long a closing pool waits for its processes to leave before it kills them.
 EXIT_WAIT_S = 5.0
 # A killed pool's zygote, told to exit, reaps its killed workers first (ms): waited for this long
@@ -186,7 +182,12 @@ class LocalPool:
         self._forked = 0
         self._fatal: BaseException | None = None
         self._ran: deque[Future[None]] = deque()  # the preloads' outcomes not yet heard, in order
-        hello = {"address": self._address, "home": self._home, "sys_path": list(sys.path), "env": WORKER_ENV}
+        hello = {
+            "address": self._address,
+            "home": self._home,
+            "sys_path": list(sys.path),
+            "env": worker_env(),
+        }
         self._zygote = subprocess.Popen(
             [sys.executable, "-P", "-m", "raypack.engine.zygote"],
             env=zygote_env(),

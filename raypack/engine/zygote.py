@@ -363,8 +363,7 @@ def serve(hello: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     sys.meta_path.insert(0, _ABSENT)
     sys.path[:] = hello["sys_path"]
-    for name, value in hello["env"].items():
-        os.environ.setdefault(name, value)
+    os.environ.update(hello["env"])
     ctrl = connect(hello["address"])
     ctrl.send(("zygote", os.getpid()))
     set_name("rp-zygote")

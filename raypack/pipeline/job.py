@@ -33,20 +33,22 @@ from typing import Any, TextIO
 from raypack.config import JobConfig
 from raypack.corpus.datasets import dataset_units, without_blocks
 from raypack.dataset import previous
+from raypack.dataset.output import restore_output
 from raypack.dataset.store import check_store, remove_run_temporaries, store_record
 from raypack.engine import Runner, ensure_ray
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
-from raypack.pipeline.finalize import commit, write_report_safely
+from raypack.pipeline.finalize import commit
 from raypack.pipeline.place.histogram import histogram
 from raypack.pipeline.place.plan import compare_in_task, plan_in_task
 from raypack.pipeline.place.select import Selection, select
-from raypack.pipeline.prepare import Prepared, prepare, restore_output
+from raypack.pipeline.prepare import Prepared, prepare
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
 from raypack.pipeline.tokenize.digests import content_digests
 from raypack.pipeline.tokenize.pool import TokenizePool
 from raypack.pipeline.tokenize.stage import check_rejects, tokenize
 from raypack.pipeline.write.stage import write
+from raypack.report import write_report_safely
 from raypack.storage import join, remove
 
 __all__ = ["JobError", "JobResult", "ensure_ray", "run_job"]

@@ -22,64 +22,27 @@ import dataclasses
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import suppress
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from raypack import engine
-from raypack.config import JobConfig, StorageConfig
+from raypack.config import JobConfig
 from raypack.corpus.datasets import check_dataset
+from raypack.corpus.files import input_files
 from raypack.corpus.units import WorkUnit
-from raypack.dataset import previous
-from raypack.dataset.layout import LATEST, MANIFEST, METRICS
+from raypack.dataset.output import check_output, clear_output, recover_output
 from raypack.engine import Runner
 from raypack.errors import ConfigError
-from raypack.formats import INDEX_DIR, Spec, make_spec, settings_of
-from raypack.formats.bridge import METADATA as BRIDGE_METADATA
-from raypack.formats.megatron import DATA_ARGS
-from raypack.formats.olmo import MASK_DIR
+from raypack.formats import Spec, make_spec, settings_of
 from raypack.packing import compiled_code_cached
 from raypack.paths import is_uri
-from raypack.pipeline.read import input_files
 from raypack.pipeline.tokenize.worker import JobContext, Preload
-from raypack.report.model import REPORT
-from raypack.storage import exists, join, remove, remove_temporaries, resolve
-from raypack.text.encode import chat_template
-from raypack.text.tokenizer import (
-    LoadedTokenizer,
-    load_tokenizer,
-    tokenizer_files,
-    tokenizer_sha256,
-)
+from raypack.storage import join
+from raypack.text.files import chat_template, tokenizer_files
+from raypack.text.tokenizer import LoadedTokenizer, load_tokenizer, tokenizer_sha256
 
-__all__ = [
-    "OUTPUT_PARTS",
-    "Prepared",
-    "check_output",
-    "clear_output",
-    "prepare",
-    "recover_output",
-    "restore_output",
-]
-
-# Everything a job writes under its output (formats' own files included), removed before it starts.
-OUTPUT_PARTS = (
-    MANIFEST,
-    METRICS,
-    REPORT,
-    "data",
-    INDEX_DIR,
-    MASK_DIR,
-    DATA_ARGS,
-    BRIDGE_METADATA,
-    "index",
-    "rejects",
-    previous.FAILED_REJECTS,
-    "_staging",
-)
+__all__ = ["Prepared", "prepare", "staging_blobs"]
 
 
 @dataclass(frozen=True)
@@ -169,7 +132,7 @@ def prepare(
             runner = None
             with ThreadPoolExecutor(1, thread_name_prefix="raypack-tokenizer") as loader:
                 # Ray starts beside the tokenizer's parse; its workers load the tokenizer themselves.
-                loading = loader.submit(load_tokenizer, cfg.tokenizer, storage, tokenizer, framed=cfg.framed)
+                loading = loader.submit(load_tokenizer, cfg.tokenizer, tokenizer, framed=cfg.framed)
                 runner = engine.runner_for(cfg.run, input_bytes, local, cluster_only=bool(datasets))
                 preload = Preload(runner, ctx, tokenizer)
                 if not datasets and not store:  # (a Dataset's: once it is materialized, which needs the CPUs)
@@ -182,7 +145,7 @@ def prepare(
             # Conversations parse it here, unless they may come from a store: their template and
             # offsets are the driver's.
             lazy = store or not cfg.input.chat
-            tok = load_tokenizer(cfg.tokenizer, storage, tokenizer, framed=cfg.framed, lazy=lazy)
+            tok = load_tokenizer(cfg.tokenizer, tokenizer, framed=cfg.framed, lazy=lazy)
         cfg = _fix_chat_date(cfg, tok, log)
         pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
         if pad[1] == "output.pad_id" and pad[0] == tok.bos_id:
@@ -245,66 +208,3 @@ def _fix_chat_date(cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], No
     today = date.today().isoformat()
     log(f"[raypack] the chat template prints the date: {today} for every conversation (tokenizer.chat_date)")
     return dataclasses.replace(cfg, tokenizer=dataclasses.replace(cfg.tokenizer, chat_date=today))
-
-
-def check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
-    """Refuse to write over a complete dataset without --overwrite, or into a rebuild's root; an
-    unreachable or unauthorized output fails here, before any work."""
-    fs, inner = resolve(out, storage)  # a mistyped URI, named as the user wrote it
-    try:
-        if fs.get_file_info(inner).type == pafs.FileType.File:  # (was a storage error, exit 1)
-            raise ConfigError(f"output {out} is a file: name a directory (it is made if it is not there)")
-        holds_dataset = exists(join(out, MANIFEST), storage)
-        holds_versions = exists(join(out, LATEST), storage)
-        bucket = _missing_bucket(out, storage)
-    except OSError as e:
-        raise ConfigError(f"cannot reach output {out}: {str(e).strip().splitlines()[0]}") from None
-    if bucket is not None:
-        raise ConfigError(
-            f"output {out}: bucket {bucket!r} does not exist; raypack writes into an existing bucket "
-            f"(create it first, e.g. `aws s3 mb s3://{bucket}`)"
-        )
-    if holds_versions:
-        raise ConfigError(f"{out} holds versioned datasets (LATEST): use `raypack rebuild`, or another path")
-    if holds_dataset and not overwrite:
-        raise ConfigError(
-            f"{out} already holds a dataset (manifest.json); pass --overwrite (overwrite=True from Python) "
-            "to replace it"
-        )
-
-
-def _missing_bucket(out: str, storage: StorageConfig) -> str | None:
-    """The bucket (container) of a URI output when it does not exist: the first write would fail
-    there, in a task, after the tokenize stage had begun."""
-    if not is_uri(out):
-        return None
-    fs, inner = resolve(out, storage)
-    bucket = inner.split("/", 1)[0]
-    return bucket if fs.get_file_info(bucket).type == pafs.FileType.NotFound else None
-
-
-def clear_output(out: str, storage: StorageConfig) -> None:
-    """Clear the output for a new dataset: a previous one set aside on a local output (kept until
-    the new one is committed: raypack.dataset.previous), else removed, manifest first, so a crash
-    mid-way never leaves one that looks complete; and the `.tmp-*` files a killed run's atomic
-    writes left (storage.atomic_output)."""
-    previous.set_aside(out, OUTPUT_PARTS)
-    for part in OUTPUT_PARTS:
-        remove(join(out, part), storage)
-    remove_temporaries(out, storage)
-
-
-def restore_output(out: str, log: Callable[[str], None], what: str) -> None:
-    """After a job (`what`: "job", "conversion") failed or was stopped: the dataset it was to replace
-    put back (previous.restore). Best effort, in the failure's own path: where it cannot be, the
-    next job on this output puts it back (recover_output), and the error to see is the job's."""
-    with suppress(Exception):
-        if previous.restore(out, OUTPUT_PARTS):
-            log(f"[raypack] {out} holds the dataset it held before this {what}")
-
-
-def recover_output(out: str, log: Callable[[str], None]) -> None:
-    """Settle what a job killed while replacing the dataset at `out` left (previous.recover)."""
-    note = previous.recover(out, OUTPUT_PARTS)
-    if note is not None:
-        log(f"[raypack] {note}")

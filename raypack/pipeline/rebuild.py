@@ -28,6 +28,7 @@ from typing import TextIO
 import pyarrow.fs as pafs
 
 from raypack.config import JobConfig
+from raypack.dataset.failover import memory_of
 from raypack.dataset.layout import (
     CACHE,
     MANIFEST,
@@ -60,9 +61,6 @@ class RebuildResult:
     cache_entries_removed: int
 
 
-# What the root's runs learnt of the tokenizer backends (backends.remember_failover), beside its token
-# cache: a fast backend proven to give other ids here is not chosen again.
-BACKENDS = "backends.json"
 
 
 def cache_dir(root: str) -> str:
@@ -98,7 +96,7 @@ def run_rebuild(
         name = version_name(number)
         version_cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, path=join(root, name)))
         version_cfg = _keep_chat_date(version_cfg, root)
-        memory = join(root, CACHE, BACKENDS)
+        memory = memory_of(root)
         store = cfg.cache.path or cache_dir(root)
         job = run_job(
             version_cfg,

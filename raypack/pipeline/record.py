@@ -8,8 +8,6 @@ that show it, never a key patched into one of them afterwards.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +16,7 @@ import numpy as np
 from raypack import __version__, schema
 from raypack.config import JobConfig
 from raypack.dataset.layout import METRICS
-from raypack.formats import Spec
+from raypack.dataset.manifest import dataset_files, format_entry, manifest_files
 from raypack.metrics import FILL_BINS, LENGTH_BINS_PER_OCTAVE, DocStats, PackingMetrics, finalize_metrics
 from raypack.packing import Plan
 from raypack.pipeline.place.plan import plan_slots
@@ -30,10 +28,7 @@ from raypack.pipeline.write.stage import Duplicates, Written
 __all__ = [
     "MIXTURE_KEY",
     "RunRecord",
-    "dataset_files",
-    "format_entry",
     "manifest",
-    "manifest_files",
     "metrics_document",
     "run_record",
 ]
@@ -264,34 +259,6 @@ def metrics_document(record: RunRecord) -> dict[str, Any]:
         "pack_fill_percent": list(record.pack_fill_percent),
         "comparison": list(record.comparison_rows),
     }
-
-
-_FILE_KEYS = ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256", "index")
-# Kept in the manifest too: what bridge's pack_metadata.json is made from (and verify remakes it).
-_FILE_STATS = ("max_items", "longest_item", "fewest_tokens", "trained")
-
-
-def manifest_files(files: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The manifest's `files`, from the write tasks' WRITTEN rows."""
-    return [
-        {k: f[k] for k in _FILE_KEYS}
-        | {k: int(f[k]) for k in _FILE_STATS if k in f}
-        | {"row_groups": [int(n) for n in f["row_groups"]], "companions": list(f["companions"])}
-        for f in files
-    ]
-
-
-def dataset_files(files: Sequence[dict[str, Any]], spec: Spec, out: str) -> dict[str, bytes]:
-    """The format's files of the whole dataset (Megatron's data-args list, Bridge's pack metadata), by
-    path: written before the manifest, which lists them."""
-    return spec.format.dataset_files(list(files), spec, out)
-
-
-def format_entry(files: Sequence[dict[str, Any]], spec: Spec, made: dict[str, bytes]) -> dict[str, Any]:
-    """The manifest's `format`: the Spec, the dataset files `made`, and the EOS tokens found inside
-    documents (where an EOS-bounded trainer cuts one)."""
-    listed = [{"path": p, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for p, d in made.items()]
-    return {**spec.to_dict(), "files": listed, "stray_eos": sum(int(f.get("stray_eos", 0)) for f in files)}
 
 
 def _length_distribution(stats: DocStats) -> dict[str, Any]:

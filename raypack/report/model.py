@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
-from raypack.corpus.units import entry_files
 from raypack.dataset.layout import MANIFEST, METRICS, resolve_dataset
+from raypack.dataset.manifest import entry_files
 from raypack.dataset.previous import aside_note
 from raypack.dataset.store import store_line
 from raypack.errors import ConfigError
@@ -31,9 +31,8 @@ from raypack.metrics import (
 from raypack.packing.assignment import Assignment
 from raypack.storage import exists, join, list_dir, read_bytes, resolve
 
-__all__ = ["REPORT", "Report", "Run", "from_dataset", "from_dry_run", "length_distribution", "run_of"]
+__all__ = ["Report", "Run", "from_dataset", "from_dry_run", "length_distribution", "run_of"]
 
-REPORT = "report.html"
 _EXAMPLES = 10  # reject examples shown; the rejects/ files hold them all
 
 

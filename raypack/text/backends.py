@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC
 from typing import Any, Protocol
 
 import numpy as np
@@ -66,8 +65,6 @@ __all__ = [
     "first_difference",
     "probes",
     "reference_version",
-    "remember_failover",
-    "remembered_failover",
 ]
 
 
@@ -254,9 +251,6 @@ class FastokensEncoder:
         """`built`: gives fastokens' Tokenizer of fast_json(tokenizer_json) where it was made
         already, or its exception (a local pool's zygote builds it as it starts:
         raypack.pipeline.tokenize.worker); None where it was not."""
-        # One thread per worker, as for tokenizers' rayon pool: N workers × N threads on N cores lose
-        # ~19% (measured for tokenizers). A value the user set wins.
-        os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
         import fastokens
 
         loaded, self.route = fast_json(tokenizer_json)
@@ -278,6 +272,8 @@ class FastokensEncoder:
         except Exception as e:  # fastokens raises ValueError for what it does not support
             raise FastRefused(_first_line(e) + _forms_kept(tokenizer_json)) from e
         self.version = fastokens_version() or "?"
+        self.pool_started = False
+        """fastokens made its thread pool (at its first encode in a process): see _one_thread."""
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         self.last_routed = ((), 0.0)
@@ -352,13 +348,34 @@ class FastokensEncoder:
     def _encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         return self._flat(self.tokenizer, texts)
 
-    @staticmethod
-    def _flat(tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+    def _flat(self, tokenizer: Any, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self.pool_started:
+            ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+        else:
+            with _one_thread():
+                ids, offsets = tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+            self.pool_started = True
         flat = np.frombuffer(ids, dtype=np.uint32)
         ends = np.frombuffer(offsets, dtype=np.uint64).astype(np.int64)
         # Ids fit int32 (a vocabulary has < 2^31 entries): a view, not a copy.
         return flat.view(np.int32), np.diff(ends)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """FASTOKENS_BPE_THREADS=1 while fastokens makes its thread pool (at a process's first encode,
+    which reads it), unless set already; then the environment as it was: a job's worker holds one
+    encoder a CPU, and N workers × N threads on N cores lose ~19% (measured for tokenizers' pool),
+    while the process's environment, the user's own where the driver encodes, is left alone."""
+    name = "FASTOKENS_BPE_THREADS"
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
 
 
 def fastokens_version() -> str | None:
@@ -538,48 +555,6 @@ def failed_over(choice: Choice, reason: str) -> Choice:
     version = reference_version()
     why = f"{choice.label} gave other ids than tokenizers {version} in the run: {reason}"
     return Choice("tokenizers", version, why, choice.probes, choice.sampled, failed_over=choice)
-
-
-def remember_failover(path: str, choice: Choice, tok: Any, reason: str, storage: Any = None) -> None:
-    """Record at `path` (a rebuild root's) that `choice` gave other ids than tokenizers for this
-    tokenizer: later runs there do not choose it again (remembered_failover)."""
-    import json
-    from datetime import datetime
-
-    from raypack.storage import write_bytes_atomic
-
-    record = {
-        "tokenizer_sha256": tok.sha256,
-        "backend": choice.label,
-        "reason": reason,
-        "at": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    write_bytes_atomic(path, json.dumps(record, indent=2).encode(), storage)
-
-
-def remembered_failover(path: str, requested: str, tok: Any, storage: Any = None) -> Choice | None:
-    """tokenizers, when `path` records that the fast backend as installed now gave other ids than
-    tokenizers for this tokenizer in an earlier run (a ConfigError when tokenizer.backend asks for
-    it by name); None when it records nothing that applies (another tokenizer, another fastokens
-    version: worth its self-check again)."""
-    import json
-
-    from raypack.errors import ConfigError
-    from raypack.storage import exists, read_bytes
-
-    if requested == "tokenizers" or not exists(path, storage):
-        return None
-    record = json.loads(read_bytes(path, storage))
-    fast = f"fastokens {fastokens_version()}"
-    if record.get("tokenizer_sha256") != tok.sha256 or record.get("backend") != fast:
-        return None
-    why = (
-        f"{fast} gave other ids than tokenizers for this tokenizer in an earlier run here ({record['at']}): "
-        f"{record['reason']}"
-    )
-    if requested == "fastokens":
-        raise ConfigError(f"tokenizer.backend fastokens: {why}; use auto or tokenizers")
-    return Choice("tokenizers", reference_version(), why)
 
 
 def choose_backend(

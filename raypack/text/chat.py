@@ -44,7 +44,6 @@ from typing import Any
 
 import numpy as np
 
-from raypack.config import StorageConfig, TokenizerConfig
 from raypack.errors import ConfigError
 
 __all__ = [
@@ -57,7 +56,6 @@ __all__ = [
     "RenderError",
     "chat_rows",
     "check_template",
-    "load_template",
     "one_render_spans",
     "pair_spans",
     "special_tokens",
@@ -94,66 +92,6 @@ class RenderError(ValueError):
 class NotPrefixStable(RenderError):
     """The template renders a prefix of the conversation as something other than a prefix of the
     whole: the assistant turns cannot be found without markers."""
-
-
-def load_template(
-    cfg: TokenizerConfig, configs: dict[str, dict[str, Any]], storage: StorageConfig | None
-) -> tuple[str, str]:
-    """(template text, where it came from): tokenizer.chat_template, else the model directory's
-    chat_template.jinja, else its tokenizer_config.json `chat_template` (a string, or a list of named
-    templates: "default"). ConfigError when there is none."""
-    from raypack.storage import join, read_bytes, resolve
-
-    def read(path: str) -> str:
-        try:
-            return read_bytes(path, storage).decode("utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"tokenizer.chat_template: file not found: {path}") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"cannot read chat template {path}: {str(e).splitlines()[0]}") from None
-
-    if cfg.chat_template:
-        return read(cfg.chat_template), cfg.chat_template
-    import pyarrow.fs as pafs
-
-    fs, inner = resolve(cfg.path, storage)
-    if fs.get_file_info(inner).type == pafs.FileType.Directory:
-        jinja = join(cfg.path, CHAT_FILE)
-        if fs.get_file_info(resolve(jinja, storage)[1]).type == pafs.FileType.File:
-            return read(jinja), jinja
-    value = configs.get("tokenizer_config.json", {}).get("chat_template")
-    if isinstance(value, list):
-        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
-        value = named.get("default")
-    if isinstance(value, str) and value:
-        return value, join(cfg.path, "tokenizer_config.json")
-    hint = ""
-    if fs.get_file_info(inner).type == pafs.FileType.File:
-        # A tokenizer.json given alone is read alone (as transformers' tokenizer_file= reads it): say
-        # so when its directory holds a template, rather than leave the user to guess why none is seen.
-        folder = cfg.path.rstrip("/").rsplit("/", 1)[0] if "/" in cfg.path.rstrip("/") else "."
-        beside = [n for n in (CHAT_FILE, "tokenizer_config.json") if _is_file(join(folder, n), storage)]
-        if beside:
-            hint = (
-                f"; {folder} beside it has {' and '.join(beside)}: set tokenizer.path to that directory to "
-                "use its template (and its special tokens)"
-            )
-    raise ConfigError(
-        f"input.messages_field needs a chat template, and tokenizer {cfg.path} has none ({CHAT_FILE} or "
-        f"tokenizer_config.json chat_template){hint or ': set tokenizer.chat_template to a template file'}"
-    )
-
-
-def _is_file(path: str, storage: StorageConfig | None) -> bool:
-    import pyarrow.fs as pafs
-
-    from raypack.storage import resolve
-
-    try:
-        fs, inner = resolve(path, storage)
-        return bool(fs.get_file_info(inner).type == pafs.FileType.File)
-    except OSError:
-        return False
 
 
 def special_tokens(configs: dict[str, dict[str, Any]]) -> dict[str, str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from datetime import datetime
 
 import numpy as np
 
@@ -23,9 +22,7 @@ from raypack.text.backends import Encoder, Mismatch, TokenizersEncoder
 from raypack.text.chat import (
     ChatTemplate,
     RenderError,
-    load_template,
     pair_spans,
-    template_variables,
     token_masks,
 )
 from raypack.text.cuts import cut_text
@@ -37,7 +34,6 @@ __all__ = [
     "CHECK_SHARE",
     "PIECE_CHARS",
     "Checker",
-    "chat_template",
     "encode_chat",
     "encode_documents",
     "encode_flat",
@@ -141,26 +137,6 @@ def untrained(ids: np.ndarray) -> np.ndarray:
     sort and copy; a truncated item loses its mask with its tokens). Only the write stage
     (raypack.pipeline.write.materialize) turns it back into ids and a loss_mask column."""
     return -ids.astype(np.int32) - 1
-
-
-def chat_template(cfg: JobConfig, tok: LoadedTokenizer) -> ChatTemplate | None:
-    """The job's compiled chat template (conversations only; None otherwise), with the special tokens
-    the tokenizer names (chat.template_variables) and tokenizer.chat_date as the date it prints."""
-    if cfg.input.chat != "messages":
-        return None
-    source, origin = load_template(cfg.tokenizer, tok.configs, cfg.storage)
-
-    def text(token_id: int | None) -> str | None:
-        return tok.token(token_id) if token_id is not None else None
-
-    variables = template_variables(
-        tok.configs,
-        {"bos_token": text(tok.bos_id), "eos_token": text(tok.eos_id)},
-        {"bos_token": text(cfg.tokenizer.bos_id), "eos_token": text(cfg.tokenizer.eos_id)},
-    )
-    date = cfg.tokenizer.chat_date
-    now = datetime.fromisoformat(date) if date else None
-    return ChatTemplate(source, origin, variables, now, spans=cfg.tokenizer.chat_spans)
 
 
 def encode_chat(

@@ -17,15 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenizers import Tokenizer
 
-from raypack.config import StorageConfig, TokenizerConfig
+from raypack.config import TokenizerConfig
 from raypack.errors import ConfigError
-from raypack.storage import join, read_bytes, resolve
+from raypack.paths import join
 from raypack.text.cuts import CutRule, choose
 from raypack.text.offsets import ByteOffsets, PieceOffsets, offsets_of
 
@@ -36,7 +35,6 @@ __all__ = [
     "TOKENIZER_FILE",
     "LoadedTokenizer",
     "load_tokenizer",
-    "tokenizer_files",
     "tokenizer_sha256",
 ]
 
@@ -44,6 +42,7 @@ BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
 EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
 PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>")
 TOKENIZER_FILE = "tokenizer.json"
+# The model directory's files read beside it (each optional).
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -152,28 +151,19 @@ class LoadedTokenizer:
         return 0, "0 (the tokenizer names no pad or EOS token)"
 
 
-def tokenizer_files(cfg: TokenizerConfig, storage: StorageConfig | None = None) -> dict[str, bytes]:
-    """The tokenizer's files, read (load_tokenizer's first step, apart for a job to fail fast on a
-    missing one and parse it beside Ray's start); ConfigError when there are none."""
-    return _read_files(cfg.path, storage)
-
-
 def load_tokenizer(
     cfg: TokenizerConfig,
-    storage: StorageConfig | None = None,
-    files: dict[str, bytes] | None = None,
+    files: dict[str, bytes],
     *,
     framed: bool = True,
     lazy: bool = False,
 ) -> LoadedTokenizer:
-    """Load and check the tokenizer (`files`: tokenizer_files' when already read); ConfigError naming
+    """Load and check the tokenizer from its files (raypack.text.files.tokenizer_files); ConfigError naming
     the problem (missing file, not a tokenizer JSON, no EOS token when add_eos is on...). `framed`:
     add_bos / add_eos frame the documents (JobConfig.framed; not for conversations, which their
     template frames): only then is a missing BOS or EOS an error. `lazy`: the ids (BOS, EOS, the
     largest, the vocabulary's size) read from the JSON (JsonVocab), and tokenizers' parse left
     until .tokenizer is first asked for; a file that tokenizers refuses is then found there."""
-    if files is None:
-        files = _read_files(cfg.path, storage)
     raw = files[TOKENIZER_FILE]
     where = cfg.path if len(files) == 1 else join(cfg.path, TOKENIZER_FILE)
     memo: dict[str, Any] = {}
@@ -363,36 +353,11 @@ class JsonVocab:
 
 
 def tokenizer_sha256(files: dict[str, bytes]) -> str:
-    """LoadedTokenizer.sha256 of these files (tokenizer_files')."""
+    """LoadedTokenizer.sha256 of these files (raypack.text.files.tokenizer_files')."""
     digest = hashlib.sha256()
     for name in sorted(files):  # one file: its own hash, as before model directories were read
         digest.update(files[name] if len(files) == 1 else name.encode() + b"\0" + files[name])
     return digest.hexdigest()
-
-
-def _read_files(path: str, storage: StorageConfig | None) -> dict[str, bytes]:
-    """{TOKENIZER_FILE: bytes} for a file; for a directory also the CONFIG_FILES it has."""
-    import pyarrow.fs as pafs
-
-    try:
-        fs, inner = resolve(path, storage)
-        kind = fs.get_file_info(inner).type
-        if kind == pafs.FileType.NotFound:
-            raise ConfigError(f"tokenizer file not found: {path}")
-        if kind != pafs.FileType.Directory:
-            return {TOKENIZER_FILE: read_bytes(path, storage)}
-        try:
-            files = {TOKENIZER_FILE: read_bytes(join(path, TOKENIZER_FILE), storage)}
-        except FileNotFoundError:
-            raise ConfigError(f"tokenizer directory {path} has no {TOKENIZER_FILE}") from None
-        for name in CONFIG_FILES:
-            with suppress(FileNotFoundError):  # each is optional
-                files[name] = read_bytes(join(path, name), storage)
-        return files
-    except FileNotFoundError:
-        raise ConfigError(f"tokenizer file not found: {path}") from None
-    except OSError as e:
-        raise ConfigError(f"cannot read tokenizer {path}: {str(e).splitlines()[0]}") from None
 
 
 def _json(path: str, name: str, data: bytes) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from raypack.pipeline.job import run_job
 from raypack.pipeline.tokenize import stage as tokenize_stage
 from raypack.text import backends
 from raypack.text.backends import FastokensEncoder, TokenizersEncoder, choose_backend, first_difference
-from raypack.text.tokenizer import load_tokenizer
+from raypack.text.files import read_tokenizer
 from raypack.verifier import verify
 from tests.conftest import WORDS, job_config, make_corpus, write_jsonl
 from tests.fakes import Differs, OneIdOff, Unchecked
@@ -119,7 +119,7 @@ def fast_tokenizers(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Pa
 
 
 def _encoders(path: Path) -> tuple[Any, TokenizersEncoder, FastokensEncoder]:
-    tok = load_tokenizer(TokenizerConfig(path=str(path)))
+    tok = read_tokenizer(TokenizerConfig(path=str(path)))
     return tok, TokenizersEncoder(tok.tokenizer), FastokensEncoder(tok.json)
 
 
@@ -180,7 +180,7 @@ def test_a_tokenizer_fastokens_refuses_runs_on_tokenizers_and_says_so(
     ]()
     path = tmp_path / f"{kind}.json"
     tok.save(str(path))
-    loaded = load_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
+    loaded = read_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
     choice = choose_backend("auto", loaded, lambda: _texts(5))
     assert choice.backend == "tokenizers" and "fastokens 0.3" in choice.reason and "refuses" in choice.reason
     with pytest.raises(
@@ -197,7 +197,7 @@ def test_chat_with_a_byte_level_bpe_whose_normalizer_rewrites_text_says_which_st
     a byte-level BPE, and could not tell why)."""
     path = tmp_path / "strip.json"
     _stripping(tokenizer_path).save(str(path))
-    loaded = load_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
+    loaded = read_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
     assert loaded.offsets() is None
     choice = choose_backend("auto", loaded, list, chat=True)
     assert choice.backend == "tokenizers" and "this one's normalizer has Strip)" in choice.reason
@@ -214,7 +214,7 @@ def test_a_refusal_on_a_ray_worker_gives_fastokens_reason_not_rays_header(
 
     path = tmp_path / "strip.json"
     _stripping(tokenizer_path).save(str(path))
-    loaded = load_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
+    loaded = read_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
     try:
         FastokensEncoder(loaded.json)
     except backends.FastRefused as refused:
@@ -365,7 +365,7 @@ def test_a_metaspace_text_that_starts_with_a_space_needs_no_second_copy(mistral_
 def test_a_backend_made_to_differ_is_caught_by_the_self_check(
     tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tok = load_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
+    tok = read_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
     real = backends.FastokensEncoder
     monkeypatch.setattr(backends, "FastokensEncoder", lambda j: OneIdOff(real(j), "日本語"))  # a probe
     choice = choose_backend("auto", tok, list)
@@ -604,7 +604,7 @@ def test_a_fast_encoder_that_raises_or_panics_on_a_text_is_not_used_and_crashes_
     the run such an encoder's failure is a difference (the unit fails over); Ctrl-C still passes."""
     from raypack.text.backends import Guarded, Mismatch
 
-    tok = load_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
+    tok = read_tokenizer(TokenizerConfig(path=str(tokenizer_path)))
     for error, how in (
         (ValueError("cannot encode this"), "raised"),
         (PanicException("index out of bounds"), "panicked"),

@@ -18,7 +18,8 @@ import raypack
 from raypack.config import TokenizerConfig
 from raypack.text import encode
 from raypack.text.cuts import CutRule, cut_text
-from raypack.text.tokenizer import LoadedTokenizer, load_tokenizer
+from raypack.text.files import read_tokenizer
+from raypack.text.tokenizer import LoadedTokenizer
 from tests.conftest import job_config, packed_documents, write_jsonl
 
 
@@ -51,7 +52,7 @@ def whole(tok: LoadedTokenizer, text: str) -> list[int]:
 
 def loaded(path: Path) -> tuple[LoadedTokenizer, TokenizerConfig]:
     cfg = TokenizerConfig(path=str(path))
-    return load_tokenizer(cfg), cfg
+    return read_tokenizer(cfg), cfg
 
 
 @pytest.mark.parametrize("shape", ["mistral_v1", "mistral_v1_metaspace"])
@@ -94,7 +95,7 @@ def test_a_tokenizer_that_merges_across_spaces_encodes_long_texts_whole(tmp_path
     tok.save(str(path))
     assert any(" " in t.strip() for t in tok.get_vocab())  # tokens across spaces
     cfg = TokenizerConfig(path=str(path), add_eos=False)
-    loaded_tok = load_tokenizer(cfg)
+    loaded_tok = read_tokenizer(cfg)
     rule, why = loaded_tok.cut_rule()
     assert rule is None and "encoded whole" in why
     text = sentence * 200

@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 
 from raypack.cli import main
 from raypack.config import ConfigError, InputConfig, load_config
+from raypack.corpus import cut
 from raypack.corpus.readers import read_unit
-from raypack.corpus.units import WorkUnit, entry_files
-from raypack.pipeline import read
+from raypack.corpus.units import WorkUnit
+from raypack.dataset.manifest import entry_files
 from raypack.pipeline.job import run_job
 from raypack.storage import Shard, expand_inputs
 from raypack.verifier import verify
@@ -48,13 +49,13 @@ def _shard(i: int, name: str, size: int, source: str = "") -> Shard:
 def test_small_files_join_runs_that_end_at_a_source_a_large_file_the_size_or_the_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(read, "MAX_RUN_FILES", 3)
-    monkeypatch.setattr(read, "run_end", lambda shard, group_bytes: False)  # the bounds alone
+    monkeypatch.setattr(cut, "MAX_RUN_FILES", 3)
+    monkeypatch.setattr(cut, "run_end", lambda shard, group_bytes: False)  # the bounds alone
     reading = InputConfig(paths=("unused",)).reading()
     sizes = [("a/1", 40, "a"), ("a/2", 40, "a"), ("a/3", 40, "a"), ("a/big", 100, "a"), ("a/4", 10, "a")]
     sizes += [("b/1", 10, "b"), ("b/2", 10, "b"), ("b/3", 10, "b"), ("b/4", 10, "b"), ("b/5", 99, "b")]
     files = [WorkUnit(_shard(i, n, s, src), reading) for i, (n, s, src) in enumerate(sizes)]
-    units = read.group_runs(files, group_bytes=100)
+    units = cut.group_runs(files, group_bytes=100)
     assert [u.relpaths for u in units] == [
         ["a/1", "a/2"],  # a/3 would take the run past 100 bytes
         ["a/3"],  # alone, as a one-file unit (no `more`)
@@ -68,8 +69,8 @@ def test_small_files_join_runs_that_end_at_a_source_a_large_file_the_size_or_the
     assert all(s.index == u.index for u in units for s in u.files)
     assert units[1].more == () and units[0].label == "a/1 and 1 more file"
     assert units[4].size == 30 and units[4].label == "b/1 and 2 more files"
-    assert read.group_runs(files, group_bytes=100) == units  # the same listing, the same runs
-    assert [u.relpaths for u in read.group_runs(files, group_bytes=0)] == [[n] for n, _, _ in sizes]
+    assert cut.group_runs(files, group_bytes=100) == units  # the same listing, the same runs
+    assert [u.relpaths for u in cut.group_runs(files, group_bytes=0)] == [[n] for n, _, _ in sizes]
 
 
 @settings(max_examples=100, deadline=None)
@@ -87,7 +88,7 @@ def test_small_files_join_runs_that_end_at_a_source_a_large_file_the_size_or_the
 def test_one_file_added_removed_or_resized_moves_only_the_runs_around_it(
     sizes: list[int], at: int, change: str, new_size: int
 ) -> None:
-    """Runs end where their files say (read.run_end), not at a count of bytes from the corpus's
+    """Runs end where their files say (cut.run_end), not at a count of bytes from the corpus's
     start: after one file is added, removed or resized, the runs before the one that holds the file
     before it are the same, and so is every run after the first file at or after it whose hash ends
     a run; a token store or a rebuild re-tokenizes the few between."""
@@ -105,7 +106,7 @@ def test_one_file_added_removed_or_resized_moves_only_the_runs_around_it(
 
     def runs(files: list[tuple[str, int]]) -> list[tuple[tuple[str, int], ...]]:
         units = [WorkUnit(_shard(k, n, size), reading) for k, (n, size) in enumerate(files)]
-        return [tuple((s.relpath, s.size) for s in u.files) for u in read.group_runs(units, group)]
+        return [tuple((s.relpath, s.size) for s in u.files) for u in cut.group_runs(units, group)]
 
     old, new = runs(before), runs(after)
     assert [f for r in new for f in r] == after  # every file once, in order
@@ -115,7 +116,7 @@ def test_one_file_added_removed_or_resized_moves_only_the_runs_around_it(
     lo = before[max(0, i - 1)]
     first = next(k for k, r in enumerate(old) if lo in r)
     assert old[:first] == new[:first]
-    ends = [f for f in after[i + 1 :] if read.run_end(_shard(0, *f), group)]
+    ends = [f for f in after[i + 1 :] if cut.run_end(_shard(0, *f), group)]
     if ends:
         tail_old = old[next(k for k, r in enumerate(old) if ends[0] in r) + 1 :]
         tail_new = new[next(k for k, r in enumerate(new) if ends[0] in r) + 1 :]
@@ -154,7 +155,7 @@ def test_a_run_reads_as_its_files_one_after_another(tmp_path: Path) -> None:
     _files_with_rejects(tmp_path / "c", 30, seed=1)
     reading = InputConfig(paths=("unused",)).reading()
     files = [WorkUnit(s, reading) for s in expand_inputs((str(tmp_path / "c" / "*"),))]
-    (run,) = read.group_runs(files, group_bytes=1 << 20)
+    (run,) = cut.group_runs(files, group_bytes=1 << 20)
     assert len(run.files) == 30
 
     alone_docs, alone_rejects = [], []

@@ -270,8 +270,8 @@ def test_the_driver_leaves_the_tokenizers_parse_to_the_workers_whose_load_checks
     check. A file tokenizers refuses fails with the one line the driver's parse gave, before the
     output is cleared: `--overwrite` leaves the dataset in place."""
     from raypack.config import TokenizerConfig
-    from raypack.text import tokenizer as tokenizer_module
     from raypack.text.backends import probes
+    from raypack.text.files import read_tokenizer
     from tests.conftest import packed_documents
 
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=15, seed=8)
@@ -282,7 +282,7 @@ def test_the_driver_leaves_the_tokenizers_parse_to_the_workers_whose_load_checks
     )
     backend = json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer"]["backend"]
     # The probes of the driver's parse, every added token's among them, from the JSON's read.
-    eager = probes(tokenizer_module.load_tokenizer(TokenizerConfig(path=str(tokenizer_path))).added_tokens())
+    eager = probes(read_tokenizer(TokenizerConfig(path=str(tokenizer_path))).added_tokens())
     assert backend["chosen"].startswith("fastokens") and backend["self_check"]["probes"] == len(eager)
     before = {p.name: p.read_bytes() for p in (tmp_path / "out" / "data").iterdir()}
 

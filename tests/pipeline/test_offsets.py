@@ -18,8 +18,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from raypack.config import TokenizerConfig
 from raypack.text.backends import choose_backend
+from raypack.text.files import read_tokenizer
 from raypack.text.offsets import ByteOffsets, PieceOffsets, offsets_of, reference_coder
-from raypack.text.tokenizer import load_tokenizer
 
 # Characters of 1 to 4 UTF-8 bytes, and the spaces trim_offsets takes out of a token.
 PIECES = ["é", "日本", "a", "b", " ", "  ", "x", "🙂", "\n", "ß", "\t"]
@@ -72,7 +72,7 @@ def test_the_self_check_accepts_fastokens_for_chat_on_text_with_trimmed_spaces(t
     pytest.importorskip("fastokens")
     path = tmp_path / "tokenizer.json"
     TOKENIZERS[True].save(str(path))
-    tok = load_tokenizer(TokenizerConfig(path=str(path)), framed=False)
+    tok = read_tokenizer(TokenizerConfig(path=str(path)), framed=False)
     sample = ["é ", "Un café au lait, s'il vous plaît ", "日本語 🙂 ", "ß ", "é\n \t "]
     choice = choose_backend("auto", tok, lambda: sample, chat=True)
     assert choice.backend == "fastokens", choice.reason

@@ -10,7 +10,7 @@ import pytest
 
 from raypack.cli import main
 from raypack.dataset import previous
-from raypack.pipeline.prepare import OUTPUT_PARTS
+from raypack.dataset.output import OUTPUT_PARTS
 from raypack.verifier import verify
 from tests.conftest import job_config, make_corpus, write_jsonl
 

@@ -16,12 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.config import InputConfig
+from raypack.corpus import cut
+from raypack.corpus.cut import COMPRESSED_SUFFIXES
 from raypack.corpus.readers import jsonl as read_module
 from raypack.corpus.readers import read_unit, records
 from raypack.corpus.units import WorkUnit
 from raypack.errors import ConfigError
-from raypack.pipeline import read
-from raypack.pipeline.read import COMPRESSED_SUFFIXES
 from raypack.storage import Shard, expand_inputs, glob_match
 from tests.conftest import write_jsonl, write_parquet
 
@@ -32,8 +32,8 @@ def read_shard(shard: Shard, cfg: InputConfig, batch: int) -> Any:
 
 
 def work_units(shards: list[Shard], cfg: InputConfig) -> list[Shard]:
-    """read.work_units over whole files read as cfg says; the units' Shards."""
-    units = read.work_units([WorkUnit(s, cfg.reading()) for s in shards], cfg.unit_bytes)
+    """cut.work_units over whole files read as cfg says; the units' Shards."""
+    units = cut.work_units([WorkUnit(s, cfg.reading()) for s in shards], cfg.unit_bytes)
     return [u.shard for u in units]
 
 
@@ -286,10 +286,10 @@ def test_an_output_inside_an_input_glob_is_refused(tmp_path: Path) -> None:
 def test_flat_encoding_equals_per_document_encoding(tokenizer_path: Path, bos: bool, eos: bool) -> None:
     from raypack.config import TokenizerConfig
     from raypack.text.encode import encode_documents, encode_flat
-    from raypack.text.tokenizer import load_tokenizer
+    from raypack.text.files import read_tokenizer
 
     cfg = TokenizerConfig(path=str(tokenizer_path), add_bos=bos, add_eos=eos, bos_id=1 if bos else None)
-    tok = load_tokenizer(cfg)
+    tok = read_tokenizer(cfg)
     texts = ["best fit packing", "a", "ray data shard " * 50, "plan"]
     flat, lengths = encode_flat(tok, cfg, texts)
     docs = encode_documents(tok, cfg, texts)
@@ -434,12 +434,12 @@ def test_long_texts_are_cut_before_a_space_and_tokenize_the_same(tokenizer_path:
     from raypack.config import TokenizerConfig
     from raypack.text import encode as tokenize
     from raypack.text.cuts import cut_text
-    from raypack.text.tokenizer import load_tokenizer
+    from raypack.text.files import read_tokenizer
 
     words = ["alpha", "beta,", "gamma.", "delta\n", "  eps", "(zeta)", "eta"]
     text = " ".join(words[i % len(words)] + str(i % 13) for i in range(20000))
     cfg = TokenizerConfig(path=str(tokenizer_path))
-    tok = load_tokenizer(cfg)
+    tok = read_tokenizer(cfg)
     rule, _ = tok.cut_rule()
     assert rule is not None and rule.name == "before"
     pieces, made, refused = cut_text(text, 1000, rule, tok.encode_ids)
@@ -468,7 +468,7 @@ def test_the_fast_encoding_gives_encode_batch_ids(tokenizer_path: Path, tmp_path
 
     from raypack.config import TokenizerConfig
     from raypack.text.encode import encode_flat
-    from raypack.text.tokenizer import load_tokenizer
+    from raypack.text.files import read_tokenizer
 
     texts = [
         "Déjà vu: naïve café, Œuvre; straße",
@@ -485,7 +485,7 @@ def test_the_fast_encoding_gives_encode_batch_ids(tokenizer_path: Path, tmp_path
     wordpiece.save(str(tmp_path / "wordpiece.json"))
     for path in (tokenizer_path, tmp_path / "wordpiece.json"):
         cfg = TokenizerConfig(path=str(path), add_eos=False)
-        tok = load_tokenizer(cfg)
+        tok = read_tokenizer(cfg)
         flat, lengths = encode_flat(tok, cfg, texts)
         slow = [e.ids for e in tok.tokenizer.encode_batch(texts, add_special_tokens=False)]
         assert lengths.tolist() == [len(ids) for ids in slow]

@@ -232,7 +232,7 @@ def test_a_tokenizer_library_upgrade_retokenizes_and_leftovers_are_swept(
     version are swept by the next rebuild, which holds the lease."""
     import raypack.pipeline.tokenize.token_files as tokenize_module
     from raypack.pipeline.tokenize.token_files import token_settings, tokenizer_library
-    from raypack.text.tokenizer import load_tokenizer
+    from raypack.text.files import read_tokenizer
 
     assert tokenizer_library().startswith("tokenizers ")
     corpus = make_corpus(tmp_path, shards=3, docs_per_shard=10, seed=23)
@@ -244,7 +244,7 @@ def test_a_tokenizer_library_upgrade_retokenizes_and_leftovers_are_swept(
         path.write_text("left by a killed run")
     monkeypatch.setattr(tokenize_module, "tokenizer_library", lambda: "tokenizers 99.0.0")
     assert (
-        token_settings(cfg, load_tokenizer(cfg.tokenizer), cfg.input.reading())["library"]
+        token_settings(cfg, read_tokenizer(cfg.tokenizer), cfg.input.reading())["library"]
         == "tokenizers 99.0.0"
     )
     second = run_rebuild(cfg, **quiet)

@@ -292,7 +292,7 @@ def test_each_source_is_read_with_its_own_format_fields_and_ids(tmp_path: Path, 
     from raypack.pipeline.tokenize import token_files as tokenize_module
     from raypack.pipeline.tokenize.token_files import token_key, token_settings
     from raypack.storage import Shard
-    from raypack.text.tokenizer import load_tokenizer
+    from raypack.text.files import read_tokenizer
 
     rng = random.Random(31)
     texts = {
@@ -349,7 +349,7 @@ def test_each_source_is_read_with_its_own_format_fields_and_ids(tmp_path: Path, 
     assert verify(str(tmp_path / "out"), cfg, sample=30).ok
 
     # The cache key holds the readers' version: a fix to a reader re-reads every file.
-    loaded = load_tokenizer(cfg.tokenizer)
+    loaded = read_tokenizer(cfg.tokenizer)
     unit = WorkUnit(
         Shard(index=0, path="x", relpath="code/b.parquet", size=1, mtime_ns=1), cfg.input.reading("code")
     )

@@ -146,7 +146,7 @@ def test_a_repack_whose_every_unit_is_stored_loads_no_tokenizer_in_its_workers(
     backend = pack("repack", "pack.seq_len=256", "pack.algorithm=spfhp")
     assert units(tmp_path / "repack") == {"reused": 3, "tokenized": 0}
     assert asked == ["warm_worker"] and backend["chosen"].startswith("fastokens")
-    assert parsed == []  # nor on the driver: its ids came from the JSON (load_tokenizer(lazy=True))
+    assert parsed == []  # nor on the driver: its ids came from the JSON (read_tokenizer(lazy=True))
 
     # A store of tokenizers' keys serves an auto job as tokenizers (the reference: the same ids).
     pack("reference", "tokenizer.backend=tokenizers", f"cache.path={tmp_path / 'store2'}")

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from raypack.config import TokenizerConfig, load_config
 from raypack.errors import ConfigError
-from raypack.text.tokenizer import load_tokenizer
+from raypack.text.files import read_tokenizer
 from tests import s3server
 from tests.conftest import WORDS, job_config, make_corpus
 
@@ -51,12 +51,12 @@ def deepseek_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_a_model_directory_states_its_specials_in_tokenizer_config(deepseek_like: Path) -> None:
-    tok = load_tokenizer(TokenizerConfig(path=str(deepseek_like), add_bos=True))
+    tok = read_tokenizer(TokenizerConfig(path=str(deepseek_like), add_bos=True))
     assert (tok.bos_id, tok.eos_id) == (1, 2)
     assert (tok.bos_source, tok.eos_source) == ("tokenizer_config.json", "tokenizer_config.json")
     # The file alone states nothing known: the error of today, saying where it looked.
     with pytest.raises(ConfigError, match=r"has no EOS token \(none in its post-processor template, none of"):
-        load_tokenizer(TokenizerConfig(path=str(deepseek_like / "tokenizer.json")))
+        read_tokenizer(TokenizerConfig(path=str(deepseek_like / "tokenizer.json")))
 
 
 def test_special_tokens_map_and_explicit_ids(tmp_path: Path, deepseek_like: Path) -> None:
@@ -64,12 +64,12 @@ def test_special_tokens_map_and_explicit_ids(tmp_path: Path, deepseek_like: Path
     model.mkdir()
     (model / "tokenizer.json").write_bytes((deepseek_like / "tokenizer.json").read_bytes())
     (model / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": EOS}}))
-    tok = load_tokenizer(TokenizerConfig(path=str(model)))
+    tok = read_tokenizer(TokenizerConfig(path=str(model)))
     assert (tok.eos_id, tok.eos_source, tok.bos_id) == (2, "special_tokens_map.json", None)
     # tokenizer_config.json comes first; an explicit id before both.
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": BOS}))
-    assert load_tokenizer(TokenizerConfig(path=str(model))).eos_id == 1
-    explicit = load_tokenizer(TokenizerConfig(path=str(model), eos_id=0))
+    assert read_tokenizer(TokenizerConfig(path=str(model))).eos_id == 1
+    explicit = read_tokenizer(TokenizerConfig(path=str(model), eos_id=0))
     assert (explicit.eos_id, explicit.eos_source) == (0, "tokenizer.eos_id")
 
 
@@ -84,7 +84,7 @@ def test_the_post_processor_template_gives_bos_and_eos(tmp_path: Path, wrapped: 
         processors.Sequence([processors.ByteLevel(trim_offsets=False), template]) if wrapped else template
     )
     tok.save(str(tmp_path / "tok.json"))
-    loaded = load_tokenizer(TokenizerConfig(path=str(tmp_path / "tok.json"), add_bos=True))
+    loaded = read_tokenizer(TokenizerConfig(path=str(tmp_path / "tok.json"), add_bos=True))
     assert (loaded.bos_id, loaded.eos_id) == (1, 2)
     assert loaded.eos_source == "post-processor template"
 
@@ -93,9 +93,9 @@ def test_mistakes_in_a_model_directory_are_clear(tmp_path: Path, deepseek_like: 
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ConfigError, match=r"tokenizer directory .*empty has no tokenizer\.json"):
-        load_tokenizer(TokenizerConfig(path=str(empty)))
+        read_tokenizer(TokenizerConfig(path=str(empty)))
     with pytest.raises(ConfigError, match=r"tokenizer file not found: .*nowhere"):
-        load_tokenizer(TokenizerConfig(path=str(tmp_path / "nowhere")))
+        read_tokenizer(TokenizerConfig(path=str(tmp_path / "nowhere")))
     model = tmp_path / "model"
     model.mkdir()
     (model / "tokenizer.json").write_bytes((deepseek_like / "tokenizer.json").read_bytes())
@@ -103,15 +103,15 @@ def test_mistakes_in_a_model_directory_are_clear(tmp_path: Path, deepseek_like: 
     with pytest.raises(
         ConfigError, match=r"names eos_token '<\|im_end\|>', which the tokenizer does not have"
     ):
-        load_tokenizer(TokenizerConfig(path=str(model)))
+        read_tokenizer(TokenizerConfig(path=str(model)))
     (model / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"tokenizer_config\.json is not valid JSON"):
-        load_tokenizer(TokenizerConfig(path=str(model)))
+        read_tokenizer(TokenizerConfig(path=str(model)))
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
     with pytest.raises(
         ConfigError, match=r"no eos_token in tokenizer_config\.json or special_tokens_map\.json"
     ):
-        load_tokenizer(TokenizerConfig(path=str(model)))
+        read_tokenizer(TokenizerConfig(path=str(model)))
 
 
 def test_the_cache_key_covers_the_config_files(tmp_path: Path, deepseek_like: Path) -> None:
@@ -120,11 +120,11 @@ def test_the_cache_key_covers_the_config_files(tmp_path: Path, deepseek_like: Pa
     model.mkdir()
     (model / "tokenizer.json").write_bytes((deepseek_like / "tokenizer.json").read_bytes())
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS}))
-    first = load_tokenizer(TokenizerConfig(path=str(model)))
+    first = read_tokenizer(TokenizerConfig(path=str(model)))
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": BOS}))
-    second = load_tokenizer(TokenizerConfig(path=str(model)))
+    second = read_tokenizer(TokenizerConfig(path=str(model)))
     assert first.sha256 != second.sha256 and (first.eos_id, second.eos_id) == (2, 1)
-    alone = load_tokenizer(TokenizerConfig(path=str(model / "tokenizer.json"), eos_id=2))
+    alone = read_tokenizer(TokenizerConfig(path=str(model / "tokenizer.json"), eos_id=2))
     assert alone.sha256 not in (first.sha256, second.sha256)
 
 
@@ -140,11 +140,11 @@ def test_a_job_on_an_s3_model_directory(
     pafs.copy_files(str(deepseek_like), f"{s3server.BUCKET}/models/ds", destination_filesystem=fs)
     remote = f"s3://{s3server.BUCKET}/models/ds"
     storage = {"endpoint": s3.endpoint}
-    tok = load_tokenizer(
+    tok = read_tokenizer(
         TokenizerConfig(path=remote), load_config(str(_cfg(tmp_path, remote, storage))).storage
     )
     assert (tok.eos_id, tok.eos_source) == (2, "tokenizer_config.json")
-    assert tok.sha256 == load_tokenizer(TokenizerConfig(path=str(deepseek_like))).sha256
+    assert tok.sha256 == read_tokenizer(TokenizerConfig(path=str(deepseek_like))).sha256
 
     cfg = load_config(str(_cfg(tmp_path, remote, storage)))
     run_job(cfg, log=lambda _: None)
@@ -182,7 +182,7 @@ def test_a_file_that_is_no_tokenizer_says_why(tmp_path: Path, content: str, said
     path = tmp_path / "tokenizer.json"
     path.write_text(content)
     with pytest.raises(ConfigError) as caught:
-        load_tokenizer(TokenizerConfig(path=str(path)))
+        read_tokenizer(TokenizerConfig(path=str(path)))
     assert f"{path} is not a tokenizers JSON file: " in str(caught.value)
     assert said in str(caught.value)
 
@@ -214,7 +214,7 @@ def _other_models(root: Path) -> dict[str, Path]:
 def test_the_ids_read_from_the_json_are_tokenizers_own(
     request: pytest.FixtureRequest, tmp_path: Path, name: str
 ) -> None:
-    """load_tokenizer(lazy=True) reads BOS, EOS, the pad, the vocabulary's size and largest id from
+    """read_tokenizer(lazy=True) reads BOS, EOS, the pad, the vocabulary's size and largest id from
     tokenizer.json without tokenizers' parse (a token store's job: 0.8 s for a 131k BPE): they are
     what the parse gives, and every token's id both ways is tokenizers' own. The parse comes when
     .tokenizer is first asked for, and encodes as an eager one does."""
@@ -225,7 +225,7 @@ def test_the_ids_read_from_the_json_are_tokenizers_own(
 
     def load(cfg: TokenizerConfig, lazy: bool) -> tuple[Any, Any]:
         try:
-            tok = load_tokenizer(cfg, lazy=lazy)
+            tok = read_tokenizer(cfg, lazy=lazy)
         except ConfigError as e:  # no BOS where one is asked for: the same words both ways
             return str(e), None
         return [getattr(tok, f) for f in facts], tok
@@ -271,8 +271,8 @@ def test_a_lazily_read_tokenizer_that_tokenizers_refuses_fails_when_parsed(tmp_p
     path.write_text(json.dumps(spec))
     cfg = TokenizerConfig(path=str(path))
     with pytest.raises(ConfigError) as eager:
-        load_tokenizer(cfg)
-    lazy = load_tokenizer(cfg, lazy=True)
+        read_tokenizer(cfg)
+    lazy = read_tokenizer(cfg, lazy=True)
     assert lazy.eos_id == 0 and not lazy.parsed
     with pytest.raises(ConfigError) as late:
         _ = lazy.tokenizer
@@ -346,7 +346,7 @@ def test_added_ids_that_tokenizers_would_not_give_leave_the_file_to_its_parse(tm
         path = tmp_path / f"{label}.json"
         path.write_text(json.dumps(edited(change)))
         cfg = TokenizerConfig(path=str(path), add_bos=False)
-        eager, lazy = load_tokenizer(cfg), load_tokenizer(cfg, lazy=True)
+        eager, lazy = read_tokenizer(cfg), read_tokenizer(cfg, lazy=True)
         assert lazy.parsed is parsed, label
         assert [getattr(lazy, f) for f in facts] == [getattr(eager, f) for f in facts], label
         assert lazy.pad(None) == eager.pad(None), label

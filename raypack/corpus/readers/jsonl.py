@@ -1,5 +1,5 @@
 """JSONL: one JSON object a line, plain or compressed (.gz inflated by ISA-L, .zst/.bz2/.lz4 by
-Arrow), a whole file or a byte range of a large uncompressed one (a work unit, read.work_units).
+Arrow), a whole file or a byte range of a large uncompressed one (a work unit, cut.work_units).
 
 Ids are `<relpath>:<line>` (lines from 1) unless the Reading names an id field. A line that is not a
 document is a Reject with its reason; a stream that breaks mid-way keeps what came before and is a

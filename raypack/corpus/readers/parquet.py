@@ -1,5 +1,5 @@
 """Parquet: a row a document, the text (or chat fields) and id from the Reading's columns; a whole
-file, or a run of its row groups (a work unit of a large file, read.work_units, cut here by
+file, or a run of its row groups (a work unit of a large file, cut.work_units, cut here by
 row_group_runs). Ids are `<relpath>:<row>` (rows from 0) unless the Reading names an id column.
 
 A file that is not Parquet, lacks a column or holds the text in a column that is not a string is

@@ -31,6 +31,7 @@ from raypack.config import JobConfig
 from raypack.corpus.readers import Chat, read_unit
 from raypack.corpus.units import WorkUnit
 from raypack.dataset import previous
+from raypack.dataset.failover import remember_failover, remembered_failover
 from raypack.errors import ConfigError, JobError
 from raypack.pipeline.place.histogram import Totals
 from raypack.pipeline.tokenize.pool import TokenizePool
@@ -45,11 +46,9 @@ from raypack.text.backends import (
     failed_over,
     fastokens_version,
     reference_version,
-    remember_failover,
-    remembered_failover,
 )
 from raypack.text.chat import ONE_RENDER_TURNS, PROBES, ChatTemplate, RenderError, check_template
-from raypack.text.encode import chat_template
+from raypack.text.files import chat_template
 from raypack.text.tokenizer import LoadedTokenizer
 
 __all__ = ["REJECT_EXAMPLES", "Tokenized", "check_rejects", "tokenize"]

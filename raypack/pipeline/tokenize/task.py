@@ -27,6 +27,7 @@ from raypack import schema
 from raypack.config import JobConfig
 from raypack.corpus.readers import Batch, Reject, read_unit
 from raypack.corpus.units import WorkUnit
+from raypack.dataset.layout import rejects_path
 from raypack.engine import node_id
 from raypack.paths import is_uri
 from raypack.pipeline.place.histogram import summarize_shard
@@ -36,13 +37,13 @@ from raypack.pipeline.tokenize.token_files import (
     cached_rejects_file,
     read_finished,
     reason_counts,
-    rejects_path,
     seal,
     staged_options,
 )
 from raypack.storage import atomic_output, open_output, read_bytes, whole_output, write_bytes
 from raypack.text.backends import Encoder, Guarded, Mismatch, TokenizersEncoder
-from raypack.text.encode import Checker, chat_template, encode_chat, encode_flat
+from raypack.text.encode import Checker, encode_chat, encode_flat
+from raypack.text.files import chat_template
 from raypack.text.offsets import Coder, reference_coder
 
 if TYPE_CHECKING:

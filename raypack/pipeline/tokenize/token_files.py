@@ -22,7 +22,7 @@ from raypack.corpus.readers import READ_VERSION
 from raypack.corpus.units import WorkUnit
 from raypack.errors import JobError
 from raypack.paths import is_uri
-from raypack.storage import exists, join, resolve
+from raypack.storage import exists, resolve
 from raypack.text.backends import Choice
 from raypack.text.chat import RENDER_VERSION, ChatTemplate
 from raypack.text.encode import PIECE_CHARS
@@ -38,7 +38,6 @@ __all__ = [
     "read_finished",
     "read_tokens",
     "reason_counts",
-    "rejects_path",
     "seal",
     "staged_options",
     "token_batches",
@@ -245,10 +244,6 @@ def _kind(reason: str) -> str:
         if c == ":" and depth <= 0:
             return reason[:i]
     return reason
-
-
-def rejects_path(output: str, shard: int) -> str:
-    return join(output, "rejects", f"shard-{shard:06d}.parquet")
 
 
 class Checksum:

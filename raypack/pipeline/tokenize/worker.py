@@ -33,7 +33,8 @@ from raypack.engine import Runner
 from raypack.errors import JobError
 from raypack.pipeline.place.histogram import summarize_shard_warm
 from raypack.text.backends import FastokensEncoder, TokenizersEncoder
-from raypack.text.tokenizer import TOKENIZER_FILE, LoadedTokenizer, load_tokenizer, tokenizer_files
+from raypack.text.files import tokenizer_files
+from raypack.text.tokenizer import TOKENIZER_FILE, LoadedTokenizer, load_tokenizer
 
 __all__ = [
     "JobContext",
@@ -110,7 +111,7 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
                 if ctx.fast
                 else None
             )
-            tok = load_tokenizer(cfg.tokenizer, cfg.storage, files, framed=cfg.framed)
+            tok = load_tokenizer(cfg.tokenizer, files, framed=cfg.framed)
             if tok.sha256 != ctx.tokenizer_sha256:
                 raise JobError(
                     f"the tokenizer at {cfg.tokenizer.path} changed while the job ran (sha256 "

@@ -1,0 +1,62 @@
+"""The manifest's views of what a dataset holds, as the job writes them and the tools around a
+dataset (verify, convert, report) read them: its data files (`files`), the format's own files of the
+whole dataset (`format`), and each work unit's input files (`inputs`). The rest of the manifest is
+the run's record (raypack.pipeline.record)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from raypack.config import StorageConfig
+from raypack.formats import Spec
+from raypack.storage import join, write_bytes
+
+__all__ = ["dataset_files", "entry_files", "format_entry", "manifest_files", "write_dataset_files"]
+
+
+_FILE_KEYS = ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256", "index")
+# Kept in the manifest too: what bridge's pack_metadata.json is made from (and verify remakes it).
+_FILE_STATS = ("max_items", "longest_item", "fewest_tokens", "trained")
+
+
+def manifest_files(files: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The manifest's `files`, from the write tasks' WRITTEN rows."""
+    return [
+        {k: f[k] for k in _FILE_KEYS}
+        | {k: int(f[k]) for k in _FILE_STATS if k in f}
+        | {"row_groups": [int(n) for n in f["row_groups"]], "companions": list(f["companions"])}
+        for f in files
+    ]
+
+
+def dataset_files(files: Sequence[dict[str, Any]], spec: Spec, out: str) -> dict[str, bytes]:
+    """The format's files of the whole dataset (Megatron's data-args list, Bridge's pack metadata), by
+    path: written before the manifest, which lists them."""
+    return spec.format.dataset_files(list(files), spec, out)
+
+
+def format_entry(files: Sequence[dict[str, Any]], spec: Spec, made: dict[str, bytes]) -> dict[str, Any]:
+    """The manifest's `format`: the Spec, the dataset files `made`, and the EOS tokens found inside
+    documents (where an EOS-bounded trainer cuts one)."""
+    listed = [{"path": p, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for p, d in made.items()]
+    return {**spec.to_dict(), "files": listed, "stray_eos": sum(int(f.get("stray_eos", 0)) for f in files)}
+
+
+def write_dataset_files(
+    files: Sequence[dict[str, Any]], spec: Spec, out: str, storage: StorageConfig | None
+) -> dict[str, Any]:
+    """The format's files of a whole dataset written (raypack convert), and the manifest's `format`."""
+    made = dataset_files(files, spec, out)
+    for path, data in made.items():
+        write_bytes(join(out, path), data, storage)
+    return format_entry(files, spec, made)
+
+
+def entry_files(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """The files (path, size, mtime_ns) of a manifest `inputs` entry, in the unit's order; a Ray
+    Dataset's unit as one of its name (`path` only: its documents' ids and mixture keys hold it)."""
+    if "dataset" in entry:
+        return [{"path": entry["dataset"]}]
+    return list(entry.get("files", [entry]))
