@@ -21,11 +21,13 @@ RETRIES = 4
 _PAUSE_S = (2.0, 6.0)
 
 
-# Variables every worker process of a job starts with, set in the workers' environment only (the
-# local pool's zygote; a Ray task's runtime_env), never in the process that runs the job. tokenizers'
-# and fastokens' thread pools would each take every core: N workers × N threads on N cores (two
-# processes on 2 cores encoded the demo corpus in 6.7-6.8 s each with tokenizers' default pool,
-# 5.6-5.7 s with one thread).
+# Variables the local pool's processes start with, set in their environment only (the zygote's),
+# never in the process that runs the job. tokenizers' and fastokens' thread pools would each take
+# every core: N workers × N threads on N cores (two processes on 2 cores encoded the demo corpus in
+# 6.7-6.8 s each with tokenizers' default pool, 5.6-5.7 s with one thread). Ray's workers are left
+# as Ray starts them: a task's runtime_env would have Ray start workers of their own for it (the
+# tokenize stage of a job on a local Ray took 3.5 s longer); fastokens takes one thread there by
+# itself (text.backends._one_thread).
 WORKER_ENV = {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}
 
 
@@ -63,12 +65,7 @@ def task_options() -> tuple[tuple[str, ...] | None, dict[str, Any]]:
     patterns = None
     if "ray.data" in sys.modules:
         patterns = _retried_io_errors()
-    options = {
-        "num_cpus": 1,
-        "max_retries": RETRIES,
-        "retry_exceptions": [TransientStorageError],
-        "runtime_env": {"env_vars": worker_env()},
-    }
+    options = {"num_cpus": 1, "max_retries": RETRIES, "retry_exceptions": [TransientStorageError]}
     return patterns, options
 
 
