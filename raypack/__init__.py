@@ -23,7 +23,8 @@ if _typing.TYPE_CHECKING:  # (names for the annotations only: the package's name
     from raypack.pipeline.record import RunRecord
     from raypack.verifier import VerifyReport
 
-__version__ = "0.1.0"
+from raypack.version import __version__
+
 __all__ = ["__version__", "load_config", "pack", "verify"]
 
 

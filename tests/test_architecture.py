@@ -108,3 +108,128 @@ def test_no_module_imports_another_modules_private_names() -> None:
 def test_the_job_is_an_executor() -> None:
     lines = (PACKAGE / "pipeline" / "job.py").read_text().count("\n")
     assert lines <= 300, f"pipeline/job.py has {lines} lines: stages belong in rooms of their own"
+
+
+# The rooms in the order data flows through them, lowest first: a module imports only from its own
+# room or from rooms below it (docs/architecture.md). A room is a package (raypack/text/, ...), a
+# stage folder of the pipeline, or a top-level module.
+LAYERS: list[set[str]] = [
+    {"errors", "paths", "schema", "progress", "version"},
+    {"packing"},
+    {"metrics", "config"},
+    {"mixture", "storage"},
+    {"text"},
+    {"corpus", "formats"},
+    {"dataset"},
+    {"engine", "report"},
+    {"pipeline.read"},
+    {"pipeline.tokenize"},
+    {"pipeline.place"},
+    {"pipeline.write"},
+    {"pipeline"},
+    {"verifier", "convert", "dryrun", "summary", "demo", "reader", "torch_data", "shared_groups"},
+    {"raypack", "cli"},
+]
+STAGES = ("read", "tokenize", "place", "write")
+
+
+def room(module: str) -> str:
+    parts = module.split(".")[1:]
+    if not parts:
+        return "raypack"
+    if parts[0] == "pipeline" and len(parts) > 1 and parts[1] in STAGES:
+        return f"pipeline.{parts[1]}"
+    return parts[0]
+
+
+def layer(module: str) -> int:
+    found = [k for k, rooms in enumerate(LAYERS) if room(module) in rooms]
+    assert found, f"{module} is in no room of LAYERS: give its room a place"
+    return found[0]
+
+
+def test_nothing_imports_upward() -> None:
+    upward = [
+        f"{a} ({room(a)}) imports {b} ({room(b)})"
+        for a, targets in graph().items()
+        for b in targets
+        if layer(b) > layer(a)
+    ]
+    assert upward == []
+
+
+def test_no_runner_is_named_outside_the_engine() -> None:
+    """What differs between runners is declared (Runner.shares_disk, inherits_preload, where) or a
+    method of the protocol: no module outside raypack/engine/ names a runner's class or asks which
+    one it has."""
+    import re
+
+    named = re.compile(r"\b(LocalRunner|RayRunner|LocalPool)\b|runner\.name\s*[=!]=")
+    found = [
+        f"{name}: {line.strip()}"
+        for name, path in modules().items()
+        if room(name) != "engine"
+        for line in path.read_text().splitlines()
+        if named.search(line)
+    ]
+    assert found == []
+
+
+def test_the_tools_around_a_dataset_read_through_dataset_not_the_pipeline() -> None:
+    """verify, convert, the report, the reader and the rooms below the pipeline import nothing of
+    raypack.pipeline: what a finished dataset is lives in raypack.dataset."""
+    edges = graph()
+    tools = {"verifier", "convert", "report", "reader", "torch_data", "shared_groups", "dryrun"}
+    below = {"text", "corpus", "dataset", "engine", "formats", "packing", "config", "storage"}
+    found = [
+        f"{a} imports {b}"
+        for a, targets in edges.items()
+        if room(a) in tools | below
+        for b in targets
+        if b.startswith("raypack.pipeline")
+    ]
+    assert found == []
+
+
+def test_text_reads_storage_in_one_module() -> None:
+    """raypack.text is text in, ids out: only text/files.py reads the tokenizer's and the chat
+    template's files from storage."""
+    found = [
+        a
+        for a, targets in graph().items()
+        if room(a) == "text" and a != "raypack.text.files" and "raypack.storage" in targets
+    ]
+    assert found == []
+
+
+# Lines a function may hold, and the cyclomatic complexity it may reach (radon's grade C; D starts at
+# 21), without a comment on the line above its `def` that says why it is not split (`# one piece:`).
+MAX_LINES = 80
+MAX_COMPLEXITY = 20
+
+
+def test_long_or_branchy_functions_say_why_they_are_one_piece() -> None:
+    from radon.complexity import cc_visit
+
+    found = []
+    for name, path in modules().items():
+        source = path.read_text()
+        lines = source.splitlines()
+        blocks = cc_visit(source)
+        functions = {
+            f.lineno: f for b in blocks for f in getattr(b, "methods", [b]) if hasattr(f, "closures")
+        }
+        for fn in functions.values():
+            size = fn.endline - fn.lineno + 1
+            if size <= MAX_LINES and fn.complexity <= MAX_COMPLEXITY:
+                continue
+            if True:
+                start = fn.lineno - 1
+                while start > 0 and lines[start - 1].lstrip().startswith("@"):
+                    start -= 1
+                above = lines[start - 1].strip() if start > 0 else ""
+                if not above.startswith("# one piece:"):
+                    found.append(
+                        f"{name}:{fn.lineno} {fn.fullname}: {size} lines, complexity {fn.complexity}"
+                    )
+    assert found == [], "\n".join(found)

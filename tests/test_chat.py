@@ -20,11 +20,10 @@ import yaml
 
 from raypack.cli import main
 from raypack.config import JobConfig, from_dict, load_config
-from raypack.corpus.readers import Chat
 from raypack.errors import ConfigError
 from raypack.pipeline.job import run_job
 from raypack.reader import batch_fields
-from raypack.text.chat import ChatTemplate, token_mask
+from raypack.text.chat import Chat, ChatTemplate, token_mask
 from raypack.text.encode import encode_chat
 from raypack.text.files import read_tokenizer
 from raypack.verifier import verify

@@ -26,6 +26,7 @@ __all__ = [
     "METRICS",
     "REPORT",
     "complete_versions",
+    "index_path",
     "latest_version",
     "list_versions",
     "next_version",
@@ -43,6 +44,13 @@ METRICS = "metrics.json"  # beside the manifest in every dataset: how its packin
 REPORT = "report.html"  # beside them: the run's page, made again by `raypack report` from those two
 CACHE = "_cache"
 _VERSION = re.compile(r"^v=(\d+)$")
+
+
+def index_path(output: str, shard: int, staged: bool = False) -> str:
+    """A shard's index file; `staged`: the tokenize stage's, in the staging area, from which a
+    mixture's select tasks write the final one (so that a retried task reads what it read before)."""
+    parts = ("_staging", "index") if staged else ("index",)
+    return join(output, *parts, f"shard-{shard:06d}.parquet")
 
 
 def rejects_path(output: str, unit: int) -> str:

@@ -53,6 +53,7 @@ __all__ = [
     "index_path",
     "make_spec",
     "packs_of",
+    "part_file",
     "read_flat",
     "read_packs",
     "read_range",
@@ -271,6 +272,11 @@ def stem_of(bucket_length: int | None, part: int, group: int | None = None) -> s
 
 def data_file(stem: str, suffix: str) -> str:
     return f"{DATA_DIR}/{stem}{suffix}"
+
+
+def part_file(spec: Spec, bucket_length: int | None, part: int, group: int | None = None) -> str:
+    """The data file (the first of its files) that output file `part` has in the dataset's format."""
+    return data_file(stem_of(bucket_length, part, group), spec.format.suffix)
 
 
 def stem_of_file(path: str, suffix: str) -> str:

@@ -38,6 +38,7 @@ from raypack.dataset.store import check_store, remove_run_temporaries, store_rec
 from raypack.engine import Runner, ensure_ray
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
 from raypack.pipeline.finalize import commit
+from raypack.pipeline.place.assign import warm_assign
 from raypack.pipeline.place.histogram import histogram
 from raypack.pipeline.place.plan import compare_in_task, plan_in_task
 from raypack.pipeline.place.select import Selection, select
@@ -172,7 +173,9 @@ def _stages(
         ready.preload()
     concurrency = cfg.tokenizer.concurrency or runner.width
     size = min(concurrency, len(units))
-    pool = TokenizePool(runner, ready.ctx, size, capped=concurrency < runner.width, preload=ready.preload)
+    pool = TokenizePool(
+        runner, ready.ctx, size, capped=concurrency < runner.width, preload=ready.preload, idle=warm_assign
+    )
     try:
         with _stage(timings, "tokenize", log):
             digests = None

@@ -61,8 +61,6 @@ class RebuildResult:
     cache_entries_removed: int
 
 
-
-
 def cache_dir(root: str) -> str:
     return join(root, CACHE, "tokens")
 

@@ -51,6 +51,7 @@ __all__ = [
     "ONE_RENDER_TURNS",
     "PROBES",
     "RENDER_VERSION",
+    "Chat",
     "ChatTemplate",
     "NotPrefixStable",
     "RenderError",
@@ -82,6 +83,31 @@ RENDER_VERSION = 3
 ONE_RENDER_TURNS = 3
 # Templates that print the date (Llama 3.1-3.3: strftime_now("%d %b %Y")): the job fixes it.
 _PRINTS_DATE = re.compile(r"\bstrftime_now\b")
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    """One record of chat data: a conversation (messages, and the tools it may call) or a
+    prompt/completion pair."""
+
+    messages: tuple[dict[str, Any], ...] = ()
+    tools: Any = None
+    prompt: str = ""
+    completion: str = ""
+
+    def __len__(self) -> int:  # characters, for batch sizing
+        if self.messages:
+            return sum(len(str(m.get("content") or "")) for m in self.messages)
+        return len(self.prompt) + len(self.completion)
+
+    def __str__(self) -> str:
+        """The record as JSON: a reject's raw text (it was the dataclass's repr, Chat(messages=...),
+        for a conversation rejected when rendered: issue 39's trial)."""
+        if self.messages:
+            record = {"messages": list(self.messages), **({"tools": self.tools} if self.tools else {})}
+        else:
+            record = {"prompt": self.prompt, "completion": self.completion}
+        return json.dumps(record, ensure_ascii=False, default=str)
 
 
 class RenderError(ValueError):

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from raypack.config import JobConfig, TokenizerConfig
-from raypack.corpus.readers import Chat
 from raypack.text.backends import Encoder, Mismatch, TokenizersEncoder
 from raypack.text.chat import (
+    Chat,
     ChatTemplate,
     RenderError,
     pair_spans,

@@ -23,8 +23,9 @@ from raypack.config import load_config
 from raypack.engine import ray as ray_engine
 from raypack.engine import tasks
 from raypack.pipeline.job import run_job
+from raypack.pipeline.tokenize.summary import shard_runs
 from raypack.pipeline.write import exchange
-from raypack.pipeline.write.exchange import layout, shard_runs
+from raypack.pipeline.write.exchange import layout
 from raypack.verifier import verify
 from tests.conftest import job_config, random_text, write_jsonl
 

@@ -17,8 +17,8 @@ from raypack.cli import main
 from raypack.config import JobConfig, load_config
 from raypack.dataset.layout import latest_version, list_versions
 from raypack.pipeline.job import run_job
-from raypack.pipeline.place.histogram import Totals
 from raypack.pipeline.rebuild import run_rebuild
+from raypack.pipeline.tokenize.summary import Totals
 from raypack.verifier import verify
 from tests.conftest import make_corpus, random_text, write_jsonl
 

@@ -24,10 +24,10 @@ import pyarrow.fs as pafs
 
 from raypack.config import INPUT_FORMATS, Reading, StorageConfig
 from raypack.corpus.readers import dataset, jsonl, parquet, text
-from raypack.corpus.readers.chat import Chat
 from raypack.corpus.readers.records import MAX_BATCH_BYTES, Batch, Reject
 from raypack.corpus.units import WorkUnit
 from raypack.storage import Shard, resolve
+from raypack.text.chat import Chat
 
 __all__ = ["READERS", "READ_VERSION", "Batch", "Chat", "Reader", "Reject", "read_unit"]
 

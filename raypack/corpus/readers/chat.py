@@ -1,43 +1,18 @@
-"""The chat record: a conversation (input.messages_field: a list of {role, content, ...} messages,
-and the `tools` it may call) or a prompt/completion pair (input.prompt_field, completion_field), read
-from a decoded JSONL object or Parquet row. Rendered and masked later, by the tokenize stage
-(raypack.text.chat); here only its shape is checked, each way of being wrong a reject with its reason."""
+"""The chat record (raypack.text.chat.Chat): a conversation (input.messages_field: a list of
+{role, content, ...} messages, and the `tools` it may call) or a prompt/completion pair
+(input.prompt_field, completion_field), read from a decoded JSONL object or Parquet row. Rendered and
+masked later, by the tokenize stage (raypack.text.chat); here only its shape is checked, each way of
+being wrong a reject with its reason."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
 
 from raypack.config import Reading
 from raypack.corpus.readers.records import Batch, Reject
+from raypack.text.chat import Chat
 
-__all__ = ["Chat", "chat_fields", "chat_record"]
-
-
-@dataclass(frozen=True, slots=True)
-class Chat:
-    """One record of chat data: a conversation (messages, and the tools it may call) or a
-    prompt/completion pair."""
-
-    messages: tuple[dict[str, Any], ...] = ()
-    tools: Any = None
-    prompt: str = ""
-    completion: str = ""
-
-    def __len__(self) -> int:  # characters, for batch sizing
-        if self.messages:
-            return sum(len(str(m.get("content") or "")) for m in self.messages)
-        return len(self.prompt) + len(self.completion)
-
-    def __str__(self) -> str:
-        """The record as JSON: a reject's raw text (it was the dataclass's repr, Chat(messages=...),
-        for a conversation rejected when rendered: issue 39's trial)."""
-        if self.messages:
-            record = {"messages": list(self.messages), **({"tools": self.tools} if self.tools else {})}
-        else:
-            record = {"prompt": self.prompt, "completion": self.completion}
-        return json.dumps(record, ensure_ascii=False, default=str)
+__all__ = ["chat_fields", "chat_record"]
 
 
 def chat_fields(reading: Reading) -> list[str]:

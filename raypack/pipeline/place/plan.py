@@ -24,11 +24,10 @@ import numpy as np
 from raypack.config import JobConfig
 from raypack.engine import Runner
 from raypack.errors import ConfigError, task_raised
-from raypack.formats import Spec
+from raypack.formats import Spec, part_file
 from raypack.metrics import DocStats, fill_percent_counts, finalize_metrics
 from raypack.packing import ALGORITHMS, Plan
 from raypack.pipeline.place.assign import Buckets, file_key, file_rows
-from raypack.pipeline.write.materialize import data_file
 
 __all__ = [
     "compare",
@@ -124,7 +123,7 @@ def planned_files(cfg: JobConfig, spec: Spec, p: Plan) -> dict[str, int]:
     rows, buckets = cfg.output.shard_rows, Buckets.of(p)
     bucketed = cfg.pack.algorithm == "bucket"
     return {
-        data_file(spec, length if bucketed else None, part): count
+        part_file(spec, length if bucketed else None, part): count
         for length, n in zip(buckets.lengths, buckets.sizes, strict=True)
         for part, count in enumerate(file_rows(n, rows))
     }

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
+from raypack.dataset.layout import index_path
 from raypack.engine import Runner, transient
 from raypack.metrics import DocStats
 from raypack.mixture import (
@@ -46,7 +47,7 @@ from raypack.mixture import (
     unit_keys,
 )
 from raypack.packing import item_histogram, make_items
-from raypack.pipeline.place.histogram import Totals, index_path, write_index
+from raypack.pipeline.tokenize.summary import Totals, write_index
 from raypack.storage import resolve
 
 __all__ = ["SOURCE_COUNTS", "Selection", "plan_selection", "run_selection", "select", "source_table"]

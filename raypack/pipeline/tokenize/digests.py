@@ -10,6 +10,7 @@ from raypack.config import StorageConfig
 from raypack.corpus.units import WorkUnit
 from raypack.dataset.store import file_digest
 from raypack.engine import Runner, transient
+from raypack.pipeline.tokenize.summary import weighted_parts
 from raypack.storage import Shard
 
 __all__ = ["content_digests", "digest_task"]
@@ -43,12 +44,12 @@ def content_digests(files: list[WorkUnit], storage: StorageConfig, runner: Runne
             found = list(threads.map(lambda s: file_digest(s, storage), shards))
         return {s.path: d for s, d in zip(shards, found, strict=True)}
     tasks = min(len(shards), max(1, runner.width * DIGEST_TASKS_PER_CPU))
-    sizes = np.asarray([max(s.size, 1) for s in shards], dtype=np.float64)
-    # Consecutive files of about equal bytes a group (where each file's middle falls).
-    middle = np.cumsum(sizes) - sizes / 2
-    group = np.minimum((middle * tasks / sizes.sum()).astype(np.int64), tasks - 1)
-    groups = [[s for s, g in zip(shards, group.tolist(), strict=True) if g == k] for k in range(tasks)]
-    groups = [g for g in groups if g]
+    # Consecutive files of about equal bytes a group.
+    parts = weighted_parts(np.asarray([max(s.size, 1) for s in shards], dtype=np.float64), tasks)
+    grouped: dict[int, list[Shard]] = {}
+    for shard, part in zip(shards, parts.tolist(), strict=True):
+        grouped.setdefault(part, []).append(shard)
+    groups = [grouped[k] for k in sorted(grouped)]
     found = runner.map(digest_task, [(g, storage, runner.patterns) for g in groups])
     pairs = (zip(g, digests, strict=True) for g, digests in zip(groups, found, strict=True))
     return {s.path: d for pair in pairs for s, d in pair}

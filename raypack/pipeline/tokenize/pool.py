@@ -22,10 +22,10 @@ units all ran on one node while the others idled (1 run in 3 put a 9-unit file's
 driver's node; test_multinode). One node: the runner's own scheduling.
 
 Tasks and objects: one task and one summary (~2 KB: a sparse histogram and counts) a unit, at most
-IN_FLIGHT × CPUs of them alive; then a warm_assign task a slot. The driver holds the unit rows (~300
-bytes each) and those handles. A unit task is retried as every task is (a killed worker, a
-transient storage error after a pause: RETRIES times); it is redone from its input, so a retry
-writes the same token file.
+IN_FLIGHT × CPUs of them alive; then an `idle` task a slot (the assign stage's warm-up). The driver
+holds the unit rows (~300 bytes each) and those handles. A unit task is retried as every task is
+(a killed worker, a transient storage error after a pause: RETRIES times); it is redone from its
+input, so a retry writes the same token file.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import numpy as np
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
 from raypack.engine import Runner, transient
-from raypack.pipeline.place.assign import warm_assign
 from raypack.pipeline.tokenize.task import TokenizeShards, stored_unit
 from raypack.pipeline.tokenize.worker import JobContext, Preload, job_state
 from raypack.text.backends import FastRefused, TokenizersEncoder, fastokens_version, reference_version
@@ -128,12 +127,21 @@ class TokenizePool:
     """The tokenize stage's `size` task slots on `runner`, shared among its nodes in proportion to
     their CPUs; `capped`: size is below the runner's CPUs (tokenizer.concurrency), so no unit is
     submitted beyond it (else IN_FLIGHT a slot); `preload`: has the workers load the job's
-    tokenizer before anything is tokenized (None: they loaded it, or load it on a first unit)."""
+    tokenizer before anything is tokenized (None: they loaded it, or load it on a first unit);
+    `idle`: a task each slot runs once the last units are given out, with the job's config (the
+    executor gives the assign stage's warm-up: what the next stage's tasks load, loaded while
+    the last units finish)."""
 
     def __init__(
-        self, runner: Runner, ctx: JobContext, size: int, capped: bool = False, preload: Preload | None = None
+        self,
+        runner: Runner,
+        ctx: JobContext,
+        size: int,
+        capped: bool = False,
+        preload: Preload | None = None,
+        idle: Callable[[JobConfig], None] | None = None,
     ) -> None:
-        self.runner, self.ctx, self.size, self.preload = runner, ctx, size, preload
+        self.runner, self.ctx, self.size, self.preload, self.idle = runner, ctx, size, preload, idle
         self.slots = _slots(runner.nodes(), size)
         """The task slots of each node (node id -> slots); {"": size} on one node."""
         self.windows = {node: n if capped else IN_FLIGHT * n for node, n in self.slots.items()}
@@ -181,13 +189,13 @@ class TokenizePool:
                 handle = runner.submit(tokenize_unit, (self.ctx, key, cfg, runner.patterns, row), node)
                 running[handle] = node
                 busy[node] += 1
-            elif not self.warmed:
+            elif not self.warmed and self.idle is not None:
                 # Behind the last units: a worker with nothing left to tokenize loads what its assign
                 # task will need (0.44 s each, else at that task's start).
                 self.warmed = True
                 for slot_node, slots in self.slots.items():
                     for _ in range(slots):
-                        runner.submit(warm_assign, (cfg,), slot_node)
+                        runner.submit(self.idle, (cfg,), slot_node)
             return row is not None
 
         # The first units go round the nodes, a slot at a time, until every window is full.

@@ -28,16 +28,15 @@ from functools import partial
 from typing import Any, TextIO
 
 from raypack.config import JobConfig
-from raypack.corpus.readers import Chat, read_unit
+from raypack.corpus.readers import read_unit
 from raypack.corpus.units import WorkUnit
 from raypack.dataset import previous
 from raypack.dataset.failover import remember_failover, remembered_failover
 from raypack.errors import ConfigError, JobError
-from raypack.pipeline.place.histogram import Totals
 from raypack.pipeline.tokenize.pool import TokenizePool
+from raypack.pipeline.tokenize.summary import Totals, shard_runs
 from raypack.pipeline.tokenize.task import TokenizeShards
 from raypack.pipeline.tokenize.token_files import cached_rejects_file, token_key, token_settings
-from raypack.pipeline.write.exchange import shard_runs
 from raypack.progress import Progress
 from raypack.storage import join, list_dir, remove
 from raypack.text.backends import (
@@ -47,7 +46,7 @@ from raypack.text.backends import (
     fastokens_version,
     reference_version,
 )
-from raypack.text.chat import ONE_RENDER_TURNS, PROBES, ChatTemplate, RenderError, check_template
+from raypack.text.chat import ONE_RENDER_TURNS, PROBES, Chat, ChatTemplate, RenderError, check_template
 from raypack.text.files import chat_template
 from raypack.text.tokenizer import LoadedTokenizer
 

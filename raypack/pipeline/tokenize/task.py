@@ -30,7 +30,7 @@ from raypack.corpus.units import WorkUnit
 from raypack.dataset.layout import rejects_path
 from raypack.engine import node_id
 from raypack.paths import is_uri
-from raypack.pipeline.place.histogram import summarize_shard
+from raypack.pipeline.tokenize.summary import summarize_shard
 from raypack.pipeline.tokenize.token_files import (
     DONE,
     Checksum,

@@ -31,7 +31,7 @@ import pyarrow as pa
 from raypack.config import JobConfig
 from raypack.engine import Runner
 from raypack.errors import JobError
-from raypack.pipeline.place.histogram import summarize_shard_warm
+from raypack.pipeline.tokenize.summary import summarize_shard_warm
 from raypack.text.backends import FastokensEncoder, TokenizersEncoder
 from raypack.text.files import tokenizer_files
 from raypack.text.tokenizer import TOKENIZER_FILE, LoadedTokenizer, load_tokenizer

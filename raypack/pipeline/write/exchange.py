@@ -48,12 +48,13 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
+from raypack.dataset.layout import index_path
 from raypack.engine import Runner, transient
 from raypack.formats import Spec
 from raypack.packing import Plan
 from raypack.paths import is_uri
 from raypack.pipeline.place.assign import assign_items
-from raypack.pipeline.place.histogram import Totals, index_path
+from raypack.pipeline.tokenize.summary import Totals, weighted_parts
 from raypack.pipeline.tokenize.worker import forget
 from raypack.pipeline.write.materialize import write_pack_file
 from raypack.progress import Progress
@@ -73,7 +74,6 @@ __all__ = [
     "merge_pieces",
     "return_kinds",
     "run_exchange",
-    "shard_runs",
     "shared_ids",
     "write_files",
 ]
@@ -100,27 +100,9 @@ ITEM_BYTES = 64
 ID_BYTES = 40
 
 
-def _parts(weights: np.ndarray, parts: int) -> np.ndarray:
-    """The part of each entry: `parts` runs of consecutive entries of about equal weight, by where each
-    entry's middle falls (an entry heavier than a part's share takes one to itself; some parts may then
-    be empty). All weights zero: equal counts."""
-    n = len(weights)
-    total = float(np.sum(weights))
-    if n == 0 or total <= 0:
-        return np.arange(n, dtype=np.int64) * parts // max(n, 1)
-    middle = np.cumsum(weights, dtype=np.float64) - np.asarray(weights, dtype=np.float64) / 2
-    return np.minimum((middle * parts / total).astype(np.int64), parts - 1)
-
-
-def shard_runs(sizes: list[int], runs: int) -> np.ndarray:
-    """The run (assign task) of each shard, by input bytes: known before tokenizing, so the driver can
-    fold each shard's histogram into its run's as the summaries arrive."""
-    return _parts(np.asarray(sizes, dtype=np.float64), runs)
-
-
 def _cut(weights: np.ndarray, parts: int) -> np.ndarray:
-    """Start of each non-empty part of _parts(weights, parts), then len(weights)."""
-    part = _parts(weights, parts)
+    """Start of each non-empty part of weighted_parts(weights, parts), then len(weights)."""
+    part = weighted_parts(weights, parts)
     starts = np.flatnonzero(np.r_[True, part[1:] != part[:-1]]) if len(part) else np.zeros(0, np.int64)
     return np.r_[starts, len(part)].astype(np.int64)
 

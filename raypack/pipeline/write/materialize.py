@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 
-from raypack import formats, schema
+from raypack import schema
 from raypack.config import StorageConfig
 from raypack.engine import local_cpus
 from raypack.formats import BlockFormat, Packs, Spec, stem_of
@@ -31,12 +31,7 @@ from raypack.pipeline.place.assign import split_file_key
 if TYPE_CHECKING:
     from raypack.pipeline.tokenize.token_files import MappedTokens
 
-__all__ = ["data_file", "write_pack_file", "write_pack_files"]
-
-
-def data_file(spec: Spec, bucket_length: int | None, part: int, group: int | None = None) -> str:
-    """The data file (the first of its files) that output file `part` has in the dataset's format."""
-    return formats.data_file(stem_of(bucket_length, part, group), spec.format.suffix)
+__all__ = ["write_pack_file", "write_pack_files"]
 
 
 def write_pack_files(

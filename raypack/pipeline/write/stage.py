@@ -17,14 +17,13 @@ import numpy as np
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
 from raypack.engine import Runner
-from raypack.formats import Spec, group_of, stem_of_file
+from raypack.formats import Spec, group_of, part_file, stem_of_file
 from raypack.packing import Plan
 from raypack.pipeline.place.assign import file_rows
-from raypack.pipeline.place.histogram import Totals
 from raypack.pipeline.place.plan import file_keys, planned_files
 from raypack.pipeline.place.select import Selection
+from raypack.pipeline.tokenize.summary import Totals
 from raypack.pipeline.write.exchange import ITEM_BYTES, check_index_ids, layout, run_exchange
-from raypack.pipeline.write.materialize import data_file
 from raypack.pipeline.write.sharded import write_sharded
 from raypack.progress import Progress
 
@@ -136,7 +135,7 @@ def _sharded_files(cfg: JobConfig, spec: Spec, files: list[dict[str, Any]]) -> d
             raise RuntimeError(f"{f['path']} is not a sharded mode's file: refusing to commit")
         packs[group] += int(f["rows"])
     return {
-        data_file(spec, None, part, group): count
+        part_file(spec, None, part, group): count
         for group, n in sorted(packs.items())
         for part, count in enumerate(file_rows(n, rows))
     }
