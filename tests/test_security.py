@@ -22,7 +22,7 @@ UNSAFE_CALLS = {"eval", "exec", "compile", "__import__"}
 # too, where it is not an import of theirs that shows): the driver's own task messages over a socket in
 # a directory only its user may enter (0700), and the values its tasks pass on, in files its own
 # workers wrote in such a directory. No byte of the input or the output is ever unpickled.
-POOL_MODULES = {"local_pool.py", "zygote.py"}
+POOL_MODULES = {"pool.py", "zygote.py"}  # raypack/engine/: the local pool passes its tasks pickled
 
 
 def test_the_package_never_unpickles_or_evaluates_anything() -> None:

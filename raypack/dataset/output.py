@@ -21,7 +21,7 @@ from raypack.formats.olmo import MASK_DIR
 from raypack.paths import is_uri
 from raypack.storage import exists, join, remove, remove_temporaries, resolve
 
-__all__ = ["OUTPUT_PARTS", "check_output", "clear_output", "recover_output", "restore_output"]
+__all__ = ["OUTPUT_PARTS", "Clearing", "check_output", "clear_output", "recover_output", "restore_output"]
 
 # Everything a job writes under its output (formats' own files included), removed before it starts.
 OUTPUT_PARTS = (
@@ -85,6 +85,20 @@ def clear_output(out: str, storage: StorageConfig) -> None:
     for part in OUTPUT_PARTS:
         remove(join(out, part), storage)
     remove_temporaries(out, storage)
+
+
+class Clearing:
+    """clear_output of one output, once, when first called: a job clears its output once nothing can
+    refuse the job any more, before its first task writes there."""
+
+    def __init__(self, out: str, storage: StorageConfig) -> None:
+        self.out, self.storage = out, storage
+        self.done = False
+
+    def __call__(self) -> None:
+        if not self.done:
+            clear_output(self.out, self.storage)
+            self.done = True
 
 
 def restore_output(out: str, log: Callable[[str], None], what: str) -> None:

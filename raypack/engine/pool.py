@@ -371,19 +371,8 @@ class LocalPool:
                 if self._ctrl is not None:
                     self._requests = []
                 closing, killing = self._closing, self._killing
-            for task, urgent in submitted:
-                self._tasks[task.id] = task
-                task.needs = {t for t in task.needs if t not in self._done}
-                if urgent:
-                    self._queue.appendleft(task)
-                else:
-                    self._queue.append(task)
-            for message in requests:
-                self._to_zygote(message)
-            if requests:
-                with self._sending:
-                    self._sent += len(requests)
-                    self._sending.notify_all()
+            self._enqueue(submitted)
+            self._send(requests)
             if closing and (killing or not any(w.task for w in self._workers.values())):
                 return
             self._dispatch()
@@ -407,6 +396,25 @@ class LocalPool:
                     self._from_zygote()
                 elif ready in self._workers:
                     self._from_worker(self._workers[ready])
+
+    def _enqueue(self, submitted: list[tuple[_Task, bool]]) -> None:
+        """Tasks submitted since the last turn into the queue (an urgent one first)."""
+        for task, urgent in submitted:
+            self._tasks[task.id] = task
+            task.needs = {t for t in task.needs if t not in self._done}
+            if urgent:
+                self._queue.appendleft(task)
+            else:
+                self._queue.append(task)
+
+    def _send(self, requests: list[tuple[Any, ...]]) -> None:
+        """The requests in the zygote's hands, in order; flush() hears that they are."""
+        for message in requests:
+            self._to_zygote(message)
+        if requests:
+            with self._sending:
+                self._sent += len(requests)
+                self._sending.notify_all()
 
     def _accept(self) -> None:
         try:

@@ -239,7 +239,6 @@ class _Run(threading.Thread):
 def _loop(ctrl: Connection, address: str, home: str) -> None:
     """The zygote's loop: the driver's requests in order (preloads one at a time, in a thread;
     the fork after the last), its children reaped between them."""
-    import importlib
 
     children: set[int] = set()
     runs: deque[tuple[Any, tuple[Any, ...]]] = deque()  # preloads after the one running
@@ -276,11 +275,7 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
             except (EOFError, OSError):
                 return  # the driver is gone: so are we
             if op == "import":  # the task modules, first
-                try:
-                    for module in rest[0]:
-                        importlib.import_module(module)
-                except BaseException as e:  # nothing can run: the driver fails every task with it
-                    ctrl.send(("failed", Failure.of(e)))
+                if not _imported(rest[0], ctrl):
                     return
             elif op == "early":  # loads in threads, for the preload to take
                 for key, (module, name, args) in rest[0].items():
@@ -300,38 +295,63 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
                     names = [t.name for t in threading.enumerate()]
                     ctrl.send(("failed", Failure.of(RuntimeError(f"threads alive at the fork: {names}"))))
                     return
-                for _ in range(rest[0]):
-                    pid = os.fork()
-                    if pid == 0:
-                        ctrl.close()
-                        wake.close()
-                        woken.close()
-                        with contextlib.suppress(ValueError):
-                            sys.meta_path.remove(_ABSENT)
-                        code = 0
-                        try:
-                            _work(address)
-                        except BaseException:
-                            traceback.print_exc()
-                            code = 1
-                        finally:
-                            os._exit(code)  # never the zygote's own clean-up
-                    children.add(pid)
+                children |= _forked(rest[0], address, (ctrl, wake, woken))
             elif op == "exit":
                 return
     finally:
-        # Workers still here are killed and reaped: one left unreaped would be a zombie of whatever
-        # adopts it (never reaped under a PID 1 or subreaper that does not wait). The pool's
-        # directories go too (its own in TMPDIR, and its socket's where that is elsewhere: a long
-        # TMPDIR's, raypack.engine.pool): the driver, if it was killed, cannot remove them.
-        for pid in children:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        for pid in children:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        for directory in {home, os.path.dirname(address)}:
-            shutil.rmtree(directory, ignore_errors=True)
+        _leave(children, (home, os.path.dirname(address)))
+
+
+def _imported(modules: list[str], ctrl: Connection) -> bool:
+    """The task modules imported; False, the error told the driver, where one cannot be (nothing
+    can run: the driver fails every task with it)."""
+    import importlib
+
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except BaseException as e:
+        ctrl.send(("failed", Failure.of(e)))
+        return False
+    return True
+
+
+def _forked(count: int, address: str, closed: tuple[Any, ...]) -> set[int]:
+    """`count` workers forked, each closing the zygote's connections (`closed`) and serving tasks
+    until the driver is gone; their pids."""
+    pids = set()
+    for _ in range(count):
+        pid = os.fork()
+        if pid == 0:
+            for conn in closed:
+                conn.close()
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(_ABSENT)
+            code = 0
+            try:
+                _work(address)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)  # never the zygote's own clean-up
+        pids.add(pid)
+    return pids
+
+
+def _leave(children: set[int], directories: tuple[str, ...]) -> None:
+    """Workers still here killed and reaped: one left unreaped would be a zombie of whatever adopts
+    it (never reaped under a PID 1 or subreaper that does not wait). The pool's directories go too
+    (its own in TMPDIR, and its socket's where that is elsewhere: a long TMPDIR's,
+    raypack.engine.pool): the driver, if it was killed, cannot remove them."""
+    for pid in children:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    for directory in set(directories):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 class _Absent(importlib.abc.MetaPathFinder):

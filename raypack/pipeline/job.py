@@ -33,7 +33,7 @@ from typing import Any, TextIO
 from raypack.config import JobConfig
 from raypack.corpus.datasets import dataset_units, without_blocks
 from raypack.dataset import previous
-from raypack.dataset.output import restore_output
+from raypack.dataset.output import Clearing, restore_output
 from raypack.dataset.store import check_store, remove_run_temporaries, store_record
 from raypack.engine import Runner, ensure_ray
 from raypack.errors import ConfigError, JobError, StorageError, storage_cause
@@ -121,8 +121,14 @@ def _run(
     timings: dict[str, float] = {}
     ready = prepare(cfg, overwrite, log, local, datasets, store=(cache or cfg.cache.path) is not None)
     cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
+    clear = Clearing(cfg.output.path, storage)
     try:
-        record = _stages(ready, cache, memory, timings, log, progress)
+        # The output is cleared for the new dataset once nothing can refuse the job: here, where the
+        # driver parsed the tokenizer; else by the tokenize stage, once a parse has taken the file
+        # (a repack from a token store may parse it nowhere), before its first unit.
+        if ready.tok.parsed:
+            clear()
+        record = _stages(ready, clear, cache, memory, timings, log, progress)
         with _stage(timings, "finalize", log):
             if started is not None:
                 record = dataclasses.replace(record, command_seconds=time.time() - started)
@@ -153,6 +159,7 @@ def _run(
 
 def _stages(
     ready: Prepared,
+    clear: Callable[[], None],
     cache: str | None,
     memory: str | None,
     timings: dict[str, float],
@@ -193,7 +200,7 @@ def _stages(
                 log,
                 progress,
                 digests,
-                ready.clear,
+                clear,
             )
             if store is not None:
                 tokenized.store = store_record(store, storage, tokenized.totals.reused)
@@ -207,21 +214,7 @@ def _stages(
         if cfg.input.mixture:
             with _stage(timings, "select", log):
                 selection, sources = select(cfg, tokenized.units, totals, runner)
-            log("[raypack] sources: " + "; ".join(f"{r['name']} {r['share']:.1%}" for r in sources))
-            for r in sources:
-                if abs(r["share"] - r["target_share"]) > SHARE_TOLERANCE:
-                    # Kept with the source (metrics.json, the manifest, the report's and the summary's
-                    # tables), not only said on stderr: whoever reads the dataset later sees it too.
-                    # "its target", not "asked": a source of tokens or repeats asks for no share;
-                    # a source's tokens and share may be off in opposite ways (the others' are off too)
-                    r["share_warning"] = (
-                        f"source {r['name']} is {100 * r['share']:.2f}% of the output, its target "
-                        f"{100 * r['target_share']:.2f}%; its tokens are {r['off_target']:+,} off their "
-                        f"target of {r['target']:,}, within half a document or of seq_len as a cut can be, "
-                        "but the output is too small for its share to be within 0.1 point (that needs ~500 "
-                        "packs or more)"
-                    )
-                    log(f"[raypack] warning: {r['share_warning']}")
+            _say_shares(sources, log)
         with _stage(timings, "histogram", log):
             none = selection is not None and not any(r["copies"] for r in sources)
             hist, stats = histogram(cfg, totals, selected_none=none)
@@ -240,3 +233,22 @@ def _stages(
                 os.rmdir(cfg.output.path)
         raise
     return run_record(ready, tokenized, selection, sources, stats, packs, comparison, written, timings)
+
+
+def _say_shares(sources: list[dict[str, Any]], log: Callable[[str], None]) -> None:
+    """Each source's share of the output said, and a source further from its target share than
+    SHARE_TOLERANCE given a warning, kept with the source (metrics.json, the manifest, the report's
+    and the summary's tables), not only said on stderr: whoever reads the dataset later sees it too."""
+    log("[raypack] sources: " + "; ".join(f"{r['name']} {r['share']:.1%}" for r in sources))
+    for r in sources:
+        if abs(r["share"] - r["target_share"]) > SHARE_TOLERANCE:
+            # "its target", not "asked": a source of tokens or repeats asks for no share; a source's
+            # tokens and share may be off in opposite ways (the others' are off too).
+            r["share_warning"] = (
+                f"source {r['name']} is {100 * r['share']:.2f}% of the output, its target "
+                f"{100 * r['target_share']:.2f}%; its tokens are {r['off_target']:+,} off their "
+                f"target of {r['target']:,}, within half a document or of seq_len as a cut can be, "
+                "but the output is too small for its share to be within 0.1 point (that needs ~500 "
+                "packs or more)"
+            )
+            log(f"[raypack] warning: {r['share_warning']}")

@@ -1,9 +1,8 @@
 """Stage 0, prepare: everything that can be wrong with the config or the environment fails here,
 before any work, with one line (a ConfigError): the tokenizer's files, the inputs, the output (the
 common mistakes, before any worker starts), then the tokenizer read beside the runner's start, its
-pad and the output format's Spec checked against it. Then the output directory is cleared for the
-new dataset (on local processes, by the tokenize stage once the workers' load has parsed the
-tokenizer: Prepared.clear).
+pad and the output format's Spec checked against it. The output is cleared for the new dataset by
+the executor once nothing can refuse the job (raypack.pipeline.job).
 
 Where the job may run on this machine's processes, their pool starts first (its zygote imports the
 task modules, ~0.7 s, while this process reads the tokenizer and lists the input), and loads the
@@ -31,7 +30,7 @@ from raypack.config import JobConfig
 from raypack.corpus.datasets import check_dataset
 from raypack.corpus.files import input_files
 from raypack.corpus.units import WorkUnit
-from raypack.dataset.output import check_output, clear_output, recover_output
+from raypack.dataset.output import check_output, recover_output
 from raypack.engine import Runner
 from raypack.errors import ConfigError
 from raypack.formats import Spec, make_spec, settings_of
@@ -66,10 +65,6 @@ class Prepared:
     preload: Preload
     """Has the runner's workers load the job's tokenizer, once: sent here already, unless a token
     store may hold every unit (then the tokenize stage calls it if a unit must be tokenized)."""
-    cleared: bool = True
-    """The output was cleared for the new dataset; False where the tokenizer is not parsed yet (read
-    from its JSON, on local processes): the tokenize stage clears it (clear), once a parse (the
-    workers', or its own) has taken the file, where a unit must be tokenized."""
     made_output: bool = False
     """output.path is a local directory this job made (it was not there): a job stopped by the
     user's config or input removes it where it is left empty, never a directory the user made (an
@@ -78,12 +73,6 @@ class Prepared:
     @property
     def staging(self) -> str:
         return join(self.cfg.output.path, "_staging")
-
-    def clear(self) -> None:
-        """The output cleared for the new dataset, where prepare left it (cleared): before the first
-        task writes into it."""
-        if not self.cleared:
-            clear_output(self.cfg.output.path, self.cfg.storage)
 
 
 def staging_blobs(out: str) -> str | None:
@@ -117,13 +106,7 @@ def prepare(
         fast = cfg.tokenizer.backend != "tokenizers"
         tokenizer = tokenizer_files(cfg.tokenizer, storage)
         ctx = JobContext(cfg, tokenizer_sha256(tokenizer), fast)
-        preload: Preload | None = None
-        if local is not None:  # loaded in the zygote from these bytes, then the workers forked
-            preload = Preload(local, ctx, tokenizer)
-            if not store:
-                preload()
-            else:
-                preload.warm()
+        preload = _preload_early(local, ctx, tokenizer, store) if local is not None else None
         files = input_files(cfg.input, storage)
         recover_output(out, log)
         check_output(out, storage, overwrite)
@@ -147,17 +130,41 @@ def prepare(
             lazy = store or not cfg.input.chat
             tok = load_tokenizer(cfg.tokenizer, tokenizer, framed=cfg.framed, lazy=lazy)
         cfg = _fix_chat_date(cfg, tok, log)
-        pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
-        if pad[1] == "output.pad_id" and pad[0] == tok.bos_id:
-            log(f"[raypack] note: output.pad_id {pad[0]} is the tokenizer's BOS")
-        spec = make_spec(cfg.output.format, settings_of(cfg, tok.eos_id, tok.max_id, pad[0]))
-        if tok.parsed:
-            clear_output(out, storage)
+        pad, spec = _pad_and_spec(cfg, tok, log)
     except BaseException:
         for held in {id(r): r for r in (runner, local) if r is not None}.values():
             held.close(release=False, failed=True)
         raise
-    assert runner is not None
+    assert runner is not None and preload is not None
+    _say_where(runner, cfg, log)
+    return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx, preload, made_output)
+
+
+def _preload_early(local: Runner, ctx: JobContext, tokenizer: dict[str, bytes], store: bool) -> Preload:
+    """The job's state loaded by this machine's pool from the tokenizer's bytes read here, before its
+    workers start: at once, or, for a job that reads a token store (which may hold every unit), only
+    what every unit's summary needs (the tokenize stage asks for the rest if a unit must be
+    tokenized)."""
+    preload = Preload(local, ctx, tokenizer)
+    if not store:
+        preload()
+    else:
+        preload.warm()
+    return preload
+
+
+def _pad_and_spec(
+    cfg: JobConfig, tok: LoadedTokenizer, log: Callable[[str], None]
+) -> tuple[tuple[int, str], Spec]:
+    """What padding holds and why (LoadedTokenizer.pad), and the output format's Spec, checked
+    against the tokenizer (its ConfigError)."""
+    pad = tok.pad(cfg.output.pad_id)  # an embedding lookup of a pad that is no token fails in training
+    if pad[1] == "output.pad_id" and pad[0] == tok.bos_id:
+        log(f"[raypack] note: output.pad_id {pad[0]} is the tokenizer's BOS")
+    return pad, make_spec(cfg.output.format, settings_of(cfg, tok.eos_id, tok.max_id, pad[0]))
+
+
+def _say_where(runner: Runner, cfg: JobConfig, log: Callable[[str], None]) -> None:
     log(f"[raypack] tasks on {runner.width} {runner.where} (run.executor {cfg.run.executor})")
     if runner.shares_disk and not compiled_code_cached():  # (other machines' workers: their own caches)
         log(
@@ -165,8 +172,6 @@ def prepare(
             "job compiles what it runs first (~7-20 s, once); python -m raypack.packing.warmup "
             "does it ahead"
         )
-    assert preload is not None
-    return Prepared(cfg, tok, spec, pad, files, datasets, runner, ctx, preload, tok.parsed, made_output)
 
 
 def _check_datasets(cfg: JobConfig, datasets: dict[str, Any]) -> None:

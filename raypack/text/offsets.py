@@ -141,26 +141,10 @@ class ByteOffsets:
         normalizer but Unicode normal forms, alone or in a Sequence (an empty one included); a
         post-processor that adds no offsets of its own. None for any other tokenizer: its offsets
         do not follow from ids."""
-        if type(tokenizer.model).__name__ != "BPE":
+        shape = _byte_level_shape(tokenizer)
+        if shape is None:
             return None
-        forms = normal_forms(_state(tokenizer.normalizer))
-        if forms is None:
-            return None
-        levels = _steps(_state(tokenizer.pre_tokenizer), "pretokenizers")
-        byte_level = [p for p in levels if p.get("type") == "ByteLevel"]
-        if len(byte_level) != 1 or byte_level[0].get("add_prefix_space"):
-            return None
-        if any(p.get("type") not in ("ByteLevel", "Split", "Digits", "Punctuation") for p in levels):
-            return None
-        trim = keep_first = False
-        for p in _steps(_state(tokenizer.post_processor), "processors"):
-            if p.get("type") == "ByteLevel":
-                # trim_offsets drops a token's spaces from its offsets; with add_prefix_space it keeps
-                # the one space of a token that starts the text (tokenizers' process_offsets).
-                trim = bool(p.get("trim_offsets"))
-                keep_first = trim and bool(p.get("add_prefix_space"))
-            elif p.get("type") != "TemplateProcessing":  # its special tokens are off (add_special_tokens)
-                return None
+        forms, trim, keep_first = shape
         added = {int(i): str(t.content) for i, t in tokenizer.get_added_tokens_decoder().items()}
         # The model's own vocabulary: 0.09 s for 131k ids, where parsing tokenizer.json took 0.3 s
         # (in the driver twice and in every worker of a chat job).
@@ -315,41 +299,14 @@ class PieceOffsets:
     def of(cls, tokenizer: Any) -> PieceOffsets | None:
         """The table of a SentencePiece BPE of a shape above (a `tokenizers.Tokenizer`); None for
         any other tokenizer."""
-        model = tokenizer.model
-        if (
-            type(model).__name__ != "BPE"
-            or not model.byte_fallback
-            or model.dropout
-            or model.continuing_subword_prefix
-            or model.end_of_word_suffix
-        ):
-            return None
         vocab = tokenizer.get_vocab(with_added_tokens=False)
-        if not all(name in vocab for name in _BYTES):
-            return None
         shape = _sentencepiece_shape(_state(tokenizer.normalizer), _state(tokenizer.pre_tokenizer))
-        if shape is None:
+        if not _byte_fallback_bpe(tokenizer, vocab) or shape is None:
             return None
         prepend, forms, scheme = shape
-        if any(
-            p.get("type") != "TemplateProcessing"
-            for p in _steps(_state(tokenizer.post_processor), "processors")
-        ):
-            return None
         added = tokenizer.get_added_tokens_decoder()
-        # An added token that strips the spaces beside it, matches the normalized text or must stand
-        # as a word spans other characters than its content; one named as a byte token ("<0x0A>",
-        # a BpeTrainer's special token) is one id for a byte and for six characters of text.
-        if any(
-            t.lstrip or t.rstrip or t.single_word or t.normalized or t.content in _BYTES
-            for t in added.values()
-        ):
+        if not _pieces_stand_alone(tokenizer, vocab, added):
             return None
-        # Nor may a byte token's name, as text, become that token (a merge "<0x" + "0A>", or
-        # ignore_merges taking a word of the vocabulary whole): it would span six characters.
-        for name in _BYTES:
-            if [t.id for t in model.tokenize(name)] == [vocab[name]]:
-                return None
         contents = {int(i): str(t.content) for i, t in added.items()}
         size = max([*vocab.values(), *contents, -1]) + 1
         length = np.zeros(size, dtype=np.int64)
@@ -418,21 +375,70 @@ class PieceOffsets:
         return _coder(self, fast, reference, routed)
 
 
+def _byte_level_shape(tokenizer: Any) -> tuple[tuple[str, ...], bool, bool] | None:
+    """(the normal forms, trim_offsets, keeps a first token's space) of a byte-level BPE of the shape
+    ByteOffsets takes, or None for another tokenizer."""
+    if type(tokenizer.model).__name__ != "BPE":
+        return None
+    forms = normal_forms(_state(tokenizer.normalizer))
+    if forms is None:
+        return None
+    levels = _steps(_state(tokenizer.pre_tokenizer), "pretokenizers")
+    byte_level = [p for p in levels if p.get("type") == "ByteLevel"]
+    if len(byte_level) != 1 or byte_level[0].get("add_prefix_space"):
+        return None
+    if any(p.get("type") not in ("ByteLevel", "Split", "Digits", "Punctuation") for p in levels):
+        return None
+    trim = keep_first = False
+    for p in _steps(_state(tokenizer.post_processor), "processors"):
+        if p.get("type") == "ByteLevel":
+            # trim_offsets drops a token's spaces from its offsets; with add_prefix_space it keeps
+            # the one space of a token that starts the text (tokenizers' process_offsets).
+            trim = bool(p.get("trim_offsets"))
+            keep_first = trim and bool(p.get("add_prefix_space"))
+        elif p.get("type") != "TemplateProcessing":  # its special tokens are off (add_special_tokens)
+            return None
+    return forms, trim, keep_first
+
+
+def _byte_fallback_bpe(tokenizer: Any, vocab: dict[str, int]) -> bool:
+    """Whether the model is a plain BPE with byte fallback, every byte token in its vocabulary, and
+    a post-processor that adds no offsets of its own."""
+    model = tokenizer.model
+    if (
+        type(model).__name__ != "BPE"
+        or not model.byte_fallback
+        or model.dropout
+        or model.continuing_subword_prefix
+        or model.end_of_word_suffix
+    ):
+        return False
+    if not all(name in vocab for name in _BYTES):
+        return False
+    processors = _steps(_state(tokenizer.post_processor), "processors")
+    return all(p.get("type") == "TemplateProcessing" for p in processors)
+
+
+def _pieces_stand_alone(tokenizer: Any, vocab: dict[str, int], added: dict[int, Any]) -> bool:
+    """Whether every id spans the characters its table says: no added token that strips the spaces
+    beside it, matches the normalized text or must stand as a word (it spans other characters than
+    its content), none named as a byte token ("<0x0A>", a BpeTrainer's special token: one id for a
+    byte and for six characters of text), and no byte token's name that becomes that token as text
+    (a merge "<0x" + "0A>", or ignore_merges taking a word of the vocabulary whole)."""
+    if any(
+        t.lstrip or t.rstrip or t.single_word or t.normalized or t.content in _BYTES for t in added.values()
+    ):
+        return False
+    return all([t.id for t in tokenizer.model.tokenize(name)] != [vocab[name]] for name in _BYTES)
+
+
 def _sentencepiece_shape(
     normalizer: dict[str, Any] | None, pre_tokenizer: dict[str, Any] | None
 ) -> tuple[bool, tuple[str, ...], str | None] | None:
     """(prepends `▁`, the normal forms, the Metaspace's prepend_scheme or None) of a SentencePiece
     BPE's normalizer and pre-tokenizer (PieceOffsets), or None for another shape."""
     if normalizer is None:
-        if (
-            pre_tokenizer is not None
-            and pre_tokenizer.get("type") == "Metaspace"
-            and pre_tokenizer.get("replacement") == "▁"
-            and pre_tokenizer.get("split") is False
-            and pre_tokenizer.get("prepend_scheme") in ("first", "always")
-        ):
-            return True, (), str(pre_tokenizer["prepend_scheme"])
-        return None
+        return _metaspace_shape(pre_tokenizer)
     if pre_tokenizer is not None:
         return None
     steps = _steps(normalizer, "normalizers")
@@ -449,6 +455,20 @@ def _sentencepiece_shape(
     ):
         return None
     return bool(prepend), forms, None
+
+
+def _metaspace_shape(pre_tokenizer: dict[str, Any] | None) -> tuple[bool, tuple[str, ...], str | None] | None:
+    """_sentencepiece_shape of a tokenizer with no normalizer: a Metaspace pre-tokenizer that
+    prepends `▁` (first or always) and does not split, or None."""
+    if (
+        pre_tokenizer is not None
+        and pre_tokenizer.get("type") == "Metaspace"
+        and pre_tokenizer.get("replacement") == "▁"
+        and pre_tokenizer.get("split") is False
+        and pre_tokenizer.get("prepend_scheme") in ("first", "always")
+    ):
+        return True, (), str(pre_tokenizer["prepend_scheme"])
+    return None
 
 
 def offsets_of(tokenizer: Any) -> ByteOffsets | PieceOffsets | None:

@@ -127,7 +127,53 @@ def tokenize(
     digest by path (raypack.dataset.store), which a store's keys are made of; `clear`: clears
     the output for the new dataset where prepare left it (a token store's job, whose tokenizer is
     parsed only if a unit must be tokenized: it is checked first, so that a file tokenizers refuses
-    leaves the previous dataset in place)."""
+    leaves the previous dataset in place).
+
+    The passes, each over every unit under one backend's keys (Pass): a token store's, where it
+    holds every unit under a backend this job would take (no check); else the checked backend's,
+    run ahead of its check where fastokens may be it (workers start while the driver checks); then
+    tokenizers', where a pass's in-run check found a fast backend's ids differ."""
+    cfg, template, records, chat = _chat(cfg, tok, units, log)
+    remembered = remembered_failover(memory, cfg.tokenizer.backend, tok, cfg.storage) if memory else None
+    check = _backend_check(cfg, tok, units, pool, template, records)
+    passes = Passes(cfg, tok, units, token_dir, pool, width, stream, digests, template, clear)
+    version = fastokens_version()
+    if digests is not None:
+        passes.stored = _stored_choice(cfg, tok, version, remembered, passes.keyed, token_dir)
+
+    def announce(choice: Choice) -> None:
+        log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
+
+    ahead = _ahead(cfg, tok, version, remembered, digests)
+    if passes.stored is not None:
+        choice, done = _from_store(passes, passes.stored, check)
+        announce(choice)
+    elif ahead is None:
+        choice = remembered or check()
+        announce(choice)
+        done = passes.run(choice)
+    else:
+        choice, done = _ahead_of_check(passes, ahead, check, announce, log)
+    failovers = list(done.totals.failovers)
+    if failovers and choice.backend != "tokenizers":
+        log(f"[raypack] {choice.backend} gave other ids than tokenizers ({failovers[0]}): tokenizing again")
+        passes.discard(done)
+        if memory:
+            remember_failover(memory, choice, tok, failovers[0], cfg.storage)
+        choice = failed_over(choice, failovers[0])
+        done = passes.run(choice)
+    done.totals.check_complete()
+    # What the workers proved (or the store's entries say they did): a unit that cut or kept a long
+    # text whole says its rule; one from an entry written before that said none of either.
+    return Tokenized(done.units, done.totals, choice, failovers, chat, done.totals.cut_rule)
+
+
+def _chat(
+    cfg: JobConfig, tok: LoadedTokenizer, units: list[WorkUnit], log: Callable[[str], None]
+) -> tuple[JobConfig, ChatTemplate | None, list[Chat], dict[str, Any] | None]:
+    """Conversations' template compiled and checked on the probes and a corpus sample (check_chat),
+    with the config the workers render by (every turn's prefixes, where one render found other
+    turns); the sample; what the manifest says of it. The config as it was and None for plain text."""
     template = chat_template(cfg, tok)  # conversations only: compiled once, checked, keyed
     records = _chat_records(cfg, units) if cfg.input.chat else []
     chat = check_chat(cfg, template, records)
@@ -142,11 +188,24 @@ def tokenize(
             )
             template = chat_template(cfg, tok)
         log(f"[raypack] chat template: {chat['template']} ({chat['mask']})")
-    remembered = remembered_failover(memory, cfg.tokenizer.backend, tok, cfg.storage) if memory else None
+    return cfg, template, records, chat
+
+
+def _backend_check(
+    cfg: JobConfig,
+    tok: LoadedTokenizer,
+    units: list[WorkUnit],
+    pool: TokenizePool,
+    template: ChatTemplate | None,
+    records: list[Chat],
+) -> Callable[[], Choice]:
+    """The backend self-check (raypack.text.backends.choose_backend), to run when asked: fastokens
+    on a worker against tokenizers on the probes and a corpus sample (conversations: the template's
+    renders, offsets compared too)."""
     if cfg.input.chat:  # ids and character offsets of what the template renders
         sample = partial(_rendered, template, records)
         probe_texts = _rendered(template, [Chat(messages=p) for p in PROBES]) if template else []
-        check = partial(
+        return partial(
             choose_backend,
             cfg.tokenizer.backend,
             tok,
@@ -155,175 +214,220 @@ def tokenize(
             chat=True,
             probe_texts=probe_texts,
         )
-    else:
-        sample = partial(_corpus_sample, units, cfg.storage)
-        # Where the driver read the ids from the JSON and has not parsed the tokenizer, the
-        # reference's side of the check runs on a worker too (whose load parsed it anyway).
-        reference = None if tok.parsed else pool.reference_encoder
-        check = partial(
-            choose_backend, cfg.tokenizer.backend, tok, sample, pool.fast_encoder, reference_encoder=reference
-        )
-    # The workers start with fastokens while the driver checks it (its encodes go to a worker ahead
-    # of the units waiting): the check took 0.6 s of a 500 MB job with the cores idle. A refusal
-    # deletes what they wrote and tokenizes every unit again. Not where the check surely refuses:
-    # fastokens not installed here, or conversations with a tokenizer whose offsets do not follow
-    # from its ids.
-    version = fastokens_version()
-    ahead = (
-        Choice("fastokens", version, "being checked")
-        if version is not None
-        and remembered is None
+    # Where the driver read the ids from the JSON and has not parsed the tokenizer, the reference's
+    # side of the check runs on a worker too (whose load parsed it anyway).
+    reference = None if tok.parsed else pool.reference_encoder
+    return partial(
+        choose_backend,
+        cfg.tokenizer.backend,
+        tok,
+        partial(_corpus_sample, units, cfg.storage),
+        pool.fast_encoder,
+        reference_encoder=reference,
+    )
+
+
+def _ahead(
+    cfg: JobConfig,
+    tok: LoadedTokenizer,
+    version: str | None,
+    remembered: Choice | None,
+    digests: dict[str, str] | None,
+) -> Choice | None:
+    """fastokens, "being checked", where the workers may start with it while the driver checks it
+    (its encodes go to a worker ahead of the units waiting: the check took 0.6 s of a 500 MB job
+    with the cores idle); None where the check surely refuses it or its refusal must come first."""
+    if (
+        version is None  # not installed here
+        or remembered is not None
         # Not where the check's refusal is an error (tokenizer.backend fastokens), whose one line
         # must leave the previous dataset in place: the check ends before the output is cleared.
-        and cfg.tokenizer.backend == "auto"
+        or cfg.tokenizer.backend != "auto"
         # Not into a token store: a job killed before its check ends would leave entries that a
         # later job, finding every unit there, takes without a check (it runs none then). (Asked
         # before the offsets, which need the tokenizer parsed: a store's job may never parse it.)
-        and digests is None
-        and not (cfg.input.chat and tok.offsets() is None)
-        else None
-    )
+        or digests is not None
+        # Not for conversations with a tokenizer whose offsets do not follow from its ids.
+        or (cfg.input.chat and tok.offsets() is None)
+    ):
+        return None
+    return Choice("fastokens", version, "being checked")
 
-    def announce(choice: Choice) -> None:
-        log(f"[raypack] tokenizer backend: {choice.label} ({choice.reason})")
 
-    runs = max(1, min(len(units), width))
-    weights = unit_bytes(units)
-    # Largest first: the last units to start are the shortest, so workers finish close together (the
-    # summaries are folded in any order; nothing downstream depends on it).
-    order = sorted(range(len(units)), key=lambda i: -weights[i])
+def _from_store(passes: Passes, stored: Choice, check: Callable[[], Choice]) -> tuple[Choice, Pass]:
+    """Every unit is in the token store under the key of a backend this job would take: the
+    reference's, or fastokens' (jobs whose check passed on this tokenizer, backend version and
+    settings wrote them: a refused backend's files are discarded, and a job writes into a store only
+    after its check). No check is run (~1 s on the driver, before a repack's assign), and the
+    workers load no tokenizer (raypack.pipeline.tokenize.pool.tokenize_unit), unless a unit is
+    tokenized after all (an entry that was not whole): fastokens' are then checked."""
+    done = passes.run(stored, stored=True)
+    choice = stored
+    if done.written and stored.backend != "tokenizers":
+        choice = check()
+        if choice.label != stored.label:
+            passes.discard(done)
+            done = passes.run(choice)
+    return choice, done
 
-    def keyed_for(choice: Choice) -> list[WorkUnit]:
-        settings = {u.source: token_settings(cfg, tok, u.reading, choice, template) for u in units}
+
+def _ahead_of_check(
+    passes: Passes,
+    ahead: Choice,
+    check: Callable[[], Choice],
+    announce: Callable[[Choice], None],
+    log: Callable[[str], None],
+) -> tuple[Choice, Pass]:
+    """A pass with `ahead` (fastokens) while the driver's check runs in a thread: it stops giving
+    out units once the check refuses fastokens or a worker could not load it, and then every unit is
+    tokenized again with the check's choice (what the first pass wrote discarded)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="raypack-check") as checking:
+        checked = checking.submit(check)
+        checked.add_done_callback(lambda f: None if f.exception() else announce(f.result()))
+
+        def refused() -> bool:
+            if not checked.done():
+                return False
+            return checked.exception() is not None or checked.result().label != ahead.label
+
+        done = passes.run(ahead, refused)
+        try:
+            choice = checked.result()  # the check's ConfigError (tokenizer.backend fastokens)
+        except BaseException:
+            passes.discard(done)
+            raise
+    if choice.label != ahead.label or done.refused:
+        if done.written:
+            began = f"{len(done.written)} units tokenized by {ahead.label} before its check"
+            log(f"[raypack] {began}: tokenizing again")
+        passes.discard(done)
+        done = passes.run(choice)
+    return choice, done
+
+
+@dataclass
+class Pass:
+    """One pass of the stage over every unit, under one backend's keys."""
+
+    units: list[WorkUnit]
+    """Every unit, keyed for the pass's backend (its token file named)."""
+    totals: Totals
+    written: list[WorkUnit]
+    """The units whose token files the pass wrote (not found already)."""
+    refused: list[str]
+    """Why workers refused units untokenized (a pass run ahead of its backend's check: fastokens did
+    not load there): the pass must run again."""
+
+
+class Passes:
+    """Passes of the tokenize stage over the job's units (run), and what one wrote taken back
+    (discard). The output is cleared before the first unit is given out (ready)."""
+
+    def __init__(
+        self,
+        cfg: JobConfig,
+        tok: LoadedTokenizer,
+        units: list[WorkUnit],
+        token_dir: str,
+        pool: TokenizePool,
+        width: int,
+        stream: TextIO | None,
+        digests: dict[str, str] | None,
+        template: ChatTemplate | None,
+        clear: Callable[[], None],
+    ) -> None:
+        self.cfg, self.tok, self.units, self.token_dir, self.pool = cfg, tok, units, token_dir, pool
+        self.stream, self.digests, self.template, self.clear = stream, digests, template, clear
+        self.runs = max(1, min(len(units), width))
+        self.weights = unit_bytes(units)
+        # Largest first: the last units to start are the shortest, so workers finish close together
+        # (the summaries are folded in any order; nothing downstream depends on it).
+        self.order = sorted(range(len(units)), key=lambda i: -self.weights[i])
+        self.stored: Choice | None = None
+        """The backend under whose keys a token store holds every unit (None: none does)."""
+        self.cleared = False
+
+    def keyed(self, choice: Choice) -> list[WorkUnit]:
+        """Every unit with its token file named for `choice` (token_files.token_key)."""
+        cfg, digests = self.cfg, self.digests
+        settings = {
+            u.source: token_settings(cfg, self.tok, u.reading, choice, self.template) for u in self.units
+        }
         return [
             u.with_token_file(
-                token_dir,
+                self.token_dir,
                 token_key(
                     u, settings[u.source], None if digests is None else [digests[f.path] for f in u.files]
                 ),
             )
-            for u in units
+            for u in self.units
         ]
 
-    def run(
-        choice: Choice, refused: Callable[[], bool] | None = None, stored: bool = False
-    ) -> tuple[list[WorkUnit], Totals, list[WorkUnit]]:
+    def run(self, choice: Choice, refused: Callable[[], bool] | None = None, stored: bool = False) -> Pass:
         """Every unit keyed for `choice` and tokenized; with a fast backend, giving out units stops at
         the first whose check found a difference. `refused`: the pass runs ahead of the driver's
         check of its backend, and stops giving out units once that says so or a worker refused a
         unit (its fastokens did not load). `stored`: every unit's token file was found (the workers
-        need not load the tokenizer first). The units, their totals, the files it wrote."""
-        ready()
-        unloaded.clear()
-        keyed = keyed_for(choice)
-        totals = Totals(shard_runs(weights, runs), runs, cfg.pack.seq_len, [u.source for u in keyed])
-        written: list[WorkUnit] = []
-        progress = Progress("tokenize", len(keyed), "units", sum(weights), stream)
+        need not load the tokenizer first)."""
+        self.ready()
+        keyed = self.keyed(choice)
+        cfg, weights = self.cfg, self.weights
+        totals = Totals(
+            shard_runs(weights, self.runs), self.runs, cfg.pack.seq_len, [u.source for u in keyed]
+        )
+        done = Pass(keyed, totals, [], [])
+        progress = Progress("tokenize", len(keyed), "units", sum(weights), self.stream)
 
         def add(summary: dict[str, Any]) -> None:
             if "refused" in summary:  # untokenized: the pass is refused, and run again
-                unloaded.append(str(summary["refused"]))
+                done.refused.append(str(summary["refused"]))
                 return
             totals.add(summary)  # folded as they arrive: no list of every unit's histogram
             progress.advance(1, weights[int(summary["shard"])])
             if not summary["cached"]:
-                written.append(keyed[int(summary["shard"])])
+                done.written.append(keyed[int(summary["shard"])])
 
-        ordered = [keyed[i] for i in order]
-        stop = lambda: bool(totals.failovers or unloaded) or (refused is not None and refused())  # noqa: E731
-        pool.run(ordered, TokenizeShards, choice.backend, add, stop, cfg, not stored, refused is not None)
-        if progress.done or not unloaded:  # (a pass its workers refused whole did nothing to show)
+        def stop() -> bool:
+            return bool(totals.failovers or done.refused) or (refused is not None and refused())
+
+        ordered = [keyed[i] for i in self.order]
+        self.pool.run(
+            ordered, TokenizeShards, choice.backend, add, stop, cfg, not stored, refused is not None
+        )
+        if progress.done or not done.refused:  # (a pass its workers refused whole did nothing to show)
             progress.close()
-        return keyed, totals, written
+        return done
 
-    def discard(written: list[WorkUnit]) -> None:
-        """Token files a backend wrote in this run that must not reach the output, and the rejects
-        and index files its units wrote (each unit writes its own again; a job that stops here
-        leaves neither)."""
-        for unit in written:
-            remove(unit.token_file, cfg.storage)
-            remove(cached_rejects_file(unit.token_file), cfg.storage)
+    def discard(self, done: Pass) -> None:
+        """Token files a pass wrote that must not reach the output, and the rejects and index files
+        its units wrote (each unit writes its own again; a job that stops here leaves neither)."""
+        storage = self.cfg.storage
+        for unit in done.written:
+            remove(unit.token_file, storage)
+            remove(cached_rejects_file(unit.token_file), storage)
         for part in ("rejects", "index", join("_staging", "index")):
-            remove(join(cfg.output.path, part), cfg.storage)
+            remove(join(self.cfg.output.path, part), storage)
 
-    stored = None if digests is None else _stored_choice(cfg, tok, version, remembered, keyed_for, token_dir)
-    cleared: list[bool] = []
-    unloaded: list[str] = []
-    """Why workers refused units of a pass run ahead of the check (their fastokens did not load)."""
-
-    def ready() -> None:
+    def ready(self) -> None:
         """The output cleared, once, before the first unit is given out; where the driver read the
         tokenizer lazily and a unit must be tokenized, only once tokenizers has parsed it (its
-        ConfigError leaves the previous dataset in place): the local pool's zygote parses it as it
-        loads the workers' state, and says how that went (Preload.checked); elsewhere, or for
-        conversations (their template and offsets are the driver's), the driver parses it, after
-        putting the workers' load into the zygote's hands (a parse holds the GIL: the load went
-        0.8 s later on a first pack into a store, 131k BPE, traces)."""
-        if cleared:
+        ConfigError leaves the previous dataset in place): a pool whose workers inherit its preload
+        parses it as it loads their state, and says how that went (Preload.checked); elsewhere, or
+        for conversations (their template and offsets are the driver's), the driver parses it,
+        after putting the workers' load into the runner's hands (a parse holds the GIL: the load
+        went 0.8 s later on a first pack into a store, 131k BPE, traces)."""
+        if self.cleared:
             return
-        if (stored is None and not tok.parsed) and (
-            cfg.input.chat or pool.preload is None or not pool.preload.checked()
+        pool = self.pool
+        if (self.stored is None and not self.tok.parsed) and (
+            self.cfg.input.chat or pool.preload is None or not pool.preload.checked()
         ):
             if pool.preload is not None:
                 pool.preload()
                 pool.runner.flush()
-            _ = tok.tokenizer
-        clear()
-        cleared.append(True)
-
-    if stored is not None:
-        # Every unit is in the token store under the key of a backend this job would take: the
-        # reference's, or fastokens' (jobs whose check passed on this tokenizer, backend version and
-        # settings wrote them: a refused backend's files are discarded, and a job writes into a store
-        # only after its check). No check is run (~1 s on the driver, before a repack's assign), and
-        # the workers load no tokenizer (tokenize_pool.tokenize_unit), unless a unit is tokenized
-        # after all (an entry that was not whole): fastokens' are then checked.
-        choice = stored
-        keyed, totals, written = run(choice, stored=True)
-        if written and choice.backend != "tokenizers":
-            choice = check()
-            if choice.label != stored.label:
-                discard(written)
-                keyed, totals, written = run(choice)
-        announce(choice)
-    elif ahead is None:
-        choice = remembered or check()
-        announce(choice)
-        keyed, totals, written = run(choice)
-    else:
-        with ThreadPoolExecutor(1, thread_name_prefix="raypack-check") as checking:
-            checked = checking.submit(check)
-            checked.add_done_callback(lambda f: None if f.exception() else announce(f.result()))
-
-            def refused() -> bool:
-                if not checked.done():
-                    return False
-                return checked.exception() is not None or checked.result().label != ahead.label
-
-            keyed, totals, written = run(ahead, refused)
-            try:
-                choice = checked.result()  # the check's ConfigError (tokenizer.backend fastokens)
-            except BaseException:
-                discard(written)
-                raise
-        if choice.label != ahead.label or unloaded:
-            if written:
-                began = f"{len(written)} units tokenized by {ahead.label} before its check"
-                log(f"[raypack] {began}: tokenizing again")
-            discard(written)
-            keyed, totals, written = run(choice)
-    failovers = list(totals.failovers)
-    if failovers and choice.backend != "tokenizers":
-        log(f"[raypack] {choice.backend} gave other ids than tokenizers ({failovers[0]}): tokenizing again")
-        discard(written)
-        if memory:
-            remember_failover(memory, choice, tok, failovers[0], cfg.storage)
-        choice = failed_over(choice, failovers[0])
-        keyed, totals, _ = run(choice)
-    totals.check_complete()
-    # What the workers proved (or the store's entries say they did): a unit that cut or kept a long
-    # text whole says its rule; one from an entry written before that said none of either.
-    return Tokenized(keyed, totals, choice, failovers, chat, totals.cut_rule)
+            _ = self.tok.tokenizer
+        self.clear()
+        self.cleared = True
 
 
 # What a backend is said to have been chosen for, where a token store held every unit under its key.

@@ -445,16 +445,54 @@ def run_exchange(
     for the writers (`progress` advanced by each one's files as it finishes). The driver drops its
     handles of the pieces as soon as their consumers are submitted, so Ray frees each piece once its
     consumer is done (a local run deletes its piece files at the end)."""
-    patterns = runner.patterns
     # Where every task maps the token files (a local run, local files), items name their tokens
     # there and the writers copy each token once, from the page cache to its pack: the assign tasks
     # copied every token into its item (fresh memory), then into a blob file, which the writer
-    # read back (a 500 MB job's assign+write: see docs/benchmarks.md, run 21).
+    # read back (assign+write of a 500 MB job: docs/benchmarks.md).
     in_place = runner.shares_disk and all(not is_uri(u.token_file) for u in shards)
+    to_part, to_ids, counts = _assign_tasks(
+        runner, cfg, plan, lay, totals, shards, file_keys, selection, in_place
+    )
+    to_writer = _merge_tasks(runner, lay, file_keys, to_part) if lay.merge_width else to_part
+    del to_part
     token_files = {u.index: u.token_file for u in shards} if in_place else None
+    writes = _write_tasks(runner, cfg, lay, file_keys, spec, token_files, to_writer)
+    del to_writer
+    id_tasks = [runner.submit(count_ids, (examples, *blobs)) for blobs in to_ids]
+    del to_ids
+    written, pending = [], list(writes)
+    while pending:
+        done, table = runner.first_done(pending)
+        pending.remove(done)
+        written += table.to_pylist()
+        if progress is not None:
+            progress.advance(writes[done], int(pc.sum(table.column("tokens")).as_py() or 0) * 4)
+    moved = [runner.get(c) for c in counts]
+    found = [runner.first_done([t])[1] for t in id_tasks]
+    runner.discard_blobs()
+    return Exchanged(
+        written,
+        sum(int(c["items"]) for c in moved),
+        sum(int(c["tokens"]) for c in moved),
+        **shared_ids(found, examples),
+    )
+
+
+def _assign_tasks(
+    runner: Runner,
+    cfg: JobConfig,
+    plan: Plan,
+    lay: Layout,
+    totals: Totals,
+    shards: list[WorkUnit],
+    file_keys: np.ndarray,
+    selection: Selection | None,
+    in_place: bool,
+) -> tuple[list[list[Any]], list[list[Any]], list[Any]]:
+    """An assign task a run of shards (assign_run), submitted: the blobs it yields for each
+    partition, for each id part, and its counts."""
     plan_blob = runner.put(plan)
     part_first_key = file_keys[lay.writer_first[lay.part_first[:-1]]]
-    writer_first_key = file_keys[lay.writer_first[:-1]]
     to_part: list[list[Any]] = [[] for _ in range(lay.partitions)]
     to_ids: list[list[Any]] = [[] for _ in range(lay.id_parts)]
     counts = []
@@ -473,7 +511,7 @@ def run_exchange(
             lay.round_ends[run],
             part_first_key,
             lay.id_parts,
-            patterns,
+            runner.patterns,
             selection,
             in_place,
         )
@@ -484,52 +522,49 @@ def run_exchange(
                 to_ids[index].append(blob)
             else:
                 counts.append(blob)
-    del plan_blob
+    return to_part, to_ids, counts
 
+
+def _merge_tasks(
+    runner: Runner, lay: Layout, file_keys: np.ndarray, to_part: list[list[Any]]
+) -> list[list[Any]]:
+    """The second hop (lay.merge_width): each partition's pieces merged, merge_width at a time, into
+    a piece for each of its writers; the blobs each writer reads."""
+    writer_first_key = file_keys[lay.writer_first[:-1]]
     to_writer: list[list[Any]] = [[] for _ in range(lay.writers)]
-    if lay.merge_width:
-        for p in range(lay.partitions):
-            first, last = int(lay.part_first[p]), int(lay.part_first[p + 1])
-            for j in range(0, len(to_part[p]), lay.merge_width):
-                batch = to_part[p][j : j + lay.merge_width]
-                out = runner.spread(
-                    merge_pieces, (writer_first_key[first:last], patterns, *batch), last - first
-                )
-                for w, blob in zip(range(first, last), out, strict=True):
-                    to_writer[w].append(blob)
-    else:
-        to_writer = to_part
-    del to_part
+    for p in range(lay.partitions):
+        first, last = int(lay.part_first[p]), int(lay.part_first[p + 1])
+        for j in range(0, len(to_part[p]), lay.merge_width):
+            batch = to_part[p][j : j + lay.merge_width]
+            out = runner.spread(
+                merge_pieces, (writer_first_key[first:last], runner.patterns, *batch), last - first
+            )
+            for w, blob in zip(range(first, last), out, strict=True):
+                to_writer[w].append(blob)
+    return to_writer
 
+
+def _write_tasks(
+    runner: Runner,
+    cfg: JobConfig,
+    lay: Layout,
+    file_keys: np.ndarray,
+    spec: Spec,
+    token_files: dict[int, str] | None,
+    to_writer: list[list[Any]],
+) -> dict[Any, int]:
+    """A write task a range of output files (write_files), submitted: each task's handle, with the
+    number of files it writes."""
     bucketed = cfg.pack.algorithm == "bucket"
     threads = encode_threads(runner.width, lay.writers)
     writes = {}
     for w in range(lay.writers):
         keys = file_keys[lay.writer_first[w] : lay.writer_first[w + 1]]
-        task = (keys, cfg.output.path, spec, bucketed, cfg.storage, patterns, token_files, threads)
+        task = (keys, cfg.output.path, spec, bucketed, cfg.storage, runner.patterns, token_files, threads)
         writes[runner.submit(write_files, (*task, *to_writer[w]))] = int(
             lay.writer_first[w + 1] - lay.writer_first[w]
         )
-    del to_writer
-    id_tasks = [runner.submit(count_ids, (examples, *blobs)) for blobs in to_ids]
-    del to_ids
-
-    written, pending = [], list(writes)
-    while pending:
-        done, table = runner.first_done(pending)
-        pending.remove(done)
-        written += table.to_pylist()
-        if progress is not None:
-            progress.advance(writes[done], int(pc.sum(table.column("tokens")).as_py() or 0) * 4)
-    moved = [runner.get(c) for c in counts]
-    found = [runner.first_done([t])[1] for t in id_tasks]
-    runner.discard_blobs()
-    return Exchanged(
-        written,
-        sum(int(c["items"]) for c in moved),
-        sum(int(c["tokens"]) for c in moved),
-        **shared_ids(found, examples),
-    )
+    return writes
 
 
 def encode_threads(width: int, writers: int) -> int:

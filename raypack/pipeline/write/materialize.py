@@ -99,25 +99,7 @@ def write_pack_file(
     # Each item's tokens (a run of the value buffer, items in arrival order) go to its slot.
     dst = np.empty(len(order), dtype=np.int64)
     dst[order] = row_of_item * capacity + offset
-    # doc_offsets per pack: 0, then the end of each item (cu_seqlens).
-    ends = (offset + length).astype(np.int32)
-    offsets_values = np.insert(ends, first, np.zeros(n_packs, dtype=np.int32))
-    offsets_list = np.r_[0, np.cumsum(counts + 1)].astype(np.int32)
-    item_list = np.r_[0, np.cumsum(counts)].astype(np.int32)
-    take = pa.array(order)
-    index = pa.table(
-        {
-            "doc_offsets": pa.ListArray.from_arrays(pa.array(offsets_list), pa.array(offsets_values)),
-            "doc_ids": pa.ListArray.from_arrays(
-                pa.array(item_list), items.column("doc_id").take(take).combine_chunks()
-            ),
-            "chunk_index": pa.ListArray.from_arrays(
-                pa.array(item_list), items.column("chunk").take(take).combine_chunks()
-            ),
-            "num_tokens": pa.array(fill.astype(np.int32)),
-        },
-        schema=schema.PACK_INDEX,
-    )
+    index = _pack_index(items, order, first, counts, (offset + length).astype(np.int32), fill)
     stem = stem_of(capacity if bucketed else None, part, group)
     starts = dst[order]  # every item's first position, in pack order
     values = [c.values.to_numpy() for c in chunks]
@@ -140,6 +122,37 @@ def write_pack_file(
     loss_mask = loss_mask_of(input_ids, starts, fill, spec, part)
     packs = Packs(stem, input_ids, index, loss_mask)
     return write_packs(packs, output, spec, storage)
+
+
+def _pack_index(
+    items: pa.Table,
+    order: np.ndarray,
+    first: np.ndarray,
+    counts: np.ndarray,
+    ends: np.ndarray,
+    fill: np.ndarray,
+) -> pa.Table:
+    """The file's pack index (schema.PACK_INDEX): each pack's documents, chunks and tokens, from the
+    items in (pack, slot) `order`, each pack's `first` item and item `counts`, every item's end in
+    its pack (`ends`) and each pack's `fill`."""
+    # doc_offsets per pack: 0, then the end of each item (cu_seqlens).
+    offsets_values = np.insert(ends, first, np.zeros(len(first), dtype=np.int32))
+    offsets_list = np.r_[0, np.cumsum(counts + 1)].astype(np.int32)
+    item_list = np.r_[0, np.cumsum(counts)].astype(np.int32)
+    take = pa.array(order)
+    return pa.table(
+        {
+            "doc_offsets": pa.ListArray.from_arrays(pa.array(offsets_list), pa.array(offsets_values)),
+            "doc_ids": pa.ListArray.from_arrays(
+                pa.array(item_list), items.column("doc_id").take(take).combine_chunks()
+            ),
+            "chunk_index": pa.ListArray.from_arrays(
+                pa.array(item_list), items.column("chunk").take(take).combine_chunks()
+            ),
+            "num_tokens": pa.array(fill.astype(np.int32)),
+        },
+        schema=schema.PACK_INDEX,
+    )
 
 
 @dataclass(frozen=True)
