@@ -11,7 +11,7 @@ once per machine (and CPU model), whatever directory it runs from. `python -m ra
 fills it ahead of time (the Dockerfile and `make` run it).
 
 Root: $RAYPACK_NUMBA_CACHE, else $XDG_CACHE_HOME/raypack/numba, else ~/.cache/raypack/numba. An
-unwritable root falls back to numba's own locators; NUMBA_CACHE_LOCATOR_CLASSES, when set, wins.
+unwritable root falls back to numba's own locators.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["cache_root", "has_entries", "install"]
+__all__ = ["cache_root", "cached", "has_entries"]
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # this copy of raypack/
 
@@ -61,9 +61,11 @@ def has_entries() -> bool:
         return False
 
 
-def _locator_class() -> type:
-    """The locator, a subclass of numba's own (defined here, not at import: raypack.packing._jit
-    imports numba only for a first call)."""
+@functools.cache
+def _cache_class() -> type:
+    """numba's FunctionCache with the content-keyed locator first (defined at the first call, not at
+    import: raypack.packing._jit imports numba only for a first call). A subclass: numba's own list
+    of locators, which every numba function in the process uses, is left as it is."""
     from numba.core import caching
 
     class ContentCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
@@ -87,20 +89,26 @@ def _locator_class() -> type:
             try:
                 locator.ensure_cache_path()
             except OSError:
-                return None
+                return None  # an unwritable root: numba's own locators decide
             return locator
 
-    return ContentCacheLocator
+    base = caching.FunctionCache._impl_class
+
+    class ContentImpl(base):  # type: ignore[misc, valid-type]
+        _locator_classes: ClassVar[list[type]] = [ContentCacheLocator, *base._locator_classes]
+
+    class ContentCache(caching.FunctionCache):
+        _impl_class = ContentImpl
+
+    return ContentCache
 
 
-def install() -> None:
-    """Put the locator first for functions decorated from now on (raypack.packing._jit calls it
-    before it decorates any); once a process."""
-    from numba.core import caching
-
-    impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)
-    classes = getattr(impl, "_locator_classes", None)
-    if classes is None:  # another numba layout: its own cache still works, keyed by path
-        return
-    if not any(getattr(c, "__name__", "") == "ContentCacheLocator" for c in classes):
-        classes.insert(0, _locator_class())
+def cached(dispatcher: Any) -> Any:
+    """`dispatcher` (numba.njit's, made without cache=True) caching its compiled code under the
+    content-keyed root, as numba's cache=True would under its own locators (Dispatcher.enable_caching
+    sets the same attribute). Where this numba has another layout, its own cache (keyed by path)."""
+    try:
+        dispatcher._cache = _cache_class()(dispatcher.py_func)
+    except AttributeError:
+        dispatcher.enable_caching()
+    return dispatcher

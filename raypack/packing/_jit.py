@@ -8,13 +8,14 @@ builds the command's parser from it, while the plan and every loop run in the wo
 paid the import on the driver, beside the workers' start on 2 cores.
 
 How: `njit(fn)` returns a Compiled, which stands in for the function and is registered. The first
-call of any Compiled imports numba, installs the content-keyed cache locator (_cache, before any
-function is decorated), decorates every registered function with numba.njit(cache=True,
-nogil=True) as the modules used to, and puts each dispatcher where its Compiled stood in every
-raypack module (a compiled function calls another through its module's globals, which numba types
-when it compiles: they must be dispatchers by then). A Compiled kept elsewhere (a dict's value, an
-attribute) still calls its dispatcher, one Python call further away. Numba's cache keys a function
-by its file, line and name, which this does not change: entries compiled before are found.
+call of any Compiled imports numba, decorates every registered function with numba.njit(nogil=True),
+its code cached under the content-keyed root (_cache.cached), and puts each dispatcher where its
+Compiled stood in every raypack module (a compiled function calls another through its module's
+globals, which numba types when it compiles: they must be dispatchers by then). A Compiled kept
+elsewhere (a dict's value, an attribute) still calls its dispatcher, one Python call further away.
+Numba's cache keys a function by its file, line and name, which this does not change: entries
+compiled before are found. What this changes in a process is raypack's own (its modules' globals,
+its functions' caches): numba's settings and every other numba function are left as they are.
 """
 
 from __future__ import annotations
@@ -65,9 +66,8 @@ def load(wanted: Compiled | None = None) -> Any:
 
             from raypack.packing import _cache
 
-            _cache.install()
             for compiled in _PENDING:
-                compiled.dispatcher = numba.njit(cache=True, nogil=True)(compiled.py_func)
+                compiled.dispatcher = _cache.cached(numba.njit(nogil=True)(compiled.py_func))
             _PENDING.clear()
             for name, module in list(sys.modules.items()):
                 if not name.startswith("raypack.") or module is None:

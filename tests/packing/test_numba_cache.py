@@ -89,3 +89,26 @@ def test_a_job_says_when_it_must_compile_the_packers_first(
     monkeypatch.setattr(prepare, "compiled_code_cached", lambda: False)
     run_job(cfg, overwrite=True, log=said.append)
     assert any("compiled code is not cached on this machine yet" in line for line in said)
+
+
+def test_compiling_the_packers_leaves_numbas_own_settings_alone(tmp_path: Path) -> None:
+    """The content-keyed cache is raypack's functions' own (each dispatcher's cache), not a locator
+    put into numba's list that every numba function of the process (the user's) would meet."""
+    code = (
+        "from numba.core import caching; import numpy as np; "
+        "before = list(caching.CacheImpl._locator_classes); "
+        "from raypack.packing import pack; pack(np.arange(1, 50), 64, 'bfd', seed=0); "
+        "from raypack.packing.warmup import dispatchers; "
+        "assert list(caching.CacheImpl._locator_classes) == before, caching.CacheImpl._locator_classes; "
+        "kinds = {type(d._cache).__name__ for d in dispatchers()}; "
+        "assert kinds == {'ContentCache'}, kinds; print('ok')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "RAYPACK_NUMBA_CACHE": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
