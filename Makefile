@@ -15,14 +15,14 @@ MDS_TORCH := $(if $(filter aarch64 arm64,$(shell uname -m)),torch==2.9.1 torchvi
 WHEELS ?= .cache/wheels
 MISTRAL_COMMON := mistral_common-1.13.1-py3-none-any.whl
 
-.PHONY: demo plan-demo test test-slow soak lint browser mds-client real-tokenizers bench report-screenshot clean
+.PHONY: demo plan-demo test test-fast test-slow soak lint browser mds-client real-tokenizers bench report-screenshot clean
 
 $(BIN)/raypack: pyproject.toml
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "raypack needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	# Megatron-Bridge collates output.format bridge in tests/test_chat.py: 0.3.1 is its newest for
+	# Megatron-Bridge collates output.format bridge in tests/chat/: 0.3.1 is its newest for
 	# Python 3.11; without its dependencies (Transformer Engine, NeMo...), which its data module
 	# does not need.
 	$(BIN)/python -m pip install --quiet --no-deps "megatron-bridge==0.3.1"
@@ -69,6 +69,15 @@ XDIST := -n 2 --dist loadfile
 
 test: lint browser mds-client real-tokenizers
 	$(BIN)/pytest $(XDIST)
+
+# The inner loop's tier (~30 s on 2 cores): the pure rooms (packers, config, metrics, mixtures, the
+# formats' byte writers, the lease) and the house's rules; no job, no Ray, no compile of the packers.
+FAST := tests/packing tests/test_config.py tests/test_architecture.py tests/test_metrics.py \
+	tests/test_mixture.py tests/formats/test_fixed_lists.py tests/formats/test_joined.py \
+	tests/dataset/test_lease.py --ignore=tests/packing/test_numba_cache.py
+
+test-fast: $(BIN)/raypack
+	$(BIN)/pytest $(XDIST) $(FAST)
 
 test-slow: $(BIN)/raypack
 	$(BIN)/pytest -m slow $(XDIST)

@@ -23,7 +23,7 @@ if _typing.TYPE_CHECKING:  # (names for the annotations only: the package's name
     from raypack.pipeline.record import RunRecord
     from raypack.verifier import VerifyReport
 
-from raypack.version import __version__
+from raypack._version import __version__
 
 __all__ = ["__version__", "load_config", "pack", "verify"]
 

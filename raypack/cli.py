@@ -17,8 +17,8 @@ from contextlib import suppress
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
+from raypack._version import __version__
 from raypack.errors import ConfigError, JobError, storage_cause
-from raypack.version import __version__
 
 if TYPE_CHECKING:
     from raypack.config import JobConfig

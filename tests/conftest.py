@@ -295,7 +295,7 @@ def job_config(
     """A job's config file. `file_units`: a file a work unit (input.group_bytes 0): these corpora's
     files of a few KB stand for shards of many MB, and their tests count on a unit a file (units
     tokenized, reused, retried, on several nodes); runs of small files, the default a user gets, are
-    tests/pipeline/test_groups.py's, with file_units False."""
+    tests/corpus/test_groups.py's, with file_units False."""
     config: dict[str, Any] = {
         "input": {"paths": [corpus_glob], **({"group_bytes": 0} if file_units else {})},
         "tokenizer": {"path": str(tokenizer_file)},

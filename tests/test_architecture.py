@@ -114,7 +114,7 @@ def test_the_job_is_an_executor() -> None:
 # room or from rooms below it (docs/architecture.md). A room is a package (raypack/text/, ...), a
 # stage folder of the pipeline, or a top-level module.
 LAYERS: list[set[str]] = [
-    {"errors", "paths", "schema", "progress", "version"},
+    {"errors", "paths", "schema", "progress", "_version"},
     {"packing"},
     {"metrics", "config"},
     {"mixture", "storage"},

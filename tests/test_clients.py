@@ -39,7 +39,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Pa
 
 
 def llama(attn: str, vocab: int = VOCAB, positions: int = SEQ_LEN) -> Any:
-    """A tiny random Llama (nothing downloaded), seeded, in eval mode (tests/test_chat.py uses it too)."""
+    """A tiny random Llama (nothing downloaded), seeded, in eval mode (tests/chat/ uses it too)."""
     config = transformers.LlamaConfig(
         vocab_size=vocab,
         hidden_size=32,

@@ -6,7 +6,7 @@ tokenize worker and again with two, the way a user's job runs (raypack.pack, run
 a corpus this small, this machine's processes), and checks both against tests/oracle.py, which was
 written apart from the pipeline: every document (or each of its copies) once, token for token, its
 mask bit for bit, each source's share, the padding, and the same bytes whatever the number of
-workers. (The same bytes on Ray: tests/pipeline/test_runners.py.)
+workers. (The same bytes on Ray: tests/engine/test_runners.py.)
 
 The light tier draws EXAMPLES jobs a run (a different draw each run: hypothesis picks them);
 `-m slow` draws SLOW_EXAMPLES. A failure prints the drawn job (hypothesis' "Falsifying example").

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from raypack import schema
+from raypack._version import __version__
 from raypack.config import JobConfig
 from raypack.dataset.layout import METRICS
 from raypack.dataset.manifest import dataset_files, format_entry, manifest_files
@@ -24,7 +25,6 @@ from raypack.pipeline.place.select import Selection
 from raypack.pipeline.prepare import Prepared
 from raypack.pipeline.tokenize.stage import Tokenized
 from raypack.pipeline.write.stage import Duplicates, Written
-from raypack.version import __version__
 
 __all__ = [
     "MIXTURE_KEY",

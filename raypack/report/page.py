@@ -9,11 +9,11 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from raypack._version import __version__
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.report import plots
 from raypack.report.model import Report, Run
 from raypack.text.chat import chat_rows
-from raypack.version import __version__
 
 __all__ = ["render"]
 

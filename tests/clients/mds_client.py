@@ -1,7 +1,7 @@
 """Run by the MosaicML streaming environment (.venv-mds: mosaicml-streaming needs numpy < 2.2 and
 torchvision, which this project's environment cannot hold): read a raypack mds dataset with
 streaming's own LocalDataset and StreamingDataset, write each shard again with its MDSWriter, and
-save what it saw for tests/test_formats.py to compare with raypack's packs.
+save what it saw for tests/formats/test_formats.py to compare with raypack's packs.
 
     python mds_client.py DATASET_DIR OUT.npz
 """

@@ -157,7 +157,7 @@ def test_a_killed_worker_is_retried_and_the_output_is_byte_identical(
         result = raypack.pack(str(path), overrides=overrides, log=quiet)
     assert saboteur.done, f"no {victim} process was seen to kill"
     # (Whether the kill landed before the task answered is a race the saboteur cannot see: the task
-    # run again is tests/pipeline/test_runners.py's, deterministically.)
+    # run again is tests/engine/test_runners.py's, deterministically.)
     assert result.runner["name"] == ("local" if executor == "auto" else "ray")
     assert _digest(tmp_path / "out") == want
     assert verify(str(tmp_path / "out")).ok

@@ -41,7 +41,7 @@ from raypack.verifier import verify
 from tests import s3server
 from tests.conftest import make_corpus, s3_job_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SEQ = 512
 VOCAB = 512  # the session tokenizer's
 EOS, PAD = 0, 2  # <|endoftext|>, and the pad the jobs here write (<|pad|>)
