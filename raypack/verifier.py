@@ -26,7 +26,7 @@ import json
 import random
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +40,12 @@ from raypack.dataset.previous import aside_note
 from raypack.errors import ConfigError
 from raypack.formats import Spec, packs_of, spec_of
 from raypack.storage import exists, join, read_bytes, resolve
+
+if TYPE_CHECKING:
+    from raypack.corpus.readers.records import Batch
+    from raypack.corpus.units import WorkUnit
+    from raypack.text.chat import ChatTemplate
+    from raypack.text.tokenizer import LoadedTokenizer
 
 __all__ = ["VerifyReport", "verify"]
 
@@ -97,18 +103,8 @@ def verify(
     storage = storage or (config.storage if config is not None else None)
     output = resolve_dataset(output, storage)
     report = VerifyReport(dataset=output)
-    if not exists(join(output, MANIFEST), storage):
-        if not exists(output, storage):
-            report.add(f"{output} does not exist")
-        else:
-            report.add(
-                "no manifest.json: the dataset is incomplete (or not a raypack output)" + aside_note(output)
-            )
-        return report
-    manifest = json.loads(read_bytes(join(output, MANIFEST), storage))
-    if manifest.get("schema_version") not in schema.READABLE_SCHEMA_VERSIONS:
-        versions = ", ".join(map(str, schema.READABLE_SCHEMA_VERSIONS))
-        report.add(f"schema_version {manifest.get('schema_version')} is not one of {versions}")
+    manifest = _readable_manifest(output, report, storage)
+    if manifest is None:
         return report
     spec = spec_of(manifest)
     report.format = spec.name
@@ -116,18 +112,7 @@ def verify(
     for problem in differs:
         report.add(problem)
     docs = _read_index(output, manifest, storage)
-    # A row per input document, or per copy of one in a mixture (copy 0, 1, ...; -1 for a document
-    # the mixture left out): the documents are the rows of copy 0 or -1.
-    originals = docs.filter(pc.less_equal(docs.column("copy"), 0))
-    report.documents = originals.num_rows
-    # Per id: occurrences (copies included), chunks (sum and widest) and tokens placed, for the
-    # document check; ids that several input documents share stay out of the re-tokenized sample.
-    per_id = docs.group_by("doc_id").aggregate(
-        [("doc_id", "count"), ("chunks", "sum"), ("chunks", "max"), ("placed", "sum")]
-    )
-    inputs = originals.group_by("doc_id").aggregate([("doc_id", "count")])
-    shared = inputs.filter(pc.greater(inputs.column("doc_id_count"), 1)).column("doc_id")
-    report.duplicate_ids = len(shared)
+    per_id, shared = _count_documents(docs, report)
     partial: dict[str, int] = {}  # a mixture's cut documents: their partial copy's tokens
     if "mixture" in manifest:
         partial = _check_mixture(manifest, docs, report)
@@ -141,13 +126,8 @@ def verify(
     _check_dataset_files(output, manifest, spec, report, storage)
     if items is not None:
         _check_documents(per_id, items, report)
-    counts = manifest["counts"]
-    for key, got in (("documents", report.documents), ("items", report.items), ("packs", report.packs)):
-        if counts[key] != got:
-            report.add(f"manifest counts {counts[key]} {key}, the output holds {got}")
-    if counts["tokens"] != report.tokens:
-        report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
-    _check_rejects(output, counts, report, storage)
+    _check_counts(manifest["counts"], report)
+    _check_rejects(output, manifest["counts"], report, storage)
     if config is not None and items is not None and report.ok:
         if not picks and report.documents and not differs:
             report.warnings.append(
@@ -156,6 +136,53 @@ def verify(
             )
         _check_sample(config, manifest, docs, picks, pieces, partial, report, datasets or {})
     return report
+
+
+def _readable_manifest(
+    output: str, report: VerifyReport, storage: StorageConfig | None
+) -> dict[str, Any] | None:
+    """The dataset's manifest, or None (and a problem) when there is none or verify cannot read
+    its schema version."""
+    if not exists(join(output, MANIFEST), storage):
+        if not exists(output, storage):
+            report.add(f"{output} does not exist")
+        else:
+            report.add(
+                "no manifest.json: the dataset is incomplete (or not a raypack output)" + aside_note(output)
+            )
+        return None
+    manifest: dict[str, Any] = json.loads(read_bytes(join(output, MANIFEST), storage))
+    if manifest.get("schema_version") not in schema.READABLE_SCHEMA_VERSIONS:
+        versions = ", ".join(map(str, schema.READABLE_SCHEMA_VERSIONS))
+        report.add(f"schema_version {manifest.get('schema_version')} is not one of {versions}")
+        return None
+    return manifest
+
+
+def _count_documents(docs: pa.Table, report: VerifyReport) -> tuple[pa.Table, pa.ChunkedArray]:
+    """Counts the index's input documents, and the ids several of them share, into `report`;
+    returns the index by id (occurrences, copies included; chunks summed and widest; tokens placed)
+    for the document check, and the shared ids, which the re-tokenized sample leaves out."""
+    # A row per input document, or per copy of one in a mixture (copy 0, 1, ...; -1 for a document
+    # the mixture left out): the documents are the rows of copy 0 or -1.
+    originals = docs.filter(pc.less_equal(docs.column("copy"), 0))
+    report.documents = originals.num_rows
+    per_id = docs.group_by("doc_id").aggregate(
+        [("doc_id", "count"), ("chunks", "sum"), ("chunks", "max"), ("placed", "sum")]
+    )
+    inputs = originals.group_by("doc_id").aggregate([("doc_id", "count")])
+    shared = inputs.filter(pc.greater(inputs.column("doc_id_count"), 1)).column("doc_id")
+    report.duplicate_ids = len(shared)
+    return per_id, shared
+
+
+def _check_counts(counts: dict[str, Any], report: VerifyReport) -> None:
+    """The manifest's counts of documents, items, packs and tokens against what the output holds."""
+    for key, got in (("documents", report.documents), ("items", report.items), ("packs", report.packs)):
+        if counts[key] != got:
+            report.add(f"manifest counts {counts[key]} {key}, the output holds {got}")
+    if counts["tokens"] != report.tokens:
+        report.add(f"manifest counts {counts['tokens']} tokens, the packs hold {report.tokens}")
 
 
 # The sections whose settings make a dataset's bytes, and in each the settings that do not: where the
@@ -582,25 +609,42 @@ def _check_sample(
 ) -> None:
     """Re-read and re-tokenize the picked documents; compare with their tokens in the packs. A Ray
     Dataset's documents are re-read from `datasets`, cut into units as the job cut them."""
-    from raypack.corpus.datasets import dataset_units
     from raypack.corpus.files import input_files
-    from raypack.corpus.readers import read_unit
-    from raypack.corpus.units import WorkUnit, unit_from_entry
-    from raypack.dataset.manifest import entry_files
-    from raypack.text.encode import encode_chat, encode_documents
-    from raypack.text.files import chat_template, read_tokenizer
 
     # The work units as the job cut them (the manifest lists them in order): cutting them again would
     # read every large JSONL file whole to count its lines.
     found = {s.relpath: s for s in input_files(config.input, config.storage)}
-    shards: dict[int, WorkUnit] = {}
+    _warn_datasets_not_given(config, datasets, report)
+    again = _dataset_units_again(config, manifest, datasets)
+    shards, from_datasets = _units_to_reread(manifest, found, again, datasets, report)
+    _warn_new_inputs(manifest, found, report)
+    expected = _retokenize(config, manifest, docs, picks, shards, from_datasets, report)
+    _compare_sample(config, docs, expected, pieces, partial, report)
+
+
+def _warn_datasets_not_given(config: JobConfig, datasets: dict[str, Any], report: VerifyReport) -> None:
+    """A warning naming the Ray Datasets the job read that were not given: their documents are not
+    re-tokenized."""
     if config.input.datasets and not datasets:
         report.warnings.append(
             "the input was a Ray Dataset: its documents were not re-tokenized (pass it as "
             "raypack.verify(..., dataset=...) to check a sample of them)"
         )
-    # Cut as the job cut them (its unit_rows, whatever the config's), each source's units numbered
-    # from its first entry in the manifest.
+    missing = sorted(set(config.input.datasets) - set(datasets))
+    if datasets and missing:
+        report.warnings.append(
+            f"no Dataset was given for {', '.join(map(repr, missing))}: its documents were not re-tokenized"
+        )
+
+
+def _dataset_units_again(
+    config: JobConfig, manifest: dict[str, Any], datasets: dict[str, Any]
+) -> dict[int, WorkUnit]:
+    """The work units of the Ray Datasets given, by their index in the manifest: cut as the job cut
+    them (its unit_rows, whatever the config's), each source's units numbered from its first entry
+    in the manifest."""
+    from raypack.corpus.datasets import dataset_units
+
     rows = manifest.get("config", {}).get("input", {}).get("unit_rows", config.input.unit_rows)
     cut = dataclasses.replace(config.input, unit_rows=rows)
     again: dict[int, WorkUnit] = {}
@@ -609,30 +653,32 @@ def _check_sample(
         first = next((i for i, e in enumerate(manifest["inputs"]) if e.get("dataset") == label), None)
         if first is not None:
             again |= {u.index: u for u in dataset_units(cut, {name: ds}, first)}
-    missing = sorted(set(config.input.datasets) - set(datasets))
-    if datasets and missing:
-        report.warnings.append(
-            f"no Dataset was given for {', '.join(map(repr, missing))}: its documents were not re-tokenized"
-        )
+    return again
+
+
+def _units_to_reread(
+    manifest: dict[str, Any],
+    found: dict[str, WorkUnit],
+    again: dict[int, WorkUnit],
+    datasets: dict[str, Any],
+    report: VerifyReport,
+) -> tuple[dict[int, WorkUnit], set[int]]:
+    """The work unit of each manifest entry whose documents can be read again, by index, and the
+    indexes that are a Dataset's (a row's id is then checked against the index's). A problem for
+    each entry that cannot be read as the job read it; a warning naming the files that changed
+    since (their documents are re-read as they are now)."""
+    from raypack.corpus.units import unit_from_entry
+    from raypack.dataset.manifest import entry_files
+
+    shards: dict[int, WorkUnit] = {}
     drifted: dict[str, None] = {}  # in manifest order, each once (a split file has several units)
-    from_datasets: set[int] = set()  # a Dataset's units: a row's id is checked against the index's
+    from_datasets: set[int] = set()
     for index, entry in enumerate(manifest["inputs"]):
         if "dataset" in entry:
-            unit = again.get(index)
-            if unit is not None and [unit.shard.unit_start, unit.shard.unit_stop] == entry["rows"]:
+            unit = _dataset_unit(index, entry, again.get(index), datasets, report)
+            if unit is not None:
                 shards[index] = unit
                 from_datasets.add(index)
-            elif unit is not None or (datasets and entry.get("source", "") in datasets):
-                held = (
-                    f" (that unit's rows now: {unit.shard.unit_start:,}-{unit.shard.unit_stop:,})"
-                    if unit
-                    else ""
-                )
-                report.add(
-                    f"the Dataset given for {entry['dataset']!r} does not hold the rows the job read: "
-                    f"shard {index} was rows {entry['rows'][0]:,}-{entry['rows'][1]:,}{held}; its "
-                    "documents cannot be checked"
-                )
             continue
         files = entry_files(entry)
         gone = [f["path"] for f in files if f["path"] not in found]
@@ -650,12 +696,52 @@ def _check_sample(
             f"e.g. {', '.join(list(drifted)[:3])}: the sample re-reads them as they are now, so a difference "
             "there may be the input's, not the dataset's; a rebuild brings the dataset up to date"
         )
+    return shards, from_datasets
+
+
+def _dataset_unit(
+    index: int, entry: dict[str, Any], unit: WorkUnit | None, datasets: dict[str, Any], report: VerifyReport
+) -> WorkUnit | None:
+    """`unit`, the Dataset given's unit at manifest entry `index`, when it holds the rows the job
+    read there; else None, with a problem when a Dataset was given for the entry's source."""
+    if unit is not None and [unit.shard.unit_start, unit.shard.unit_stop] == entry["rows"]:
+        return unit
+    if unit is not None or (datasets and entry.get("source", "") in datasets):
+        held = f" (that unit's rows now: {unit.shard.unit_start:,}-{unit.shard.unit_stop:,})" if unit else ""
+        report.add(
+            f"the Dataset given for {entry['dataset']!r} does not hold the rows the job read: "
+            f"shard {index} was rows {entry['rows'][0]:,}-{entry['rows'][1]:,}{held}; its "
+            "documents cannot be checked"
+        )
+    return None
+
+
+def _warn_new_inputs(manifest: dict[str, Any], found: dict[str, WorkUnit], report: VerifyReport) -> None:
+    """A warning naming the files input.paths matches now that the dataset does not hold."""
+    from raypack.dataset.manifest import entry_files
+
     new = sorted(set(found) - {f["path"] for e in manifest["inputs"] for f in entry_files(e)})
     if new:
         report.warnings.append(
             f"{len(new):,} files match input.paths now that the dataset does not hold, e.g. "
             f"{', '.join(new[:3])}"
         )
+
+
+def _retokenize(
+    config: JobConfig,
+    manifest: dict[str, Any],
+    docs: pa.Table,
+    picks: list[int],
+    shards: dict[int, WorkUnit],
+    from_datasets: set[int],
+    report: VerifyReport,
+) -> dict[str, list[int]]:
+    """The tokens of each picked document that its unit still holds, by id, encoded as the dataset
+    was (chat data: staged, untrained tokens as -(id + 1)). A problem for a Dataset's row that is
+    not the document the job read there."""
+    from raypack.corpus.readers import read_unit
+
     wanted: dict[int, set[tuple[int, int]]] = {}  # by unit: (file, row) of each picked document
     picked_id: dict[tuple[int, int, int], str] = {}  # (unit, file, row) -> the index's id there
     for i in picks:
@@ -663,6 +749,31 @@ def _check_sample(
         unit_index = int(docs.column("shard")[i].as_py())
         wanted.setdefault(unit_index, set()).add(place)
         picked_id[(unit_index, *place)] = str(docs.column("doc_id")[i].as_py())
+    config, tok, template = _encoding_as_packed(config, manifest)
+    expected: dict[str, list[int]] = {}
+    for shard_index, rows in wanted.items():
+        if shard_index not in shards:
+            continue
+        for batch in read_unit(shards[shard_index], 256, config.storage):
+            numbers = batch.files or [0] * len(batch)
+            keep = [k for k, row in enumerate(batch.rows) if (numbers[k], row) in rows]
+            if shard_index in from_datasets:
+                keep = _rows_as_read(batch, keep, numbers, shard_index, picked_id, report)
+            if not keep:
+                continue
+            encoded = _encode_sample(tok, config, template, [batch.texts[k] for k in keep])
+            for k, tokens in zip(keep, encoded, strict=True):
+                expected[batch.ids[k]] = tokens
+    return expected
+
+
+def _encoding_as_packed(
+    config: JobConfig, manifest: dict[str, Any]
+) -> tuple[JobConfig, LoadedTokenizer, ChatTemplate | None]:
+    """The config set to render chat data as the dataset was rendered (the manifest's date and
+    spans), the tokenizer, and the chat template."""
+    from raypack.text.files import chat_template, read_tokenizer
+
     tok = read_tokenizer(config.tokenizer, config.storage, framed=config.framed)
     date = manifest.get("chat", {}).get("date")
     if config.tokenizer.chat_date is None and date is not None:  # the date the dataset was rendered with
@@ -671,55 +782,61 @@ def _check_sample(
         config = dataclasses.replace(
             config, tokenizer=dataclasses.replace(config.tokenizer, chat_spans="prefixes")
         )
-    template = chat_template(config, tok)
-    expected: dict[str, list[int]] = {}
-    for shard_index, rows in wanted.items():
-        if shard_index not in shards:
-            continue
-        shard = shards[shard_index]
-        for batch in read_unit(shard, 256, config.storage):
-            numbers = batch.files or [0] * len(batch)
-            keep = [k for k, row in enumerate(batch.rows) if (numbers[k], row) in rows]
-            if shard_index in from_datasets:
-                # A Dataset read again may give its rows in another order (an unseeded shuffle): a
-                # row whose id is not the one the job read there is the Dataset's change, said so.
-                other = [
-                    k for k in keep if batch.ids[k] != picked_id[(shard_index, numbers[k], batch.rows[k])]
-                ]
-                for k in other[:3]:
-                    was = picked_id[(shard_index, numbers[k], batch.rows[k])]
-                    report.add(
-                        f"the Dataset given holds {batch.ids[k]!r} at row {batch.rows[k]:,}, where the job "
-                        f"read {was!r}: it gives other rows than when it was packed (an unseeded "
-                        "random_shuffle?); its documents cannot be checked"
-                    )
-                keep = [k for k in keep if k not in other]
-            if not keep:
-                continue
-            if config.input.chat:  # the tokens and the mask: untrained tokens as -(id + 1), as staged
-                flat, lengths, _ = encode_chat(tok, config, template, [batch.texts[k] for k in keep])
-                ends = np.cumsum(lengths)
-                encoded = [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
-            else:
-                # Whole, not cut as the job cut them: the cuts are what this checks too.
-                texts = [batch.texts[k] for k in keep]
-                encoded = encode_documents(tok, config.tokenizer, texts, whole=WHOLE_CHARS)
-            for k, tokens in zip(keep, encoded, strict=True):
-                expected[batch.ids[k]] = tokens
+    return config, tok, chat_template(config, tok)
+
+
+def _rows_as_read(
+    batch: Batch,
+    keep: list[int],
+    numbers: list[int],
+    shard_index: int,
+    picked_id: dict[tuple[int, int, int], str],
+    report: VerifyReport,
+) -> list[int]:
+    """The rows of `keep` (a Dataset's, read again) that hold the document the job read there; a
+    problem for each of the first three that do not."""
+    # A Dataset read again may give its rows in another order (an unseeded shuffle): a
+    # row whose id is not the one the job read there is the Dataset's change, said so.
+    other = [k for k in keep if batch.ids[k] != picked_id[(shard_index, numbers[k], batch.rows[k])]]
+    for k in other[:3]:
+        was = picked_id[(shard_index, numbers[k], batch.rows[k])]
+        report.add(
+            f"the Dataset given holds {batch.ids[k]!r} at row {batch.rows[k]:,}, where the job "
+            f"read {was!r}: it gives other rows than when it was packed (an unseeded "
+            "random_shuffle?); its documents cannot be checked"
+        )
+    return [k for k in keep if k not in other]
+
+
+def _encode_sample(
+    tok: LoadedTokenizer, config: JobConfig, template: ChatTemplate | None, texts: list[Any]
+) -> list[list[int]]:
+    """Each document's tokens as the tokenize stage stages them: chat data's untrained ones as
+    -(id + 1), so the comparison checks the loss mask too."""
+    from raypack.text.encode import encode_chat, encode_documents
+
+    if config.input.chat:
+        flat, lengths, _ = encode_chat(tok, config, template, texts)
+        ends = np.cumsum(lengths)
+        return [flat[e - n : e].tolist() for e, n in zip(ends, lengths, strict=True)]
+    # Whole, not cut as the job cut them: the cuts are what this checks too.
+    return encode_documents(tok, config.tokenizer, texts, whole=WHOLE_CHARS)
+
+
+def _compare_sample(
+    config: JobConfig,
+    docs: pa.Table,
+    expected: dict[str, list[int]],
+    pieces: dict[str, list[tuple[int, list[int]]]],
+    partial: dict[str, int],
+    report: VerifyReport,
+) -> None:
+    """Each re-tokenized document against its pieces in the packs: a problem for each whose pieces
+    are missing or differ (or whose loss mask alone differs)."""
     copies = Counter(docs.column("doc_id").filter(pc.greater_equal(docs.column("copy"), 0)).to_pylist())
     seq_len, overflow = config.pack.seq_len, config.pack.overflow
     for doc_id, tokens in expected.items():
-        # Each copy (a mixture's) holds its kept tokens once, chunk by chunk; the cut's document's
-        # last copy only its first `partial` tokens, whole chunks (raypack.mixture.Cut).
-        cuts = [len(tokens)] * copies[doc_id]
-        if doc_id in partial and cuts:
-            cuts[-1] = partial[doc_id]
-        want = Counter(
-            (c, tuple(part[c * seq_len : (c + 1) * seq_len]))
-            for n in cuts
-            for part in [_kept(tokens[:n], overflow, seq_len)]
-            for c in range(-(-len(part) // seq_len))
-        )
+        want = _wanted_pieces(tokens, copies[doc_id], partial.get(doc_id), overflow, seq_len)
         got = Counter((c, tuple(part)) for c, part in pieces.get(doc_id, []))
         if got != want:
             what = "are missing" if not got else "differ"
@@ -732,6 +849,23 @@ def _check_sample(
                 + (f" ({partial[doc_id]:,} in its mixture's partial copy)" if doc_id in partial else "")
             )
         report.sampled += 1
+
+
+def _wanted_pieces(
+    tokens: list[int], copies: int, partial: int | None, overflow: str, seq_len: int
+) -> Counter[tuple[int, tuple[int, ...]]]:
+    """The pieces (chunk, tokens) the packs must hold of a document with these tokens: each copy
+    (a mixture's) its kept tokens once, chunk by chunk; with `partial`, its last copy only its first
+    `partial` tokens, whole chunks (raypack.mixture.Cut)."""
+    cuts = [len(tokens)] * copies
+    if partial is not None and cuts:
+        cuts[-1] = partial
+    return Counter(
+        (c, tuple(part[c * seq_len : (c + 1) * seq_len]))
+        for n in cuts
+        for part in [_kept(tokens[:n], overflow, seq_len)]
+        for c in range(-(-len(part) // seq_len))
+    )
 
 
 def _id_pieces(pieces: Counter[tuple[int, tuple[int, ...]]]) -> Counter[tuple[int, tuple[int, ...]]]:
