@@ -179,13 +179,31 @@ def prune(
     now = time.time() if now is None else now
     files = _files(path, storage)
     temporaries = [i for i in files if _is_temporary(i.base_name) and now - _mtime(i) > STALE_TMP_S]
+    entries = _entries(files)
+    order, leftovers = _by_age(entries, now)
+    doomed = _doomed(entries, order, leftovers, now, older_than_s, max_bytes)
+    removed_bytes = _remove(path, storage, [info for key in doomed for info in _token_first(entries[key])])
+    removed_bytes += _remove(path, storage, temporaries)
+    kept = usage(path, storage)
+    return Pruned(len(doomed) - len(leftovers), removed_bytes, len(temporaries) + len(leftovers), kept)
+
+
+def _entries(files: list[pafs.FileInfo]) -> dict[str, list[pafs.FileInfo]]:
+    """The store's files by the key they belong to (its token file, its rejects file, their
+    temporaries); files of no key left out."""
     entries: dict[str, list[pafs.FileInfo]] = {}
     for info in files:
         key = _key(info.base_name)
         if key is not None:
             entries.setdefault(key, []).append(info)
-    # Oldest first. A rejects file without its token file is a killed writer's once it is a day old
-    # (a live writer writes its rejects just before its token file): before every entry.
+    return entries
+
+
+def _by_age(entries: dict[str, list[pafs.FileInfo]], now: float) -> tuple[list[tuple[float, str]], set[str]]:
+    """(last use, key) of every entry with a token file, oldest first; and the keys a killed writer
+    left: files without a token file, all older than a day."""
+    # A rejects file without its token file is a killed writer's once it is a day old (a live
+    # writer writes its rejects just before its token file).
     order: list[tuple[float, str]] = []
     leftovers: set[str] = set()
     for key, infos in entries.items():
@@ -195,6 +213,19 @@ def prune(
         elif all(now - _mtime(i) > STALE_TMP_S for i in infos):
             leftovers.add(key)
     order.sort()
+    return order, leftovers
+
+
+def _doomed(
+    entries: dict[str, list[pafs.FileInfo]],
+    order: list[tuple[float, str]],
+    leftovers: set[str],
+    now: float,
+    older_than_s: float | None,
+    max_bytes: int | None,
+) -> list[str]:
+    """The keys to delete, in order: the leftovers, then, oldest first, the entries last used more
+    than `older_than_s` ago and those the store must lose to hold at most `max_bytes`."""
     total = sum(int(i.size or 0) for infos in entries.values() for i in infos)
     doomed = sorted(leftovers)
     total -= sum(int(i.size or 0) for key in leftovers for i in entries[key])
@@ -204,17 +235,22 @@ def prune(
         if old or over:
             doomed.append(key)
             total -= sum(int(i.size or 0) for i in entries[key])
-    removed_bytes = 0
-    for key in doomed:
-        # The token file first: without it the entry is no longer found, whatever else remains.
-        for info in sorted(entries[key], key=lambda i: not _is_entry(i.base_name)):
-            remove(join(path, info.base_name), storage)
-            removed_bytes += int(info.size or 0)
-    for info in temporaries:
+    return doomed
+
+
+def _token_first(infos: list[pafs.FileInfo]) -> list[pafs.FileInfo]:
+    """An entry's files in the order they are deleted: the token file first, for without it the
+    entry is no longer found, whatever else remains."""
+    return sorted(infos, key=lambda i: not _is_entry(i.base_name))
+
+
+def _remove(path: str, storage: StorageConfig | None, infos: list[pafs.FileInfo]) -> int:
+    """Deletes these files of the store, in order; returns their bytes."""
+    removed = 0
+    for info in infos:
         remove(join(path, info.base_name), storage)
-        removed_bytes += int(info.size or 0)
-    kept = usage(path, storage)
-    return Pruned(len(doomed) - len(leftovers), removed_bytes, len(temporaries) + len(leftovers), kept)
+        removed += int(info.size or 0)
+    return removed
 
 
 def _mtime(info: pafs.FileInfo) -> float:
