@@ -21,10 +21,16 @@ from raypack._version import __version__
 from raypack.errors import ConfigError, JobError, storage_cause
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from raypack.config import JobConfig
     from raypack.dataset.store import StoreUsage
     from raypack.engine import Runner
+    from raypack.report.model import Run
     from raypack.verifier import VerifyReport
+
+    # What add_subparsers returns: each command's _add_* function adds its parser to it.
+    Subcommands = argparse._SubParsersAction["_Parser"]
 
 T = TypeVar("T")
 
@@ -61,14 +67,28 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from raypack.config.output import OUTPUT_FORMATS
-    from raypack.packing import ALGORITHMS
-
     parser = _Parser(
         prog="raypack", description="Pack tokenized corpora into fixed-length training sequences."
     )
     parser.add_argument("--version", action="version", version=f"raypack {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add in (
+        _add_plan,
+        _add_pack,
+        _add_rebuild,
+        _add_verify,
+        _add_convert,
+        _add_report,
+        _add_cache,
+        _add_demo,
+    ):
+        add(sub)
+    return parser
+
+
+def _add_plan(sub: Subcommands) -> None:
+    """`raypack plan`: a dry run over document lengths, no data and no job config."""
+    from raypack.packing import ALGORITHMS
 
     plan = sub.add_parser(
         "plan",
@@ -112,6 +132,9 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
     plan.add_argument("--report", metavar="DIR", help="also write DIR/report.html: plots and the comparison")
 
+
+def _add_pack(sub: Subcommands) -> None:
+    """`raypack pack CONFIG`: the packing job."""
     pack = sub.add_parser(
         "pack",
         help="run the packing job: on this machine's processes (a small corpus, no cluster), on local Ray, "
@@ -123,6 +146,9 @@ def _build_parser() -> argparse.ArgumentParser:
     pack.add_argument("--overwrite", action="store_true", help="replace a dataset already at output.path")
     _add_quiet(pack)
 
+
+def _add_rebuild(sub: Subcommands) -> None:
+    """`raypack rebuild CONFIG`: a new version of a dataset, the unchanged shards' tokens reused."""
     rebuild = sub.add_parser(
         "rebuild",
         help="write a new version of a dataset, tokenizing only new or changed shards",
@@ -142,6 +168,9 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_overrides(rebuild)
     _add_quiet(rebuild)
 
+
+def _add_verify(sub: Subcommands) -> None:
+    """`raypack verify OUTPUT`: a finished dataset checked against its manifest and index."""
     verify = sub.add_parser(
         "verify",
         help="check that a packed dataset holds every input document exactly once",
@@ -151,6 +180,11 @@ def _build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--config", help="the job config: also re-tokenize a sample of documents and compare")
     verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize with --config (64)")
     _add_sets(verify, "; with --config, as the dataset was packed with them")
+
+
+def _add_convert(sub: Subcommands) -> None:
+    """`raypack convert DATASET`: a finished dataset written again in another output format."""
+    from raypack.config.output import OUTPUT_FORMATS
 
     convert = sub.add_parser(
         "convert",
@@ -174,6 +208,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     _add_sets(convert, "; with --config: storage.* and run.*", "storage.endpoint=http://127.0.0.1:8333")
 
+
+def _add_report(sub: Subcommands) -> None:
+    """`raypack report OUTPUT`: a finished dataset's report.html."""
     report = sub.add_parser(
         "report",
         help="write the HTML report of a packed dataset (raypack pack writes it too)",
@@ -185,6 +222,9 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--config", help="the job config, for its storage settings (an S3 endpoint)")
     _add_sets(report, "; with --config: storage.*", "storage.endpoint=http://127.0.0.1:8333")
 
+
+def _add_cache(sub: Subcommands) -> None:
+    """`raypack cache info|prune`: a token store looked at or pruned."""
     cache = sub.add_parser(
         "cache",
         help="look at or prune a token store (cache.path)",
@@ -199,6 +239,9 @@ def _build_parser() -> argparse.ArgumentParser:
     cache.add_argument("--config", help="a job config: its cache.path and storage settings (an S3 endpoint)")
     _add_sets(cache, "; with --config: storage.* and cache.*", "cache.path=/data/token-store")
 
+
+def _add_demo(sub: Subcommands) -> None:
+    """`raypack demo`: a built-in corpus packed offline."""
     demo = sub.add_parser(
         "demo",
         help="pack a built-in corpus (Python's standard library) with a built-in tokenizer, offline",
@@ -208,7 +251,6 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("out", metavar="OUT", nargs="?", default="raypack-demo", help="work dir (raypack-demo)")
     demo.add_argument("--seq-len", type=int, default=2048)
     _add_quiet(demo)
-    return parser
 
 
 def _add_sets(
@@ -284,40 +326,14 @@ def _config_of(
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from raypack import dryrun
-    from raypack.config import parse_override
-    from raypack.packing import ALGORITHMS
 
-    if args.config is not None:
-        raise ConfigError(
-            f"raypack plan takes no job config ({args.config}): it packs document lengths, from a "
-            "file or a packed dataset (--lengths PATH) or a built-in sample (--sample N), with "
-            "--seq-len; to pack a corpus: raypack pack CONFIG"
-        )
-    if args.lengths is None and args.sample is None:
-        raise ConfigError("raypack plan needs lengths: --lengths PATH or --sample N")
-    if not args.seq_len:
-        raise ConfigError("raypack plan needs --seq-len N [N ...]")
-    if args.algorithm == "all":
-        algorithms = list(ALGORITHMS)
-    else:
-        algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
-        for name in algorithms:
-            if name not in ALGORITHMS:
-                raise ConfigError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)} or all")
+    _check_plan_args(args)
+    algorithms = _plan_algorithms(args.algorithm)
     for n in args.seq_len:
         if n < 1:
             raise ConfigError(f"--seq-len must be >= 1, got {n}")
-    settings = {}
-    for text in args.overrides:
-        path, value = parse_override(text)
-        if len(path) == 2 and path[0] == "pack":  # as a job's config names it
-            path = path[1:]
-        if len(path) != 1:
-            raise ConfigError(
-                f"--set {text!r}: a plan takes pack settings only (max_depth=3, or pack.max_depth=3)"
-            )
-        settings[path[0]] = value
-    settings = dryrun.plan_settings(settings)  # before the lengths: a file of millions takes seconds
+    # Before the lengths: a file of millions takes seconds.
+    settings = dryrun.plan_settings(_plan_overrides(args.overrides))
     if args.report:
         _check_report_dir(args.report)  # before the sweep, which may take minutes
     lengths = (
@@ -333,14 +349,66 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"{len(lengths)} documents, {int(lengths.sum())} tokens")
         print(dryrun.format_table(results))
     if args.report:
-        from raypack.report import from_dry_run, write_report
-
-        source = (
-            args.lengths or f"built-in sample: {args.sample:,} lognormal(6.0, 1.2) lengths, seed {args.seed}"
-        )
-        written = write_report(from_dry_run(lengths, source, results, settings), args.report)
-        print(f"report: {written}", file=sys.stderr)
+        _write_plan_report(args, lengths, results, settings)
     return 0
+
+
+def _check_plan_args(args: argparse.Namespace) -> None:
+    """A ConfigError, saying what to give, for a plan given a job config, no lengths or no
+    --seq-len."""
+    if args.config is not None:
+        raise ConfigError(
+            f"raypack plan takes no job config ({args.config}): it packs document lengths, from a "
+            "file or a packed dataset (--lengths PATH) or a built-in sample (--sample N), with "
+            "--seq-len; to pack a corpus: raypack pack CONFIG"
+        )
+    if args.lengths is None and args.sample is None:
+        raise ConfigError("raypack plan needs lengths: --lengths PATH or --sample N")
+    if not args.seq_len:
+        raise ConfigError("raypack plan needs --seq-len N [N ...]")
+
+
+def _plan_algorithms(given: str) -> list[str]:
+    """The packers --algorithm names (a comma-separated list, or 'all'); ConfigError for an unknown
+    one."""
+    from raypack.packing import ALGORITHMS
+
+    if given == "all":
+        return list(ALGORITHMS)
+    algorithms = [a.strip() for a in given.split(",") if a.strip()]
+    for name in algorithms:
+        if name not in ALGORITHMS:
+            raise ConfigError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)} or all")
+    return algorithms
+
+
+def _plan_overrides(overrides: list[str]) -> dict[str, Any]:
+    """The pack settings --set gives, by their key within pack (max_depth=3, or pack.max_depth=3);
+    ConfigError for a setting of another section."""
+    from raypack.config import parse_override
+
+    settings = {}
+    for text in overrides:
+        path, value = parse_override(text)
+        if len(path) == 2 and path[0] == "pack":  # as a job's config names it
+            path = path[1:]
+        if len(path) != 1:
+            raise ConfigError(
+                f"--set {text!r}: a plan takes pack settings only (max_depth=3, or pack.max_depth=3)"
+            )
+        settings[path[0]] = value
+    return settings
+
+
+def _write_plan_report(
+    args: argparse.Namespace, lengths: np.ndarray, results: list[Run], settings: dict[str, Any]
+) -> None:
+    """--report DIR's report.html of the sweep, and a line on stderr saying where it is."""
+    from raypack.report import from_dry_run, write_report
+
+    source = args.lengths or f"built-in sample: {args.sample:,} lognormal(6.0, 1.2) lengths, seed {args.seed}"
+    written = write_report(from_dry_run(lengths, source, results, settings), args.report)
+    print(f"report: {written}", file=sys.stderr)
 
 
 def _check_report_dir(path: str) -> None:
