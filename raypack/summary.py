@@ -17,7 +17,15 @@ __all__ = ["format_rebuild", "format_summary"]
 def format_summary(result: JobResult, command_seconds: float | None = None, timed: str = "") -> str:
     """The summary of a run; `command_seconds`: the whole command's time, start-up to exit, or what
     `timed` says it is (raypack demo: the job's, after its corpus and tokenizer are built)."""
-    m = result.metrics
+    rows = [*_input_rows(result), *_packing_rows(result), *_run_rows(result, command_seconds, timed)]
+    width = max(len(k) for k, _ in rows)
+    text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+    return text + ("\n" + sources_table(result.sources) if result.sources else "")
+
+
+def _input_rows(result: JobResult) -> list[tuple[str, str]]:
+    """Where the output went and what of the input it holds: documents, rejects, lost files and
+    duplicate ids."""
     rows = [
         ("output", result.output),
         (
@@ -26,27 +34,29 @@ def format_summary(result: JobResult, command_seconds: float | None = None, time
             if result.rejected_records
             else f"{result.documents:,} (no record rejected)",
         ),
-        *(
-            [("lost files", f"{result.lost_files:,} input files unreadable whole or in part (allowed)")]
-            if result.lost_files
-            else []
-        ),
-        *(
-            [("rejects", ", ".join(f"{kind}: {n:,}" for kind, n in result.reject_reasons.items()))]
-            if result.reject_reasons
-            else []
-        ),
-        *(
-            [
-                (
-                    "duplicate ids",
-                    f"{result.duplicates.ids:,} ids on {result.duplicates.documents:,} documents "
-                    f"(all packed), e.g. {', '.join(result.duplicates.examples[:3])}",
-                )
-            ]
-            if result.duplicates and result.duplicates.ids
-            else []
-        ),
+    ]
+    if result.lost_files:
+        rows.append(
+            ("lost files", f"{result.lost_files:,} input files unreadable whole or in part (allowed)")
+        )
+    if result.reject_reasons:
+        rows.append(("rejects", ", ".join(f"{kind}: {n:,}" for kind, n in result.reject_reasons.items())))
+    if result.duplicates and result.duplicates.ids:
+        rows.append(
+            (
+                "duplicate ids",
+                f"{result.duplicates.ids:,} ids on {result.duplicates.documents:,} documents "
+                f"(all packed), e.g. {', '.join(result.duplicates.examples[:3])}",
+            )
+        )
+    return rows
+
+
+def _packing_rows(result: JobResult) -> list[tuple[str, str]]:
+    """How the tokens were packed: tokens, items, packs, efficiency, the plans compared, the
+    ratios, and the files written."""
+    m = result.metrics
+    rows = [
         ("tokens", f"{m.tokens:,} packed, {m.tokens_dropped:,} dropped"),
         ("items", f"{m.items:,} from {m.documents - m.documents_dropped:,} documents"),
         (
@@ -54,25 +64,17 @@ def format_summary(result: JobResult, command_seconds: float | None = None, time
             f"{m.packs:,} of {m.seq_len} (lower bound {m.lower_bound:,}: {m.packs_over_lower_bound:.5f}x)",
         ),
         ("efficiency", f"{100 * m.efficiency:.4f}%  (padding ratio {m.padding_ratio:.5f})"),
-        *(
-            [("global plan", f"{100 * result.global_efficiency:.4f}% with one bfd plan over all shards")]
-            if result.mode == "sharded"
-            else []
-        ),
-        *(
-            [
-                (
-                    "compared",
-                    "; ".join(
-                        f"{c.algorithm} {c.packs:,} packs ({100 * c.efficiency:.4f}%)"
-                        for c in result.comparison
-                    )
-                    + " (plans only)",
-                )
-            ]
-            if result.comparison
-            else []
-        ),
+    ]
+    if result.mode == "sharded":
+        rows.append(
+            ("global plan", f"{100 * result.global_efficiency:.4f}% with one bfd plan over all shards")
+        )
+    if result.comparison:
+        compared = "; ".join(
+            f"{c.algorithm} {c.packs:,} packs ({100 * c.efficiency:.4f}%)" for c in result.comparison
+        )
+        rows.append(("compared", compared + " (plans only)"))
+    rows += [
         ("truncation ratio", f"{m.truncation_ratio:.4f}"),
         (
             "concatenation ratio",
@@ -86,6 +88,13 @@ def format_summary(result: JobResult, command_seconds: float | None = None, time
         ),
         ("files", _files_line(result)),
     ]
+    return rows
+
+
+def _run_rows(result: JobResult, command_seconds: float | None, timed: str) -> list[tuple[str, str]]:
+    """What else the run did and met: EOS inside documents, chat data, the token store or the
+    token cache, the tokenizer's backend, the report, and the time."""
+    rows = []
     stray = int(result.output_format.get("stray_eos", 0))
     if stray:
         rows.append(
@@ -112,9 +121,7 @@ def format_summary(result: JobResult, command_seconds: float | None = None, time
         rows.append(("tokenizer", _backend_line(result.backend)))
     rows.append(("report", result.report or "not written (see the warning above)"))
     rows.append(("time", _time_line(result, command_seconds, timed)))
-    width = max(len(k) for k, _ in rows)
-    text = "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
-    return text + ("\n" + sources_table(result.sources) if result.sources else "")
+    return rows
 
 
 def sources_table(sources: list[dict[str, Any]]) -> str:
