@@ -176,6 +176,38 @@ def targets(
 ) -> dict[str, Target]:
     """Each source's target tokens (module docstring); ConfigError when a source cannot meet its
     target within max_repeat, or the weights and budgets contradict each other."""
+    fixed, asked = _sized_without_weight(sources, available)
+    weighted = [s for s in sources if s.weight is not None]
+    empty = [s.name for s in weighted if not available[s.name]]
+    if empty:
+        raise ConfigError(
+            f"input.sources: {', '.join(empty)} has a weight but no tokens (every record rejected, see "
+            "rejects/, or every document longer than seq_len under pack.overflow drop): no share of the "
+            "output can come from it"
+        )
+    shares, total = _shares_and_total(weighted, fixed, available, total)
+    for s in weighted:
+        fixed[s.name] = math.floor(shares[s.name] * total)
+        asked[s.name] = f"weight {s.weight:g}"
+    out = {}
+    for s in sources:
+        a, t = available[s.name], fixed[s.name]
+        out[s.name] = Target(s.name, a, t, t / total if total else 0.0, asked[s.name], s.cap)
+    over = [why for s in sources if (why := _over_cap(out[s.name]))]
+    if over:
+        raise ConfigError(
+            "input.sources: a target cannot be met without repeating a source more than allowed: "
+            + "; ".join(over)
+            + " (raise its max_repeat, or lower its weight or budget, or input.tokens)"
+        )
+    return out
+
+
+def _sized_without_weight(
+    sources: Sequence[SourceConfig], available: dict[str, int]
+) -> tuple[dict[str, int], dict[str, str]]:
+    """The target of each source sized by tokens, repeat or nothing (whole), and what each source
+    but a weighted one asked, in words."""
     fixed: dict[str, int] = {}
     asked: dict[str, str] = {}
     for s in sources:
@@ -186,55 +218,45 @@ def targets(
             fixed[s.name], asked[s.name] = math.floor(s.repeat * a), f"repeat {s.repeat:g}"
         elif s.weight is None:
             fixed[s.name], asked[s.name] = a, "whole"
-    weighted = [s for s in sources if s.weight is not None]
-    empty = [s.name for s in weighted if not available[s.name]]
-    if empty:
-        raise ConfigError(
-            f"input.sources: {', '.join(empty)} has a weight but no tokens (every record rejected, see "
-            "rejects/, or every document longer than seq_len under pack.overflow drop): no share of the "
-            "output can come from it"
-        )
+    return fixed, asked
+
+
+def _shares_and_total(
+    weighted: list[SourceConfig], fixed: dict[str, int], available: dict[str, int], total: int | None
+) -> tuple[dict[str, float], int]:
+    """The weighted sources' shares of the output and the output's tokens. Weights alone are
+    relative, and the output is `total`, else the most they give with none over its max_repeat;
+    beside sized sources they are shares of the whole, which the sized ones' targets fix."""
     wsum = sum(float(s.weight or 0) for s in weighted)
-    shares: dict[str, float] = {}
     if weighted and not fixed:
         shares = {s.name: float(s.weight or 0) / wsum for s in weighted}
         if total is None:
             total = min(math.floor(s.cap * available[s.name] / shares[s.name]) for s in weighted)
-    elif weighted:
+        return shares, total
+    if weighted:
         if wsum >= 1:
             raise ConfigError(
                 f"input.sources: beside sources sized by repeat or tokens ({', '.join(fixed)}), weights are "
                 f"shares of the whole and must sum below 1; they sum to {wsum:g}"
             )
-        shares = {s.name: float(s.weight or 0) for s in weighted}
-        total = round(sum(fixed.values()) / (1 - wsum))
-    else:
-        total = sum(fixed.values())
-    for s in weighted:
-        fixed[s.name] = math.floor(shares[s.name] * total)
-        asked[s.name] = f"weight {s.weight:g}"
-    out = {}
-    over = []
-    for s in sources:
-        a, t = available[s.name], fixed[s.name]
-        out[s.name] = Target(s.name, a, t, t / total if total else 0.0, asked[s.name], s.cap)
-        if t > s.cap * a and not a:
-            over.append(
-                f"{s.name} ({asked[s.name]}) needs {t:,} tokens but keeps none (every record rejected, see "
-                "rejects/, or every document longer than seq_len under pack.overflow drop)"
-            )
-        elif t > s.cap * a:
-            over.append(
-                f"{s.name} ({asked[s.name]}) needs {t:,} tokens, {t / a:.2f}× the {a:,} tokens it keeps, "
-                f"over its max_repeat {s.cap:g}"
-            )
-    if over:
-        raise ConfigError(
-            "input.sources: a target cannot be met without repeating a source more than allowed: "
-            + "; ".join(over)
-            + " (raise its max_repeat, or lower its weight or budget, or input.tokens)"
+        return {s.name: float(s.weight or 0) for s in weighted}, round(sum(fixed.values()) / (1 - wsum))
+    return {}, sum(fixed.values())
+
+
+def _over_cap(target: Target) -> str:
+    """Why a source's target needs more than its max_repeat allows of its kept tokens; "" if not."""
+    a, t, cap = target.available, target.target, target.cap
+    if t > cap * a and not a:
+        return (
+            f"{target.name} ({target.asked}) needs {t:,} tokens but keeps none (every record rejected, see "
+            "rejects/, or every document longer than seq_len under pack.overflow drop)"
         )
-    return out
+    if t > cap * a:
+        return (
+            f"{target.name} ({target.asked}) needs {t:,} tokens, {t / a:.2f}× the {a:,} tokens it keeps, "
+            f"over its max_repeat {cap:g}"
+        )
+    return ""
 
 
 def boundary_bin(tokens_by_bin: np.ndarray, goal: int) -> tuple[int, int]:
