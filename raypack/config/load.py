@@ -93,32 +93,49 @@ def _coerce(value: Any, hint: Any, key: str) -> Any:
     nested dataclass); ints are accepted for floats, lists for tuples."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+        return _coerce_union(value, hint, key)
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
         if not isinstance(value, dict):
             raise ConfigError(f"{key} must be a mapping, got {type(value).__name__}")
         return from_dict(hint, value, f"{key}.")
-    if origin is tuple:
+    if origin is tuple or origin is list:
+        return _coerce_items(value, hint, key)
+    return _coerce_scalar(value, hint, key)
+
+
+def _coerce_union(value: Any, hint: Any, key: str) -> Any:
+    """`value` as the first of the union's types that takes it (None where the union allows it);
+    else the first type's ConfigError."""
+    args = typing.get_args(hint)
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, key)
+        except ConfigError as e:
+            errors.append(str(e))
+    raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
+
+
+def _coerce_items(value: Any, hint: Any, key: str) -> Any:
+    """A list (or tuple) checked item by item against tuple[X, ...] or list[X], as that."""
+    if typing.get_origin(hint) is tuple:
         (elem, *_rest) = typing.get_args(hint)
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {_shown(value)}")
         return tuple(_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value))
-    if origin is list:
-        (elem,) = typing.get_args(hint)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {_shown(value)}")
-        return [_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value)]
+    (elem,) = typing.get_args(hint)
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{key} must be a list, got {_shown(value)}")
+    return [_coerce(v, elem, f"{key}[{i}]") for i, v in enumerate(value)]
+
+
+def _coerce_scalar(value: Any, hint: Any, key: str) -> Any:
+    """`value` checked against bool, int, float (an int taken) or str (a YAML date taken, as its
+    ISO text)."""
     if hint is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} must be true or false, got {_shown(value)}")
