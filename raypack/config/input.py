@@ -172,6 +172,13 @@ class InputConfig:
     keeps its file's path and row). A run holds at most input.unit_bytes and 1,024 files."""
 
     def __post_init__(self) -> None:
+        self._check_limits()
+        self._check_where_from()
+        self._check_sources()
+        self._check_fields()
+
+    def _check_limits(self) -> None:
+        """The sizes of work units and runs, the empty-document rule and the reject limits."""
         if self.unit_bytes < 1:
             raise ConfigError(f"input.unit_bytes must be >= 1, got {self.unit_bytes}")
         if self.group_bytes < 0:
@@ -186,6 +193,9 @@ class InputConfig:
             raise ConfigError(f"input.max_reject_ratio must be within [0, 1], got {self.max_reject_ratio}")
         if self.unit_rows < 1:
             raise ConfigError(f"input.unit_rows must be >= 1, got {self.unit_rows}")
+
+    def _check_where_from(self) -> None:
+        """The input is given one way: paths, sources or a Ray Dataset."""
         if self.paths and self.sources:
             raise ConfigError("give input.paths or input.sources, not both (one source: paths alone)")
         whole = self.datasets == ("",)
@@ -194,6 +204,10 @@ class InputConfig:
             raise ConfigError(
                 "input.paths is empty: give at least one file or glob pattern (or input.sources)"
             )
+
+    def _check_sources(self) -> None:
+        """The mixture: each source named once, weights beside sized sources summing below 1, and
+        input.tokens only for sources that all have a weight."""
         names = [s.name for s in self.sources]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -216,6 +230,10 @@ class InputConfig:
                 )
             if self.tokens < 1:
                 raise ConfigError(f"input.tokens must be >= 1, got {self.tokens}")
+
+    def _check_fields(self) -> None:
+        """The format and the fields documents are read from: text, or conversations (messages) or
+        pairs (prompt and completion), which need records and take no sources."""
         if self.format not in INPUT_FORMATS:
             raise ConfigError(f"input.format must be one of {', '.join(INPUT_FORMATS)}, got {self.format!r}")
         if not self.text_field:
