@@ -61,6 +61,15 @@ class PackConfig:
     and the report (plans only: the data holds `algorithm`'s packs); ["all"]: every histogram packer."""
 
     def __post_init__(self) -> None:
+        self._check_packer()
+        self._check_buckets()
+        self._check_loss_and_mode()
+        self._check_nnls()
+        self.compared()  # every listed packer known, planned from a histogram, and its settings valid
+
+    def _check_packer(self) -> None:
+        """What a pack is: its length, the packer, what becomes of a longer document, and the cap on
+        items a pack (which one packer cannot keep)."""
         if self.seq_len < 1:
             raise ConfigError(f"pack.seq_len must be >= 1, got {self.seq_len}")
         if self.algorithm not in ALGORITHMS:
@@ -78,6 +87,9 @@ class PackConfig:
                 f"pack.max_depth: {self.algorithm} cannot cap documents per pack (it cuts one stream of "
                 "every document every seq_len tokens); use bfd (or any other packer) with max_depth"
             )
+
+    def _check_buckets(self) -> None:
+        """`bucket`'s settings: its lengths, the largest seq_len, and its padding threshold."""
         if self.bucket_lengths is not None:
             if not self.bucket_lengths or min(self.bucket_lengths) < 1:
                 raise ConfigError(f"pack.bucket_lengths must be positive, got {list(self.bucket_lengths)}")
@@ -88,18 +100,24 @@ class PackConfig:
                 )
         if not 0.0 <= self.padding_threshold < 1.0:
             raise ConfigError(f"pack.padding_threshold must be in [0, 1), got {self.padding_threshold}")
+
+    def _check_loss_and_mode(self) -> None:
+        """Which tokens are trained, and whether the plan is global or a group of shards'."""
         if self.loss is not None and self.loss not in LOSS_POLICIES:
             raise ConfigError(f"pack.loss must be one of {', '.join(LOSS_POLICIES)}, got {self.loss!r}")
         if self.mode not in PACK_MODES:
             raise ConfigError(f"pack.mode must be one of {', '.join(PACK_MODES)}, got {self.mode!r}")
         if self.shards_per_group < 1:
             raise ConfigError(f"pack.shards_per_group must be >= 1, got {self.shards_per_group}")
+
+    def _check_nnls(self) -> None:
+        """`nnlshp`'s length classes: a width within the pack, giving no more classes than it
+        plans in seconds."""
         if self.nnls_bin_width is not None and not 1 <= self.nnls_bin_width <= self.seq_len:
             raise ConfigError(f"pack.nnls_bin_width must be in 1..seq_len, got {self.nnls_bin_width}")
         too_many = nnlshp.too_many_classes(self.seq_len, self.nnls_bin_width) if self.nnls_bin_width else ""
         if too_many:
             raise ConfigError(f"pack.nnls_bin_width {too_many}, or leave it out")
-        self.compared()  # every listed packer known, planned from a histogram, and its settings valid
 
     def compared(self) -> tuple[PackConfig, ...]:
         """The config of each packer in `compare` other than `algorithm`, in ALGORITHMS order."""
