@@ -277,29 +277,7 @@ def expand_inputs(
     for pattern in patterns:
         fs, inner = resolve(pattern, storage)
         try:
-            # Local and remote paths are listed the same way, through pyarrow's selector.
-            if any(c in inner for c in WILDCARDS):
-                base, rest = split_glob(inner)
-                recursive = "/" in rest or "**" in rest
-                selector = pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
-                prefix = base.rstrip("/") + "/"
-                infos = [
-                    i
-                    for i in fs.get_file_info(selector)
-                    if i.type == pafs.FileType.File
-                    and i.path.startswith(prefix)
-                    and glob_match(rest, i.path[len(prefix) :])
-                ]
-            else:
-                info = fs.get_file_info(inner)
-                if info.type == pafs.FileType.Directory:
-                    infos = [
-                        i
-                        for i in fs.get_file_info(pafs.FileSelector(inner, recursive=True))
-                        if i.type == pafs.FileType.File
-                    ]
-                else:
-                    infos = [info] if info.type == pafs.FileType.File else []
+            infos = _matching_files(fs, inner)
         except OSError as e:
             raise ConfigError(f"cannot list input {pattern}: {_first_line(e)}") from None
         if isinstance(fs, pafs.LocalFileSystem):
@@ -309,6 +287,44 @@ def expand_inputs(
             found[full] = (int(info.size or 0), int(info.mtime_ns or 0))
     if not found:
         raise ConfigError(f"input.paths matched no files: {', '.join(patterns)}")
+    return _numbered(found, patterns, root, storage)
+
+
+def _matching_files(fs: pafs.FileSystem, inner: str) -> list[pafs.FileInfo]:
+    """The files a pattern (its path within `fs`) matches: a glob's, every file under a directory,
+    or the file named; OSError when `fs` cannot list them."""
+    # Local and remote paths are listed the same way, through pyarrow's selector.
+    if any(c in inner for c in WILDCARDS):
+        base, rest = split_glob(inner)
+        recursive = "/" in rest or "**" in rest
+        selector = pafs.FileSelector(base, recursive=recursive, allow_not_found=True)
+        prefix = base.rstrip("/") + "/"
+        return [
+            i
+            for i in fs.get_file_info(selector)
+            if i.type == pafs.FileType.File
+            and i.path.startswith(prefix)
+            and glob_match(rest, i.path[len(prefix) :])
+        ]
+    info = fs.get_file_info(inner)
+    if info.type == pafs.FileType.Directory:
+        return [
+            i
+            for i in fs.get_file_info(pafs.FileSelector(inner, recursive=True))
+            if i.type == pafs.FileType.File
+        ]
+    return [info] if info.type == pafs.FileType.File else []
+
+
+def _numbered(
+    found: dict[str, tuple[int, int]],
+    patterns: tuple[str, ...],
+    root: str | None,
+    storage: StorageConfig | None,
+) -> list[Shard]:
+    """The files found (path: size and mtime), sorted and numbered as Shards, each with its path
+    relative to `root` (None: the fixed part of the first pattern), or its name alone where that
+    is empty."""
     base_dir = root if root is not None else _root_of(patterns[0], storage)
     _, base_inner = resolve(base_dir, storage) if base_dir else (None, "")
     shards = []
