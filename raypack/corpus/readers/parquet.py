@@ -26,7 +26,8 @@ __all__ = ["is_text", "read", "record_batch_documents", "row_group_runs"]
 
 
 def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_size: int) -> Iterator[Batch]:
-    text_field, id_field = reading.text_field, reading.id_field
+    """The documents of the file, or of the run of its row groups the Shard names, up to
+    `batch_size` rows a Batch; a file that cannot be read as the Reading says is lost whole."""
     # A file split into work units (work_units) records a whole-file reject once, in its first unit.
     first_unit = shard.unit_start == 0
     try:
@@ -40,24 +41,52 @@ def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_
     groups = None if shard.unit_stop < 0 else list(range(shard.unit_start, shard.unit_stop))
     meta = pf.metadata
     unit_rows = meta.num_rows if groups is None else sum(meta.row_group(g).num_rows for g in groups)
-    names = pf.schema_arrow.names
-    wanted = chat_fields(reading) if reading.chat else [text_field]
-    missing = [c for c in (*wanted, id_field) if c is not None and c not in names]
-    if missing:
+    lost = _columns_lost(pf.schema_arrow, reading)
+    if lost:
         if first_unit:
-            reason = f"Parquet file has no column {missing[0]!r} (columns: {', '.join(names)})"
-            yield Batch(rejects=[Reject.lost(-1, reason, meta.num_rows)])
+            yield Batch(rejects=[Reject.lost(-1, lost, meta.num_rows)])
         return
+    yield from _read_rows(
+        pf, _columns(pf.schema_arrow.names, reading), groups, shard, reading, batch_size, unit_rows
+    )
+
+
+def _columns_lost(arrow_schema: pa.Schema, reading: Reading) -> str:
+    """Why a file with this schema is lost whole: a column the Reading names that it lacks, or a
+    text column that is not a string; "" when it can be read."""
+    names = arrow_schema.names
+    wanted = chat_fields(reading) if reading.chat else [reading.text_field]
+    missing = [c for c in (*wanted, reading.id_field) if c is not None and c not in names]
+    if missing:
+        return f"Parquet file has no column {missing[0]!r} (columns: {', '.join(names)})"
     if not reading.chat:
-        text_type = pf.schema_arrow.field(text_field).type
+        text_type = arrow_schema.field(reading.text_field).type
         if not is_text(text_type):
-            if first_unit:
-                reason = f"column {text_field!r} is {text_type}, not a string"
-                yield Batch(rejects=[Reject.lost(-1, reason, meta.num_rows)])
-            return
-    columns = wanted + ([id_field] if id_field else [])
+            return f"column {reading.text_field!r} is {text_type}, not a string"
+    return ""
+
+
+def _columns(names: list[str], reading: Reading) -> list[str]:
+    """The columns read: the text (or chat fields), the id, and a conversation's tools where the
+    file has them."""
+    wanted = chat_fields(reading) if reading.chat else [reading.text_field]
+    columns = wanted + ([reading.id_field] if reading.id_field else [])
     if reading.messages_field is not None and "tools" in names and "tools" not in columns:
         columns.append("tools")
+    return columns
+
+
+def _read_rows(
+    pf: pq.ParquetFile,
+    columns: list[str],
+    groups: list[int] | None,
+    shard: Shard,
+    reading: Reading,
+    batch_size: int,
+    unit_rows: int,
+) -> Iterator[Batch]:
+    """The unit's documents, batch by batch; the rest of its rows lost (one reject) where the data
+    turns out unreadable."""
     row = shard.first_row
     try:
         for record_batch in pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups):
