@@ -153,23 +153,7 @@ def encode_chat(
     token's character offsets: `coder`'s (tokenizers' own unless given: raypack.text.offsets),
     re-checked by `checker`. Pairs are framed by BOS (not trained) and EOS (trained with the
     completion) as configured; a conversation by its template alone."""
-    loss = cfg.loss
-    texts: list[str] = []
-    spans: list[list[tuple[int, int]]] = []
-    reasons: list[str | None] = []
-    for doc in docs:
-        try:
-            if template is not None:
-                text, trained = template.conversation(list(doc.messages), doc.tools, loss)
-            else:
-                text, trained = pair_spans(doc.prompt, doc.completion, loss)
-        except RenderError as e:
-            text, trained = "", []
-            reasons.append(str(e))
-        else:
-            reasons.append(None)
-        texts.append(text)
-        spans.append(trained)
+    texts, spans, reasons = _render(template, docs, cfg.loss)
     coder = coder or reference_coder(tok.tokenizer)
     rendered = [i for i, why in enumerate(reasons) if why is None]
     t0 = time.perf_counter()
@@ -186,27 +170,58 @@ def encode_chat(
     bos = tok.bos_id if pairs and cfg.tokenizer.add_bos else None
     eos = tok.eos_id if pairs and cfg.tokenizer.add_eos else None
     if bos is not None or eos is not None:
-        # BOS (not trained) before each document, EOS (trained with the completion) after it: in
-        # one insert, BOS first where a document is empty (np.insert keeps equal places in order).
-        first = np.cumsum(n) - n
-        framing = [(first, bos, False)] if bos is not None else []
-        framing += [(first + n, eos, True)] if eos is not None else []
-        at = np.concatenate([place for place, _, _ in framing])
-        ids = np.insert(ids, at, np.concatenate([np.full(len(n), t, np.int32) for _, t, _ in framing]))
-        mask = np.insert(mask, at, np.concatenate([np.full(len(n), m) for _, _, m in framing]))
-        n = n + len(framing)
+        ids, mask, n = _frame_pairs(ids, mask, n, bos, eos)
     first = np.cumsum(n) - n
     mask[first[n > 0]] = False  # a document's first token is no target (nothing before it predicts it)
     counted = np.r_[0, np.cumsum(mask)]
     trained = counted[first + n] - counted[first]
     what = "assistant turn" if template is not None else "completion token"
     for k in np.flatnonzero(trained == 0).tolist():
-        reasons[rendered[k]] = f"no trained token (pack.loss {loss}: no {what})"
+        reasons[rendered[k]] = f"no trained token (pack.loss {cfg.loss}: no {what})"
     kept = np.repeat(trained > 0, n)
     flat = np.where(mask, ids, untrained(ids)).astype(np.int32)[kept]
     lengths = np.zeros(len(docs), dtype=np.int64)
     lengths[rendered] = np.where(trained > 0, n, 0)
     return flat, lengths, reasons
+
+
+def _render(
+    template: ChatTemplate | None, docs: list[Chat], loss: str
+) -> tuple[list[str], list[list[tuple[int, int]]], list[str | None]]:
+    """Each document's text and its trained character spans (a conversation by `template`, a pair
+    without one), and None or why it cannot be rendered (its text then "", no spans)."""
+    texts: list[str] = []
+    spans: list[list[tuple[int, int]]] = []
+    reasons: list[str | None] = []
+    for doc in docs:
+        try:
+            if template is not None:
+                text, trained = template.conversation(list(doc.messages), doc.tools, loss)
+            else:
+                text, trained = pair_spans(doc.prompt, doc.completion, loss)
+        except RenderError as e:
+            text, trained = "", []
+            reasons.append(str(e))
+        else:
+            reasons.append(None)
+        texts.append(text)
+        spans.append(trained)
+    return texts, spans, reasons
+
+
+def _frame_pairs(
+    ids: np.ndarray, mask: np.ndarray, n: np.ndarray, bos: int | None, eos: int | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The documents' ids, mask and lengths with BOS (not trained) before each document and EOS
+    (trained with the completion) after it, whichever is given."""
+    # In one insert, BOS first where a document is empty (np.insert keeps equal places in order).
+    first = np.cumsum(n) - n
+    framing = [(first, bos, False)] if bos is not None else []
+    framing += [(first + n, eos, True)] if eos is not None else []
+    at = np.concatenate([place for place, _, _ in framing])
+    ids = np.insert(ids, at, np.concatenate([np.full(len(n), t, np.int32) for _, t, _ in framing]))
+    mask = np.insert(mask, at, np.concatenate([np.full(len(n), m) for _, _, m in framing]))
+    return ids, mask, n + len(framing)
 
 
 # The in-run check of a fast backend: re-encoding with tokenizers may take this share of the fast
