@@ -1,13 +1,21 @@
 """The house's rules, checked on the source (no imports run): no import circle between raypack's
 modules (imports inside functions count: a lazy import is still a dependency), no module importing
-another's private names, and job.py an executor of a few hundred lines (docs/architecture.md)."""
+another's private names, nothing importing upward across the rooms, no runner named outside the
+engine, the dataset's tools apart from the pipeline, and job.py an executor of a few hundred lines
+(docs/architecture.md).
+
+`python -m tests.test_architecture [PACKAGE_DIR]` prints the structure's figures (of another
+checkout's raypack/ when given: what the rules measure, before and after a change)."""
 
 from __future__ import annotations
 
 import ast
+import os
+import re
+import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "raypack"
+PACKAGE = Path(os.environ.get("RAYPACK_PACKAGE_DIR") or Path(__file__).resolve().parents[1] / "raypack")
 
 
 def modules() -> dict[str, Path]:
@@ -162,8 +170,6 @@ def test_no_runner_is_named_outside_the_engine() -> None:
     """What differs between runners is declared (Runner.shares_disk, inherits_preload, where) or a
     method of the protocol: no module outside raypack/engine/ names a runner's class or asks which
     one it has."""
-    import re
-
     named = re.compile(r"\b(LocalRunner|RayRunner|LocalPool)\b|runner\.name\s*[=!]=")
     found = [
         f"{name}: {line.strip()}"
@@ -233,3 +239,62 @@ def test_long_or_branchy_functions_say_why_they_are_one_piece() -> None:
                         f"{name}:{fn.lineno} {fn.fullname}: {size} lines, complexity {fn.complexity}"
                     )
     assert found == [], "\n".join(found)
+
+
+def figures() -> dict[str, object]:
+    """The structure in numbers: import circles, modules that import the package's face (raypack),
+    the biggest room's share of the lines, modules that name a runner class or branch on its kind,
+    and functions over MAX_LINES lines or MAX_COMPLEXITY."""
+    from radon.complexity import cc_visit
+
+    found, edges = modules(), graph()
+    lines = {name: path.read_text().count("\n") for name, path in found.items()}
+    rooms: dict[str, int] = {}
+    for name, n in lines.items():
+        parts = name.split(".")
+        key = (
+            ".".join(parts[:2])
+            if len(parts) > 2 or (len(parts) == 2 and found[name].name == "__init__.py")
+            else "raypack (top-level modules)"
+        )
+        rooms[key] = rooms.get(key, 0) + n
+    biggest = max(rooms, key=lambda r: rooms[r])
+    named = re.compile(r"\b(LocalRunner|RayRunner|LocalPool)\b|runner\.name\s*[=!]=|isinstance\(runner")
+    runner_names = sorted(
+        name
+        for name, path in found.items()
+        if ".engine" not in name
+        and ".pipeline.runners" not in name
+        and "local_pool" not in name
+        and "zygote" not in name
+        and named.search(path.read_text())
+    )
+    long = []
+    for name, path in found.items():
+        for b in cc_visit(path.read_text()):
+            for fn in getattr(b, "methods", [b]):
+                if hasattr(fn, "closures") and (
+                    fn.endline - fn.lineno + 1 > MAX_LINES or fn.complexity > MAX_COMPLEXITY
+                ):
+                    long.append(f"{name}.{fn.fullname}")
+    return {
+        "modules": len(found),
+        "lines": sum(lines.values()),
+        "import circles": len(cycles(edges)),
+        "modules importing the package's face": sorted(
+            name
+            for name, path in found.items()
+            if any(t == "raypack" for t, _ in imports(name, path, set(found)))
+        ),
+        "rooms' lines": dict(sorted(rooms.items(), key=lambda kv: -kv[1])),
+        "biggest room": f"{biggest}: {rooms[biggest]:,} lines, {rooms[biggest] / sum(lines.values()):.0%}",
+        "modules naming a runner": runner_names,
+        f"functions over {MAX_LINES} lines or complexity {MAX_COMPLEXITY}": len(long),
+    }
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        PACKAGE = Path(sys.argv[1]).resolve()
+    for key, value in figures().items():
+        print(f"{key}: {value}")
