@@ -217,13 +217,13 @@ def _stages(
             _say_shares(sources, log)
         with _stage(timings, "histogram", log):
             none = selection is not None and not any(r["copies"] for r in sources)
-            hist, stats = histogram(cfg, totals, selected_none=none)
+            hist, stats = histogram(cfg.pack, totals, selected_none=none)
         with _stage(timings, "plan", log):
-            packs = plan_in_task(runner, cfg, hist)
+            packs = plan_in_task(runner, cfg.pack, hist)
         comparison = []
         if cfg.pack.compare:
             with _stage(timings, "compare", log):
-                comparison = compare_in_task(runner, cfg, hist, stats)
+                comparison = compare_in_task(runner, cfg.pack, hist, stats)
         with _stage(timings, "assign+write", log):
             written = write(cfg, ready.spec, packs, totals, tokenized.units, runner, selection, log, progress)
     except (ConfigError, JobError):

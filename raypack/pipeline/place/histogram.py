@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from raypack.config import JobConfig
+from raypack.config import PackConfig
 from raypack.errors import JobError
 from raypack.metrics import DocStats
 from raypack.pipeline.tokenize.summary import Totals
@@ -14,7 +14,7 @@ from raypack.pipeline.tokenize.summary import Totals
 __all__ = ["histogram"]
 
 
-def histogram(cfg: JobConfig, totals: Totals, selected_none: bool = False) -> tuple[np.ndarray, DocStats]:
+def histogram(pack: PackConfig, totals: Totals, selected_none: bool = False) -> tuple[np.ndarray, DocStats]:
     """The stage: the global item histogram the plan is made from, and the items' stats; a JobError
     when there is nothing to pack (every document dropped by pack.overflow: drop, or a mixture that
     selected no document: `selected_none`)."""
@@ -26,7 +26,7 @@ def histogram(cfg: JobConfig, totals: Totals, selected_none: bool = False) -> tu
     if stats.items == 0:  # only overflow: drop can place nothing (every document gives an item otherwise)
         raise JobError(
             f"nothing to pack: all {totals.documents:,} documents are longer than pack.seq_len "
-            f"({cfg.pack.seq_len:,}) and pack.overflow is drop; use overflow: split or truncate, or a "
+            f"({pack.seq_len:,}) and pack.overflow is drop; use overflow: split or truncate, or a "
             "larger seq_len"
         )
     return hist, stats

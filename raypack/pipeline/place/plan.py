@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from raypack.config import JobConfig
+from raypack.config import JobConfig, PackConfig
 from raypack.engine import Runner
 from raypack.errors import ConfigError, task_raised
 from raypack.formats import Spec, part_file
@@ -40,30 +40,30 @@ __all__ = [
 ]
 
 
-def planner(cfg: JobConfig) -> Callable[[np.ndarray], Plan]:
+def planner(pack: PackConfig) -> Callable[[np.ndarray], Plan]:
     """The plan stage's planner, histogram → Plan."""
-    name = cfg.pack.algorithm if cfg.pack.mode == "global" else "bfd"
+    name = pack.algorithm if pack.mode == "global" else "bfd"
     planner = ALGORITHMS[name].plan
     if planner is None:  # JobConfig admits histogram packers only in global mode
         raise ConfigError(f"{name} cannot plan from a histogram")
-    options = cfg.pack.algorithm_options() if cfg.pack.mode == "global" else {}
-    return partial(planner, seq_len=cfg.pack.seq_len, **options)
+    options = pack.algorithm_options() if pack.mode == "global" else {}
+    return partial(planner, seq_len=pack.seq_len, **options)
 
 
-def plan(cfg: JobConfig, hist: np.ndarray) -> Plan:
-    return planner(cfg)(hist)
+def plan(pack: PackConfig, hist: np.ndarray) -> Plan:
+    return planner(pack)(hist)
 
 
-def plan_in_task(runner: Runner, cfg: JobConfig, hist: np.ndarray) -> Plan:
-    """plan(cfg, hist), in one of the runner's tasks (the module's docstring says why)."""
-    return _in_task(runner, plan, (cfg, hist))
+def plan_in_task(runner: Runner, pack: PackConfig, hist: np.ndarray) -> Plan:
+    """plan(pack, hist), in one of the runner's tasks (the module's docstring says why)."""
+    return _in_task(runner, plan, (pack, hist))
 
 
 def compare_in_task(
-    runner: Runner, cfg: JobConfig, hist: np.ndarray, stats: DocStats
+    runner: Runner, pack: PackConfig, hist: np.ndarray, stats: DocStats
 ) -> list[dict[str, Any]]:
-    """compare(cfg, hist, stats), in one of the runner's tasks."""
-    return _in_task(runner, compare, (cfg, hist, stats))
+    """compare(pack, hist, stats), in one of the runner's tasks."""
+    return _in_task(runner, compare, (pack, hist, stats))
 
 
 def _in_task(runner: Runner, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -76,12 +76,12 @@ def _in_task(runner: Runner, fn: Callable[..., Any], args: tuple[Any, ...]) -> A
         raise raised from None
 
 
-def compare(cfg: JobConfig, hist: np.ndarray, stats: DocStats) -> list[dict[str, Any]]:
+def compare(pack: PackConfig, hist: np.ndarray, stats: DocStats) -> list[dict[str, Any]]:
     """Plan every packer of pack.compare on the job's item histogram (plans only: nothing is written),
     for the comparison table. Each costs a plan, seconds at most, and O(packs) driver memory for the
     fill of its packs (8 bytes a pack: ~100 MB for 12M packs), freed before the next."""
     out = []
-    for c in cfg.pack.compared():
+    for c in pack.compared():
         packer = ALGORITHMS[c.algorithm].plan
         if packer is None:  # PackConfig.compared admits histogram packers only
             raise ConfigError(f"pack.compare: {c.algorithm} cannot plan from a histogram")
