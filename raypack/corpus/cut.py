@@ -91,10 +91,9 @@ def group_runs(units: list[WorkUnit], group_bytes: int) -> list[WorkUnit]:
     a file whose path hashes below 2 × its size / group_bytes (run_end), so runs average about half
     of group_bytes, and adding, removing or resizing one file changes only the runs from the one
     that holds the file before it to the next later file that ends a run by its hash; the runs
-    before and after are the same. (Runs cut by bytes from the corpus's
-    start re-tokenized every later run when one early file was removed: 4 of 4 runs of 800 files
-    for one 4 KB file.) Deterministic: the same listing gives the same runs on every machine (the
-    units' numbers name their files)."""
+    before and after are the same. (Runs cut by bytes from the corpus's start would all move, and
+    be tokenized again, when one early file is removed.) Deterministic: the same listing gives the
+    same runs on every machine (the units' numbers name their files)."""
     out: list[WorkUnit] = []
     run: list[WorkUnit] = []
     run_bytes = 0

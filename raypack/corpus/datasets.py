@@ -193,8 +193,8 @@ def _staged(ordered: Any, folder: str, storage: StorageConfig | None) -> list[tu
 def _stage_sink(folder: str, storage: StorageConfig | None) -> Any:
     """A Ray Data Datasink writing each block of a write task to `part-<task>-<block>.parquet`
     under `folder`, its rows in order. Not write_parquet: it writes through pyarrow's
-    write_dataset with use_threads=True, which may reorder a task's rows (one run in two of a 40 MB
-    benchmark packed other bytes), and names files by a random id. Write tasks are numbered in the
+    write_dataset with use_threads=True, which may reorder a task's rows (two jobs on one Dataset
+    would then pack other bytes), and names files by a random id. Write tasks are numbered in the
     Dataset's order under preserve_order, so the names sort as the rows run."""
     import pyarrow.fs as pafs
     import pyarrow.parquet as pq

@@ -40,11 +40,7 @@ if tuple(READERS) != INPUT_FORMATS:  # a format added in one place and not the o
 
 # The readers' code version, in every token file's cache key: a change to what a reader makes of the
 # same bytes (documents, ids, rejects) must never reuse token files the old code wrote. Bump it with
-# any such change. 2: a mixture source's own format and fields are used (issue 31; before, every
-# file was read with the top-level input settings) and a truncated text file is a lost file.
-# 3: token files carry each document's file within its unit (runs of small files, issue 40), and a
-# malformed line's reason says "at column" once. 4: input.max_document_bytes counts a Parquet cell's
-# (and a Ray Dataset row's) UTF-8 bytes, not its characters, as it counts a JSONL line's.
+# any such change (`git log -G'READ_VERSION ='` says what each bump covered).
 READ_VERSION = 4
 
 

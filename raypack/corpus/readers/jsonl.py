@@ -109,7 +109,7 @@ def _parse_line(
     )
     if _SURROGATE_ESCAPE.search(decoded) and _lone_surrogate([record.get(f) for f in read if f]):
         # Valid JSON, not text: half a UTF-16 pair escaped alone ("\ud800"), which no encoder
-        # takes (tokenizers raised a TypeError that ended the job). orjson refuses such lines.
+        # takes (tokenizers raises a TypeError that would end the job). orjson refuses such lines.
         reason = "unpaired surrogate escape in the JSON (half a surrogate pair: not text)"
         batch.rejects.append(Reject.bad(lineno, reason, decoded))
         return None

@@ -30,11 +30,9 @@ __all__ = [
 RAW_PREFIX = 200
 # A batch ends at batch_size documents or this much text, whichever comes first. tokenizers keeps
 # ~100 bytes per token in an Encoding (ids, offsets, token strings, masks), so a batch bounded by
-# count alone grows with the longest documents it happens to meet: the tokenizer actor's peak then
-# rose with the corpus (629 → 925 MiB from 50 to 200 MB, benchmarks/bench_job.py). With 4 MiB the
-# actor's peak still rose ×1.20 from 50 to 200 MB (the worst batch met grows with the batches met);
-# 1 MiB (~250k tokens, ~35 MB of Encodings) encodes as fast on two cores (0.557 against 0.549
-# Mtok/s for two processes, measured side by side).
+# count alone grows with the longest documents it happens to meet, and a worker's peak memory with
+# the corpus (at 4 MiB it still does: the worst batch met grows with the batches met). 1 MiB (~250k
+# tokens, ~35 MB of Encodings) encodes as fast as larger batches on two cores (~0.55 Mtok/s).
 MAX_BATCH_BYTES = 1 << 20
 # How pyarrow words a broken compressed stream (it raises OSError, as for a lost connection).
 _CORRUPT_STREAM = ("Truncated compressed stream", "inflate failed", "decompress", "Corrupt", "corrupt")
