@@ -1,8 +1,8 @@
 """A lease on a rebuild's output root: one `raypack rebuild` at a time writes under it.
 
-Two rebuilds of one root used to damage each other: each took the next version number from a
-listing, each swept the other's unfinished version as a crash's leftover, deleted its cache
-temporaries, and the slower one moved LATEST back to its older version. Now a rebuild holds
+Without it, two rebuilds of one root damage each other: each takes the next version number from a
+listing, each sweeps the other's unfinished version as a crash's leftover and deletes its cache
+temporaries, and the slower one moves LATEST back to its older version. So a rebuild holds
 `<root>/_lease.json` (its owner id, host, pid, the version it builds, and an expiry) from before it
 reads the root until after it prunes; a second rebuild waits for it (`--wait`) or exits 2 naming
 the holder.

@@ -45,7 +45,7 @@ def check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
     unreachable or unauthorized output fails here, before any work."""
     fs, inner = resolve(out, storage)  # a mistyped URI, named as the user wrote it
     try:
-        if fs.get_file_info(inner).type == pafs.FileType.File:  # (was a storage error, exit 1)
+        if fs.get_file_info(inner).type == pafs.FileType.File:  # the user's to fix: not a storage error
             raise ConfigError(f"output {out} is a file: name a directory (it is made if it is not there)")
         holds_dataset = exists(join(out, MANIFEST), storage)
         holds_versions = exists(join(out, LATEST), storage)

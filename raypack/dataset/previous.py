@@ -1,15 +1,15 @@
 """The dataset a `pack --overwrite` replaces, kept until the new one is committed.
 
-Before, the job deleted it as it started: a job stopped in its assign+write (Ctrl-C, an error, a
-kill) left neither dataset, and the old one was tokenized and packed again from nothing. Now, on a
+Deleted as the job starts, it would be lost to a job stopped in its assign+write (Ctrl-C, an error,
+a kill): neither dataset left, and the old one tokenized and packed again from nothing. So, on a
 local output, the old dataset's parts are moved (renamed: no bytes copied) into `.raypack-previous/`
 under the output as the job clears it; the job's commit deletes them, and a job that fails puts them
 back, its own files gone. A job killed outright cannot put them back: the next job on that output
 does, before it looks at it (recover). So at every moment one complete dataset is there or set aside,
 and what sets it aside is never a loss. The price: room on the disk for both while the job runs.
 
-On object storage a move is a copy of every object: the old dataset is deleted as before (`raypack
-rebuild` is the atomic path there)."""
+On object storage a move is a copy of every object: the old dataset is deleted as the job clears
+the output (`raypack rebuild` is the atomic path there)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def set_aside(out: str, parts: tuple[str, ...]) -> bool:
     shutil.rmtree(keep, ignore_errors=True)  # (recover found none, or a part-written one of no dataset)
     os.mkdir(keep)
     # An earlier failed job's rejects are no part of the dataset: cleared with the output, not kept
-    # (kept, a second failure found its own in their way as it put the dataset back: a trial's).
+    # (kept, they would stand in the way of a second failure's own as it puts the dataset back).
     for part in (MANIFEST, *(p for p in parts if p not in (MANIFEST, FAILED_REJECTS))):
         with suppress(FileNotFoundError):
             os.rename(join(out, part), join(keep, part))
@@ -57,7 +57,7 @@ def held(out: str) -> bool:
 def aside_note(out: str) -> str:
     """What a command that finds no dataset at `out` says where one is set aside (a stopped
     `--overwrite` that could not put it back: one killed, or stopped twice in a row as it ended),
-    else "": verify and convert said only "no manifest.json", and a trial took the dataset for lost."""
+    else "": without it, verify and convert say only "no manifest.json", and the dataset looks lost."""
     if not held(out) or os.path.isfile(join(out, MANIFEST)):
         return ""
     return (

@@ -134,8 +134,8 @@ def _is_temporary(name: str) -> bool:
 def remove_run_temporaries(path: str, run: str) -> int:
     """Delete what the job `run` names left half-written in the local token store at `path` (its
     writers' temporaries carry its run id: storage.atomic_output's tag), once none of its workers
-    writes: a job stopped by Ctrl-C or an error left the units its workers were writing (two
-    `.tmp-*` files, 9.3 MB, a trial), which only a prune a day later removed. Other jobs'
+    writes: a job stopped by Ctrl-C or an error leaves the units its workers were writing (`.tmp-*`
+    files, megabytes each), which a prune would remove only a day later. Other jobs'
     temporaries stay (they may be writing them). On object storage a token file is written in
     place, never under a temporary name: nothing is looked for there. How many were removed."""
     return 0 if is_uri(path) else remove_temporaries(path, tag=run)
