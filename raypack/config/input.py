@@ -166,10 +166,10 @@ class InputConfig:
     group_bytes: int = 1 << 20
     """Whole files smaller than this are tokenized in runs of consecutive files (of one source) of
     up to this many bytes, a run a work unit, so that a unit's fixed cost (a task, a token file, an
-    index file) is paid per MiB, not per file: 10,000 JSONL files of ~6 KB took 81-87 s as 10,000
-    units, 11-12 s in runs and 8-10 s as 32 files (docs/benchmarks.md, run 22). 0: a file a
-    unit. Ids, rejects and the global mode's output are the same whatever the runs (a document
-    keeps its file's path and row). A run holds at most input.unit_bytes and 1,024 files."""
+    index file) is paid per MiB, not per file: 10,000 JSONL files of ~6 KB take ~12 s in runs,
+    ~85 s as a unit each (docs/benchmarks.md). 0: a file a unit. Ids, rejects and the global
+    mode's output are the same whatever the runs (a document keeps its file's path and row). A
+    run holds at most input.unit_bytes and 1,024 files."""
 
     def __post_init__(self) -> None:
         self._check_limits()
