@@ -68,7 +68,7 @@ def start_local() -> Runner | None:
     where a job could run on this machine (no RAY_ADDRESS, no Ray in this process). `raypack pack`
     and raypack.pack() start one first and hand it to the job, which closes it if the job runs on
     Ray after all (run.executor, a large input: ~0.5 s of one core spent). On a 500 MB job with a
-    128k BPE, the workers were ready ~0.9 s sooner than with a pool started once the job was
+    128k BPE, the workers are ready ~0.9 s sooner than with a pool started once the job is
     imported."""
     from raypack.engine.local import LocalRunner
 

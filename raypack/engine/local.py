@@ -1,10 +1,10 @@
 """Tasks on this machine's processes: a pool of one worker a CPU for one job (raypack.engine.pool),
 forked from a zygote of the job's own (raypack.engine.zygote), with no Ray to start or stop.
 
-Why a local runner at all: on 2 cores Ray's start took 3-4.5 s (its GCS, raylet, dashboard, agents
-and prestarted workers, Python processes importing Ray on the cores the job needs), its shutdown
-1.2-1.7 s, and the workers' tokenizer load waited for both: 6.5 of the 10.7 s `raypack pack` took on
-13 MB. run.executor chooses (raypack.engine.choose).
+Why a local runner at all: on 2 cores Ray's start (its GCS, raylet, dashboard, agents and
+prestarted workers, Python processes importing Ray on the cores the job needs) and its shutdown take
+4-6 s, and the workers' tokenizer load waits for both: more than half of a 13 MB `raypack pack` on
+Ray. run.executor chooses (raypack.engine.choose).
 """
 
 from __future__ import annotations

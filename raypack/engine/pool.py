@@ -43,8 +43,8 @@ __all__ = ["LocalPool", "RemoteTraceback", "WorkerDied"]
 # How long a closing pool waits for its processes to leave before it kills them.
 EXIT_WAIT_S = 5.0
 # A killed pool's zygote, told to exit, reaps its killed workers first (ms): waited for this long
-# before it is killed too, else the workers were left as zombies of init (every interrupted or failed
-# job, a trial found: 2 a job, for ever under a PID 1 that does not wait).
+# before it is killed too, else the workers are left as zombies of init (after every interrupted or
+# failed job, for ever under a PID 1 that does not wait).
 KILL_WAIT_S = 1.0
 
 
@@ -106,7 +106,7 @@ class _Worker:
 
 # A Unix socket's path holds at most 107 bytes on Linux (108 with its NUL; 103 on macOS): the pool
 # keeps a few bytes' margin. Under a long TMPDIR (an HPC scheduler's per-job one, a test's) bind()
-# failed with a traceback.
+# would fail with a traceback.
 _SOCKET_PATH_MAX = 100
 _SHORT_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -131,10 +131,10 @@ def _socket_home(home: str) -> str:
 
 def zygote_env() -> dict[str, str]:
     """The zygote's environment: this one, with this process's sys.path as its PYTHONPATH, so that
-    it imports the driver's raypack (with -P: not its working directory first). As a plain
-    `python -m` it imported raypack from its working directory or the installed one, before the
-    hello named the driver's path: the installed command run inside another checkout ran that
-    checkout's workers, and so did benchmarks/bench_against.py's other revision."""
+    it imports the driver's raypack (with -P: not its working directory first). A plain
+    `python -m` would import raypack from its working directory or the installed one before the
+    hello names the driver's path: the installed command run inside another checkout would run
+    that checkout's workers."""
     # Absolute, as the zygote may resolve a relative entry elsewhere; an entry holding the separator
     # cannot be said in PYTHONPATH (split in two, its second half read as a relative path): left
     # out, it is the zygote's once the hello sets sys.path, before any task runs.
@@ -291,13 +291,13 @@ class LocalPool:
                 self._zygote.wait(timeout=KILL_WAIT_S if kill else EXIT_WAIT_S)
         finally:
             # Also where an interrupt cut the waits short: the command repeats Ctrl-C every second
-            # while it cleans up (cli._Interrupts), and a pool whose thread was still sending the
-            # zygote its preload (a zygote busy loading does not read) left its directory, socket
-            # and all, in TMPDIR (the trial: Ctrl-C 3.0-3.6 s into a job). Its thread, if still
+            # while it cleans up (cli._Interrupts), and a pool whose thread is still sending the
+            # zygote its preload (a zygote busy loading does not read: Ctrl-C a few seconds into a
+            # job) must not leave its directory, socket and all, in TMPDIR. Its thread, if still
             # there, meets closed connections and ends. Each step runs to its end whatever
             # interrupts come meanwhile, the files removed before the zygote is waited for: an
-            # interrupt during that wait (a zygote slow to die on a loaded machine) skipped the
-            # removal (a later trial: 3 runs of ~55 under load left `raypack-pool-*/pool.sock`).
+            # interrupt during that wait (a zygote slow to die on a loaded machine) must not skip
+            # the removal.
             _despite_interrupts(self._kill_zygote, self._close_files, self._remove_files, self._zygote.wait)
 
     def _kill_zygote(self) -> None:
@@ -338,7 +338,7 @@ class LocalPool:
         """Wait until the requests made so far are in the zygote's hands (its socket's, or sending
         them failed), at most `timeout` s: before a call that holds the GIL long. tokenizers' parse
         of a 131k BPE holds it 0.8 s, and this pool's thread, which pickles and sends the preload
-        (the tokenizer's 17 MB, twice), waited that long before the zygote could start loading."""
+        (the tokenizer's 17 MB, twice), would wait that long before the zygote could start loading."""
         with self._lock:
             target = self._queued
         with self._sending:

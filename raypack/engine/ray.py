@@ -84,8 +84,8 @@ class RayRunner(Runner):
 
         # A preload still running (a small job ends before every worker has loaded) is left to end:
         # ray.cancel raises KeyboardInterrupt in the worker, wherever it is, and one cut inside an
-        # import (pandas, 0.2-0.4 s of a preload) left that module half-made for every later task
-        # of the process ("module 'pandas' has no attribute 'core'" in a Ray Data read after it).
+        # import (pandas, 0.2-0.4 s of a preload) leaves that module half-made for every later task
+        # of the process (a Ray Data read after it: "module 'pandas' has no attribute 'core'").
         # An error in one (a missing file, say) is the units' to raise.
         self._preloads = []
         if release and self.started:
@@ -119,9 +119,8 @@ def _placed(node: str) -> dict[str, Any]:
 
 def ensure_ray() -> None:
     """Connect to RAY_ADDRESS when set, else start local Ray (once per process). A local Ray lives as
-    long as the command, so it starts without its dashboard (a process of its own; ray.init took
-    4.2 s without it against 5.2 s with, mean of 4 alternating starts on 2 cores) unless
-    RAYPACK_DASHBOARD=1."""
+    long as the command, so it starts without its dashboard (a process of its own: ray.init takes
+    ~1 s longer with it, on 2 cores) unless RAYPACK_DASHBOARD=1."""
     import ray
 
     if not ray.is_initialized():

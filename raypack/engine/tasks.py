@@ -23,11 +23,11 @@ _PAUSE_S = (2.0, 6.0)
 
 # Variables the local pool's processes start with, set in their environment only (the zygote's),
 # never in the process that runs the job. tokenizers' and fastokens' thread pools would each take
-# every core: N workers × N threads on N cores (two processes on 2 cores encoded the demo corpus in
-# 6.7-6.8 s each with tokenizers' default pool, 5.6-5.7 s with one thread). Ray's workers are left
-# as Ray starts them: a task's runtime_env would have Ray start workers of their own for it (the
-# tokenize stage of a job on a local Ray took 3.5 s longer); fastokens takes one thread there by
-# itself (text.backends._one_thread).
+# every core: N workers × N threads on N cores (two processes on 2 cores encode the demo corpus in
+# ~16% less time with one thread each than with tokenizers' default pool). Ray's workers are left
+# as Ray starts them: a task's runtime_env would have Ray start workers of their own for it (~3.5 s
+# more for the tokenize stage of a job on a local Ray); fastokens takes one thread there by itself
+# (text.backends._one_thread).
 WORKER_ENV = {"RAYON_NUM_THREADS": "1", "FASTOKENS_BPE_THREADS": "1"}
 
 
@@ -60,8 +60,8 @@ def task_options() -> tuple[tuple[str, ...] | None, dict[str, Any]]:
     one CPU, retried on a killed worker and on a TransientStorageError. The patterns are Ray Data's
     list: the driver's DataContext's where the driver has imported Ray Data (a user may have
     changed it), else None, for `transient` to read Ray Data's defaults on an error. Importing
-    ray.data (and pandas) only to read that list cost the driver 0.6-0.75 s, at the moment the
-    tokenize workers were being started."""
+    ray.data (and pandas) only to read that list would cost the driver 0.6-0.75 s, just as the
+    tokenize workers start."""
     patterns = None
     if "ray.data" in sys.modules:
         patterns = _retried_io_errors()

@@ -6,15 +6,15 @@ workers it forks.
                      job's preload once (its tokenizer)─▶
                      forks the workers ─each connects back to the driver, takes a task at a time─▶
 
-Why a zygote: forking the driver handed each worker what the driver held: its S3 filesystem with its
-open connection (a worker then read the driver's replies: `exists()` was True for a file never
-written, and 9 `raypack pack` runs in 10 failed on S3), the native threads of the AWS SDK and Arrow,
-and the module caches of an earlier job in the same process (a notebook's second job packed with the
-first job's tokenizer). A zygote holds none of that: it touches no storage (the driver hands it the
-tokenizer's bytes), runs no job but this one, and is gone with it. What forking still buys is kept:
-the tokenizer and fastokens' copy are loaded once, in the zygote, and every worker has them at its
-fork (fastokens takes 1.1 s to load a 128k BPE: once, not once a worker), and a worker that dies is
-replaced by a fork that has them too, at once.
+Why a zygote: forking the driver would hand each worker what the driver holds: its S3 filesystem
+with its open connection (a worker then reads the driver's replies: `exists()` is True for a file
+never written, and most `raypack pack` runs on S3 fail), the native threads of the AWS SDK and
+Arrow, and the module caches of an earlier job in the same process (a notebook's second job would
+pack with the first job's tokenizer). A zygote holds none of that: it touches no storage (the
+driver hands it the tokenizer's bytes), runs no job but this one, and is gone with it. What forking
+still buys is kept: the tokenizer and fastokens' copy are loaded once, in the zygote, and every
+worker has them at its fork (fastokens takes 1.1 s to load a 128k BPE: once, not once a worker),
+and a worker that dies is replaced by a fork that has them too, at once.
 
 The workers' connections are plain Unix sockets in a directory of the system temp dir that only this
 user can enter (mode 0700); a worker ignores SIGINT (the driver ends the run) and exits when the
@@ -218,7 +218,7 @@ class _Run(threading.Thread):
     on taking the driver's requests while it runs: an early load asked meanwhile starts at once.
     A job with a token store warms the zygote first (worker.Preload.warm, 0.6-0.8 s), and asks
     for fastokens' build of its tokenizer only once its tokenize stage finds a unit to tokenize;
-    the build (2-2.5 s of a 131k BPE) waited for the warm-up to end."""
+    the build (2-2.5 s of a 131k BPE) would otherwise wait for the warm-up to end."""
 
     def __init__(self, fn: Any, args: tuple[Any, ...], wake: socket.socket) -> None:
         super().__init__(name="raypack-preload", daemon=True)
@@ -255,7 +255,7 @@ def _loop(ctrl: Connection, address: str, home: str) -> None:
             ctrl.send(("ran", running.outcome))
         except OSError:
             # The driver went while it ran (killed, -9): so do we, without the traceback of a
-            # broken pipe (twice, on the user's terminal) that the send raised here.
+            # broken pipe (twice, on the user's terminal) that the send raises here.
             return False
         running = _Run(*runs.popleft(), woken) if runs else None
         return True
@@ -365,8 +365,8 @@ class _Absent(importlib.abc.MetaPathFinder):
     - pyarrow imports pandas (0.2-0.5 s) on its first array, to ask whether the object is pandas';
       raypack hands it none, and pyarrow keeps the answer (a worker can still import pandas, as the
       exchange does for its hash).
-    The warm-up the workers wait for (worker.warm_worker) went from 0.56-1.09 s to 0.25-0.48 s
-    without scipy's import alone."""
+    Leaving out scipy's import alone halves the warm-up the workers wait for (worker.warm_worker:
+    0.25-0.48 s on 2 cores)."""
 
     NAMES = ("scipy.linalg", "pandas", "cffi")
 
@@ -397,7 +397,7 @@ if __name__ == "__main__":
 
     zygote.serve(pickle.load(sys.stdin.buffer))
     # Its work done and its children reaped, no interpreter teardown: freeing a 128k vocabulary's
-    # tokenizers, fastokens' copy and numba's modules took ~0.3 s that the driver waited for.
+    # tokenizers, fastokens' copy and numba's modules takes ~0.3 s that the driver would wait for.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
