@@ -72,7 +72,7 @@ __all__ = [
 # zstd gains from it. 10,000 packs of 8,192 tokens (128k BPE): 2.14 s and 73.5 MB with a dictionary,
 # 1.55 s and 74.9 MB without (+2% bytes, -28% time; the list encoding alone takes 1.28 s).
 # Statistics (min/max a row group) only for the pack index's columns: a token column's min and max
-# select nothing, and computing them took 0.2 s of the 1.55 (pyarrow ignores names a table lacks).
+# select nothing, and computing them takes 0.2 s of the 1.55 (pyarrow ignores names a table lacks).
 ROW_GROUP_ROWS = 1024
 PARQUET_SETTINGS = {
     "compression": "zstd",
@@ -424,8 +424,9 @@ def read_rows(
 def read_packs(dataset: str, entry: dict[str, Any], spec: Spec, storage: Any, checked: bool = False) -> Packs:
     """Every pack of one file, its tokens read through the format (convert, read_packed). `checked`:
     each file read must have the size and sha256 its manifest entry gives (ValueError naming it
-    otherwise): a conversion of an olmo file damaged in place, its size unchanged, wrote its
-    damage out as ids of -1, and the new manifest's checksums made `verify` pass them."""
+    otherwise): unchecked, a conversion of an olmo file damaged in place, its size unchanged, would
+    write its damage out as ids of -1, and the new manifest's checksums would make `verify` pass
+    them."""
     files = {entry["path"]: read_bytes(join(dataset, entry["path"]), storage)}
     if not spec.format.holds_index:
         files[entry["index"]] = read_bytes(join(dataset, entry["index"]), storage)

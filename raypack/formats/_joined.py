@@ -4,8 +4,8 @@ the same row groups in order (tested against pq.write_table).
 
 Why: a file's encoding is one thread's work in pyarrow (its columns in parallel at most, and a
 pack's tokens are one column), ~3 s for 10,000 packs of 8,192 tokens on this project's 2-core
-machine. A job with fewer files than cores (a 130 MB corpus is one file) left the other cores idle
-for that long; the encoding of one file's row groups now spreads over them.
+machine. A job with fewer files than cores (a 130 MB corpus is one file) would leave the other cores
+idle for that long; joined, the encoding of one file's row groups spreads over them.
 
 A row group's pages depend only on its rows, so a group written alone has the bytes it has inside a
 larger file. What differs is the footer (parquet.thrift's FileMetaData, Thrift's compact protocol):

@@ -4,7 +4,7 @@ IndexedDataset and GPTDataset as they are.
 A pack is one sequence of exactly seq_len tokens and one document of the `.idx` (GPTDataset shuffles
 documents, so it shuffles packs, never cuts one). GPTDataset reads them as packs only with
 `add_extra_token_to_sequence=False` (else each sample takes seq_len + 1 tokens and straddles two
-packs: 1 of 6 samples matched a pack in a trial); docs/output-format.md gives the settings. Documents
+packs); docs/output-format.md gives the settings. Documents
 inside a pack end in EOS (tokenizer.add_eos is required), padding is written as EOS too, so
 `--eod-mask-loss` never trains on it and `--reset-position-ids` / `--reset-attention-mask` restart
 at each document. Tokens are uint16 where the vocabulary has fewer than 65,500 ids (Megatron's own

@@ -46,7 +46,7 @@ class Parquet:
     ) -> dict[str, bytes]:
         """A row group a block: the bytes of pq.write_table(packs.table(), **PARQUET_SETTINGS) on the
         packs whole (tested), where the write task holds `threads` row groups' packs (1,024 × 8192:
-        33 MB each) instead of a file's (10,000 × 8192: 330 MB, whose fresh pages took 0.55-0.63 s of
+        33 MB each) instead of a file's (10,000 × 8192: 330 MB, whose fresh pages take 0.55-0.63 s of
         the task). Each row group is encoded as a file of its own (its token ids by _fixed_lists
         where it can: 80 against 113 ms for 1,024 × 4,096 tokens), on `threads` threads when more
         than one, and the files are joined under one footer (raypack.formats._joined: the same
