@@ -3,7 +3,7 @@
 The packing loops are numba functions with cache=True; compiling them all takes ~7 s on a fresh
 install (bfd's path 5.3 s, nnlshp 0.8 s, bucket 1.1 s, measured on this 2-core machine). Numba's own
 cache lives next to the source (or in a user directory keyed by the source's directory path), so
-every `ray job submit --working-dir .` compiled again: each job's copy of raypack sits at a new path
+every `ray job submit --working-dir .` would compile again: each job's copy of raypack sits at a new path
 (/tmp/ray/session_*/runtime_resources/working_dir_files/_ray_pkg_<hash>/...). This locator keys the
 cache directory by the content of raypack/packing/'s sources (numba stamps entries by a hash of their file),
 under a per-user directory that outlives jobs and cluster sessions: the same raypack code compiles

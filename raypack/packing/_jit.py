@@ -5,7 +5,7 @@ Why: numba's import is ~0.35 s of a CPU (llvmlite, its type registry), and a pro
 names the packers never calls one. The driver of a job checks its config against ALGORITHMS and
 builds the command's parser from it, while the plan and every loop run in the workers
 (raypack.pipeline.place.plan): with numba imported at `import raypack.packing`, every `raypack` command
-paid the import on the driver, beside the workers' start on 2 cores.
+would pay the import on the driver, beside the workers' start on 2 cores.
 
 How: `njit(fn)` returns a Compiled, which stands in for the function and is registered. The first
 call of any Compiled imports numba, decorates every registered function with numba.njit(nogil=True),

@@ -107,7 +107,7 @@ def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> It
     doc_start = np.zeros(n + 1, dtype=np.int64)
     if overflow == "split":
         # One numba pass, no temporaries: at 10M documents numpy's intermediates (chunk counts, last
-        # positions, remainders) pushed the peak from 25.6 to 36.6 bytes per document.
+        # positions, remainders) would push the peak from 25.6 to 36.6 bytes per document.
         total = _count_chunks(doc_length, seq_len)
         length = np.empty(total, dtype=np.int32)
         _split(doc_length, seq_len, doc_start, length)

@@ -26,7 +26,7 @@ SHORT_CUTOFF = 8
 SHORT_WEIGHT = 0.09
 DEFAULT_CLASSES = 256
 # The most classes a plan may have: the matrix and NNLS grow as classes³ (strategies ~ classes²/12, a
-# row a class). 512 classes planned in 16-22 s on 2 cores and 1,024 in over 12 minutes (2.3 GB);
+# row a class). 512 classes plan in 16-22 s on 2 cores and 1,024 in over 12 minutes (2.3 GB);
 # seq_len 8192 at width 1 would need a 342 GiB matrix.
 MAX_CLASSES = 512
 
