@@ -138,8 +138,8 @@ def _run(
         runner.close(release=False, failed=True)
         # Whatever stopped the job (a worker's error, a Dataset's own pipeline failing, Ctrl-C): its
         # staging area goes, once no worker writes into it. It holds the token files and, for a
-        # Dataset, a copy of its columns; a rerun would clear it, but a job that is not rerun left
-        # it. Best effort: the error that stopped the job is the one to see.
+        # Dataset, a copy of its columns; a rerun would clear it, but a job that is not rerun would
+        # leave it. Best effort: the error that stopped the job is the one to see.
         with suppress(Exception):
             remove(ready.staging, storage)
         store = cache if cache is not None else cfg.cache.path
@@ -172,7 +172,7 @@ def _stages(
     units = read(ready.files, cfg.input, storage, runner)
     if ready.datasets:
         # The Dataset's own pipeline runs here, on the CPUs; then the workers load the tokenizer
-        # (before it, their preload held every CPU and Ray Data waited, warning of a hang).
+        # (a preload before it would hold every CPU while Ray Data waits, warning of a hang).
         with _stage(timings, "read", log):
             units += dataset_units(
                 cfg.input, ready.datasets, len(units), join(ready.staging, "datasets"), storage

@@ -10,7 +10,7 @@ tokenizer once from the bytes read here, before it forks the workers (raypack.en
 This process reads only the ids it needs from the JSON (raypack.text.tokenizer.JsonVocab) and
 leaves tokenizers' parse to that load, conversations aside (their template and offsets are
 asked of this process's parse): a 131k BPE's parse is 0.8 s of CPU holding the GIL, and a job on
-2 cores is CPU-bound (130 MB with tekken, 6 interleaved rounds: median 6.95 -> 6.23 s). On
+2 cores is CPU-bound (the parse left to that load: ~10% less time for 130 MB with tekken). On
 Ray, Ray starts beside the tokenizer's parse (3-4 s, mostly waiting on its processes; a 128k
 vocabulary takes 0.3-0.5 s to parse) and a preload task a CPU loads it in Ray's workers.
 """

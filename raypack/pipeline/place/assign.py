@@ -42,11 +42,8 @@ def split_file_key(key: int) -> tuple[int, int]:
 def file_rows(packs: int, shard_rows: int) -> list[int]:
     """Packs in each file of a bucket (or shard group) of `packs`: ceil(packs / shard_rows) files,
     as even as can be (the first packs % files hold one pack more), not shard_rows each and a short
-    last one. Write tasks take whole files, so a short last file left a core idle at the end: a
-    500 MB repack's files of 10,000, 10,000, 10,000 and 3,545 packs on 2 writers ended one writer
-    ~1 s before the other. Even files, interleaved against the old rule on 2 cores: the repack 5.72
-    → 5.35 s (6 rounds), the first pack (10,000 + 6,523 packs → 8,262 + 8,261) 12.36 → 11.64 s (4
-    rounds), medians."""
+    last one. Write tasks take whole files, so a short last file leaves a core idle at the end:
+    even files make a 500 MB repack on 2 cores ~6% faster."""
     files = -(-packs // shard_rows)
     if files == 0:
         return []
@@ -202,7 +199,7 @@ def items_table(
             docs, keys, pack, slot, capacity, doc_of_item, chunk, length, np.full(n, source), start, none
         )
     # A batch of one token file is one chunk: its array as it lies (memory-mapped), where
-    # combine_chunks copied every token into fresh memory first (0.5 s of a 500 MB job's assign
+    # combine_chunks would copy every token into fresh memory first (0.5 s of a 500 MB job's assign
     # tasks on 2 cores, mostly the page faults of that copy).
     column = docs.column("tokens")
     tokens = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()

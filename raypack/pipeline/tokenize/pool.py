@@ -5,21 +5,18 @@ largest first, and folds each summary as it arrives. fast_encode is the backend'
 fastokens, on a worker (the driver never loads fastokens: 1.1 s for a 128k BPE, on CPUs the
 workers need).
 
-Why plain tasks, not Ray Data's actor pool (what this stage was until issue 20): its actors start
-only when the dataset executes, so their ~2 s of loading came after the driver's self-check instead
-of beside it, and the pool itself took ~4 s to start whatever the work (8 or 80 trivial units:
-4.6 s / 3.9 s; 80 plain tasks 1.2 s), with ~20 ms between one unit and the next at each actor. Why
-not plain actors (tried): an actor's process ends with it, so the assign and write tasks then waited
-~1-1.7 s for new processes to start on 2 busy cores, and each paid numba's first-call set-up again
-(~0.45 s). On 500 MB of text, 2 cores, a 128k vocabulary and fastokens, the stage took 12.4-13.3 s
-on Ray Data, 5.2 s of it before the first unit began (docs/benchmarks.md, run 14, has the figures
-since).
+Why plain tasks, not Ray Data's actor pool: its actors start only when the dataset executes, so
+their ~2 s of loading would come after the driver's self-check instead of beside it, and the pool
+itself takes ~4 s to start whatever the work (80 plain tasks: ~1.2 s), with ~20 ms between one unit
+and the next at each actor. Why not plain actors: an actor's process ends with it, so the assign and
+write tasks would wait ~1-1.7 s for new processes to start on 2 busy cores, and each would pay
+numba's first-call set-up again (~0.45 s). docs/benchmarks.md has the stage's figures.
 
 On a cluster of several nodes each task is placed on a node (soft node affinity: it runs elsewhere if
 that node is gone), its slots in proportion to its CPUs, the next unit going to the node that just
 finished one. Left to itself Ray hands a worker it leased the next task of the same kind, so small
-units all ran on one node while the others idled (1 run in 3 put a 9-unit file's units all on the
-driver's node; test_multinode). One node: the runner's own scheduling.
+units may all run on one node while the others idle (test_multinode checks they spread). One node:
+the runner's own scheduling.
 
 Tasks and objects: one task and one summary (~2 KB: a sparse histogram and counts) a unit, at most
 IN_FLIGHT × CPUs of them alive; then an `idle` task a slot (the assign stage's warm-up). The driver
@@ -106,7 +103,7 @@ class PoolReference:
     """tokenizers on one of the runner's workers, as the self-check's reference Encoder
     (backends.choose_backend), for a job whose driver reads the tokenizer's ids from its JSON and
     never parses it (raypack.text.tokenizer.JsonVocab): the workers parse it anyway, and the
-    driver's own parse of a 131k BPE was 0.8 s of CPU holding the GIL. Its tasks go ahead of the
+    driver's own parse of a 131k BPE is 0.8 s of CPU holding the GIL. Its tasks go ahead of the
     units waiting."""
 
     name = "tokenizers"

@@ -59,7 +59,7 @@ SAMPLE_CHARS = 128 << 10
 # Conversations of the corpus the chat self-check renders beside the probes: the first of each of up
 # to SAMPLE_UNITS work units, at most CHAT_SAMPLE and SAMPLE_CHARS / 4 of content from each (at least
 # one): the self-check encodes them with offsets on the driver and renders them both ways (one
-# render, prefixes), which took 1.9 s on 128 conversations of 8-16 turns (2.7 MB) without the bound.
+# render, prefixes): unbounded, 128 conversations of 8-16 turns (2.7 MB) take 1.9 s.
 CHAT_SAMPLE = 32
 REJECT_EXAMPLES = 3
 
@@ -235,8 +235,9 @@ def _ahead(
     digests: dict[str, str] | None,
 ) -> Choice | None:
     """fastokens, "being checked", where the workers may start with it while the driver checks it
-    (its encodes go to a worker ahead of the units waiting: the check took 0.6 s of a 500 MB job
-    with the cores idle); None where the check surely refuses it or its refusal must come first."""
+    (its encodes go to a worker ahead of the units waiting: the check, ~0.6 s of a 500 MB job,
+    would otherwise leave the cores idle); None where the check surely refuses it or its refusal
+    must come first."""
     if (
         version is None  # not installed here
         or remembered is not None
@@ -414,8 +415,8 @@ class Passes:
         ConfigError leaves the previous dataset in place): a pool whose workers inherit its preload
         parses it as it loads their state, and says how that went (Preload.checked); elsewhere, or
         for conversations (their template and offsets are the driver's), the driver parses it,
-        after putting the workers' load into the runner's hands (a parse holds the GIL: the load
-        went 0.8 s later on a first pack into a store, 131k BPE, traces)."""
+        after putting the workers' load into the runner's hands (a parse holds the GIL: parsed
+        first, a 131k BPE would start the load ~0.8 s later)."""
         if self.cleared:
             return
         pool = self.pool

@@ -77,9 +77,10 @@ class TokenizeShards:
             if loaded.fast is not None:
                 self.encoder = Guarded(loaded.fast)
             elif ahead:
-                # The units a worker took before the check refused were tokenized by tokenizers under
-                # fastokens' key, then discarded and tokenized again: 33.8 against 21.3 s (50 MB, a
-                # 131k BPE whose Strip normalizer fastokens refuses). Refused at once, they cost nothing.
+                # Taken, the units a worker gets before the check refuses would be tokenized by
+                # tokenizers under fastokens' key, then discarded and tokenized again (~60% more time
+                # for 50 MB with a 131k BPE whose Strip normalizer fastokens refuses). Refused at
+                # once, they cost nothing.
                 self.refused = f"fastokens did not load ({loaded.fast_error})"
             else:  # not installed on this node, or refused: the reference, said so
                 self.note = (
@@ -271,7 +272,7 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
         except FileNotFoundError:
             return None
         except Exception:
-            # Unreadable since (a flipped byte made pyarrow raise OSError, UnicodeDecodeError):
+            # Unreadable since (a flipped byte makes pyarrow raise OSError, UnicodeDecodeError):
             # tokenized again. On object storage an OSError may be the network's: the task's.
             if is_uri(path):
                 raise

@@ -48,12 +48,11 @@ __all__ = [
 
 # Staged token files are Arrow IPC files (record batches as the units wrote them), read back by
 # raypack alone, whole or by columns, compressed or not (the reader finds out). 9.8M tokens (6 units
-# of 6.25 MB of text), written and read: Parquet (lz4, no dictionary, no statistics: what
-# TOKEN_FORMAT 3 wrote) 0.121 s and 0.057 s, Arrow IPC 0.074 s and 0.020 s, the same 12.7 MB;
-# uncompressed 0.032 s and 0.005 s but 39 MB. lz4 frames (STAGED_OPTIONS) where the bytes move over
-# a network or stay (object storage, a rebuild's cache); none in the job's own staging area on a
-# local disk, removed at the end (staged_options): a 500 MB job's tokenize stage took 3.8 s
-# instead of 4.6 (medians of 4 interleaved runs, 2 cores, 135M tokens).
+# of 6.25 MB of text), written and read: Parquet (lz4, no dictionary, no statistics) 0.121 s and
+# 0.057 s, Arrow IPC 0.074 s and 0.020 s, the same 12.7 MB; uncompressed 0.032 s and 0.005 s but
+# 39 MB. lz4 frames (STAGED_OPTIONS) where the bytes move over a network or stay (object storage, a
+# rebuild's cache); none in the job's own staging area on a local disk, removed at the end
+# (staged_options): ~0.8 s less of a 500 MB job's tokenize stage on 2 cores.
 STAGED_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
 _UNCOMPRESSED = pa.ipc.IpcWriteOptions(compression=None)
 # One thread a task: a worker holds one CPU (decompression would spread over the Arrow pool's).
@@ -62,12 +61,8 @@ STAGED_DOCS = pa.ipc.IpcReadOptions(
     use_threads=False,
     included_fields=[schema.TOKENIZED.get_field_index(n) for n in ("row", "file", "doc_id", "length")],
 )
-# Bump when the token file layout or what goes into a key changes: old cache entries then miss.
-# 2: keyed on input.empty, input.max_document_bytes and the piece size too; written in place.
-# 3: keyed on the tokenizer library's version; rejects count records and lost files (footer JSON).
-# 4: Arrow IPC, not Parquet; the completion key rides on an empty last record batch.
-# 5: long texts cut only where their tokens stay the whole text's (pipeline.cuts): a file of 4 kept
-#    a SentencePiece BPE's long documents with a token too many at a cut.
+# Bump when the token file layout or what goes into a key changes: old cache entries then miss
+# (`git log -G'TOKEN_FORMAT ='` says what each bump covered).
 TOKEN_FORMAT = 5
 # Completion key, on the last record batch (empty), written last: a token file without it is
 # unfinished (see TokenizeShards._tokenize). Its value: {"rejects": rows of the rejects file,
@@ -223,7 +218,7 @@ def cached_rejects_file(token_path: str) -> str:
 
 
 # A number that stands alone ("byte 13", "(4096)", "22.5%"), not one inside a word or a path:
-# UTF-8 stays UTF-8, and /tmp/run-154/model0/ stays as it is (it was /tmp/run-N/modelN/).
+# UTF-8 stays UTF-8, and /tmp/run-154/model0/ stays as it is.
 _NUMBER = re.compile(r"(?<![\w/.-])\d+(?:\.\d+)?(?![\w/-])")
 
 
@@ -252,7 +247,7 @@ class Checksum:
     offsets) and the values they span, so that a batch's end changes none. Its writer folds in
     each table it writes, and the completion key keeps the result (DONE's "crc32"), which a
     finished local file must match before it is used (matches). A store's entry damaged in place
-    (a trial zeroed 4 KiB of one: 1,024 wrong ids packed, and `verify` passed) is then tokenized
+    (4 KiB zeroed would otherwise pack 1,024 wrong ids, which `verify` passes) is then tokenized
     again. ISA-L's crc32 runs ~13 GB/s on a core: a 500 MB corpus's 750 MB of tokens in ~0.06 s."""
 
     def __init__(self) -> None:
@@ -348,9 +343,8 @@ def read_finished(path: str, storage: StorageConfig | None) -> tuple[pa.Table, d
 
 def seal(lost: dict[str, Any], path: str) -> dict[str, Any]:
     """A completion key made whole: the entry's own name (an entry moved to another's name is not
-    that entry: a trial swapped two, and one shard's documents were packed twice, another's not
-    at all) and a CRC-32 of the rest (an edited count: the trial set "rejects" to 0 and the rejects
-    went silently)."""
+    that entry: two swapped would pack one shard's documents twice and another's not at all) and a
+    CRC-32 of the rest (an edited count: "rejects" set to 0 would lose the rejects silently)."""
     named = {**lost, "name": _entry_name(path)}
     return {**named, "key_crc32": _key_crc(named)}
 

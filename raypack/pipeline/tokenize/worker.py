@@ -5,8 +5,8 @@ A job names itself to its tasks: every task that needs the tokenizer is given th
 (a run id made for each job, and the sha256 of the tokenizer the driver read), never a process-wide
 default. A worker holds the state of one job at a time, under that run id: a later job, in the same
 Ray worker or the same notebook, has another id and loads its own, so it can never pack with an
-earlier job's tokenizer (it did when the state was keyed by the config: a tokenizer saved again at
-the same path kept its old ids, 641 documents of 641). A worker that loads the tokenizer checks it
+earlier job's tokenizer (state keyed by the config would: a tokenizer saved again at the same path
+would keep its old ids). A worker that loads the tokenizer checks it
 is the one the driver read (its sha256): a file replaced while the job runs fails the job, in one
 line, instead of mixing two tokenizers' ids.
 
@@ -194,11 +194,10 @@ class Preload:
         """What every unit's summary needs, tokenizer or not (warm_worker), loaded by a local pool's
         zygote before it forks the workers: asked as a job that reads a token store starts
         (prepare), so that it runs beside the driver's own start, not on the tokenize stage's path.
-        A later call still sends the preload, if the workers are not forked yet. A 500 MB repack's
-        80 stored units took 1.2-1.35 s from the stage's start to the last, against 1.65-1.9 s
-        when each worker's first unit loaded it (on 2 cores, 4 runs each); warmed at the stage's
-        start, the zygote took another 0.6 s before it forked. Ray's workers load it on their
-        first unit."""
+        A later call still sends the preload, if the workers are not forked yet. Warmed here, a
+        500 MB repack's 80 stored units take ~0.5 s less from the stage's start to the last than
+        when each worker's first unit loads it (2 cores); warmed at the stage's start, the zygote
+        would take another 0.6 s before it forks. Ray's workers load it on their first unit."""
         if self.sent or self.warmed:
             return
         self.warmed = True
@@ -214,7 +213,7 @@ def fast_key(ctx: JobContext) -> str:
 def early_loads(ctx: JobContext, tokenizer_json: str) -> dict[str, tuple[str, str, tuple[Any, ...]]]:
     """What a local pool's zygote should start loading the moment it starts, beside its own imports
     (raypack.engine.zygote.early): fastokens' build of the tokenizer, 1.1-1.5 s for a 128k BPE,
-    which then no longer follows the imports (0.45 s) but runs with them."""
+    which then runs beside the imports (0.45 s), not after them."""
     from raypack.text.backends import fast_json, fastokens_version
 
     if not ctx.fast or fastokens_version() is None:

@@ -259,7 +259,7 @@ def assign_run(
     per partition (items sorted by file_key) and `id_parts` pieces of the ids of the documents read
     since the last round (a run with no items: one round of id pieces alone), then its counts. Ids
     ride with the rounds so that the task never holds more than a round's: all of a run's ids (at
-    40 bytes each, 200 MB for 5M documents) was the task's largest object."""
+    40 bytes each, 200 MB for 5M documents) would be the task's largest object."""
     forget()  # a process that tokenized (Ray reuses them) drops its tokenizers first
     with transient(patterns):
         parts = len(part_first_key)
@@ -446,9 +446,9 @@ def run_exchange(
     handles of the pieces as soon as their consumers are submitted, so Ray frees each piece once its
     consumer is done (a local run deletes its piece files at the end)."""
     # Where every task maps the token files (a local run, local files), items name their tokens
-    # there and the writers copy each token once, from the page cache to its pack: the assign tasks
-    # copied every token into its item (fresh memory), then into a blob file, which the writer
-    # read back (assign+write of a 500 MB job: docs/benchmarks.md).
+    # there and the writers copy each token once, from the page cache to its pack: elsewhere the
+    # assign tasks copy every token into its item (fresh memory), then into a blob file, which the
+    # writer reads back (assign+write of a 500 MB job: docs/benchmarks.md).
     in_place = runner.shares_disk and all(not is_uri(u.token_file) for u in shards)
     to_part, to_ids, counts = _assign_tasks(
         runner, cfg, plan, lay, totals, shards, file_keys, selection, in_place
@@ -571,7 +571,7 @@ def encode_threads(width: int, writers: int) -> int:
     """Threads a write task encodes a file's blocks on: its share of the runner's `width` CPUs, so
     that a job of fewer files than CPUs (130 MB at seq_len 8192 is one file) encodes on all of them.
     Not more: with a writer on every core already, a second thread each (so that a larger file's
-    writer would take up the core a smaller one's leaves) made every row group's encoding ~20%
+    writer would take up the core a smaller one's leaves) makes every row group's encoding ~20%
     slower (0.37 against 0.30 CPU-s for 1,024 packs of 8,192 tokens: four encoders' buffers in two
     cores' caches) and the 500 MB job's assign+write no shorter. The memory this costs: a block in
     flight a thread (33 MB at 8,192 tokens), and its encoded bytes."""

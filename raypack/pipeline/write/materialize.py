@@ -78,7 +78,7 @@ def write_pack_file(
     pack = items.column("pack").to_numpy()
     order = np.lexsort((items.column("slot").to_numpy(), pack))  # items in (pack, slot) order
     # The token column stays in its chunks (a piece per assign task and round): each chunk's runs
-    # are copied from where they lie. combine_chunks copied all of them first, into fresh memory:
+    # are copied from where they lie. combine_chunks would copy all of them first, into fresh memory:
     # 0.4-0.6 s of a 10,000 × 8192 file's ~3 s, mostly the kernel's page faults.
     chunks = items.column("tokens").chunks
     offsets = [c.offsets.to_numpy().astype(np.int64) for c in chunks]
