@@ -2,10 +2,9 @@
 used only behind checks that prove its ids equal the reference's.
 
 fastokens (Rust, Apache-2.0) loads the same tokenizer.json and returns one flat uint32 buffer of ids
-and a uint64 buffer of offsets per batch (`encode_batch_flat`): no Python object per token. Measured
-when it was proposed (issue 20, one core each): ×57-66 `tokenizers`' `encode_batch_fast` on
-byte-level BPEs (DeepSeek-V3, GPT-2, trained 32k), ×7.4 on a SentencePiece-style BPE, and ids equal
-on all 4,548 real and adversarial documents and 30,000 random strings it loaded. It refuses some
+and a uint64 buffer of offsets per batch (`encode_batch_flat`): no Python object per token. On one
+core it runs ×57-66 `tokenizers`' `encode_batch_fast` on byte-level BPEs (DeepSeek-V3, GPT-2,
+trained 32k) and ×7.4 on a SentencePiece-style BPE. It refuses some
 tokenizers at load (NFKC or Bert normalizers, the Metaspace pre-tokenizer, vocabularies with gaps).
 
 `tokenizer.backend`:
@@ -151,8 +150,8 @@ def fast_json(tokenizer_json: str, *, prepend: bool = True) -> tuple[str, Route]
     - a normalizer that only applies Unicode normal forms (NFKC, NFC, NFD..., alone or in a
       Sequence) is left out: a text they leave as it is is encoded as it stands, one they change
       as tokenizers' own normalizer writes it where it holds no added token. fastokens refuses
-      NFKC and NFD at load (a byte-level BPE with NFKC ran wholly on tokenizers: 127 MB in 30.7 s,
-      issue 39; the texts NFKC changes then went to tokenizers whole: 18 MB/s a core, not 74);
+      NFKC and NFD at load (kept in, a byte-level BPE with NFKC would run wholly on tokenizers:
+      127 MB in 30.7 s on a core);
     - a SentencePiece BPE as transformers 5 converts it (Llama, Mistral: a Metaspace pre-tokenizer,
       `prepend_scheme: first` or `always`, `split: false`, no normalizer), which fastokens
       refuses, becomes the `Prepend("▁")` + `Replace(" ", "▁")` normalizer of the same model's
@@ -223,8 +222,8 @@ def _normalizer_steps(tokenizer_json: str) -> tuple[str, str]:
 
 def _forms_kept(tokenizer_json: str) -> str:
     """Why fastokens met a normal form raypack leaves out for it (fast_json): the normalizer holds
-    other steps too. A trial read "unsupported normalizer type: NFKC" for NFKC then Strip, where
-    NFKC alone runs on fastokens."""
+    other steps too. Without it, NFKC then Strip would read only "unsupported normalizer type:
+    NFKC", though NFKC alone runs on fastokens."""
     forms, others = _normalizer_steps(tokenizer_json)
     if not forms or not others:
         return ""

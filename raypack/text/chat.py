@@ -1,5 +1,5 @@
 """Conversations and prompt/completion pairs → the text a tokenizer encodes, and which of its tokens
-are trained (pure: no Ray; the tokenize actors call it).
+are trained (pure: no Ray; the tokenize tasks call it).
 
 Conversations (input.messages_field) are rendered with the tokenizer's chat template the way
 Hugging Face transformers renders them (`apply_chat_template`): Jinja's immutable sandbox with
@@ -28,7 +28,7 @@ Which tokens are trained (pack.loss):
 - completion (pairs): the completion's characters (and EOS when tokenizer.add_eos);
 - all: every token.
 A conversation with no trained token is a reject, like an empty document: it would add tokens to a
-pack and nothing to the loss (transformers #34172, trl #4201: an all-zero mask passed silently).
+pack and nothing to the loss (transformers #34172, trl #4201: there an all-zero mask passes silently).
 """
 
 from __future__ import annotations
@@ -73,10 +73,8 @@ SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token
 _REASONING = ("reasoning_content", "thinking", "reasoning")
 # The rendering and masking code's version, in every chat token file's cache key: a change to what
 # the same conversation renders to or which of its tokens are trained must never reuse token files
-# the old code wrote. 2: special tokens from the tokenizer's resolved BOS/EOS, a fixed date for
-# strftime_now, trained spans whose first or last character no token holds (issue 31).
+# the old code wrote (`git log -G'RENDER_VERSION ='` says what each bump covered).
 RENDER_VERSION = 3
-# 3: conversations of ONE_RENDER_TURNS or more assistant turns take their spans from one render.
 # From this many assistant turns a conversation's spans come from one render (tokenizer.chat_spans
 # auto): with its checks (the first turn's two prefix renders, the last's one: the whole text is
 # its other) 4 renders, what prefix renders of two turns cost; of ten turns, 20 (O(turns²)).
@@ -101,8 +99,8 @@ class Chat:
         return len(self.prompt) + len(self.completion)
 
     def __str__(self) -> str:
-        """The record as JSON: a reject's raw text (it was the dataclass's repr, Chat(messages=...),
-        for a conversation rejected when rendered: issue 39's trial)."""
+        """The record as JSON: a reject's raw text (not the dataclass's repr, Chat(messages=...),
+        for a conversation rejected when rendered)."""
         if self.messages:
             record = {"messages": list(self.messages), **({"tools": self.tools} if self.tools else {})}
         else:
@@ -141,7 +139,7 @@ def template_variables(
     """The special tokens a template sees: `explicit` (tokenizer.bos_id / eos_id, as token text) over
     the model directory's files (what transformers passes), and for a bare tokenizer.json, which has
     no such files, the BOS and EOS the tokenizer resolves (its post-processor template, known names:
-    `resolved`). Without this a Llama-3-style `{{ bos_token }}` rendered as nothing."""
+    `resolved`). Without this a Llama-3-style `{{ bos_token }}` would render as nothing."""
     found = special_tokens(configs)
     if not configs:
         found |= {k: v for k, v in resolved.items() if v is not None}
@@ -420,8 +418,8 @@ def _has_form(body: str, content: Any, form: tuple[str, str]) -> bool:
 def _keys(message: dict[str, Any]) -> set[str]:
     """What a message gives (keys with a true value, as a template's `{% if %}` sees them): what a
     template may render differently. An empty reasoning_content beside a filled one is another shape
-    (hypothesis found a template that shows only the last turn's reasoning: "" and "<" both had the
-    key)."""
+    (a template may show only the last turn's reasoning: "" and "<" both have the key, and render
+    otherwise)."""
     return {k for k, v in message.items() if v}
 
 

@@ -12,7 +12,7 @@ cannot tell it is there:
 - `dropped`: at such a space, which neither piece keeps: the next piece's prepended `▁` stands for it.
   SentencePiece BPEs whose normalizer prepends `▁` unconditionally (Mistral-7B-v0.1 and Llama-2's
   `Prepend("▁")` + `Replace(" ", "▁")`): cut before the space, the piece would start `▁▁`, and the
-  whole text gives one `▁` (4 of 5,123 C sources over 1 MiB came out a token longer, issue 39).
+  whole text gives one `▁` (the pieces would give a token more).
 
 A rule is proven for a tokenizer when it is first needed (`choose`): a probe text of ~26 KB (prose,
 code, whitespace runs, scripts, emoji, the tokenizer's added tokens) is cut at every candidate space
@@ -168,7 +168,7 @@ def _prepends(spec: dict[str, Any]) -> bool:
     """Whether each piece gets a `▁` of its own: a normalizer's Prepend (alone or in a Sequence), or
     a Metaspace that prepends (`always`, `first`). There `dropped` is tried first: for a Metaspace
     both rules hold, and a piece that does not start with a space is one fastokens' rewrite of it
-    takes (backends.fast_json; a 4.7 MB document cut before spaces went to tokenizers whole)."""
+    takes (backends.fast_json; a document cut before spaces goes to tokenizers whole)."""
     normalizer = spec.get("normalizer") or {}
     parts = normalizer.get("normalizers", [normalizer]) if isinstance(normalizer, dict) else []
     if any(isinstance(p, dict) and p.get("type") == "Prepend" for p in parts):

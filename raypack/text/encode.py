@@ -103,7 +103,7 @@ def encode_flat(
         flat, n = encoder.encode(pieces[start:end])
         if checker is not None:
             # The texts a fast encoder gave tokenizers are tokenizers' ids already: neither their
-            # time (20% of it was the check's budget) nor the texts are the check's.
+            # time (20% of it would go to the check's budget) nor the texts are the check's.
             routed, routed_s = getattr(encoder, "last_routed", ((), 0.0))
             checker.check(pieces[start:end], flat, n, time.perf_counter() - t0 - routed_s, routed)
         raws.append(flat)
@@ -227,9 +227,8 @@ def _frame_pairs(
 # The in-run check of a fast backend: re-encoding with tokenizers may take this share of the fast
 # encoder's own time, and at least CHECK_FLOOR_S a unit (so a small unit is checked too: ~5 KB of
 # text). At ×60, checking 1% of the text would cost 60% more; a fifth of the time checks ~0.3% of
-# it. A floor of 50 ms made the check cost twice the fast encoder on 6 MB units (cProfile: 0.32 s of
-# tokenizers against 0.16 s of fastokens for six units); a floor added to the share, not taken as
-# its minimum, made it 33% (0.43 s against 1.32 s a worker, 40 units of 6.25 MB, 128k BPE).
+# it. The floor is small, and a minimum, not added to the share: at 50 ms the check would cost twice
+# the fast encoder's time on 6 MB units.
 CHECK_SHARE = 0.2
 CHECK_FLOOR_S = 0.005
 

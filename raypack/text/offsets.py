@@ -146,7 +146,7 @@ class ByteOffsets:
             return None
         forms, trim, keep_first = shape
         added = {int(i): str(t.content) for i, t in tokenizer.get_added_tokens_decoder().items()}
-        # The model's own vocabulary: 0.09 s for 131k ids, where parsing tokenizer.json took 0.3 s
+        # The model's own vocabulary: 0.09 s for 131k ids, where parsing tokenizer.json takes 0.3 s
         # (in the driver twice and in every worker of a chat job).
         vocab = tokenizer.get_vocab(with_added_tokens=False)
         size = max([*vocab.values(), *added, -1]) + 1
@@ -205,7 +205,7 @@ class ByteOffsets:
         if ascii_only:
             return np.stack([start, end], axis=1), ok
         # Bytes to characters, for the tokens of the texts that are not ASCII alone (mapping a
-        # whole batch's ~1M characters took 13 ms, the rest of it 5): their texts as one string,
+        # whole batch's ~1M characters takes 13 ms, the rest of it 5): their texts as one string,
         # the byte each character starts at (its UTF-8 length from its code point), each text
         # after the bytes and characters of the ones before it.
         wide = np.fromiter((not t.isascii() for t in texts), dtype=bool, count=len(texts))
@@ -213,7 +213,7 @@ class ByteOffsets:
         points = np.frombuffer("".join(picked).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         width = 1 + (points >= 0x80) + (points >= 0x800) + (points >= 0x10000)
         # The character each byte belongs to, and whether it is that character's first; one more
-        # place for the end. A lookup a token: a binary search over the characters cost 3x.
+        # place for the end. A lookup a token: a binary search over the characters costs 3x.
         owner = np.r_[np.repeat(np.arange(len(points)), width), len(points)]
         leads = np.zeros(len(owner), dtype=bool)
         leads[np.cumsum(width) - width] = True

@@ -217,8 +217,8 @@ def _added_ids(vocab: dict[str, int], tokens: list[Any]) -> dict[str, int] | Non
     them is not the id the file writes beside it. tokenizers does not take those ids: it numbers
     the tokens in the file's order, a token of the vocabulary at its id there, another after the
     largest id given so far (from the vocabulary's size). A file tokenizers saved writes its own
-    ids; an edited one may not (the trial: an EOS written as 99999, which tokenizers gave 1), and
-    is left to tokenizers' parse."""
+    ids; an edited one may not (an EOS written as 99999 may get 1 from tokenizers), and is left to
+    tokenizers' parse."""
     size, added = len(vocab), dict[str, int]()
     for token in tokens:
         content, written = token["content"], token["id"]
@@ -355,7 +355,7 @@ class JsonVocab:
 def tokenizer_sha256(files: dict[str, bytes]) -> str:
     """LoadedTokenizer.sha256 of these files (raypack.text.files.tokenizer_files')."""
     digest = hashlib.sha256()
-    for name in sorted(files):  # one file: its own hash, as before model directories were read
+    for name in sorted(files):  # one file: its bytes' plain sha256 (what sha256sum gives)
         digest.update(files[name] if len(files) == 1 else name.encode() + b"\0" + files[name])
     return digest.hexdigest()
 
