@@ -430,8 +430,8 @@ def _in_child(fn: Callable[..., T], *args: Any) -> T:
     """fn(*args) in a forked child process, its result sent back: what Ctrl-C must be able to stop
     at once. A packer's loop (numba's) or scipy's NNLS holds the main thread, or the GIL, for
     seconds to minutes (nnlshp at 512 classes: 47 s on 200,000 lengths), and neither a signal's
-    handler nor the interrupt watchdog ran until it returned: Ctrl-C took 24 s. This process only
-    waits; interrupted, it kills the child. In-process where fork is not offered."""
+    handler nor the interrupt watchdog runs until it returns. This process only waits;
+    interrupted, it kills the child. In-process where fork is not offered."""
     import multiprocessing
 
     if "fork" not in multiprocessing.get_all_start_methods():
@@ -609,9 +609,9 @@ def _cmd_cache(args: argparse.Namespace) -> int:
 
 def _store_notes(found: StoreUsage) -> str:
     """What a store's count leaves unsaid (StoreUsage): its writers' temporaries, which no prune
-    removes before they are a day old (a trial read "0 units, 5.9 MiB" after --max-size 0), and
+    removes before they are a day old (so "0 units" may still be some MiB after --max-size 0), and
     what its directory holds that is none of a store's (a directory named by mistake, an output or
-    a home, read "0 units, 0 B" and nothing more)."""
+    a home, would otherwise read "0 units, 0 B" and nothing more)."""
     from raypack.dataset.store import size_text
 
     notes = ""
@@ -641,8 +641,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     log(f"[raypack] {'reusing' if reused else 'building'} the demo corpus and tokenizer under {out} ...")
     built = time.time()
     cfg = load_config(str(demo_config(out, seq_len=args.seq_len)))
-    # The job's time from here: the corpus and the BPE's training are the demo's, not the job's (a
-    # trial read them as "the rest (start, imports, the tokenizer, report)", ~7 of 12 s).
+    # The job's time from here: the corpus and the BPE's training are the demo's, not the job's
+    # (counted in, ~7 s of a 12 s demo would read as "the rest (start, imports, the tokenizer, ...)").
     started = time.time()
     print(
         f"demo corpus and tokenizer: {started - args.started:.1f}s with the command's start "
@@ -675,9 +675,9 @@ def _interrupted(argv: Sequence[str] | None) -> str:
 
 
 # Ctrl-C raises KeyboardInterrupt in the main thread, but one that lands inside a finalizer or a
-# callback of Ray's is printed as "ignored" and lost (seen in CI: a driver interrupted mid-tokenize
-# ran to the end and exited 0). So a watchdog raises it again every second until main() has handled
-# it, and after 10 s leaves outright. Nothing is left half-committed either way: a dataset is
+# callback of Ray's is printed as "ignored" and lost (a driver interrupted mid-tokenize then runs to
+# the end and exits 0). So a watchdog raises it again every second until main() has handled it, and
+# after 10 s leaves outright. Nothing is left half-committed either way: a dataset is
 # complete only once its manifest is written.
 _INTERRUPT_GRACE_S = 10
 
@@ -693,7 +693,7 @@ class _Interrupts:
     def on_signal(self, signum: int, frame: object) -> None:
         if self.watchdog is None:  # the first signal is the exit code's: the watchdog's own
             # interrupt_main() below comes through here as a SIGINT (exit 130 after a SIGTERM
-            # whose clean-up took over a second: 2 runs of 5 of test_faults on a loaded machine)
+            # whose clean-up takes over a second, as it may on a loaded machine)
             self.signum = signal.Signals(signum)
             self.watchdog = threading.Thread(target=self._watch, daemon=True)
             self.watchdog.start()

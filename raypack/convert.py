@@ -228,8 +228,8 @@ def convert_files(
 
 
 def _source_packs(dataset: str, entry: dict[str, Any], source: Spec, storage: StorageConfig) -> Packs:
-    """One file's packs; a JobError naming it where its bytes make none (a traceback of pyarrow's
-    "Parquet magic bytes not found", before: a trial's file zeroed in place, its size unchanged)."""
+    """One file's packs; a JobError naming it where its bytes make none (a file zeroed in place, its
+    size unchanged), not a traceback of pyarrow's "Parquet magic bytes not found"."""
     try:
         return read_packs(dataset, entry, source, storage, checked=True)
     except ValueError as e:  # pyarrow's ArrowInvalid is one

@@ -14,8 +14,8 @@ shares are of the output's tokens: under truncate a document gives at most seq_l
 too-long one gives none): with r = target / available, every document gets k = floor(r) copies and a
 seeded subset of them one more. The subset is the documents whose 64-bit key u = splitmix64(seed,
 file, row) is below a threshold θ, taken in key order, and the cut lands where the subset's tokens
-come closest to the goal (r - k) × available. A cut between two documents alone left a source of
-documents of 3% of the output 2.9 points off its share; so under split the document the goal falls
+come closest to the goal (r - k) × available. A cut between two documents alone can leave a source
+of documents of 3% of the output 2.9 points off its share; so under split the document the goal falls
 in may give a partial copy: its first m chunks of seq_len tokens (m ≥ 1, fewer than its own). Each
 such chunk fills a pack alone, as a split document's chunks do, so no document ever follows a
 partial copy inside a pack (Megatron's and OLMo's readers find documents by EOS, which a partial copy

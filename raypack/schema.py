@@ -133,8 +133,8 @@ def row_group_rows(metadata: pq.FileMetaData) -> list[int]:
     return [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
 
 
-# One row per pack: the training-side format (docs/output-format.md). Version 2 added the manifest's
-# `format` (and output formats other than parquet); readers take 1 (parquet only) and 2.
+# One row per pack: the training-side format (docs/output-format.md). Version 2: the manifest has a
+# `format` (output formats other than parquet); 1: parquet only, no `format`. Readers take both.
 OUTPUT_SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (1, 2)
 PACKED = pa.schema(

@@ -3,9 +3,9 @@
 Why: batches must reach the training loop in step order whatever num_workers is, and torch's
 DataLoader takes batches from its workers in turn, so worker w of W yields steps w, w + W, ....
 Consecutive steps share row groups (1,024 packs each; a step takes batch_size of them), so each
-worker used to read and decode every row group of its rank: W× the I/O and the CPU.
+worker on its own would read and decode every row group of its rank: W× the I/O and the CPU.
 
-Now the first worker that needs a row group decodes it (holding `<key>.lock`, made with O_EXCL) and
+Instead the first worker that needs a row group decodes it (holding `<key>.lock`, made with O_EXCL) and
 writes it as an Arrow IPC file into a directory shared by the loader's workers; the others wait for
 that file and memory-map it (no copy). A worker that has built its last batch touching a group
 marks it done; when every worker that needs it has, the file goes. The directory lives in /dev/shm
@@ -141,7 +141,7 @@ class SharedGroups:
                 f.write(str(os.getpid()))
             try:
                 # Looked for again under the lock: the worker that held it may have shared the file
-                # between our look and our lock (a second read of 2 of 20 groups seen in a test).
+                # between our look and our lock (else the group is decoded twice).
                 with contextlib.suppress(FileNotFoundError):
                     return _mapped(data)
                 return self._decode_and_share(key, data)

@@ -107,8 +107,8 @@ def _credentials() -> str:
 @functools.lru_cache(maxsize=64)
 def _s3(bucket: str, storage: StorageConfig, made_for: tuple[int, str]) -> pafs.FileSystem:
     """An S3 filesystem for `bucket`, remembered for `made_for`: this process (a filesystem holds
-    open connections: a forked child that used its parent's read the parent's replies, and
-    `exists()` said yes for a file never written) and the credentials in the environment (a second
+    open connections: a forked child that uses its parent's reads the parent's replies, and
+    `exists()` says yes for a file never written) and the credentials in the environment (a second
     job in the same process, after they changed, gets a filesystem that uses the new ones)."""
     storage = storage.from_environment()
     endpoint, region = storage.endpoint, storage.region
@@ -270,9 +270,10 @@ def expand_inputs(
     nothing matches (a typo in a glob must not produce an empty dataset).
 
     Globs have the shell's meaning, on local paths and object stores alike: `*`, `?` and `[...]`
-    match within one path segment, `**` as a whole segment matches any number of directories. (With
-    fnmatch, `*` crossed `/`: `corpus/*.jsonl.gz` also took `corpus/holdout/*.jsonl.gz`.) A pattern
-    whose wildcards all sit in its last segment lists one directory, not the tree under it."""
+    match within one path segment, `**` as a whole segment matches any number of directories.
+    (fnmatch's `*` would cross `/`: `corpus/*.jsonl.gz` would take `corpus/holdout/*.jsonl.gz` too.)
+    A pattern whose wildcards all sit in its last segment lists one directory, not the tree under
+    it."""
     found: dict[str, tuple[int, int]] = {}
     for pattern in patterns:
         fs, inner = resolve(pattern, storage)

@@ -1,10 +1,9 @@
 """The report's figures as inline SVG, written here and drawn by the browser that opens the page. One
 function per figure; each returns None when it has nothing to show.
 
-Not matplotlib (which drew them as PNG until run 28, docs/benchmarks.md): importing it and drawing four
-figures cost 1.3-1.9 s of CPU a job, and a job on 2 cores is CPU-bound, so the command took that much
-longer: 0.85 s of a 130 MB job's 7.9 s, 1.26 s of a 500 MB repack's 6.2 s (interleaved rounds). These
-take a few milliseconds, and the page's text stays text (selectable, sharp at any zoom).
+Not matplotlib: importing it and drawing four figures costs 1.3-1.9 s of CPU a job, and a job on 2
+cores is CPU-bound, so the command would take that much longer (~11% of a 130 MB job). These take a
+few milliseconds, and the page's text stays text (selectable, sharp at any zoom).
 
 Figures are 900 px wide, 340 px high (the stage figure: by its rows), in CSS pixels; coordinates are
 written with one decimal, so the same report gives the same bytes.
