@@ -158,7 +158,7 @@ class InputConfig:
     must not pass as 0.0007% of records. Raise it only knowingly; rejects/ names each file."""
     unit_bytes: int = 256 << 20
     """A file larger than this is tokenized in work units of about this many bytes, each a task of
-    its own, so one large file spreads over every actor and node: a Parquet file as runs of whole
+    its own, so one large file spreads over every worker and node: a Parquet file as runs of whole
     row groups (a row group larger than this is a unit alone), an uncompressed JSONL file as byte
     ranges cut at line starts. Compressed streams and text files (one document each) stay whole.
     Ids, rejects and the output are the same as for the whole file; each unit has its own token

@@ -61,7 +61,7 @@ def plan(
     row_weight = np.ones(k_max)
     row_weight[(np.arange(k_max) * width + 1) < SHORT_CUTOFF] = np.sqrt(SHORT_WEIGHT)
     # Imported here: scipy.optimize costs ~0.5-0.8 s to import, paid otherwise by every process that
-    # imports the config (the CLI, each tokenizer actor), not only by the ones that plan with NNLSHP.
+    # imports the config (the CLI, each tokenize worker), not only by the ones that plan with NNLSHP.
     from scipy import optimize
 
     x, _ = optimize.nnls(a * row_weight[:, None], b * row_weight, maxiter=50 * k_max)
