@@ -19,7 +19,7 @@ from raypack.config import ConfigError, JobConfig, PackConfig, apply_overrides, 
         ({"bucket_lengths": "2048"}, "bucket_lengths must be a list"),
         ({"padding_threshold": 1.5}, "padding_threshold must be in"),
         ({"nnls_bin_width": 0}, "nnls_bin_width"),
-        # 8192 classes: a 342 GiB matrix, found after tokenizing (a trial); 513 plan for minutes
+        # 8192 classes: a 342 GiB matrix, refused before tokenizing; 513 plan for minutes
         ({"seq_len": 8192, "nnls_bin_width": 1}, "8192 classes of seq_len 8192.*at least 16"),
         ({"seq_len": 1026, "nnls_bin_width": 2}, "513 classes"),
         ({"shuffle": "yes"}, "shuffle must be true or false"),

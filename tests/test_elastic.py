@@ -1,4 +1,4 @@
-"""Elastic resume (issue 41): an epoch saved by any rank at world size W and batch size B goes on at
+"""Elastic resume: an epoch saved by any rank at world size W and batch size B goes on at
 another W' and B' with the packs no rank had yielded; over the old and the new ranks every pack is
 yielded exactly once (last_batch "short"; "drop" and "wrap" within their rule), through a chain of
 resumes, by iter_batches and by PackedDataset under torchdata's StatefulDataLoader."""

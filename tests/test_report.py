@@ -90,8 +90,8 @@ def test_the_length_figure_puts_each_count_at_its_height_and_each_length_at_its_
 
 def test_a_seq_len_past_every_document_is_labelled_left_of_its_line() -> None:
     """The note beside a seq_len's line goes right of it, or left where it would run past the axes:
-    a seq_len above every document puts the line near the right edge (a trial: one short document
-    at 2048 showed "seq_le", the rest clipped)."""
+    a seq_len above every document puts the line near the right edge (labelled right of it, one
+    short document at 2048 would show "seq_le", the rest clipped)."""
     note = re.compile(
         r'<text x="([\d.]+)" y="[\d.]+" font-size="12" fill="[^"]+"( text-anchor="end")?[^>]*>seq_len'
     )

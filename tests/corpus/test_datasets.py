@@ -1,4 +1,4 @@
-"""Ray Datasets as input (issue 41): raypack.pack(config, dataset=ds) with real Ray Data sources
+"""Ray Datasets as input: raypack.pack(config, dataset=ds) with real Ray Data sources
 (read_parquet, read_json, from_items), a filter, a repartition, two Datasets and a file source in
 one mixture, chat rows; the bytes against the same rows as files, tokens against tokenizers, and
 the errors a user meets."""

@@ -127,7 +127,7 @@ def test_the_next_job_puts_back_what_a_killed_overwrite_set_aside(
     before = files_of(out)
     previous.set_aside(str(out), OUTPUT_PARTS)  # as a killed `--overwrite` left it
     the_new_job_writes(out)
-    # Until then, the commands that find no dataset there say where it is (a trial took it for lost).
+    # Until then, the commands that find no dataset there say where it is (else it looks lost).
     aside = f"the dataset it held is set aside in {out / previous.PREVIOUS} by a stopped `--overwrite`"
     assert any(aside in p for p in verify(str(out)).problems)
     capsys.readouterr()

@@ -574,11 +574,11 @@ def test_an_entry_damaged_in_place_is_tokenized_again(tmp_path: Path, tokenizer_
 def test_an_entry_swapped_edited_or_damaged_in_its_metadata_is_a_miss(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:
-    """What a trial did to a store's entries, each on a fresh copy of it: two entries' files
-    swapped (one shard's documents were packed twice, another's not at all, exit 0), zeros over an
-    entry's Arrow metadata (every job failed with "Invalid flatbuffers message"), a byte of a
-    rejects file flipped (a traceback), the rejects count edited to 0 (the rejects went). Each is
-    a miss now: its units tokenized again, the packs and rejects a fresh pack's."""
+    """Damage to a store's entries, each on a fresh copy of it: two entries' files swapped (else
+    one shard's documents packed twice, another's not at all, exit 0), zeros over an entry's Arrow
+    metadata (else every job fails with "Invalid flatbuffers message"), a byte of a rejects file
+    flipped (else a traceback), the rejects count edited to 0 (else the rejects go). Each is a
+    miss: its units tokenized again, the packs and rejects a fresh pack's."""
     corpus = make_corpus(tmp_path, shards=3, docs_per_shard=30, seed=11)
     write_jsonl(corpus / "part-009.jsonl", [{"text": "fine"}, {"text": ""}, b"{not json"])
     pristine, store = tmp_path / "pristine", tmp_path / "store"

@@ -221,8 +221,8 @@ def test_tasks_that_always_kill_their_workers_each_fail_after_their_retries(tmp_
 
 def test_a_failed_jobs_pool_leaves_no_zombie_worker(tmp_path: Path) -> None:
     """A failed or interrupted job's pool kills its workers mid-task and closes: the zygote reaps
-    them before it goes, so none is left a zombie of init (a trial found two after every such job,
-    never reaped under a PID 1 that does not wait)."""
+    them before it goes, so none is left a zombie of init (never reaped under a PID 1 that does not
+    wait)."""
     import psutil
 
     from tests.fakes import pid, slow_mark
@@ -431,7 +431,7 @@ def test_a_temp_dir_too_long_for_a_socket_path_still_packs_locally(
     report = verify(str(tmp_path / "out"), load_config(str(path)))
     assert report.ok and report.documents == 40, report.problems
     # The driver killed once its pool runs: the zygote, finding it gone, removes the pool's
-    # directory in TMPDIR as well as its socket's (a trial found the first left behind).
+    # directory in TMPDIR as well as its socket's.
     import time
 
     import psutil
@@ -473,7 +473,7 @@ def test_the_pool_runs_the_drivers_raypack_whatever_the_working_directory(
 
 def test_the_zygotes_path_holds_only_entries_it_can_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """An entry holding the separator would be split in two, its second half a relative path that
-    found a decoy package (a trial's script in /tmp/sc:ripts); relative entries are made absolute."""
+    may find a decoy package (a script in /tmp/sc:ripts, say); relative entries are made absolute."""
     from raypack.engine.pool import zygote_env
 
     monkeypatch.setattr(sys, "path", ["", "src", f"/tmp/sc{os.pathsep}ripts", "/opt/lib"])
@@ -500,9 +500,9 @@ def test_a_zygote_whose_driver_went_during_its_preload_leaves_without_a_tracebac
 
 def test_a_pool_whose_closing_is_interrupted_still_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C again while a pool closes (the command repeats it every second of a slow clean-up):
-    its zygote is killed and its directory, socket and blobs go all the same. They stayed in
-    TMPDIR when an interrupt cut the wait for the pool's thread short (a trial, Ctrl-C 3-3.6 s into
-    a job: the thread was sending the busy zygote its preload)."""
+    its zygote is killed and its directory, socket and blobs go all the same, also where an
+    interrupt cuts the wait for the pool's thread short (Ctrl-C a few seconds into a job, while the
+    thread sends the busy zygote its preload)."""
     import threading
 
     from raypack.engine.pool import LocalPool

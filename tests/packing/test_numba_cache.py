@@ -61,8 +61,8 @@ def test_a_job_says_when_it_must_compile_the_packers_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tokenizer_path: Path
 ) -> None:
     """An empty cache (a new machine, RAYPACK_NUMBA_CACHE elsewhere) makes a job's first packer
-    compile, 7-20 s that it used to spend without a word (found by a trial): the cache is found
-    empty, and the job says so and what fills it ahead."""
+    compile, 7-20 s that it would otherwise spend without a word: the cache is found empty, and
+    the job says so and what fills it ahead."""
     from raypack.config import load_config
     from raypack.packing import compiled_code_cached
     from raypack.packing._cache import _digest

@@ -370,8 +370,8 @@ def test_a_lone_surrogate_in_a_read_field_is_a_reject_and_a_bom_opens_a_file_qui
 
 def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
     """The summary's rejects by kind put N for a count or a size, not for a digit inside a word or a
-    path (a template's path was shown as /tmp/pytest-N/modelN/), and a kind ends at a colon outside
-    parentheses ("no trained token (pack.loss assistant" was one): issue 39's trials."""
+    path (a template's path is not shown as /tmp/pytest-N/modelN/), and a kind ends at a colon
+    outside parentheses (not at "no trained token (pack.loss assistant")."""
     from raypack.pipeline.tokenize.token_files import reason_counts
 
     reasons = [
@@ -396,7 +396,7 @@ def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
 
 def test_a_reject_limit_names_how_many_kinds_it_does_not_show(tmp_path: Path) -> None:
     """The job's failure shows the three commonest kinds of reject and says how many more there are
-    (they were left out without a word: issue 39's trial)."""
+    (not left out without a word)."""
     from types import SimpleNamespace
 
     from raypack.config import JobConfig as Job

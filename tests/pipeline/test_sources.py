@@ -361,8 +361,8 @@ def test_each_source_is_read_with_its_own_format_fields_and_ids(tmp_path: Path, 
         tokenize_module.READ_VERSION -= 1
 
 
-# Issue 41's corpus: shares 0.5 / 0.3 / 0.2, code's documents up to ~3% of the output's tokens, where
-# a cut between whole documents left the shares up to 2.9 points off.
+# Shares 0.5 / 0.3 / 0.2, code's documents up to ~3% of the output's tokens: a corpus where a cut
+# between whole documents alone leaves the shares up to 2.9 points off.
 SHARES = {"web": 0.5, "books": 0.3, "code": 0.2}
 SHARE_SEQ = 64  # a partial copy is whole chunks: the shares land within 32 tokens of ~60k (0.05 points)
 

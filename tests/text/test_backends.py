@@ -193,8 +193,8 @@ def test_chat_with_a_byte_level_bpe_whose_normalizer_rewrites_text_says_which_st
     tmp_path: Path, tokenizer_path: Path
 ) -> None:
     """Conversations with a byte-level BPE whose normalizer strips: its offsets do not follow from
-    its ids, and the reason names the step (a trial read "a byte-level BPE's offsets follow" about
-    a byte-level BPE, and could not tell why)."""
+    its ids, and the reason names the step (a reason that names only "a byte-level BPE" would not
+    tell why)."""
     path = tmp_path / "strip.json"
     _stripping(tokenizer_path).save(str(path))
     loaded = read_tokenizer(TokenizerConfig(path=str(path), add_eos=False))
@@ -207,9 +207,9 @@ def test_a_refusal_on_a_ray_worker_gives_fastokens_reason_not_rays_header(
     tmp_path: Path, tokenizer_path: Path
 ) -> None:
     """On Ray the check's fastokens runs in a task, and its refusal reaches the driver as a
-    RayTaskError(FastRefused), whose text is Ray's header: the reason said "ray::fast_encode() (pid=
-    23071, ...)" (a trial), the manifest differed between runs by the pid, and fastokens' own reason
-    was lost. It is the task's exception that is told."""
+    RayTaskError(FastRefused), whose text is Ray's header: told as is, the reason would say
+    "ray::fast_encode() (pid=..., ...)", the manifest would differ between runs by the pid, and
+    fastokens' own reason would be lost. It is the task's exception that is told."""
     from ray.exceptions import RayTaskError
 
     path = tmp_path / "strip.json"
@@ -623,8 +623,8 @@ def test_a_fast_encoder_that_raises_or_panics_on_a_text_is_not_used_and_crashes_
 def test_the_in_run_check_leaves_out_what_tokenizers_encoded(tokenizer_path: Path) -> None:
     """Texts a fast encoder gave tokenizers (a normal form changed them, say) are tokenizers' ids
     already: the in-run check samples only the others, and the time tokenizers took on them is not
-    counted as the fast encoder's (20% of it was the check's budget: issue 39's trial re-checked
-    1.6 MiB instead of 0.2 on a run that routed most texts)."""
+    counted as the fast encoder's (20% of it would go to the check's budget: a run that routes most
+    texts would re-check ~8× as much)."""
     from raypack.text.encode import Checker
 
     _, reference, _ = _encoders(tokenizer_path)

@@ -177,8 +177,8 @@ def _cfg(tmp: Path, tokenizer: str, storage: dict[str, str]) -> Path:
     ],
 )
 def test_a_file_that_is_no_tokenizer_says_why(tmp_path: Path, content: str, said: str) -> None:
-    """JSON that is no tokenizer is named as such: tokenizers' own message pointed at a line and
-    column of a file that parses (issue 39's trial); JSON that does not parse keeps its position."""
+    """JSON that is no tokenizer is named as such: tokenizers' own message points at a line and
+    column of a file that parses; JSON that does not parse keeps its position."""
     path = tmp_path / "tokenizer.json"
     path.write_text(content)
     with pytest.raises(ConfigError) as caught:
@@ -311,8 +311,8 @@ def test_the_skim_of_a_tokenizer_json_is_json_loads_but_the_merges(tmp_path: Pat
 def test_added_ids_that_tokenizers_would_not_give_leave_the_file_to_its_parse(tmp_path: Path) -> None:
     """tokenizers numbers added tokens itself as it loads a file (a vocabulary token at its id,
     another after the largest so far), whatever ids the file writes beside them. Where an edited
-    file's ids are not those, lazy=True parses it: the ids are tokenizers' either way (the trial:
-    an EOS written as 99999, which tokenizers gives 1, made a store's job pad with 99999)."""
+    file's ids are not those, lazy=True parses it: the ids are tokenizers' either way (else an EOS
+    written as 99999, which tokenizers gives 1, would have a store's job pad with 99999)."""
     tok = train(["<|endoftext|>", "</s>"])
     tok.add_special_tokens(["<pad>", "<mask>"])
     spec = json.loads(tok.to_str())
