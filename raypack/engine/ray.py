@@ -10,6 +10,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from raypack.engine.auth import check_cluster, connect_error
 from raypack.engine.runner import Runner
 from raypack.engine.tasks import task_options
 
@@ -132,7 +133,14 @@ def ensure_ray() -> None:
         level = notice.level
         notice.setLevel(logging.ERROR)
         try:
+            if address:
+                check_cluster(address)
             ray.init(address=address, logging_level=logging.WARNING, include_dashboard=dashboard)
+        except Exception as e:
+            mapped = connect_error(address, e) if address else None
+            if mapped is None:
+                raise
+            raise mapped from None
         finally:
             notice.setLevel(level)
 
