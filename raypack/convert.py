@@ -31,7 +31,7 @@ from raypack import schema
 from raypack.config import JobConfig, RunConfig, StorageConfig, from_dict
 from raypack.dataset import previous
 from raypack.dataset.layout import MANIFEST, METRICS
-from raypack.dataset.manifest import manifest_files, write_dataset_files
+from raypack.dataset.manifest import CONVERTED_SETTINGS, manifest_files, write_dataset_files
 from raypack.dataset.output import check_output, clear_output, recover_output, restore_output
 from raypack.engine import open_runner, transient
 from raypack.errors import ConfigError, JobError
@@ -202,7 +202,17 @@ def _convert(
     new["config"] = {**manifest["config"], "output": output}
     new["files"] = manifest_files(written)
     new["format"] = output_format
-    new["converted_from"] = {"path": dataset, "format": source_spec.name, "manifest_sha256": pinned.sha256}
+    # The output settings the data was packed with (a converted dataset's first source's): what a
+    # job config given to `raypack verify` still says.
+    packed = manifest.get("converted_from", {}).get("packed_output") or {
+        key: manifest["config"]["output"].get(key) for key in CONVERTED_SETTINGS
+    }
+    new["converted_from"] = {
+        "path": dataset,
+        "format": source_spec.name,
+        "manifest_sha256": pinned.sha256,
+        "packed_output": packed,
+    }
     write_bytes_atomic(join(out, MANIFEST), json.dumps(new, indent=2).encode(), storage)
     size = total_bytes(written, output_format["files"])
     return ConvertResult(dataset, out, output_format, len(written), size, None)

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.dataset.layout import MANIFEST, resolve_dataset
+from raypack.dataset.manifest import packed_settings
 from raypack.dataset.previous import aside_note
 from raypack.errors import ConfigError
 from raypack.formats import Spec, packs_of, spec_of
@@ -241,6 +242,7 @@ def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
         return sections
 
     now, then = placeless(plain(config.to_dict())), placeless(manifest.get("config", {}))
+    converted = packed_settings(manifest)  # a converted dataset: as converted, or as packed
     found = []
     for section, skip in _SAME_BYTES.items():
         recorded = then.get(section, {})
@@ -248,6 +250,9 @@ def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
             if key in skip:
                 continue
             packed, given = recorded[key], now[section][key]
+            either = converted.get(key) if section == "output" else None
+            if either is not None and (not either or given in either):
+                continue
             if packed != given:
                 found.append(
                     f"{section}.{key}: the dataset was packed with {packed!r}, the config says {given!r}"

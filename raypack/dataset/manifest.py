@@ -13,7 +13,34 @@ from raypack.config import StorageConfig
 from raypack.formats import Spec
 from raypack.storage import join, write_bytes
 
-__all__ = ["dataset_files", "entry_files", "format_entry", "manifest_files", "write_dataset_files"]
+__all__ = [
+    "CONVERTED_SETTINGS",
+    "dataset_files",
+    "entry_files",
+    "format_entry",
+    "manifest_files",
+    "packed_settings",
+    "write_dataset_files",
+]
+
+
+CONVERTED_SETTINGS = ("format", "pad_id")
+"""The output settings `raypack convert` changes: a converted dataset's manifest records them as
+converted and, under converted_from.packed_output, as the data was first packed."""
+
+
+def packed_settings(manifest: dict[str, Any]) -> dict[str, list[Any]]:
+    """Each output setting a converted dataset may be verified with: as converted, or as first
+    packed ({} for a dataset never converted; a setting of a conversion that recorded no
+    packed_output takes any value)."""
+    converted = manifest.get("converted_from")
+    if not converted:
+        return {}
+    now = manifest.get("config", {}).get("output", {})
+    packed = converted.get("packed_output")
+    if packed is None:
+        return {key: [] for key in CONVERTED_SETTINGS}
+    return {key: [now.get(key), packed.get(key)] for key in CONVERTED_SETTINGS}
 
 
 _FILE_KEYS = ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256", "index")

@@ -415,8 +415,11 @@ def test_convert_pads_with_the_id_it_is_given_and_refuses_settings_it_does_not_r
     assert manifest(same)["config"]["output"] == {**manifest(source)["config"]["output"], "path": str(same)}
     was = packed["cfg"]["parquet"]
     assert verify(str(same), was, sample=8).ok
-    assert not verify(str(out), was, sample=8).ok  # its output.pad_id is not the dataset's now
+    # Verified with the config it was packed with, or with the pad it was converted to; not another.
+    assert verify(str(out), was, sample=8).ok
     assert verify(str(out), dataclasses.replace(was, output=dataclasses.replace(was.output, pad_id=7))).ok
+    other = verify(str(out), dataclasses.replace(was, output=dataclasses.replace(was.output, pad_id=9)))
+    assert not other.ok and any("output.pad_id" in p for p in other.problems)
 
     cfg = tmp_path / "storage.yaml"
     cfg.write_text(yaml.safe_dump(packed["cfg"]["parquet"].to_dict()))
@@ -429,6 +432,29 @@ def test_convert_pads_with_the_id_it_is_given_and_refuses_settings_it_does_not_r
         err = capsys.readouterr().err
         assert "--set output.shard_rows=5: raypack " in err and "reads only the config's storage.*" in err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_converted_dataset_verifies_with_the_job_config_it_was_packed_with(
+    packed: dict[str, Any], tmp_path: Path, capsys: Any
+) -> None:
+    """`raypack verify OUT --config job.yaml` after `raypack convert`: the job config still says the
+    format (and pad) the data was packed with, and the dataset is right; so is a conversion of a
+    conversion. Another format than either is still named."""
+    job_yaml = tmp_path / "job.yaml"
+    job_yaml.write_text(yaml.safe_dump(packed["cfg"]["parquet"].to_dict()))
+    source = packed["out"]["parquet"]
+    megatron, olmo, again = tmp_path / "megatron", tmp_path / "olmo", tmp_path / "again"
+    assert main(["convert", str(source), "--format", "megatron", "--out", str(megatron)]) == 0
+    assert main(["convert", str(source), "--format", "olmo", "--out", str(olmo), "--pad-id", "3"]) == 0
+    assert main(["convert", str(olmo), "--format", "mds", "--out", str(again)]) == 0
+    capsys.readouterr()
+    for out in (megatron, olmo, again):
+        assert main(["verify", str(out), "--config", str(job_yaml), "--sample", "8"]) == 0, out
+        assert "8 documents re-tokenized and equal" in capsys.readouterr().out
+    assert main(["verify", str(megatron), "--config", str(job_yaml), "--set", "output.format=olmo"]) == 1
+    assert "output.format: the dataset was packed with 'megatron', the config says 'olmo'" in (
+        capsys.readouterr().out
+    )
 
 
 def test_configs_a_trainer_cannot_read_right_are_refused_before_any_work(
