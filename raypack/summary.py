@@ -203,11 +203,14 @@ def _backend_line(b: dict[str, Any]) -> str:
 
 def format_rebuild(result: RebuildResult, command_seconds: float | None = None) -> str:
     job = result.job
+    waited = result.waited_s
     lines = [
-        format_summary(job, command_seconds),
+        format_summary(job, None if command_seconds is None else command_seconds - waited),
         f"version  {result.version} is now LATEST; shards: {job.shards_reused:,} reused from the cache, "
         f"{job.shards_tokenized:,} tokenized (new or changed)",
     ]
+    if waited:
+        lines.append(f"lease    waited {waited:.0f} s for another rebuild of this root to finish")
     if result.removed_versions or result.swept_versions or result.cache_entries_removed:
         old = ", ".join(f"v={n:06d}" for n in result.removed_versions) or "none"
         swept = ", ".join(f"v={n:06d}" for n in result.swept_versions) or "none"

@@ -16,7 +16,9 @@ longer than SETTLE between finding the root free and its write landing. A local 
 with O_EXCL, which no race can pass.
 
 Keeping it. A daemon thread renews the expiry every TTL_S / 5; a rebuild whose process stops (killed,
-or the machine gone) leaves a lease that expires after TTL_S, and the next rebuild takes it over.
+or the machine gone) leaves a lease that expires after TTL_S, and the next rebuild takes it over. One
+that died on the machine of the next (the same boot and pid namespace, its pid gone or another
+process's now) is seen dead at once: a `kill -9` does not hold the root for TTL_S.
 Before LATEST moves, the holder checks the lease is still its own (`check`): a rebuild paused past
 its expiry, whose root another rebuild took, commits nothing.
 """
@@ -68,6 +70,16 @@ class Holder:
     acquired: float
     expires: float
     version: int | None = None
+    machine: str = ""
+    """The holder's boot and pid namespace ("" where /proc does not say, and in older records)."""
+    pid_start: int = 0
+    """When its process started (clock ticks since boot): a pid reused since is another process."""
+
+    def dead(self) -> bool:
+        """Its process is gone, as this machine sees it (False where it cannot say: another machine)."""
+        if not self.machine or self.machine != _machine():
+            return False
+        return _started(self.pid) != self.pid_start
 
     def describe(self, now: float) -> str:
         what = f"v={self.version:06d}" if self.version is not None else "a version"
@@ -135,7 +147,16 @@ class Lease:
     def _record(self) -> bytes:
         now = self.clock()
         host, pid = socket.gethostname(), os.getpid()
-        holder = Holder(self.owner, host, pid, self._acquired or now, now + self.ttl_s, self.version)
+        holder = Holder(
+            self.owner,
+            host,
+            pid,
+            self._acquired or now,
+            now + self.ttl_s,
+            self.version,
+            _machine(),
+            _started(pid),
+        )
         return json.dumps(asdict(holder)).encode()
 
     def _create_local(self) -> bool:
@@ -152,10 +173,12 @@ class Lease:
 
     # -- taking, keeping, giving back -----------------------------------------------------------
 
-    def acquire(self, wait_s: float = 0.0) -> None:
+    def acquire(self, wait_s: float = 0.0, say: Callable[[str], None] | None = None) -> float:
         """Take the lease, waiting up to `wait_s` for a holder to finish; LeaseHeld when it does not
-        (every time round, free or not, so no record can keep it waiting past its deadline)."""
-        deadline = time.monotonic() + wait_s
+        (every time round, free or not, so no record can keep it waiting past its deadline). `say`
+        hears once that it waits, and for whom. Returns the seconds it waited."""
+        t0 = time.monotonic()
+        deadline, told = t0 + wait_s, False
         while True:
             holder = self.read()
             now = self.clock()
@@ -163,8 +186,12 @@ class Lease:
                 if self._take(holder):
                     self._held = True
                     self._start_renewing()
-                    return
+                    return time.monotonic() - t0 if told else 0.0
                 holder = self.read()
+            if say is not None and not told and wait_s > 0 and holder is not None:
+                who = holder.describe(self.clock())
+                say(f"waiting up to {wait_s:.0f} s for the rebuild of {self.root} by {who}")
+                told = True
             if time.monotonic() >= deadline:
                 if isinstance(holder, Unreadable):
                     raise LeaseHeld(
@@ -237,4 +264,28 @@ class Lease:
 
 
 def _expired(holder: Holder | Unreadable, now: float) -> bool:
-    return holder.expired(now) if isinstance(holder, Unreadable) else holder.expires <= now
+    if isinstance(holder, Unreadable):
+        return holder.expired(now)
+    return holder.expires <= now or holder.dead()
+
+
+def _machine() -> str:
+    """This boot of this machine and this pid namespace: where a pid names one process ("" off Linux)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def _started(pid: int) -> int:
+    """When process `pid` started (clock ticks since boot), or 0: no such process, or a zombie (killed,
+    not yet reaped: it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return 0
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command's name, which may hold spaces
+    return 0 if fields[0] == "Z" else int(fields[19])

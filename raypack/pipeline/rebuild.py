@@ -59,6 +59,8 @@ class RebuildResult:
     swept_versions: list[int]
     """Crashed runs' incomplete versions deleted before this run."""
     cache_entries_removed: int
+    waited_s: float = 0.0
+    """How long it waited for another rebuild's lease (--wait)."""
 
 
 def cache_dir(root: str) -> str:
@@ -83,7 +85,7 @@ def run_rebuild(
                 f"{root} holds a dataset written by `raypack pack`; a rebuild needs its own output root"
             )
         lease = Lease(root, storage)
-        lease.acquire(wait_s)
+        waited = lease.acquire(wait_s, say=log)
     except OSError as e:
         raise ConfigError(f"cannot reach output {root}: {str(e).strip().splitlines()[0]}") from None
     try:
@@ -102,7 +104,7 @@ def run_rebuild(
             log=log,
             memory=memory,
             progress=progress,
-            started=started,
+            started=None if started is None else started + waited,  # the wait is said apart
             local=local,
         )
         lease.check()  # a rebuild that lost its lease (paused past its expiry) commits nothing
@@ -113,7 +115,7 @@ def run_rebuild(
         dropped = _prune_cache(store, set(job.token_keys), cfg) if cfg.cache.path is None else 0
     finally:
         lease.release()
-    return RebuildResult(job, name, removed, swept, dropped)
+    return RebuildResult(job, name, removed, swept, dropped, waited)
 
 
 def _keep_chat_date(cfg: JobConfig, root: str) -> JobConfig:

@@ -134,3 +134,51 @@ def test_an_unreadable_lease_file_is_held_briefly_then_taken_never_waited_on_for
     lease.check()
     lease.release()
     assert not path.exists()
+
+
+def _record_of(path: Path, **changes: object) -> None:
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, **changes}))
+
+
+def test_a_holder_dead_on_this_machine_is_free_at_once_one_elsewhere_waits_for_its_expiry(
+    tmp_path: Path,
+) -> None:
+    """A record whose process is gone from this machine (its pid free, or another process's since:
+    another start time) is free before its expiry; one from another machine (or an older record that
+    says nothing of its machine) is held until it expires, since no pid check can speak for it."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path = tmp_path / LEASE
+    for changes in ({"pid": dead.pid}, {"pid_start": 1}):
+        held = Lease(str(tmp_path))
+        held.acquire()
+        held._stop.set()  # no renewals: the record stays as written here
+        _record_of(path, **changes)
+        took = Lease(str(tmp_path))
+        assert took.acquire() == 0.0  # no wait, though the record expires in 300 s
+        took.release()
+    for changes in ({"pid": dead.pid, "machine": "another-boot/1"}, {"pid": dead.pid, "machine": ""}):
+        held = Lease(str(tmp_path))
+        held.acquire()
+        held._stop.set()
+        _record_of(path, **changes)
+        with pytest.raises(LeaseHeld, match="expires in 30"):
+            Lease(str(tmp_path)).acquire(wait_s=0.1)
+        path.unlink()
+
+
+def test_a_waiting_contender_says_once_whom_it_waits_for(tmp_path: Path) -> None:
+    first = Lease(str(tmp_path))
+    first.acquire()
+    first.set_version(3)
+    threading.Timer(1.0, first.release).start()
+    heard: list[str] = []
+    waited = Lease(str(tmp_path)).acquire(wait_s=30, say=heard.append)
+    assert len(heard) == 1 and re.search(
+        r"waiting up to 30 s for the rebuild of .* pid \d+ .*v=000003", heard[0]
+    )
+    assert 0.5 < waited < 10

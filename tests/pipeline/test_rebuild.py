@@ -295,3 +295,38 @@ def test_token_files_are_compressed_on_object_storage_and_mapped_as_they_lie_on_
     for path in cached:  # uncompressed: at least the tokens' 4 bytes each
         tokens = pa.ipc.open_file(str(path)).read_all().column("tokens").combine_chunks().values
         assert path.stat().st_size >= 4 * len(tokens)
+
+
+def test_a_rebuild_killed_with_sigkill_does_not_hold_the_next_one(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """`kill -9` of a real `raypack rebuild` while it holds the root's lease: the next rebuild, on the
+    same machine, starts at once (the lease said "expires in 29x s" and held it for 5 minutes), and
+    its output verifies."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=40, seed=71)
+    cfg = config(tmp_path, tokenizer_path, corpus)
+    command = [str(Path(sys.executable).parent / "raypack"), "rebuild", str(tmp_path / "rebuild.yaml")]
+    first = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+    lease = tmp_path / "root" / "_lease.json"
+    deadline = time.monotonic() + 120
+    while not lease.exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lease.exists(), first.stderr.read() if first.stderr else ""
+    os.killpg(first.pid, signal.SIGKILL)  # the rebuild and its workers, as kill -9 of a process group
+    assert json.loads(lease.read_text())["pid"] == first.pid  # left behind, unexpired
+    t0 = time.monotonic()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=240, check=False)
+    took = time.monotonic() - t0
+    first.wait()
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert took < 60, took
+    assert "is being rebuilt by" not in again.stderr
+    assert latest_version(str(tmp_path / "root")) is not None
+    assert verify(str(tmp_path / "root"), cfg, sample=10).ok
