@@ -5,6 +5,8 @@ raypack.dataset.previous), and, where the job fails or was killed, that dataset 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from contextlib import suppress
 
@@ -52,6 +54,8 @@ def check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
         bucket = _missing_bucket(out, storage)
     except OSError as e:
         raise ConfigError(f"cannot reach output {out}: {str(e).strip().splitlines()[0]}") from None
+    if not is_uri(out):
+        _check_writable(out)
     if bucket is not None:
         raise ConfigError(
             f"output {out}: bucket {bucket!r} does not exist; raypack writes into an existing bucket "
@@ -64,6 +68,23 @@ def check_output(out: str, storage: StorageConfig, overwrite: bool) -> None:
             f"{out} already holds a dataset (manifest.json); pass --overwrite (overwrite=True from Python) "
             "to replace it"
         )
+
+
+def _check_writable(out: str) -> None:
+    """ConfigError unless a directory can be made at local path `out` (or in it, where it is one):
+    found here, before any work, not by the first write task after the tokenize stage. The test is
+    a directory made and removed in the deepest part of the path that exists."""
+    path = os.path.abspath(out)
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    if os.path.islink(path) and not os.path.exists(path):
+        raise ConfigError(f"output {out}: {path} is a symbolic link to nothing ({os.readlink(path)})")
+    if not os.path.isdir(path):
+        raise ConfigError(f"output {out}: {path} is a file, so no directory can be made under it")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".raypack-probe-", dir=path))
+    except OSError as e:
+        raise ConfigError(f"output {out} cannot be written: {e.strerror or e} ({path})") from None
 
 
 def _missing_bucket(out: str, storage: StorageConfig) -> str | None:

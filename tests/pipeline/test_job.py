@@ -242,6 +242,29 @@ def test_pack_mistakes_are_one_line_and_exit_2(
     assert err.startswith("raypack: error: ") and message in err and "\n" not in err
 
 
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="/proc and /sys are Linux's")
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_2_before_any_work(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found before the workers load the tokenizer, as other config mistakes are: it was a storage
+    error (exit 1) from the first write task, after the tokenize stage."""
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=2)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere" / "x")
+    cases = {
+        "/proc/raypack-out": "cannot be written",
+        "/sys/kernel/raypack-out": "cannot be written",
+        f"{cfg}/out": "is a file, so no directory can be made under it",
+        str(tmp_path / "dangling"): "is a symbolic link to nothing",
+        f"{tmp_path / 'dangling'}/out": "is a symbolic link to nothing",
+    }
+    for out, message in cases.items():
+        assert main(["pack", str(cfg), "--set", f"output.path={out}"]) == 2, out
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"raypack: error: output {out}") and message in err and "\n" not in err, err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("algorithm", ["bfd", "greedy"])
 def test_sharded_mode_packs_each_group_alone(tmp_path: Path, tokenizer_path: Path, algorithm: str) -> None:
     corpus = make_corpus(tmp_path, shards=4, docs_per_shard=40, seed=13)
