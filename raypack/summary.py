@@ -91,10 +91,34 @@ def _packing_rows(result: JobResult) -> list[tuple[str, str]]:
     return rows
 
 
+def _specials_rows(result: JobResult) -> list[tuple[str, str]]:
+    """The BOS, EOS (those the documents take) and pad a job guessed, and how: no row when each was
+    stated (by the config, the model's files, or the post-processor)."""
+    tok, cfg = result.tokenizer, result.config.tokenizer
+    used = {
+        "bos": cfg.add_bos and result.config.framed,
+        "eos": cfg.add_eos and result.config.framed,
+        "pad": True,
+    }
+    said, settings = [], []
+    for key, name, setting in (
+        ("bos", "BOS", "tokenizer.bos_id"),
+        ("eos", "EOS", "tokenizer.eos_id"),
+        ("pad", "pad", "output.pad_id"),
+    ):
+        source = str(tok.get(f"{key}_source", ""))
+        if used[key] and ("guessed" in source or source.startswith(("EOS (", "0 ("))):
+            said.append(f"{name} {tok.get(f'{key}_id')}, {source}")
+            settings.append(setting)
+    if not said:
+        return []
+    return [("special tokens", f"{'; '.join(said)}: {' / '.join(settings)} chooses another")]
+
+
 def _run_rows(result: JobResult, command_seconds: float | None, timed: str) -> list[tuple[str, str]]:
     """What else the run did and met: EOS inside documents, chat data, the token store or the
     token cache, the tokenizer's backend, the report, and the time."""
-    rows = []
+    rows = _specials_rows(result)
     stray = int(result.output_format.get("stray_eos", 0))
     if stray:
         rows.append(

@@ -755,6 +755,7 @@ def _retokenize(
         wanted.setdefault(unit_index, set()).add(place)
         picked_id[(unit_index, *place)] = str(docs.column("doc_id")[i].as_py())
     config, tok, template = _encoding_as_packed(config, manifest)
+    _check_specials(config, manifest, tok, report)
     expected: dict[str, list[int]] = {}
     for shard_index, rows in wanted.items():
         if shard_index not in shards:
@@ -770,6 +771,34 @@ def _retokenize(
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
     return expected
+
+
+# Sources that are the user's own choice of an id: whatever it is, it is what they asked for.
+_CHOSEN = ("tokenizer.bos_id", "tokenizer.eos_id", "output.pad_id")
+
+
+def _check_specials(
+    config: JobConfig, manifest: dict[str, Any], tok: LoadedTokenizer, report: VerifyReport
+) -> None:
+    """The BOS, EOS and pad the dataset holds, held to the tokenizer's own special tokens, apart
+    from how the job chose them: one it guessed from a name must be a special token (a piece of the
+    vocabulary named `<s>` is no BOS), one the model's files state should be (a warning), and a
+    pad that is none (id 0 of a tokenizer that names no pad or EOS) is said."""
+    recorded = manifest.get("tokenizer", {})
+    specials = {i: t for t, i in tok.special_tokens().items()}
+    used = {
+        "bos": config.tokenizer.add_bos and config.framed,
+        "eos": config.tokenizer.add_eos and config.framed,
+    }
+    for key, name in (("bos", "BOS"), ("eos", "EOS"), ("pad", "pad")):
+        token_id, source = recorded.get(f"{key}_id"), str(recorded.get(f"{key}_source", ""))
+        if token_id is None or not used.get(key, True) or source in _CHOSEN or int(token_id) in specials:
+            continue
+        said = f"{name} id {token_id} ({tok.token(int(token_id))!r}, from {source or 'an unrecorded source'})"
+        if "guessed" in source or source.startswith("token name"):
+            report.add(f"{said} is not a special token of the tokenizer; set tokenizer.{key}_id")
+        else:
+            report.warnings.append(f"{said} is not a special token of the tokenizer")
 
 
 def _encoding_as_packed(

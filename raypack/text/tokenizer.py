@@ -7,8 +7,11 @@ holds one, as a Hugging Face model repository does. Each special token comes fro
    (where every Hugging Face model states them: DeepSeek-V3's EOS is `<｜end▁of▁sentence｜>`);
 3. the tokenizer's post-processor template: the special token before the sequence is BOS, the one
    after it EOS (TemplateProcessing, also inside a Sequence; Bert/Roberta processing's cls/sep);
-4. a token with a name known to mean it (BOS_NAMES, EOS_NAMES);
-else, when add_bos / add_eos needs it, a ConfigError that says where it looked.
+4. a guess: a special (added) token of the tokenizer with a name known to mean it (BOS_NAMES,
+   EOS_NAMES). A piece of the vocabulary that merely reads so is never taken (a 262k SentencePiece
+   vocabulary has `<s>` as an ordinary piece beside its special `<bos>`);
+else, when add_bos / add_eos needs it, a ConfigError that says where it looked and names the
+special tokens that might be meant.
 `sha256` covers every file read, so a changed tokenizer_config.json changes the token cache key.
 """
 
@@ -35,12 +38,15 @@ __all__ = [
     "TOKENIZER_FILE",
     "LoadedTokenizer",
     "load_tokenizer",
+    "special_tokens",
     "tokenizer_sha256",
 ]
 
-BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<s>", "<bos>", "[BOS]")
-EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[EOS]")
-PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>")
+BOS_NAMES = ("<|begin_of_text|>", "<|startoftext|>", "<｜begin▁of▁sentence｜>", "<s>", "<bos>", "[BOS]")
+EOS_NAMES = ("<|endoftext|>", "<|end_of_text|>", "<｜end▁of▁sentence｜>", "</s>", "<eos>", "[EOS]")
+PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>", "<｜▁pad▁｜>", "<|padding|>")
+# What a special token's name has when it may be a BOS or an EOS: the candidates a refusal names.
+_HINTS = {"bos": ("bos", "begin", "start", "<s>", "cls"), "eos": ("eos", "end", "eot", "</s>", "sep")}
 TOKENIZER_FILE = "tokenizer.json"
 # The model directory's files read beside it (each optional).
 CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
@@ -58,7 +64,8 @@ class LoadedTokenizer:
     """Its largest id: what a token file's dtype must hold. Above vocab_size - 1 for a vocabulary with
     gaps in its ids (added tokens numbered past a hole: 60,000 tokens, id 70,000)."""
     bos_source: str = ""
-    """Where bos_id came from (a file name, "post-processor template", "token name", "tokenizer.bos_id")."""
+    """Where bos_id came from (a file name, "post-processor template", "tokenizer.bos_id", or a
+    guess: "special token NAME (guessed from its name)")."""
     eos_source: str = ""
     json: str = ""
     """tokenizer.json's text: what another backend (raypack.text.backends) loads."""
@@ -87,6 +94,11 @@ class LoadedTokenizer:
         were read from the JSON (a chat job's template names its BOS and EOS)."""
         text: str | None = self._memo["vocab"].id_to_token(token_id)
         return text
+
+    def special_tokens(self) -> dict[str, int]:
+        """The tokenizer's special (added) tokens, by content: the only tokens a name may be guessed
+        from, and what verify holds a dataset's guessed BOS, EOS and pad to."""
+        return special_tokens(self._memo["vocab"])
 
     def added_tokens(self) -> list[str]:
         """The added tokens' contents in the order of their ids, as tokenizers' added-tokens decoder
@@ -143,9 +155,10 @@ class LoadedTokenizer:
             content = value.get("content") if isinstance(value, dict) else value
             if isinstance(content, str) and (token_id := vocab.token_to_id(content)) is not None:
                 return int(token_id), f"{name} pad_token"
+        specials = special_tokens(vocab)
         for name in PAD_NAMES:
-            if (token_id := vocab.token_to_id(name)) is not None:
-                return int(token_id), f"token name {name}"
+            if (token_id := specials.get(name)) is not None:
+                return int(token_id), _guessed(name)
         if self.eos_id is not None:
             return self.eos_id, "EOS (the tokenizer names no pad token)"
         return 0, "0 (the tokenizer names no pad or EOS token)"
@@ -185,12 +198,7 @@ def load_tokenizer(
     ):
         token_id, source = _special(kind, explicit, configs, template, names, vocab, cfg.path)
         if add and framed and token_id is None:
-            looked = [f"no {kind}_token in {' or '.join(CONFIG_FILES)}"] if configs else []
-            looked += [f"none in its post-processor template, none of {', '.join(names)}"]
-            raise ConfigError(
-                f"tokenizer {cfg.path} has no {kind.upper()} token ({'; '.join(looked)}); "
-                f"set tokenizer.{kind}_id"
-            )
+            raise _no_special(kind, cfg.path, bool(configs), names, special_tokens(vocab))
         if token_id is not None and vocab.id_to_token(token_id) is None:
             raise ConfigError(
                 f"tokenizer.{kind}_id={token_id} is not a token of the tokenizer (ids 0..{max_id}, "
@@ -307,8 +315,11 @@ class JsonVocab:
     holds the GIL (tests compare every answer with tokenizers' own on each model type). None (of)
     for a file this does not read as tokenizers would: the caller parses it."""
 
-    def __init__(self, vocab: dict[str, int], added: dict[str, int], post_processor: Any) -> None:
+    def __init__(
+        self, vocab: dict[str, int], added: dict[str, int], post_processor: Any, special: frozenset[str]
+    ) -> None:
         self.vocab, self.added, self.post_processor = vocab, added, post_processor
+        self.special = special
         self._ids: dict[int, str] | None = None
 
     @classmethod
@@ -330,10 +341,12 @@ class JsonVocab:
                 vocab
             ):
                 return None  # ids that are no ids, or one id for two tokens: left to tokenizers
-            added = _added_ids(vocab, spec.get("added_tokens") or [])
+            tokens = spec.get("added_tokens") or []
+            added = _added_ids(vocab, tokens)
             if added is None or not all(isinstance(k, str) for k in vocab):
                 return None
-            return cls(vocab, added, spec.get("post_processor"))
+            special = frozenset(t["content"] for t in tokens if t.get("special") is True)
+            return cls(vocab, added, spec.get("post_processor"), special)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None  # not what tokenizers would take either, or not as it stands here: parsed
 
@@ -394,11 +407,45 @@ def _special(
     content = template.get(kind)
     if content is not None and (token_id := tok.token_to_id(content)) is not None:
         return int(token_id), "post-processor template"
+    specials = special_tokens(tok)
     for name in names:
-        token_id = tok.token_to_id(name)
+        token_id = specials.get(name)
         if token_id is not None:
-            return int(token_id), f"token name {name}"
+            return int(token_id), _guessed(name)
     return None, ""
+
+
+def _guessed(name: str) -> str:
+    return f"special token {name} (guessed from its name)"
+
+
+def _no_special(
+    kind: str, path: str, configs: bool, names: tuple[str, ...], specials: dict[str, int]
+) -> ConfigError:
+    """The refusal of a tokenizer without the BOS or EOS a job adds: where it looked, and the
+    special tokens that may be the one meant (a name with a hint of it; else the first few)."""
+    looked = [f"no {kind}_token in {' or '.join(CONFIG_FILES)}"] if configs else []
+    looked += [f"none in its post-processor template, no special token named {', '.join(names)}"]
+    hinted = [t for t in specials if any(h in t.lower() for h in _HINTS[kind])]
+    shown = (hinted or list(specials))[:8]
+    if shown:
+        which = "special tokens that may be it" if hinted else "its special tokens"
+        listed = ", ".join(f"{t}={specials[t]}" for t in shown)
+        more = f" (of {len(specials)})" if not hinted and len(specials) > len(shown) else ""
+        offer = f"; {which}: {listed}{more}"
+    else:
+        offer = "; it has no special tokens"
+    return ConfigError(
+        f"tokenizer {path} has no {kind.upper()} token ({'; '.join(looked)}){offer}; set tokenizer.{kind}_id"
+    )
+
+
+def special_tokens(vocab: Any) -> dict[str, int]:
+    """A tokenizer's special (added) tokens by content, from tokenizers' Tokenizer or a JsonVocab."""
+    if isinstance(vocab, JsonVocab):
+        return {t: i for t, i in vocab.added.items() if t in vocab.special}
+    decoder = vocab.get_added_tokens_decoder()
+    return {decoder[i].content: int(i) for i in sorted(decoder) if decoder[i].special}
 
 
 def _part(tok: Tokenizer, raw: str | bytes, key: str) -> Any:

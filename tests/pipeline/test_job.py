@@ -47,7 +47,10 @@ def test_every_token_of_every_document_arrives_once(tmp_path: Path, tokenizer_pa
     # output.pad_id unset: the tokenizer's own pad token (<|pad|>), never a silent 0.
     pad = Tokenizer.from_file(str(tokenizer_path)).token_to_id("<|pad|>")
     tokenizer = json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer"]
-    assert (tokenizer["pad_id"], tokenizer["pad_source"]) == (pad, "token name <|pad|>") and pad != 0
+    assert (tokenizer["pad_id"], tokenizer["pad_source"]) == (
+        pad,
+        "special token <|pad|> (guessed from its name)",
+    ) and pad != 0
     for row in packs.to_pylist():
         assert len(row["input_ids"]) == 512
         ends = row["doc_offsets"]

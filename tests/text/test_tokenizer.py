@@ -20,7 +20,7 @@ from raypack.text.files import read_tokenizer
 from tests import s3server
 from tests.conftest import WORDS, job_config, make_corpus
 
-# DeepSeek-V3's names: none of them is in BOS_NAMES / EOS_NAMES.
+# DeepSeek-V3's names.
 BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 
 
@@ -54,9 +54,10 @@ def test_a_model_directory_states_its_specials_in_tokenizer_config(deepseek_like
     tok = read_tokenizer(TokenizerConfig(path=str(deepseek_like), add_bos=True))
     assert (tok.bos_id, tok.eos_id) == (1, 2)
     assert (tok.bos_source, tok.eos_source) == ("tokenizer_config.json", "tokenizer_config.json")
-    # The file alone states nothing known: the error of today, saying where it looked.
-    with pytest.raises(ConfigError, match=r"has no EOS token \(none in its post-processor template, none of"):
-        read_tokenizer(TokenizerConfig(path=str(deepseek_like / "tokenizer.json")))
+    # The file alone: its special tokens of those names are taken, and said to be a guess.
+    bare = read_tokenizer(TokenizerConfig(path=str(deepseek_like / "tokenizer.json")))
+    assert (bare.bos_id, bare.eos_id) == (1, 2)
+    assert bare.eos_source == f"special token {EOS} (guessed from its name)"
 
 
 def test_special_tokens_map_and_explicit_ids(tmp_path: Path, deepseek_like: Path) -> None:
@@ -65,7 +66,7 @@ def test_special_tokens_map_and_explicit_ids(tmp_path: Path, deepseek_like: Path
     (model / "tokenizer.json").write_bytes((deepseek_like / "tokenizer.json").read_bytes())
     (model / "special_tokens_map.json").write_text(json.dumps({"eos_token": {"content": EOS}}))
     tok = read_tokenizer(TokenizerConfig(path=str(model)))
-    assert (tok.eos_id, tok.eos_source, tok.bos_id) == (2, "special_tokens_map.json", None)
+    assert (tok.eos_id, tok.eos_source, tok.bos_id) == (2, "special_tokens_map.json", 1)  # BOS: its name
     # tokenizer_config.json comes first; an explicit id before both.
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": BOS}))
     assert read_tokenizer(TokenizerConfig(path=str(model))).eos_id == 1
@@ -107,6 +108,7 @@ def test_mistakes_in_a_model_directory_are_clear(tmp_path: Path, deepseek_like: 
     (model / "tokenizer_config.json").write_text("{not json")
     with pytest.raises(ConfigError, match=r"tokenizer_config\.json is not valid JSON"):
         read_tokenizer(TokenizerConfig(path=str(model)))
+    train(["<unk>", "<x>"]).save(str(model / "tokenizer.json"))  # no special token of a known name
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
     with pytest.raises(
         ConfigError, match=r"no eos_token in tokenizer_config\.json or special_tokens_map\.json"
@@ -352,3 +354,88 @@ def test_added_ids_that_tokenizers_would_not_give_leave_the_file_to_its_parse(tm
         assert lazy.pad(None) == eager.pad(None), label
         assert lazy.token(eager.eos_id) == eager.tokenizer.id_to_token(eager.eos_id), label
         assert lazy.added_tokens() == eager.added_tokens(), label
+
+
+def bare_file(tmp_path: Path, special: list[str], pieces: tuple[str, ...] = ()) -> Path:
+    """A bare tokenizer.json (no model directory, no post-processor) whose special tokens are
+    `special`, in that order from id 0, and whose vocabulary also holds `pieces` as ordinary
+    pieces (not added tokens): what a name alone must not be taken from."""
+    spec = json.loads(train(special).to_str())
+    vocab = spec["model"]["vocab"]
+    for piece in pieces:
+        vocab[piece] = len(vocab)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec))
+    assert all(Tokenizer.from_file(str(path)).token_to_id(p) is not None for p in pieces)
+    return path
+
+
+def test_a_name_counts_only_as_a_special_token_of_the_tokenizer(tmp_path: Path) -> None:
+    """A 262k SentencePiece BPE's way (Gemma's): `<bos>`=2 and `<eos>`=1 are its special tokens,
+    and `<s>` / `</s>` ordinary pieces of its vocabulary (the text `<s>` encodes to several
+    tokens). BOS and EOS are the special ones, whatever the names' order of preference, and so is
+    its pad, for both ways of reading the file (the ids from the JSON, and tokenizers' parse)."""
+    path = bare_file(tmp_path, ["<pad>", "<eos>", "<bos>"], pieces=("<s>", "</s>"))
+    for lazy in (False, True):
+        from raypack.text.files import tokenizer_files
+        from raypack.text.tokenizer import load_tokenizer
+
+        cfg = TokenizerConfig(path=str(path), add_bos=True, add_eos=True)
+        tok = load_tokenizer(cfg, tokenizer_files(cfg, None), lazy=lazy)
+        assert (tok.bos_id, tok.eos_id) == (2, 1), lazy
+        assert tok.bos_source == "special token <bos> (guessed from its name)"
+        assert tok.pad(None) == (0, "special token <pad> (guessed from its name)")
+        assert tok.special_tokens() == {"<pad>": 0, "<eos>": 1, "<bos>": 2}
+
+
+def test_a_pad_named_by_a_special_token_wins_over_eos_and_zero(tmp_path: Path) -> None:
+    """A 128k byte-level BPE's way (DeepSeek-V3's): BOS=0, EOS=1 and `<｜▁pad▁｜>`=2, all special; a
+    job without add_eos pads with 2, not with 0 (its BOS)."""
+    path = bare_file(tmp_path, [BOS, EOS, "<｜▁pad▁｜>"])
+    tok = read_tokenizer(TokenizerConfig(path=str(path)))
+    assert (tok.bos_id, tok.eos_id) == (0, 1)
+    assert tok.pad(None) == (2, "special token <｜▁pad▁｜> (guessed from its name)")
+
+
+def test_a_tokenizer_without_a_known_eos_is_refused_naming_its_candidates(tmp_path: Path) -> None:
+    path = bare_file(tmp_path, ["<unk>", "<|im_start|>", "<EOT>", "<|im_end|>"], pieces=("</s>",))
+    with pytest.raises(ConfigError) as raised:
+        read_tokenizer(TokenizerConfig(path=str(path), add_eos=True))
+    said = str(raised.value)
+    assert "has no EOS token" in said and "no special token named <|endoftext|>" in said
+    assert "special tokens that may be it: <EOT>=2, <|im_end|>=3; set tokenizer.eos_id" in said
+    plain = bare_file(tmp_path, ["<unk>", "<x>"])
+    with pytest.raises(ConfigError, match=r"its special tokens: <unk>=0, <x>=1; set tokenizer.eos_id"):
+        read_tokenizer(TokenizerConfig(path=str(plain), add_eos=True))
+
+
+def test_a_job_frames_with_the_special_tokens_says_it_guessed_and_verify_holds_them_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`raypack pack` with the Gemma-like bare file and add_bos/add_eos: every document starts with
+    `<bos>`=2 and ends with `<eos>`=1 (it started with `<s>`, an ordinary piece), the summary says
+    the ids were guessed and which setting chooses; verify holds a dataset's guessed BOS to the
+    tokenizer's special tokens, not to the job's guess (a dataset framed with the piece `<s>`, as
+    the guess made them, fails)."""
+    from raypack.cli import main
+    from tests.conftest import packed_documents
+
+    path = bare_file(tmp_path, ["<pad>", "<eos>", "<bos>"], pieces=("<s>", "</s>"))
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=5)
+    cfg = job_config(tmp_path, f"{corpus}/*", path, tokenizer={"add_bos": True, "add_eos": True})
+    assert main(["pack", str(cfg)]) == 0
+    said = capsys.readouterr().out
+    assert "BOS 2, special token <bos> (guessed from its name); EOS 1, special token <eos>" in said
+    assert "tokenizer.bos_id / tokenizer.eos_id / output.pad_id chooses another" in said
+    documents = packed_documents(tmp_path / "out")
+    assert len(documents) == 20 and all(d[0] == 2 and d[-1] == 1 for d in documents.values())
+    assert main(["verify", str(tmp_path / "out"), "--config", str(cfg)]) == 0
+
+    piece = Tokenizer.from_file(str(path)).token_to_id("<s>")
+    manifest = tmp_path / "out" / "manifest.json"
+    record = json.loads(manifest.read_text())
+    record["tokenizer"].update(bos_id=piece, bos_source="token name <s>")  # what the old guess wrote
+    manifest.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["verify", str(tmp_path / "out"), "--config", str(cfg)]) == 1
+    assert f"BOS id {piece} ('<s>', from token name <s>) is not a special token" in capsys.readouterr().out
