@@ -4,8 +4,9 @@ Every section is `@dataclass(frozen=True, kw_only=True, slots=True)` with its ch
 a module a section (input.py, tokenizer.py, pack.py, output.py: output and storage, run.py), JobConfig in
 job.py with the checks that need several; `from_dict` (load.py) builds one from plain data (a YAML
 mapping, `--set key=value` overrides), rejecting unknown keys and wrong types with a message that
-names the key. A new key is a field (with its docstring and check) in its section's dataclass, and a
-line in the README's configuration reference.
+names the key. A new key is a field (with its docstring and check) in its section's dataclass;
+docs/configuration.md is rendered from those docstrings (`python -m raypack.config.reference --write`,
+which tests/test_config_reference.py keeps current).
 """
 
 from raypack.config.cache import CacheConfig

@@ -12,6 +12,8 @@ __all__ = ["CacheConfig"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CacheConfig:
+    """The token store: tokenized work units kept for any later job to reuse (docs/token-store.md)."""
+
     path: str | None = None
     """A directory (local, or s3://bucket/prefix) of token files that every `raypack pack` or
     `rebuild` naming it reads from and adds to: a unit whose key is there is not tokenized again,

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 from raypack.errors import ConfigError
 
-__all__ = ["INPUT_FORMATS", "InputConfig", "Reading", "SourceConfig"]
+__all__ = ["EMPTY_POLICIES", "INPUT_FORMATS", "InputConfig", "Reading", "SourceConfig"]
 
 INPUT_FORMATS = ("jsonl", "parquet", "text")  # raypack.corpus.readers.READERS
+EMPTY_POLICIES = ("reject", "keep")  # input.empty
 
 
 SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -30,10 +31,12 @@ class SourceConfig:
     format: str | None = None
     """None: input.format (as text_field, id_field and root: a source inherits what it leaves out)."""
     text_field: str | None = None
+    """None: input.text_field."""
     id_field: str | None = None
     """None: input.id_field; "" (an empty string): none, ids generated from path and line or row,
     whatever input.id_field says."""
     root: str | None = None
+    """None: input.root."""
     weight: float | None = None
     """A share of the output's tokens. When every source has a weight they are relative (normalized);
     beside repeat/tokens sources, the shares of the whole, summing below 1."""
@@ -106,6 +109,8 @@ class Reading:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class InputConfig:
+    """The corpus: its files, or its sources (a mixture), or a Ray Dataset, and how each file is read."""
+
     paths: tuple[str, ...] = ()
     """Glob patterns of input shards, local or s3://...; compression (.gz, .zst) from the suffix.
     Or input.sources, not both."""
@@ -135,6 +140,7 @@ class InputConfig:
     """Instruction pairs: the prompt's field, with completion_field; the document is prompt +
     completion (plain strings), trained on the completion (pack.loss)."""
     completion_field: str | None = None
+    """Instruction pairs: the completion's field, with prompt_field."""
     datasets: tuple[str, ...] = ()
     """The sources given as Ray Datasets to raypack.pack(dataset=...), not as files: set by that
     call, not in a config file. ("",): the whole input is one Dataset (input.paths empty); else
@@ -162,14 +168,15 @@ class InputConfig:
     row groups (a row group larger than this is a unit alone), an uncompressed JSONL file as byte
     ranges cut at line starts. Compressed streams and text files (one document each) stay whole.
     Ids, rejects and the output are the same as for the whole file; each unit has its own token
-    file, index and rejects file."""
+    file, index and rejects file. More than 100,000 such units is refused, naming a size that fits."""
     group_bytes: int = 1 << 20
     """Whole files smaller than this are tokenized in runs of consecutive files (of one source) of
     up to this many bytes, a run a work unit, so that a unit's fixed cost (a task, a token file, an
     index file) is paid per MiB, not per file: 10,000 JSONL files of ~6 KB take ~12 s in runs,
     ~85 s as a unit each (docs/benchmarks.md). 0: a file a unit. Ids, rejects and the global
-    mode's output are the same whatever the runs (a document keeps its file's path and row). A
-    run holds at most input.unit_bytes and 1,024 files."""
+    mode's output are the same whatever the runs (a document keeps its file's path and row);
+    pack.mode sharded groups units, so its packs follow the runs. A run holds at most
+    input.unit_bytes and 1,024 files."""
 
     def __post_init__(self) -> None:
         self._check_limits()
@@ -183,7 +190,7 @@ class InputConfig:
             raise ConfigError(f"input.unit_bytes must be >= 1, got {self.unit_bytes}")
         if self.group_bytes < 0:
             raise ConfigError(f"input.group_bytes must be >= 0, got {self.group_bytes}")
-        if self.empty not in ("reject", "keep"):
+        if self.empty not in EMPTY_POLICIES:
             raise ConfigError(f"input.empty must be reject or keep, got {self.empty!r}")
         if self.max_document_bytes < 1:
             raise ConfigError(f"input.max_document_bytes must be >= 1, got {self.max_document_bytes}")

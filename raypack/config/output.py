@@ -18,20 +18,26 @@ MASKED_FORMATS = ("parquet", "trl", "bridge")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OutputConfig:
+    """Where and how the packs are written (docs/output-format.md)."""
+
     path: str
     """Output directory, local or s3://...; complete only once manifest.json exists."""
     format: str = "parquet"
-    """How packs are stored (raypack.formats): parquet (raypack's own, a row a pack), megatron
-    (.bin/.idx pairs for Megatron-LM), olmo (token files for OLMo-core), mds (MosaicML streaming).
-    Checked against the tokenizer and pack settings before any work."""
+    """How packs are stored (raypack.formats), as the trainer reads them natively: parquet (raypack's
+    own, a row a pack), megatron (.bin/.idx pairs for Megatron-LM), olmo (token files for OLMo-core),
+    mds (MosaicML streaming); for chat data parquet (with loss_mask), trl (TRL's padding-free rows)
+    or bridge (Megatron-Bridge's packed SFT). Checked against the tokenizer and pack settings before
+    any work."""
     shard_rows: int = 10000
     """Packs per output file, at most: a bucket's packs (a shard group's, in sharded mode) go into
-    ceil(packs / shard_rows) files as even as can be, their sizes one pack apart at most."""
+    ceil(packs / shard_rows) files as even as can be, their sizes one pack apart at most.
+    shard_rows × seq_len must be under 2^31 (an Arrow list's offsets)."""
     pad_id: int | None = None
     """Token id written into padding positions (never attended: doc_offsets ends before them). None:
     the tokenizer's pad token (tokenizer_config.json pad_token, or a token named <|pad|>, <pad>,
-    [PAD]), else its EOS (LoadedTokenizer.pad); the manifest records which. megatron writes EOS
-    there whatever this says, which its --eod-mask-loss masks."""
+    [PAD]), else its EOS (LoadedTokenizer.pad), never a silent 0 (DeepSeek's BOS); the manifest
+    records which. Set, it must be a token of the vocabulary (checked before any work). megatron
+    writes EOS there whatever this says, which its --eod-mask-loss masks."""
     keep_versions: int = 3
     """`raypack rebuild`: complete versions (v=NNNNNN/) kept under output.path, the newest included."""
 
@@ -64,7 +70,8 @@ class StorageConfig:
     max_attempts: int = 6
     """Attempts per S3 request, with exponential backoff between them (AWS standard retry strategy)."""
     connect_timeout: float = 5.0
-    """Seconds to open a connection: an unreachable endpoint fails in seconds, not minutes."""
+    """Seconds to open a connection: an unreachable endpoint fails in seconds, not minutes, with
+    exit code 2."""
 
     def __post_init__(self) -> None:
         if self.endpoint is not None and "://" not in self.endpoint:

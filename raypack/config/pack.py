@@ -25,14 +25,19 @@ ALGORITHM_OPTION_FIELDS = {
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PackConfig:
+    """How documents become packs: their length, the packer and its settings, what becomes of a
+    longer document, and which tokens are trained."""
+
     seq_len: int = 2048
     """Tokens per pack (the largest bucket for `bucket`)."""
     algorithm: str = "bfd"
-    """One of raypack.packing.ALGORITHMS."""
+    """The packer (raypack.packing.ALGORITHMS; docs/algorithms.md). mode global takes a histogram
+    packer (bfd, lpfhp, spfhp, nnlshp, bucket); mode sharded bfd, ffd or greedy."""
     overflow: str = "split"
-    """Documents longer than seq_len: split (chunks + remainder), truncate, or drop."""
+    """Documents longer than seq_len: split (chunks of seq_len + a remainder), truncate (the first
+    seq_len tokens kept), or drop. Chat data: truncate or drop, a conversation is never split."""
     seed: int = 0
-    """Seed for the order of packs in the output."""
+    """Seed for the order of packs in the output, and for a mixture's selection (input.sources)."""
     shuffle: bool = True
     """Permute pack ids with `seed` (packers that sort by length would otherwise emit a length-sorted
     dataset, which biases training); false keeps plan order."""
@@ -52,6 +57,7 @@ class PackConfig:
     `shards_per_group` input shards is packed on its own by one task (bfd, ffd, greedy): no shuffle of
     tokens, a little less efficiency."""
     shards_per_group: int = 1
+    """mode sharded: the input shards (work units) one task packs together."""
     loss: str | None = None
     """Conversations and prompt/completion pairs (input.messages_field, input.prompt_field): which
     tokens are trained. assistant (messages; the default): the assistant turns' tokens; completion

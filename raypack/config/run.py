@@ -13,6 +13,8 @@ EXECUTORS = ("auto", "local", "ray")
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunConfig:
+    """Where the job's tasks run: this machine's processes or Ray."""
+
     executor: str = "auto"
     """ray: Ray tasks (RAY_ADDRESS's cluster, or a local Ray started for the job); local: a pool of
     this machine's processes, the job's own (raypack.engine.pool: no Ray start or shutdown,

@@ -15,11 +15,17 @@ CHAT_SPANS = ("auto", "prefixes")  # raypack.text.chat
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TokenizerConfig:
+    """Which tokenizer, how each document is framed (BOS, EOS), what encodes, and the chat template."""
+
     path: str
     """A Hugging Face `tokenizers` JSON file, or a model directory holding tokenizer.json (and
     tokenizer_config.json / special_tokens_map.json), local or s3://..."""
     add_bos: bool = False
+    """Put BOS before each document (plain text and prompt/completion pairs; a conversation is framed
+    by its chat template alone). Which token: bos_id."""
     add_eos: bool = True
+    """Put EOS after each document, framed as add_bos says. output.format megatron and olmo find
+    documents by EOS and need it. Which token: eos_id."""
     bos_id: int | None = None
     """BOS token id; None: the model directory's bos_token, else the post-processor template's, else a
     token named <s>, <|begin_of_text|>, ... (raypack.text.tokenizer)."""
@@ -50,7 +56,11 @@ class TokenizerConfig:
     tokenizer; a ConfigError where it cannot be used), or auto: fastokens when it loads the tokenizer
     and gives the same ids as tokenizers on probes and a corpus sample, else tokenizers (the summary
     says why). Each tokenize task also re-checks a sample with tokenizers and fails over on any
-    difference (raypack.text.backends)."""
+    difference (raypack.text.backends). fastokens takes byte-level BPEs (NFKC ones too: a plain
+    text NFKC changes is given as tokenizers' NFKC writes it) and SentencePiece BPEs (Mistral/Llama
+    tokenizer.json, Prepend+Replace or transformers 5's Metaspace), chat data included: offsets
+    follow from either's ids. Texts it cannot take go to tokenizers, counted in the summary: a
+    conversation NFKC changes; with the Metaspace, one holding an added token not at its start."""
 
     def __post_init__(self) -> None:
         if not self.path:
