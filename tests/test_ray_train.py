@@ -1,5 +1,5 @@
 """Ray Train reading a packed dataset: a real TorchTrainer (CPU, two workers) on the local Ray, as
-README's and docs/trainers.md's example does it, both ways: read_packed's Ray Dataset split by Ray
+docs/trainers.md's example ("Ray Train") does it, both ways: read_packed's Ray Dataset split by Ray
 Train (training_batches), and iter_batches at the worker's rank. Each pack's fields are checked
 against iter_batches' for that pack, and which worker got which pack is collected from files the
 workers write."""

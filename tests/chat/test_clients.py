@@ -111,7 +111,7 @@ def test_trl_trains_on_the_rows_with_the_within_conversation_assistant_loss(
 
 
 def test_reader_labels_give_a_hugging_face_model_the_assistant_only_loss(packed: dict[str, Path]) -> None:
-    """With the README's mask (block_causal_mask of the reader's document_ids) every conversation's
+    """With docs/trainers.md's mask (block_causal_mask of the reader's document_ids) every conversation's
     logits in a pack are its logits alone, and the model's loss with the reader's labels is the
     assistant-only loss computed from each conversation alone."""
     torch = need("torch")
