@@ -24,7 +24,9 @@ __all__ = [
     "LATEST",
     "MANIFEST",
     "METRICS",
+    "REJECTS",
     "REPORT",
+    "UNIT_INDEX",
     "complete_versions",
     "index_path",
     "latest_version",
@@ -42,6 +44,8 @@ LATEST = "LATEST"
 MANIFEST = "manifest.json"
 METRICS = "metrics.json"  # beside the manifest in every dataset: how its packing went
 REPORT = "report.html"  # beside them: the run's page, made again by `raypack report` from those two
+UNIT_INDEX = "index"  # a work unit's documents: where each lies in the packs (index_path)
+REJECTS = "rejects"  # a work unit's records that are no document, with the reason (rejects_path)
 CACHE = "_cache"
 _VERSION = re.compile(r"^v=(\d+)$")
 
@@ -49,14 +53,14 @@ _VERSION = re.compile(r"^v=(\d+)$")
 def index_path(output: str, shard: int, staged: bool = False) -> str:
     """A shard's index file; `staged`: the tokenize stage's, in the staging area, from which a
     mixture's select tasks write the final one (so that a retried task reads what it read before)."""
-    parts = ("_staging", "index") if staged else ("index",)
+    parts = ("_staging", UNIT_INDEX) if staged else (UNIT_INDEX,)
     return join(output, *parts, f"shard-{shard:06d}.parquet")
 
 
 def rejects_path(output: str, unit: int) -> str:
     """The rejects file of work unit `unit` in a dataset: every record of it that is not a document,
     with its reason."""
-    return join(output, "rejects", f"shard-{unit:06d}.parquet")
+    return join(output, REJECTS, f"shard-{unit:06d}.parquet")
 
 
 def version_name(number: int) -> str:

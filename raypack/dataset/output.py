@@ -14,7 +14,7 @@ import pyarrow.fs as pafs
 
 from raypack.config import StorageConfig
 from raypack.dataset import previous
-from raypack.dataset.layout import LATEST, MANIFEST, METRICS, REPORT
+from raypack.dataset.layout import LATEST, MANIFEST, METRICS, REJECTS, REPORT, UNIT_INDEX
 from raypack.errors import ConfigError
 from raypack.formats import INDEX_DIR
 from raypack.formats.bridge import METADATA as BRIDGE_METADATA
@@ -35,8 +35,8 @@ OUTPUT_PARTS = (
     MASK_DIR,
     DATA_ARGS,
     BRIDGE_METADATA,
-    "index",
-    "rejects",
+    UNIT_INDEX,
+    REJECTS,
     previous.FAILED_REJECTS,
     "_staging",
 )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from typing import Any, TextIO
 from raypack.config import JobConfig
 from raypack.corpus.datasets import dataset_units, without_blocks
 from raypack.dataset import previous
+from raypack.dataset.layout import REJECTS, UNIT_INDEX
 from raypack.dataset.output import Clearing, restore_output
 from raypack.dataset.store import check_store, remove_run_temporaries, store_record
 from raypack.engine import Runner, ensure_ray
@@ -146,6 +148,7 @@ def _run(
         if store is not None:  # and what its workers were writing into a token store
             with suppress(Exception):
                 remove_run_temporaries(store, ready.ctx.run)
+        _unmade(ready, clear, stated=isinstance(sys.exc_info()[1], ConfigError | JobError))
         restore_output(cfg.output.path, log, "job")  # the dataset it was to replace
         raise
     # The report's drawing (~1.8 s) beside the runner's closing (Ray's shutdown: ~1.4 s, mostly
@@ -228,11 +231,22 @@ def _stages(
             written = write(cfg, ready.spec, packs, totals, tokenized.units, runner, selection, log, progress)
     except (ConfigError, JobError):
         remove(ready.staging, storage)  # rejects/ stays, for the user to look at
-        if ready.made_output:  # left empty (a mixture's target refused at select): not left behind
-            with suppress(OSError):
-                os.rmdir(cfg.output.path)
         raise
     return run_record(ready, tokenized, selection, sources, stats, packs, comparison, written, timings)
+
+
+def _unmade(ready: Prepared, clear: Clearing, stated: bool) -> None:
+    """What a failed or stopped job wrote into its cleared output, gone: its units' index files (no
+    dataset holds them) and, unless the job stopped on a refusal that names them (`stated`), its
+    rejects; the output directory itself when the job made it and it is empty now. Best effort."""
+    out, storage = ready.cfg.output.path, ready.cfg.storage
+    if clear.done:
+        for part in (UNIT_INDEX,) if stated else (UNIT_INDEX, REJECTS):
+            with suppress(Exception):
+                remove(join(out, part), storage)
+    if ready.made_output:
+        with suppress(OSError):
+            os.rmdir(out)
 
 
 def _say_shares(sources: list[dict[str, Any]], log: Callable[[str], None]) -> None:

@@ -242,6 +242,8 @@ def test_a_job_where_every_record_is_bad_says_so(tmp_path: Path, tokenizer_path:
         JobError, match=r"no documents to pack: 3 records rejected: missing text field 'text' \(3\)"
     ):
         run_job(cfg, log=quiet)
+    # Its rejects stay, for the user to look at; no unit index, which no dataset holds.
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rejects"]
 
 
 def test_a_corpus_of_empty_files_says_so_without_pointing_at_rejects_that_do_not_exist(
@@ -255,7 +257,7 @@ def test_a_corpus_of_empty_files_says_so_without_pointing_at_rejects_that_do_not
     assert main(["pack", str(cfg), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert err == "raypack: job failed: no documents to pack: the input holds no records\n"
-    assert not (tmp_path / "out" / "rejects").exists() and not (tmp_path / "out" / "_staging").exists()
+    assert not (tmp_path / "out").exists()  # nothing in it: no empty index/ either
 
 
 def test_the_summary_names_rejects_only_where_there_are_some(
