@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shutil
@@ -88,19 +89,28 @@ def test_the_length_figure_puts_each_count_at_its_height_and_each_length_at_its_
     assert "seq_len 4: ~90.1% longer" in svg  # 100 of 111 documents in bins from 4 on
 
 
-def test_a_seq_len_past_every_document_is_labelled_left_of_its_line() -> None:
-    """The note beside a seq_len's line goes right of it, or left where it would run past the axes:
-    a seq_len above every document puts the line near the right edge (labelled right of it, one
-    short document at 2048 would show "seq_le", the rest clipped)."""
-    note = re.compile(
-        r'<text x="([\d.]+)" y="[\d.]+" font-size="12" fill="[^"]+"( text-anchor="end")?[^>]*>seq_len'
-    )
-    right = FIGURE_PX[0] - 18  # the axes' right edge (plots._MARGINS)
-    for seq_lens, anchored_end in (([4], False), ([2048], True)):
-        svg = plots.draw_length({0: 1, 8: 10, 16: 100, 80: 5}, seq_lens)  # lengths 1 to ~1K
-        found = note.search(svg)
-        assert found is not None and bool(found.group(2)) is anchored_end, seq_lens
-        assert float(found.group(1)) < right
+@pytest.mark.parametrize("seq_lens", [[4], [2048], [512, 1024, 2048, 4096, 8192, 16384]])
+def test_seq_len_labels_cross_no_line_and_no_other_label(seq_lens: list[int]) -> None:
+    """Each seq_len's line is named in the legend, inside the figure: a dry run's lines an octave
+    apart had their notes beside them run across the next lines and over each other; a seq_len past
+    every document had its note clipped at the axes' edge."""
+    svg = plots.draw_length({0: 1, 8: 10, 16: 100, 80: 5, 110: 2}, seq_lens)
+    lines = [float(x) for x in re.findall(r'<path d="M([\d.]+),[\d.]+V[\d.]+"[^>]*stroke-dasharray', svg)]
+    labels = [
+        (float(x), float(y), size, text)
+        for x, y, size, text in re.findall(
+            r'<text x="([\d.]+)" y="([\d.]+)" font-size="(\d+)"[^>]*>(seq_len [^<]*)</text>', svg
+        )
+    ]
+    assert len(lines) == len(labels) == len(seq_lens)
+    legend = re.search(r'<rect x="([\d.]+)" y="([\d.]+)" width="([\d.]+)" height="([\d.]+)" fill="#fff"', svg)
+    assert legend is not None  # a box drawn over the lines, on white
+    lx, ly, lw, lh = map(float, legend.groups())
+    boxes = [(x, y - 6, x + 0.62 * int(size) * len(text), y + 6) for x, y, size, text in labels]
+    for x0, y0, x1, y1 in boxes:
+        assert lx <= x0 and x1 <= lx + lw <= FIGURE_PX[0] and ly <= y0 and y1 <= ly + lh
+    for a, b in itertools.combinations(boxes, 2):
+        assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
 
 
 def test_every_string_from_the_data_is_escaped() -> None:

@@ -68,8 +68,9 @@ def draw_length(length_bins: dict[int, int], seq_lens: Iterable[int]) -> str:
         over = int(counts[(2.0 ** (bins / LENGTH_BINS_PER_OCTAVE)) >= seq_len].sum())
         share = f"~{100 * over / total:.1f}% longer" if over else "none longer"
         color = _COLORS[3 + i % 5]
-        plot.vline(seq_len, color)
-        plot.note(seq_len, i, f"seq_len {seq_len:,}: {share}", color)
+        # Named in the legend, not beside the line: a dry run's lines lie an octave apart, closer
+        # than their notes are long, and notes beside them ran over each other and the lines.
+        plot.vline(seq_len, color, label=f"seq_len {seq_len:,}: {share}")
     return plot.svg("document length (tokens, 1/8-octave bins)", "documents")
 
 
@@ -251,22 +252,14 @@ class _Plot:
         self.marks += [f'<circle cx="{_f(px)}" cy="{_f(py)}" r="3" fill="{color}"/>' for px, py in points]
         self.legend.append((label, color, dash))
 
-    def vline(self, x: float, color: str) -> None:
-        """A dashed line across the axes at data x."""
+    def vline(self, x: float, color: str, label: str) -> None:
+        """A dashed line across the axes at data x, named in the legend."""
         px = _f(self.x(x))
+        dash = ' stroke-dasharray="6,3"'
         self.marks.append(
-            f'<path d="M{px},{_f(self.y.p0)}V{_f(self.y.p1)}" stroke="{color}" stroke-width="1.5" '
-            'stroke-dasharray="6,3"/>'
+            f'<path d="M{px},{_f(self.y.p0)}V{_f(self.y.p1)}" stroke="{color}" stroke-width="1.5"{dash}/>'
         )
-
-    def note(self, x: float, row: int, text: str, color: str) -> None:
-        """A note beside the line at data x, in the row-th line from the axes' top, on a white halo:
-        right of it, or left where it would run past the axes (a seq_len above every document)."""
-        y, px = self.y.p1 + 14 + 18 * row, self.x(x)
-        if px + 4 + _CHAR_PX * len(text) <= self.x.p1:
-            self.marks.append(_text(px + 4, y, text, fill=color, halo=True))
-        else:
-            self.marks.append(_text(px - 4, y, text, anchor="end", fill=color, halo=True))
+        self.legend.append((label, color, dash))
 
     def centered(self, text: str) -> None:
         """A note in the middle of the axes (a figure with nothing to draw)."""
@@ -318,7 +311,7 @@ class _Plot:
         if not self.legend:
             return []
         columns = min(len(self.legend), 2 if len(self.legend) <= 8 else 3)
-        width = 30 + 6.5 * max(len(label) for label, _, _ in self.legend)
+        width = 34 + 6.8 * max(len(label) for label, _, _ in self.legend)  # 11 px type: ~0.62 em a character
         rows = math.ceil(len(self.legend) / columns)
         left, top = self.x.p0 + 8, self.y.p1 + 8
         box = f'x="{_f(left)}" y="{_f(top)}" width="{_f(width * columns + 8)}" height="{_f(15 * rows + 8)}"'
