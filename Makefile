@@ -17,27 +17,41 @@ MISTRAL_COMMON := mistral_common-1.13.1-py3-none-any.whl
 
 .PHONY: demo plan-demo test test-fast test-slow soak lint browser mds-client real-tokenizers bench report-screenshot clean
 
-$(BIN)/raypack: pyproject.toml
+# Two installs into the one .venv, each with its stamp: `make demo` (and plan-demo) needs raypack's
+# runtime dependencies only (`pip install -e .`); `make test`, lint and the rest need the test stack
+# too (torch, transformers, megatron-core, OLMo-core, TRL, SeaweedFS...), which the dev stamp adds to
+# the same .venv. Either reinstalls when pyproject.toml changes; the dev install stands for the
+# runtime one, so `make demo` after `make test` installs nothing.
+RUNTIME := $(VENV)/.runtime-installed
+DEV := $(VENV)/.dev-installed
+
+$(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "raypack needs Python >= 3.11")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	if [ ! $(DEV) -nt pyproject.toml ]; then $(BIN)/python -m pip install --quiet -e .; fi
+	touch $@
+
+$(DEV): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	# Megatron-Bridge collates output.format bridge in tests/chat/: 0.3.1 is its newest for
 	# Python 3.11; without its dependencies (Transformer Engine, NeMo...), which its data module
 	# does not need.
 	$(BIN)/python -m pip install --quiet --no-deps "megatron-bridge==0.3.1"
 	$(BIN)/python -m raypack.packing.warmup
-	touch $@
+	touch $@ $(RUNTIME)
 
 # Pack a built-in corpus (this Python's standard library sources) with a built-in tokenizer, offline.
-demo: $(BIN)/raypack
+demo: $(RUNTIME)
 	$(BIN)/raypack demo
 
 # Dry run on the built-in length sample: which algorithm and seq_len, before any cluster time.
-plan-demo: $(BIN)/raypack
+plan-demo: $(RUNTIME)
 	$(BIN)/raypack plan --sample 1000000 --seq-len 2048 8192 --algorithm all
 
-lint: $(BIN)/raypack
+lint: $(DEV)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -58,7 +72,7 @@ $(MDS_VENV)/bin/python:
 
 mds-client: $(MDS_VENV)/bin/python
 
-$(WHEELS)/$(MISTRAL_COMMON): $(BIN)/raypack
+$(WHEELS)/$(MISTRAL_COMMON): $(DEV)
 	$(BIN)/python -m pip download --quiet --no-deps --dest $(WHEELS) "mistral-common==1.13.1"
 
 real-tokenizers: $(WHEELS)/$(MISTRAL_COMMON)
@@ -76,20 +90,20 @@ FAST := tests/packing tests/test_config.py tests/test_architecture.py tests/test
 	tests/test_mixture.py tests/formats/test_fixed_lists.py tests/formats/test_joined.py \
 	tests/dataset/test_lease.py --ignore=tests/packing/test_numba_cache.py
 
-test-fast: $(BIN)/raypack
+test-fast: $(DEV)
 	$(BIN)/pytest $(XDIST) $(FAST)
 
-test-slow: $(BIN)/raypack
+test-slow: $(DEV)
 	$(BIN)/pytest -m slow $(XDIST)
 
-soak: $(BIN)/raypack
+soak: $(DEV)
 	$(BIN)/pytest -m slow -s tests/test_soak.py
 
-bench: $(BIN)/raypack
+bench: $(DEV)
 	$(BIN)/python benchmarks/bench_packing.py
 
 # docs/report.png (the README's picture): the demo's report, its top 1200 px, as headless Chromium draws it.
-report-screenshot: demo browser
+report-screenshot: $(DEV) demo browser
 	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
 	  --disable-background-networking --disable-component-update --disable-sync \
 	  --user-data-dir=$$(mktemp -d) --force-device-scale-factor=1 --force-color-profile=srgb \
