@@ -38,7 +38,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import IterableDataset, get_worker_info
+try:
+    from torch.utils.data import IterableDataset, get_worker_info
+except ModuleNotFoundError as e:  # only this module needs torch (~750 MB, CPU build): an extra
+    if e.name != "torch":
+        raise
+    raise ModuleNotFoundError("raypack.torch_data needs PyTorch: pip install 'raypack[torch]'") from None
 
 from raypack.config import StorageConfig
 from raypack.reader import Plan, check_args, pin, resume_of, torch_converter
