@@ -90,7 +90,8 @@ test: lint browser mds-client real-tokenizers
 # formats' byte writers, the lease) and the house's rules; no job, no Ray, no compile of the packers.
 FAST := tests/packing tests/test_config.py tests/test_architecture.py tests/test_metrics.py \
 	tests/test_mixture.py tests/formats/test_fixed_lists.py tests/formats/test_joined.py \
-	tests/dataset/test_lease.py --ignore=tests/packing/test_numba_cache.py
+	tests/dataset/test_lease.py tests/test_config_reference.py tests/test_docs_links.py \
+	--ignore=tests/packing/test_numba_cache.py
 
 test-fast: $(DEV)
 	$(BIN)/pytest $(XDIST) $(FAST)
