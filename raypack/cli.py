@@ -177,9 +177,13 @@ def _add_verify(sub: Subcommands) -> None:
         description="Re-read OUTPUT and check files, packs and documents against its manifest and index.",
     )
     verify.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
-    verify.add_argument("--config", help="the job config: also re-tokenize a sample of documents and compare")
-    verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize with --config (64)")
-    _add_sets(verify, "; with --config, as the dataset was packed with them")
+    verify.add_argument(
+        "--config",
+        help="the job config to re-tokenize a sample of documents with and compare (default: the "
+        "config the dataset's manifest records)",
+    )
+    verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize (64; 0: none)")
+    _add_sets(verify, " (of --config, else of the manifest's config: e.g. where the inputs are now)")
 
 
 def _add_convert(sub: Subcommands) -> None:
@@ -486,13 +490,25 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from raypack.verifier import datasets_override, verify
+    from raypack.verifier import datasets_override, recorded_config, verify
 
-    # Packed from Ray Datasets: the config names them as raypack.pack did.
-    cfg = _config_of(args, datasets_override(args.output) if args.config else [])
+    if args.sample < 0:
+        raise ConfigError(f"--sample must be >= 0, got {args.sample}")
+    note = ""
+    if args.config:
+        # Packed from Ray Datasets: the config names them as raypack.pack did.
+        cfg = _config_of(args, datasets_override(args.output))
+    elif args.sample:
+        cfg, note = recorded_config(args.output, args.overrides)
+    elif args.overrides:
+        raise ConfigError("--set overrides the config a sample is re-tokenized with: not with --sample 0")
+    else:
+        cfg = None
     report = verify(args.output, cfg, sample=args.sample)
+    if note and report.ok:
+        report.warnings.append(f"no document re-tokenized: {note}; give --config or --set to say where")
     if report.ok:
-        sampled = f", {report.sampled} documents re-tokenized and equal" if cfg else ""
+        sampled = f", {report.sampled} documents re-tokenized and equal" if cfg and args.sample else ""
         print(
             f"OK: {report.dataset}: {report.documents:,} documents, {report.items:,} items, "
             f"{report.packs:,} packs, {report.tokens:,} tokens{sampled}"

@@ -25,6 +25,7 @@ import hashlib
 import json
 import random
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from raypack.text.chat import ChatTemplate
     from raypack.text.tokenizer import LoadedTokenizer
 
-__all__ = ["VerifyReport", "verify"]
+__all__ = ["VerifyReport", "recorded_config", "verify"]
 
 MAX_PROBLEMS = 20
 # A sampled document up to this many characters is re-tokenized whole (~100 bytes a token while
@@ -222,6 +223,35 @@ def datasets_override(output: str, storage: StorageConfig | None = None) -> list
         return []
     names = manifest.get("config", {}).get("input", {}).get("datasets") or []
     return [f"input.datasets={json.dumps(names)}"] if names else []
+
+
+def recorded_config(
+    output: str, overrides: Sequence[str] = (), storage: StorageConfig | None = None
+) -> tuple[JobConfig | None, str]:
+    """The job config the dataset at `output` records (its manifest's), with `overrides`: what
+    `raypack verify OUTPUT` re-tokenizes its sample with when no config is given. (None, why) where
+    it cannot serve: no readable manifest (verify says why), Ray Datasets as the input, the inputs or
+    the tokenizer not where it says (a relative path is the packing directory's)."""
+    from raypack.config import load_config
+    from raypack.corpus.files import input_files
+    from raypack.text.files import tokenizer_files
+
+    try:
+        manifest = json.loads(read_bytes(join(resolve_dataset(output, storage), MANIFEST), storage))
+        recorded = manifest["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, ""
+    if recorded.get("input", {}).get("datasets"):
+        return None, "its input was Ray Datasets: raypack.verify(..., datasets=...) re-reads them"
+    cfg = load_config(recorded, list(overrides))
+    if storage is not None:
+        cfg = dataclasses.replace(cfg, storage=storage)
+    try:
+        input_files(cfg.input, cfg.storage)
+        tokenizer_files(cfg.tokenizer, cfg.storage)
+    except ConfigError as e:
+        return None, f"as the manifest records the job, {e}"
+    return cfg, ""
 
 
 def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:

@@ -375,7 +375,7 @@ def test_verify_takes_the_overrides_the_dataset_was_packed_with(
     """`raypack pack job.yaml --set ...` verifies against its own YAML with the same --set. Without
     them, or with settings or a tokenizer unlike the dataset's, verify names each key that differs
     (not a "tokens differ" line a sampled document) and ends with the count; --set without --config
-    is refused."""
+    applies to the config the manifest records."""
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=5)
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
     out = str(tmp_path / "out")
@@ -405,8 +405,39 @@ def test_verify_takes_the_overrides_the_dataset_was_packed_with(
     expected = ["input.text_field", "pack.algorithm", "pack.seq_len", "output.shard_rows", "tokenizer.path"]
     assert named == expected
     assert "is another tokenizer than the dataset's" in lines[4] and lines[-1].startswith("FAIL: 5 problems")
-    assert main(["verify", out, "--set", "tokenizer.add_eos=false"]) == 2
-    assert "give it with --config" in capsys.readouterr().err
+    assert main(["verify", out, "--set", "tokenizer.add_eos=true"]) == 1
+    assert (
+        "tokenizer.add_eos: the dataset was packed with False, the config says True"
+        in capsys.readouterr().out
+    )
+
+
+def test_verify_without_a_config_re_tokenizes_with_the_settings_the_manifest_records(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`raypack verify OUT` after `raypack pack job.yaml --set ...`: the sample is re-tokenized with
+    the settings the dataset was packed with (no --config, no --set again); inputs moved since are a
+    warning, and --set says where they are; another tokenizer is named."""
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=10, seed=6)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    out = str(tmp_path / "out")
+    assert main(["pack", str(cfg), "--set", "tokenizer.add_bos=true", "--set", "pack.seq_len=256"]) == 0
+    capsys.readouterr()
+    assert main(["verify", out]) == 0
+    assert "20 documents re-tokenized and equal" in capsys.readouterr().out
+    moved = tmp_path / "moved"
+    corpus.rename(moved)
+    assert main(["verify", out]) == 0
+    said = capsys.readouterr().out
+    assert "warning: no document re-tokenized: as the manifest records the job, input.paths" in said
+    assert main(["verify", out, "--set", f'input.paths=["{moved}/*"]']) == 0
+    assert "20 documents re-tokenized and equal" in capsys.readouterr().out
+    saved = tmp_path / "tokenizer.json"
+    train_tokenizer(saved, 400, 9)
+    assert (
+        main(["verify", out, "--set", f'input.paths=["{moved}/*"]', "--set", f"tokenizer.path={saved}"]) == 1
+    )
+    assert "is another tokenizer than the dataset's" in capsys.readouterr().out
 
 
 def test_a_reader_that_leaves_early_ends_the_command_quietly(tmp_path: Path) -> None:
