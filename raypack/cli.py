@@ -8,6 +8,7 @@ import argparse
 import atexit
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -144,6 +145,12 @@ def _add_pack(sub: Subcommands) -> None:
     pack.add_argument("config", metavar="CONFIG", help="job config (YAML): input, tokenizer, pack, output")
     _add_overrides(pack)
     pack.add_argument("--overwrite", action="store_true", help="replace a dataset already at output.path")
+    pack.add_argument(
+        "--limit",
+        metavar="SIZE",
+        help="a trial: pack a deterministic sample of about SIZE of the input (e.g. 200MB, 2GiB; "
+        "input.limit_bytes), marked as a sample in the manifest, summary and report",
+    )
     _add_quiet(pack)
 
 
@@ -299,10 +306,26 @@ def _voice(args: argparse.Namespace) -> tuple[Callable[[str], None], TextIO | No
 
 
 def _job_overrides(args: argparse.Namespace) -> list[str]:
-    if args.compare is None:
-        return list(args.overrides)
-    names = [a.strip() for a in args.compare.split(",") if a.strip()]
-    return [*args.overrides, f"pack.compare={json.dumps(names)}"]
+    overrides = list(args.overrides)
+    if getattr(args, "limit", None) is not None:
+        overrides.append(f"input.limit_bytes={_size(args.limit, '--limit')}")
+    if args.compare is not None:
+        names = [a.strip() for a in args.compare.split(",") if a.strip()]
+        overrides.append(f"pack.compare={json.dumps(names)}")
+    return overrides
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i?)b?|b?)\s*$", re.IGNORECASE)
+
+
+def _size(text: str, what: str) -> int:
+    """Bytes of a size as a user writes it: 200MB (10^6), 2GiB (2^30), 5000."""
+    match = _SIZE.match(text)
+    if match is None or float(match.group(1)) <= 0:
+        raise ConfigError(f"{what} takes a size such as 200MB, 2GiB or 5000000 (bytes), got {text!r}")
+    number, unit, binary = match.groups()
+    power = "kmgt".index(unit.lower()) + 1 if unit else 0
+    return max(1, int(float(number) * (1024 if binary else 1000) ** power))
 
 
 def _config_of(

@@ -35,6 +35,15 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
             else f"{result.documents:,} (no record rejected)",
         ),
     ]
+    if result.sample is not None:
+        t = result.sample
+        rows.append(
+            (
+                "sample",
+                f"a trial on {t['bytes'] / 2**20:,.1f} MiB of {t['of_bytes'] / 2**20:,.1f} MiB "
+                f"({t['files']:,} of {t['of_files']:,} files; input.limit_bytes): not the whole corpus",
+            )
+        )
     if result.lost_files:
         rows.append(
             ("lost files", f"{result.lost_files:,} input files unreadable whole or in part (allowed)")

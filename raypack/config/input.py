@@ -169,6 +169,11 @@ class InputConfig:
     ranges cut at line starts. Compressed streams and text files (one document each) stay whole.
     Ids, rejects and the output are the same as for the whole file; each unit has its own token
     file, index and rejects file. More than 100,000 such units is refused, naming a size that fits."""
+    limit_bytes: int | None = None
+    """A trial on a subset (`raypack pack --limit 200MB`): pack a sample of about this many bytes of
+    the input, whole work units (cut to at most an eighth of it where a file splits) taken in an
+    order seeded by pack.seed until their bytes reach it. The same inputs and seed give the same
+    sample. The dataset is marked a sample (manifest, metrics, summary, report); None: everything."""
     group_bytes: int = 1 << 20
     """Whole files smaller than this are tokenized in runs of consecutive files (of one source) of
     up to this many bytes, a run a work unit, so that a unit's fixed cost (a task, a token file, an
@@ -200,6 +205,8 @@ class InputConfig:
             raise ConfigError(f"input.max_reject_ratio must be within [0, 1], got {self.max_reject_ratio}")
         if self.unit_rows < 1:
             raise ConfigError(f"input.unit_rows must be >= 1, got {self.unit_rows}")
+        if self.limit_bytes is not None and self.limit_bytes < 1:
+            raise ConfigError(f"input.limit_bytes must be >= 1, got {self.limit_bytes}")
 
     def _check_where_from(self) -> None:
         """The input is given one way: paths, sources or a Ray Dataset."""
@@ -207,6 +214,11 @@ class InputConfig:
             raise ConfigError("give input.paths or input.sources, not both (one source: paths alone)")
         whole = self.datasets == ("",)
         self._check_datasets(whole)
+        if self.limit_bytes is not None and self.datasets:
+            raise ConfigError(
+                "input.limit_bytes samples input files; a Ray Dataset is sampled with its own "
+                "methods (ds.random_sample, ds.limit) before raypack.pack(dataset=...)"
+            )
         if not self.paths and not self.sources and not whole:
             raise ConfigError(
                 "input.paths is empty: give at least one file or glob pattern (or input.sources)"

@@ -29,6 +29,7 @@ __all__ = [
     "MAX_SPLIT_UNITS",
     "group_runs",
     "run_end",
+    "sample_units",
     "scan_range",
     "work_units",
 ]
@@ -207,3 +208,30 @@ def _line_ranges(
             units.append((starts[k], starts[k + 1], before + (starts[k] > a)))
         before += newlines
     return units if len(units) > 1 else []
+
+
+def sample_units(units: list[WorkUnit], limit_bytes: int, seed: int) -> list[WorkUnit]:
+    """A trial's units (input.limit_bytes): whole units taken in an order seeded by `seed` (a hash
+    of each unit's place, so the same listing gives the same sample anywhere) until their bytes
+    reach `limit_bytes`, kept in the job's order and numbered again from 0."""
+
+    def rank(u: WorkUnit) -> bytes:
+        place = f"{seed}\0{u.relpath}\0{u.shard.unit_start}\0{len(u.more)}"
+        return hashlib.sha256(place.encode()).digest()
+
+    taken: set[int] = set()
+    total = 0
+    for u in sorted(units, key=rank):
+        if total >= limit_bytes:
+            break
+        taken.add(u.index)
+        total += u.size
+    kept = [u for u in units if u.index in taken]
+    return [
+        dataclasses.replace(
+            u,
+            shard=dataclasses.replace(u.shard, index=i),
+            more=tuple(dataclasses.replace(m, index=i) for m in u.more),
+        )
+        for i, u in enumerate(kept)
+    ]

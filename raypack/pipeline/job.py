@@ -172,7 +172,7 @@ def _stages(
     cfg, storage, runner = ready.cfg, ready.cfg.storage, ready.runner
     store = cache if cache is not None else cfg.cache.path
     token_dir = store if store is not None else join(ready.staging, "tokens")
-    units = read(ready.files, cfg.input, storage, runner)
+    units = read(ready.files, cfg.input, storage, runner, cfg.pack.seed)
     if ready.datasets:
         # The Dataset's own pipeline runs here, on the CPUs; then the workers load the tokenizer
         # (a preload before it would hold every CPU while Ray Data waits, warning of a hang).

@@ -8,6 +8,7 @@ that show it, never a key patched into one of them afterwards.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +100,9 @@ class RunRecord:
     run by the API without a start time."""
     report: str | None = None
     """The report.html written next to the data; None if it could not be (the job's log says why)."""
+    sample: dict[str, Any] | None = None
+    """A trial on a subset (input.limit_bytes): what it took of the input (units, files, bytes) and
+    of how much; None: the whole input."""
 
     @property
     def mode(self) -> str:
@@ -193,7 +197,22 @@ def run_record(
         runner={"name": ready.runner.name, "cpus": ready.runner.width, "retried": ready.runner.retried},
         stage_seconds=stage_seconds,
         token_store=tokenized.store,
+        sample=_sample_record(cfg.input.limit_bytes, units, ready.files),
     )
+
+
+def _sample_record(limit: int | None, units: Sequence[Any], files: Sequence[Any]) -> dict[str, Any] | None:
+    """What a trial took of the input: its units, files and bytes against the whole input's."""
+    if limit is None:
+        return None
+    return {
+        "limit_bytes": limit,
+        "units": len(units),
+        "files": len({path for u in units for path in u.relpaths}),
+        "bytes": sum(u.size for u in units),
+        "of_files": len(files),
+        "of_bytes": sum(f.size for f in files),
+    }
 
 
 def manifest(record: RunRecord) -> dict[str, Any]:
@@ -233,6 +252,8 @@ def manifest(record: RunRecord) -> dict[str, Any]:
         out["chat"] = {k: v for k, v in record.chat.items() if k != "trained_percent"}
     if record.mixture is not None:
         out["mixture"] = record.mixture
+    if record.sample is not None:  # a trial: not the whole corpus
+        out["sample"] = record.sample
     return out
 
 
@@ -243,6 +264,7 @@ def metrics_document(record: RunRecord) -> dict[str, Any]:
         "mode": record.mode,
         "format": record.output_format["name"],
         "sources": record.sources,
+        "sample": record.sample,
         "chat": record.chat,
         "global_bfd_efficiency": record.global_efficiency,
         "stage_seconds": record.stage_seconds,

@@ -184,6 +184,7 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
     return (
         ("output", dataset),
         ("input", _inputs(cfg["input"], counts["shards"], manifest["inputs"])),
+        *_sample(manifest),
         ("tokenizer", f"{tok['path']} (vocab {tok['vocab_size']:,}, sha256 {tok['sha256'][:12]})"),
         (
             "packing",
@@ -199,6 +200,17 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
         *_time(doc),
         ("raypack", str(manifest.get("raypack_version", "?"))),
     )
+
+
+def _sample(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """A trial on a subset of the input (input.limit_bytes), said as such."""
+    t = manifest.get("sample")
+    if not t:
+        return []
+    took = f"{t['bytes'] / 2**20:,.1f} MiB of {t['of_bytes'] / 2**20:,.1f} MiB"
+    return [
+        ("sample", f"a trial on {took} ({t['files']:,} of {t['of_files']:,} files): not the whole corpus")
+    ]
 
 
 def _store(manifest: dict[str, Any], units: int) -> list[tuple[str, str]]:
