@@ -238,13 +238,15 @@ def _stages(
 def _unmade(ready: Prepared, clear: Clearing, stated: bool) -> None:
     """What a failed or stopped job wrote into its cleared output, gone: its units' index files (no
     dataset holds them) and, unless the job stopped on a refusal that names them (`stated`), its
-    rejects; the output directory itself when the job made it and it is empty now. Best effort."""
+    rejects; after a refusal, the output directory itself when the job made it and it is empty now
+    (a stopped rebuild's version directory stays, so that its number is not taken again). Best
+    effort."""
     out, storage = ready.cfg.output.path, ready.cfg.storage
     if clear.done:
         for part in (UNIT_INDEX,) if stated else (UNIT_INDEX, REJECTS):
             with suppress(Exception):
                 remove(join(out, part), storage)
-    if ready.made_output:
+    if ready.made_output and stated:
         with suppress(OSError):
             os.rmdir(out)
 
