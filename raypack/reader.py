@@ -61,7 +61,15 @@ Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o
   flex attention's mask_mod: `(doc[b, q] == doc[b, k]) & (k <= q)`; block_causal_mask() builds the
   dense (B, 1, L, L) mask for sdpa and Hugging Face models;
 - `cu_seqlens` (segments+1,) int32 over the batch flattened to B*L tokens: every document, then the
-  padding tail of its row (if any), as flash-attention's varlen functions take them; `max_seqlen`.
+  padding tail of its row (if any), as flash-attention's varlen functions take them; `max_seqlen`;
+- `loss_weights` (B, L) float32, asked for with `loss_weights="document"` or `"sequence"`, aligned
+  with `labels`: 0 where labels is -100; else, for "document", 1 / (the document's trained targets
+  × the documents with any in the batch), so that `(token_loss * loss_weights).sum()` is the mean of
+  the documents' mean losses, as unpacked batches of one document a row would train; "sequence"
+  likewise per row. A chunk of a document cut at seq_len counts as a document of its own (it is one
+  to the model). With a loop of one's own: `weights = batch["loss_weights"][:, 1:]` goes with
+  `shift_labels[:, :-1]` and `logits[:, :-1]`. Each rank's weights sum to 1: DDP's mean of the
+  ranks' gradients is the mean of the ranks' means.
 """
 
 from __future__ import annotations
@@ -313,6 +321,7 @@ def iter_batches(
     storage: StorageConfig | None = None,
     resume: dict[str, Any] | None = None,
     follow_latest: bool = False,
+    loss_weights: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Batches of packs for data-parallel rank `rank` of `world_size` (see the module's docstring);
     numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch]).
@@ -320,8 +329,9 @@ def iter_batches(
     rank's saved state of an earlier run of this epoch at any world size and batch size (a
     PackedDataset's or a StatefulDataLoader's state_dict()): the packs no rank had yielded, shared
     among these ranks (module docstring, "Resume"); `follow_latest`: a state of another version of
-    the dataset goes on from its place on this one."""
-    check_args(batch_size, rank, world_size, last_batch)
+    the dataset goes on from its place on this one. `loss_weights`: "document" or "sequence" adds
+    per-token loss weights (module docstring)."""
+    check_args(batch_size, rank, world_size, last_batch, loss_weights)
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     convert = torch_converter() if torch else None
@@ -329,6 +339,7 @@ def iter_batches(
     where = resume_of(resume, pinned, follow_latest) if resume is not None else None
     plan = Plan.of(pinned, batch_size, rank, world_size, seed, last_batch, storage, where)
     for batch in plan.steps(start_step, 1):
+        batch = with_loss_weights(batch, loss_weights)
         yield convert(batch) if convert is not None else batch
 
 
@@ -482,8 +493,36 @@ def _dataset_state(state: dict[str, Any]) -> tuple[dict[str, Any], int]:
     raise ValueError("not a raypack PackedDataset state or a StatefulDataLoader state of one")
 
 
-def check_args(batch_size: int, rank: int, world_size: int, last_batch: str) -> None:
+LOSS_WEIGHTS = ("document", "sequence")
+
+
+def with_loss_weights(batch: dict[str, Any], per: str | None) -> dict[str, Any]:
+    """The batch with `loss_weights` (module docstring) per document or per sequence; as it is for
+    None."""
+    if per is None:
+        return batch
+    labels, docs = batch["labels"], batch["document_ids"]
+    trained = labels != IGNORE_INDEX
+    rows, length = labels.shape
+    row = np.repeat(np.arange(rows, dtype=np.int64), length).reshape(rows, length)
+    # A group a document of a row (its id unique in the batch), or a row.
+    group = row * (length + 1) + docs + 1 if per == "document" else row
+    counts = np.bincount(group[trained], minlength=int(group.max(initial=0)) + 1)
+    present = int((counts > 0).sum())
+    weights = np.zeros((rows, length), dtype=np.float64)
+    if present:
+        weights[trained] = 1.0 / (counts[group[trained]] * present)
+    return {**batch, "loss_weights": weights.astype(np.float32)}
+
+
+def check_args(
+    batch_size: int, rank: int, world_size: int, last_batch: str, loss_weights: str | None = None
+) -> None:
     """ValueError for settings no reader can follow (iter_batches and torch_data.PackedDataset)."""
+    if loss_weights is not None and loss_weights not in LOSS_WEIGHTS:
+        raise ValueError(
+            f"loss_weights must be one of {', '.join(LOSS_WEIGHTS)} or None, got {loss_weights!r}"
+        )
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if world_size < 1 or not 0 <= rank < world_size:

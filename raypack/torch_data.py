@@ -46,7 +46,7 @@ except ModuleNotFoundError as e:  # only this module needs torch (~750 MB, CPU b
     raise ModuleNotFoundError("raypack.torch_data needs PyTorch: pip install 'raypack[torch]'") from None
 
 from raypack.config import StorageConfig
-from raypack.reader import Plan, check_args, pin, resume_of, torch_converter
+from raypack.reader import Plan, check_args, pin, resume_of, torch_converter, with_loss_weights
 from raypack.shared_groups import SharedGroups
 
 __all__ = ["PackedDataset"]
@@ -65,8 +65,10 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         follow_latest: bool = False,
         storage: StorageConfig | None = None,
         resume: dict[str, Any] | None = None,
+        loss_weights: str | None = None,
     ) -> None:
-        check_args(batch_size, rank, world_size, last_batch)
+        check_args(batch_size, rank, world_size, last_batch, loss_weights)
+        self.loss_weights = loss_weights
         self.path, self.batch_size, self.rank, self.world_size = path, batch_size, rank, world_size
         self.seed, self.last_batch, self.storage = seed, last_batch, storage
         self.follow_latest = follow_latest
@@ -126,7 +128,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
                     shared.done(step)
                 self._next += workers  # before yielding: a state taken with this batch resumes after it
                 step += workers
-                yield convert(batch)
+                yield convert(with_loss_weights(batch, self.loss_weights))
         finally:
             if shared is not None:
                 shared.close()

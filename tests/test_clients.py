@@ -137,6 +137,72 @@ def test_every_documents_logits_in_a_packed_batch_equal_its_logits_alone(
         assert leaked > 1e-2
 
 
+@pytest.mark.parametrize("per", ["document", "sequence"])
+def test_loss_weights_give_the_mean_of_per_document_or_per_sequence_losses(packed: Path, per: str) -> None:
+    """loss_weights="document": the weighted sum of a packed batch's token losses (from a Hugging
+    Face model's logits, labels shifted as the model shifts them) equals the mean over its documents
+    of each one's mean loss, computed by the model on the document alone (as an unpacked batch of
+    one document a row trains); "sequence": the mean over rows of each row's mean loss. The plain
+    mean of the batch (what the model's own loss gives) weighs long documents more."""
+    model = llama("sdpa")
+    with torch.no_grad():
+        model.lm_head.weight *= 30  # sharp logits: documents' mean losses far apart (6.24 each, else)
+    batches = iter_batches(str(packed), 4, seed=5, torch=True, loss_weights=per)
+    batch = next(b for b in batches if b["document_ids"].max() >= 2)
+    weights = batch["loss_weights"]
+    assert weights.dtype == torch.float32 and float(weights.sum()) == pytest.approx(1.0, rel=1e-6)
+    assert bool(((weights > 0) == (batch["labels"] != -100)).all())
+    mask = block_causal_mask(batch["document_ids"], torch.float32)
+    with torch.no_grad():
+        out = model(
+            batch["input_ids"],
+            labels=batch["labels"],
+            position_ids=batch["position_ids"],
+            attention_mask=mask,
+        )
+        token = torch.nn.functional.cross_entropy(
+            out.logits[:, :-1].reshape(-1, VOCAB).float(),
+            batch["labels"][:, 1:].reshape(-1),
+            reduction="none",
+            ignore_index=-100,
+        ).reshape(batch["labels"].shape[0], -1)
+        weighted = float((token * weights[:, 1:]).sum())
+        means: dict[int, list[float]] = {}
+        for r, s, e in documents(batch):
+            if e - s < 2:
+                continue  # one token: nothing to predict within it (no weight either)
+            alone = model(batch["input_ids"][r : r + 1, s:e], labels=batch["input_ids"][r : r + 1, s:e]).loss
+            means.setdefault(r, []).append(float(alone))
+    if per == "document":
+        want = float(np.mean([m for row in means.values() for m in row]))
+    else:
+        rows = [(r, [(s, e) for rr, s, e in documents(batch) if rr == r and e - s >= 2]) for r in means]
+        want = float(
+            np.mean(
+                [
+                    sum(m * (e - s - 1) for m, (s, e) in zip(means[r], spans, strict=True))
+                    / sum(e - s - 1 for s, e in spans)
+                    for r, spans in rows
+                ]
+            )
+        )
+    assert weighted == pytest.approx(want, rel=1e-5)
+    # The plain mean of the batch's targets (the model's own loss) is another number, and off by far
+    # more than the weighted sum's rounding (~4e-7).
+    assert abs(float(out.loss) - want) > 1e-3
+
+
+def test_packed_dataset_gives_the_readers_loss_weights(packed: Path) -> None:
+    want = [b["loss_weights"] for b in iter_batches(str(packed), 3, 0, 2, seed=4, loss_weights="sequence")]
+    got = [
+        b["loss_weights"].numpy()
+        for b in PackedDataset(str(packed), 3, 0, 2, seed=4, loss_weights="sequence")
+    ]
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    with pytest.raises(ValueError, match="loss_weights must be one of document, sequence or None"):
+        PackedDataset(str(packed), 3, loss_weights="token")
+
+
 def test_flex_attention_mask_mod_from_document_ids(packed: Path) -> None:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
