@@ -47,6 +47,7 @@ from raypack.formats import (
     total_bytes,
 )
 from raypack.formats.files import loss_mask_of, write_packs
+from raypack.paths import anchored
 from raypack.reader import Pinned, pin
 from raypack.report import write_report_safely
 from raypack.storage import contains, exists, join, read_bytes, resolve, write_bytes, write_bytes_atomic
@@ -127,6 +128,7 @@ def convert(
     dataset up to run.local_max_bytes, without a Ray cluster named or running). `pad_id`: what
     the new dataset's padding holds (None: what the dataset's does, where its format allows)."""
     storage = (storage or StorageConfig()).from_environment()
+    source, out = anchored(source), anchored(out)  # the tasks' working directory is not this one
     try:
         pinned = pin(source, storage)
     except (FileNotFoundError, ValueError) as e:

@@ -9,13 +9,19 @@ import functools
 import os
 import posixpath
 
-__all__ = ["WILDCARDS", "contains", "glob_match", "input_base", "is_uri", "join", "split_glob"]
+__all__ = ["WILDCARDS", "anchored", "contains", "glob_match", "input_base", "is_uri", "join", "split_glob"]
 
 WILDCARDS = "*?["
 
 
 def is_uri(path: str) -> bool:
     return "://" in path
+
+
+def anchored(path: str) -> str:
+    """A local path made absolute against this process's working directory (a URI as it is): what
+    another process (a worker, a Ray node's, whose working directory is its own) reads and writes."""
+    return path if is_uri(path) or not path else os.path.abspath(path)
 
 
 def join(base: str, *parts: str) -> str:

@@ -131,10 +131,18 @@ def test_ray_job_submit_packs_on_a_real_head(head: Head, tmp_path: Path, tokeniz
     assert "auth" in (refused.stdout + refused.stderr).lower()
 
 
-def raypack_cli(*args: str, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+def raypack_cli(
+    *args: str, env: dict[str, str], cwd: Path | None = None
+) -> tuple[subprocess.CompletedProcess[str], float]:
     t0 = time.monotonic()
     done = subprocess.run(
-        [str(BIN / "raypack"), *args], env=env, capture_output=True, text=True, timeout=300, check=False
+        [str(BIN / "raypack"), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     return done, time.monotonic() - t0
 
@@ -144,14 +152,26 @@ def test_raypack_pack_joins_a_token_cluster_with_the_token_file_alone(
 ) -> None:
     """`raypack pack` with RAY_ADDRESS from a shell that has the token in ~/.ray/auth_token but not
     RAY_AUTH_MODE: it finds the token (Ray's own connection times out after ~20 s and says only that
-    it failed to connect)."""
-    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=15, seed=52)
-    path = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
-    done, _ = raypack_cli("pack", str(path), "--set", "pack.seq_len=256", env=head.bare(RAY_ADDRESS=head.gcs))
+    it failed to connect). The config's paths are relative to the user's directory, not the head's:
+    the head's tasks wrote data/ and index/ under their own working directory, the driver the
+    manifest here."""
+    make_corpus(tmp_path, shards=2, docs_per_shard=15, seed=52)
+    shutil.copy(tokenizer_path, tmp_path / "tok.json")
+    path = job_config(tmp_path, "corpus/*", "tok.json", output={"path": "out"})
+    env = head.bare(RAY_ADDRESS=head.gcs)
+    done, _ = raypack_cli("pack", str(path), "--set", "pack.seq_len=256", env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "on 2 Ray CPUs" in done.stdout  # the head's, not this machine's pool
-    report = verify(str(tmp_path / "out"), load_config(str(path), ["pack.seq_len=256"]), sample=10)
-    assert report.ok and report.documents == 30, report.problems
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "data",
+        "index",
+        "manifest.json",
+        "metrics.json",
+        "report.html",
+    ]
+    verified, _ = raypack_cli("verify", "out", env=env, cwd=tmp_path)  # the settings the manifest records
+    assert verified.returncode == 0 and "30 documents" in verified.stdout, verified.stdout + verified.stderr
+    assert "re-tokenized and equal" in verified.stdout
 
 
 @pytest.mark.parametrize("form", ["gcs", "client"])

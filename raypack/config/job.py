@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raypack.config.cache import CacheConfig
-from raypack.config.input import InputConfig
+from raypack.config.input import InputConfig, SourceConfig
 from raypack.config.output import MASKED_FORMATS, OutputConfig, StorageConfig
 from raypack.config.pack import PackConfig
 from raypack.config.run import RunConfig
 from raypack.config.tokenizer import TokenizerConfig
 from raypack.errors import ConfigError
 from raypack.packing import ALGORITHMS
-from raypack.paths import contains, input_base, is_uri
+from raypack.paths import anchored, contains, input_base, is_uri
 
 __all__ = ["BYTES_PER_FILE_POSITION", "MAX_FILE_POSITIONS", "SHARDED_ALGORITHMS", "JobConfig"]
 
@@ -140,6 +140,27 @@ class JobConfig:
         if self.pack.loss is not None:
             return self.pack.loss
         return {"messages": "assistant", "pairs": "completion"}.get(self.input.chat or "", "all")
+
+    def anchored(self) -> JobConfig:
+        """The config with every local path (inputs and their root, the tokenizer, the output, the
+        token store) absolute against this process's working directory: the driver's, which a task
+        on a Ray node (working directory its own) would not share. The manifest records these."""
+
+        def source(s: SourceConfig) -> SourceConfig:
+            root = anchored(s.root) if s.root else s.root
+            return dataclasses.replace(s, paths=tuple(map(anchored, s.paths)), root=root)
+
+        i = self.input
+        root = anchored(i.root) if i.root else i.root
+        return dataclasses.replace(
+            self,
+            input=dataclasses.replace(
+                i, paths=tuple(map(anchored, i.paths)), root=root, sources=tuple(map(source, i.sources))
+            ),
+            tokenizer=dataclasses.replace(self.tokenizer, path=anchored(self.tokenizer.path)),
+            output=dataclasses.replace(self.output, path=anchored(self.output.path)),
+            cache=dataclasses.replace(self.cache, path=self.cache.path and anchored(self.cache.path)),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

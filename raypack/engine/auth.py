@@ -39,6 +39,12 @@ def check_cluster(address: str) -> None:
     reads the mode only from the environment); ConfigError, at once, where it wants one and none is,
     or where nothing answers there. Addresses Ray resolves itself ("auto") are left to it, as is
     everything where grpcio (Ray's client extra) is not installed."""
+    if address.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"RAY_ADDRESS={address} is a dashboard's address, what `ray job submit` takes; raypack "
+            "joins a cluster at its GCS (RAY_ADDRESS=host:6379) or through Ray Client "
+            "(ray://host:10001), or runs inside a job: ray job submit ... -- raypack pack job.yaml"
+        )
     answer = _probe(address)
     if answer is None or answer == "ok":
         return

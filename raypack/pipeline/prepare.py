@@ -97,7 +97,9 @@ def prepare(
     datasets = datasets or {}
     runner: Runner | None = None
     try:
-        cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment())
+        # Local paths absolute here, in the driver: a Ray node's task resolves a relative one
+        # against its own working directory (the output would be written in two places).
+        cfg = dataclasses.replace(cfg, storage=cfg.storage.from_environment()).anchored()
         out, storage = cfg.output.path, cfg.storage
         made_output = not is_uri(out) and not os.path.lexists(out)
         _check_datasets(cfg, datasets)

@@ -268,6 +268,41 @@ def test_an_output_that_cannot_be_written_is_one_line_and_exit_2_before_any_work
     assert not (tmp_path / "out").exists()
 
 
+def test_a_dashboard_address_as_ray_address_is_one_line(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shell of a `ray job submit` user holds RAY_ADDRESS=http://head:8265; `raypack pack` there
+    says what address it takes (it was Ray's ValueError with a traceback, exit 1)."""
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=2)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    monkeypatch.setenv("RAY_ADDRESS", "http://127.0.0.1:8265")
+    assert main(["pack", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("raypack: error: RAY_ADDRESS=http://127.0.0.1:8265 is a dashboard's address")
+    assert "\n" not in err and "host:6379" in err
+
+
+def test_relative_paths_are_the_drivers_whatever_the_workers_directory(
+    tmp_path: Path, tokenizer_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's relative paths (inputs, tokenizer, output) are made absolute where the command runs
+    and recorded so: a Ray node's task, whose working directory is its own, wrote data/ and index/
+    under that directory while the driver wrote the manifest here."""
+    import shutil
+
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=5)
+    shutil.copy(tokenizer_path, tmp_path / "tok.json")
+    cfg = job_config(tmp_path, "corpus/*", "tok.json", output={"path": "out"})
+    monkeypatch.chdir(tmp_path)
+    assert main(["pack", str(cfg), "--quiet"]) == 0
+    recorded = json.loads((tmp_path / "out" / "manifest.json").read_text())["config"]
+    assert recorded["output"]["path"] == str(tmp_path / "out")
+    assert recorded["tokenizer"]["path"] == str(tmp_path / "tok.json")
+    assert recorded["input"]["paths"] == [f"{corpus}/*"]
+    monkeypatch.chdir(tmp_path.parent)  # elsewhere: verify takes the recorded, absolute paths
+    assert main(["verify", str(tmp_path / "out")]) == 0
+
+
 @pytest.mark.parametrize("algorithm", ["bfd", "greedy"])
 def test_sharded_mode_packs_each_group_alone(tmp_path: Path, tokenizer_path: Path, algorithm: str) -> None:
     corpus = make_corpus(tmp_path, shards=4, docs_per_shard=40, seed=13)
