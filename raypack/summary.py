@@ -116,7 +116,7 @@ def _specials_rows(result: JobResult) -> list[tuple[str, str]]:
         ("pad", "pad", "output.pad_id"),
     ):
         source = str(tok.get(f"{key}_source", ""))
-        if used[key] and ("guessed" in source or source.startswith(("EOS (", "0 ("))):
+        if used[key] and ("guessed" in source or source.startswith(("its EOS (", "0 ("))):
             said.append(f"{name} {tok.get(f'{key}_id')}, {source}")
             settings.append(setting)
     if not said:

@@ -133,3 +133,23 @@ def test_a_broken_link_anchor_or_path_is_found(tmp_path: Path) -> None:
     )
     assert [p.split(":")[0] for p in broken_links(page)] == ["gone.md", "#nowhere"]
     assert missing_paths(page) == ["benchmarks/no_such_bench.py", "raypack/no_such_module.py"]
+
+
+def test_the_runtime_env_lists_name_every_runtime_dependency() -> None:
+    """jobs/README.md's and cluster/README.md's `--runtime-env-json` pip lists (a cluster that runs
+    raypack from an uploaded checkout) name every dependency of pyproject.toml beyond Ray Data's own:
+    a node without one fails at its first import."""
+    import re
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[\[<>=;,\s]", d, maxsplit=1)[0].lower() for d in deps} - {"ray", "numpy", "pyarrow"}
+    for doc in ("jobs/README.md", "cluster/README.md"):
+        text = (ROOT / doc).read_text()
+        lists = re.findall(r'"pip": \[([^\]]*)\]', text.replace("\n", " "))
+        assert lists, doc
+        for listed in lists:
+            if "raypack" in listed:
+                continue  # {"pip": ["raypack"]}: the package itself, once published
+            named = set(re.findall(r'"([^"]+)"', listed))
+            assert names <= named, (doc, sorted(names - named))

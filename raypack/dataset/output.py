@@ -84,7 +84,9 @@ def _check_writable(out: str) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".raypack-probe-", dir=path))
     except OSError as e:
-        raise ConfigError(f"output {out} cannot be written: {e.strerror or e} ({path})") from None
+        raise ConfigError(
+            f"output {out} cannot be written: no directory can be made in {path} ({e.strerror or e})"
+        ) from None
 
 
 def _missing_bucket(out: str, storage: StorageConfig) -> str | None:

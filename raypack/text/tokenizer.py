@@ -160,7 +160,7 @@ class LoadedTokenizer:
             if (token_id := specials.get(name)) is not None:
                 return int(token_id), _guessed(name)
         if self.eos_id is not None:
-            return self.eos_id, "EOS (the tokenizer names no pad token)"
+            return self.eos_id, "its EOS (the tokenizer names no pad token)"
         return 0, "0 (the tokenizer names no pad or EOS token)"
 
 
@@ -468,9 +468,19 @@ def _why_not(raw: bytes, error: Exception) -> str:
     try:
         spec = json.loads(raw)
     except ValueError:
+        if raw[:1] == b"\n" and b"\x12" in raw[:64]:  # a protobuf: what SentencePiece's .model holds
+            return (
+                "it looks like a SentencePiece model (binary); raypack reads a tokenizers JSON: "
+                "transformers' AutoTokenizer.from_pretrained(...).save_pretrained(DIR) writes one"
+            )
         return str(error).splitlines()[0]  # not JSON: tokenizers' position is the JSON error's
     if not isinstance(spec, dict):
         return f"it holds a JSON {type(spec).__name__}, not a tokenizer's object"
+    if "model" not in spec and {"config", "vocab"} <= set(spec):
+        return (
+            "it looks like Mistral's tekken.json, not a tokenizers JSON: transformers reads it and "
+            "save_pretrained(DIR) writes the tokenizer.json raypack takes"
+        )
     if "model" not in spec:
         keys = ", ".join(sorted(spec)[:5]) or "none"
         return f'it has no "model" (its keys: {keys}); a tokenizer.json is what tokenizers\' save writes'
