@@ -396,17 +396,25 @@ def _index_file(entry: dict[str, Any]) -> str:
 
 
 def read_rows(
-    dataset: str, entry: dict[str, Any], spec: Spec, group: int, first: int, storage: Any
+    dataset: str,
+    entry: dict[str, Any],
+    spec: Spec,
+    group: int,
+    first: int,
+    storage: Any,
+    more: Sequence[str] = (),
 ) -> pa.Table:
     """input_ids, doc_offsets and num_tokens of row group `group` of one file, whose first pack is
-    pack `first` of the file: what raypack's reader needs."""
+    pack `first` of the file: what raypack's reader needs; `more`: other pack index columns after
+    them (doc_ids, chunk_index: what `raypack inspect` shows)."""
     fs, inner = resolve(join(dataset, _index_file(entry)), storage)
     with fs.open_input_file(inner) as handle:
         parquet = pq.ParquetFile(handle)
         if spec.format.holds_index:
             mask = ["loss_mask"] if spec.loss_mask else []
-            return parquet.read_row_group(group, columns=["input_ids", "doc_offsets", "num_tokens", *mask])
-        index = parquet.read_row_group(group, columns=["doc_offsets", "num_tokens"])
+            columns = ["input_ids", "doc_offsets", "num_tokens", *more, *mask]
+            return parquet.read_row_group(group, columns=columns)
+        index = parquet.read_row_group(group, columns=["doc_offsets", "num_tokens", *more])
     capacity = int(entry["bucket_length"])
     path = join(dataset, entry["path"])
     tokens = spec.format.read_tokens(path, spec, capacity, first, index.num_rows, storage)
