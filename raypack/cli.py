@@ -78,6 +78,7 @@ def _build_parser() -> argparse.ArgumentParser:
         _add_pack,
         _add_rebuild,
         _add_verify,
+        _add_inspect,
         _add_convert,
         _add_report,
         _add_cache,
@@ -191,6 +192,33 @@ def _add_verify(sub: Subcommands) -> None:
     )
     verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize (64; 0: none)")
     _add_sets(verify, " (of --config, else of the manifest's config: e.g. where the inputs are now)")
+
+
+def _add_inspect(sub: Subcommands) -> None:
+    """`raypack inspect OUTPUT [PACK]`: a pack decoded back to text."""
+    inspect = sub.add_parser(
+        "inspect",
+        help="show a pack decoded back to text: its documents, their boundaries and ids, the loss mask",
+        description="Print an overview of OUTPUT and one pack (the first, or PACK): each item's document "
+        "id, chunk and tokens, its text decoded with the dataset's tokenizer (BOS, EOS and pad shown as "
+        "⟨bos⟩, ⟨eos⟩, ⟨pad⟩; long texts elided), the padding, and for chat data the untrained tokens "
+        "(dimmed on a terminal, else between ⟦ ⟧). Packs are numbered from 0 across the data files in "
+        "path order, in every output format.",
+    )
+    inspect.add_argument("output", metavar="OUTPUT", help="a dataset, or a rebuild's root (follows LATEST)")
+    inspect.add_argument("pack", metavar="PACK", nargs="?", type=int, help="the pack's number (default 0)")
+    inspect.add_argument(
+        "--tokenizer", metavar="PATH", help="decode with this tokenizer (default: the one the manifest names)"
+    )
+    inspect.add_argument("--full", action="store_true", help="every character of long texts (and every id)")
+    inspect.add_argument("--ids", action="store_true", help="each item's token ids under its text")
+    inspect.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object: the pack's items with ids, text, positions, mask",
+    )
+    inspect.add_argument("--config", help="the job config, for its storage settings (an S3 endpoint)")
+    _add_sets(inspect, "; with --config: storage.*", "storage.endpoint=http://127.0.0.1:8333")
 
 
 def _add_convert(sub: Subcommands) -> None:
@@ -558,6 +586,20 @@ def _print_lost_and_warnings(report: VerifyReport) -> None:
         print(f"warning: {warning}")
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from raypack.inspector import inspect_pack, json_record, render
+
+    cfg = _config_of(args, reads=("storage",))
+    storage = cfg.storage if cfg is not None else None
+    view = inspect_pack(args.output, args.pack, tokenizer=args.tokenizer, storage=storage)
+    if args.json:
+        print(json.dumps(json_record(view), ensure_ascii=False))
+        return 0
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+    print(render(view, full=args.full, ids=args.ids, color=color))
+    return 0
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from raypack.convert import convert
 
@@ -788,6 +830,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "pack": _cmd_pack,
         "rebuild": _cmd_rebuild,
         "verify": _cmd_verify,
+        "inspect": _cmd_inspect,
         "convert": _cmd_convert,
         "report": _cmd_report,
         "cache": _cmd_cache,

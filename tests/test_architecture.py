@@ -135,7 +135,17 @@ LAYERS: list[set[str]] = [
     {"pipeline.place"},
     {"pipeline.write"},
     {"pipeline"},
-    {"verifier", "convert", "dryrun", "summary", "demo", "reader", "torch_data", "shared_groups"},
+    {
+        "verifier",
+        "convert",
+        "dryrun",
+        "summary",
+        "demo",
+        "reader",
+        "torch_data",
+        "shared_groups",
+        "inspector",
+    },
     {"raypack", "cli"},
 ]
 STAGES = ("read", "tokenize", "place", "write")
@@ -185,7 +195,7 @@ def test_the_tools_around_a_dataset_read_through_dataset_not_the_pipeline() -> N
     """verify, convert, the report, the reader and the rooms below the pipeline import nothing of
     raypack.pipeline: what a finished dataset is lives in raypack.dataset."""
     edges = graph()
-    tools = {"verifier", "convert", "report", "reader", "torch_data", "shared_groups", "dryrun"}
+    tools = {"verifier", "convert", "report", "reader", "torch_data", "shared_groups", "dryrun", "inspector"}
     below = {"text", "corpus", "dataset", "engine", "formats", "packing", "config", "storage"}
     found = [
         f"{a} imports {b}"
