@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Item", "PackView", "inspect_pack", "json_record", "render"]
 
-ELIDE_CHARS = 300
+ELIDE_CHARS = 200
 """Characters kept at each end of a long item's text (--full: all of it)."""
 ELIDE_IDS = 16
 """Ids kept at each end of a long item's ids (--ids)."""
