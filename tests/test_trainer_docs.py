@@ -97,6 +97,27 @@ def test_trl_takes_the_rows_as_packs(
         at += len(row["input_ids"])
 
 
+def test_the_loss_weights_snippet_gives_the_mean_of_per_document_losses(packed: dict[str, Path]) -> None:
+    """The page's loop, as written, with a tiny Hugging Face model: its loss is the mean over the
+    batch's documents of each one's mean loss, the model run on the document alone."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from tests.test_clients import documents, llama
+
+    model = llama("sdpa", positions=SEQ)
+    space = run("Loss per document", packed["trl"], model=model)
+    batch = space["batch"]
+    with torch.no_grad():
+        means = [
+            float(model(batch["input_ids"][r : r + 1, s:e], labels=batch["input_ids"][r : r + 1, s:e]).loss)
+            for r, s, e in documents(batch)
+            if e - s >= 2
+        ]
+    assert float(space["loss"]) == pytest.approx(float(np.mean(means)), rel=1e-5)
+    assert next(model.parameters()).grad is not None  # loss.backward() ran
+
+
 def test_megatron_reads_a_pack_a_sample(packed: dict[str, Path]) -> None:
     pytest.importorskip("megatron.core")
     import torch.distributed as dist
