@@ -8,8 +8,19 @@ import fnmatch
 import functools
 import os
 import posixpath
+import re
 
-__all__ = ["WILDCARDS", "anchored", "contains", "glob_match", "input_base", "is_uri", "join", "split_glob"]
+__all__ = [
+    "ONE_SLASH",
+    "WILDCARDS",
+    "anchored",
+    "contains",
+    "glob_match",
+    "input_base",
+    "is_uri",
+    "join",
+    "split_glob",
+]
 
 WILDCARDS = "*?["
 
@@ -18,10 +29,17 @@ def is_uri(path: str) -> bool:
     return "://" in path
 
 
+# A scheme with one slash after it: a URI mistyped (s3:/bucket, gs:/bucket), not a path one means.
+ONE_SLASH = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/(?!/)")
+
+
 def anchored(path: str) -> str:
-    """A local path made absolute against this process's working directory (a URI as it is): what
-    another process (a worker, a Ray node's, whose working directory is its own) reads and writes."""
-    return path if is_uri(path) or not path else os.path.abspath(path)
+    """A local path made absolute against this process's working directory: what another process (a
+    worker, a Ray node's, whose working directory is its own) reads and writes. A URI as it is, and
+    a mistyped one (ONE_SLASH), which storage refuses by name."""
+    if is_uri(path) or not path or ONE_SLASH.match(path):
+        return path
+    return os.path.abspath(path)
 
 
 def join(base: str, *parts: str) -> str:

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import os
 import posixpath
-import re
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -23,7 +22,7 @@ import pyarrow.fs as pafs
 
 from raypack.config import StorageConfig
 from raypack.errors import ConfigError
-from raypack.paths import WILDCARDS, contains, glob_match, input_base, is_uri, join, split_glob
+from raypack.paths import ONE_SLASH, WILDCARDS, contains, glob_match, input_base, is_uri, join, split_glob
 
 __all__ = [
     "TMP_PREFIX",
@@ -47,8 +46,6 @@ __all__ = [
 ]
 
 _DEFAULT = StorageConfig()
-# A scheme with one slash after it: a URI mistyped (s3:/bucket, gs:/bucket), not a path one means.
-_ONE_SLASH = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/(?!/)")
 
 
 def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileSystem, str]:
@@ -56,7 +53,7 @@ def resolve(path: str, storage: StorageConfig | None = None) -> tuple[pafs.FileS
     (_s3: resolving an s3:// URI without a region costs a request to find the bucket's region),
     under everything it is made from, so it is never used where it was not made for."""
     if not is_uri(path):
-        if _ONE_SLASH.match(path):  # `s3:/bucket/x` would be a local directory named `s3:`
+        if ONE_SLASH.match(path):  # `s3:/bucket/x` would be a local directory named `s3:`
             scheme, rest = path.split(":/", 1)
             raise ConfigError(
                 f"{path} is a local path that looks like a URI: did you mean {scheme}://{rest}?"
