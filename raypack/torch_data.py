@@ -137,19 +137,28 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def state_dict(self) -> dict[str, Any]:
         """This worker's position: the step it yields next (None before it started: from the start),
         and the version it reads."""
+        info = get_worker_info()
         return {
             **self._settings(),
             "next_step": self._next,
             "dataset": self.pinned.path,
             "manifest_sha256": self.pinned.sha256,
+            "workers": info.num_workers if info is not None else 1,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume where `state` (this dataset's state_dict(), as StatefulDataLoader hands it over)
+        stands. A state of the same settings goes on exactly; one of another world size, batch size
+        or rank (or of a resumed run), loaded before the first batch in the loader's own process,
+        becomes an elastic resume, as `resume=` would (what a framework's checkpointer does: make the
+        loader, then load_state_dict). ValueError for anything else."""
         # The path may differ: a state saved on a rebuild's root resumes on the version it read
         # (state["dataset"]), which the manifest's sha256 identifies, not the path it was given.
         mismatched = {
             k: (state.get(k), v) for k, v in self._settings().items() if k != "path" and state.get(k) != v
         }
+        if mismatched and self._elastic(state, set(mismatched)):
+            return
         if mismatched:
             elastic = {"world_size", "batch_size"} & set(mismatched)
             hint = ""
@@ -179,3 +188,23 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
                 "to go on from the same step on the new version, pass follow_latest=True"
             )
         self._resume = state["next_step"]
+
+    def _elastic(self, state: dict[str, Any], mismatched: set[str]) -> bool:
+        """Take `state` as an elastic resume where it can be one (load_state_dict): True when taken.
+        Only in the loader's own process (num_workers=0): a worker's state says where that worker
+        stands, not its rank, so a loader with workers resumes elastically with `resume=` its whole
+        state_dict()."""
+        if not mismatched <= {"world_size", "batch_size", "rank", "resumed_from"}:
+            return False  # another seed, last_batch: never the same epoch
+        if self.resume is not None or self._epochs or get_worker_info() is not None:
+            return False
+        if int(state.get("workers", 1)) > 1:
+            raise ValueError(
+                "the state is one DataLoader worker's of a loader with several: it says where that "
+                "worker stands, not its rank; make the PackedDataset with resume= the loader's whole "
+                "state_dict() (an elastic resume) and a fresh loader"
+            )
+        resume = resume_of(state, self.pinned, self.follow_latest)
+        resume.check_seed(self.seed)
+        self.resume, self._resume = resume, None
+        return True

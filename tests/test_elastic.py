@@ -168,7 +168,7 @@ def test_a_stateful_dataloader_state_resumes_on_another_world_size(bucketed: Pat
         seen += _digests([next(it) for _ in range(3)])
         states.append(dl.state_dict())
         del it
-    with pytest.raises(ValueError, match="resume=state"):
+    with pytest.raises(ValueError, match="one DataLoader worker's of a loader with several"):
         PackedDataset(str(bucketed), 4, 0, 3, seed=3, last_batch="short").load_state_dict(
             states[1]["_snapshot"]["_worker_snapshots"]["worker_0"]["dataset_state"]
         )
@@ -186,6 +186,48 @@ def test_a_stateful_dataloader_state_resumes_on_another_world_size(bucketed: Pat
     assert again is not None
     rest = _digests(iter_batches(str(bucketed), 3, 0, 1, seed=3, last_batch="short", resume=again))
     assert rest and Counter(seen + rest) == every
+
+
+def test_load_state_dict_resumes_on_another_world_size_as_torchtitan_restores(bucketed: Path) -> None:
+    """A framework's checkpointer (torchtitan's, Lightning's) makes the loader, then calls its
+    load_state_dict: 2 ranks of batch 2 (StatefulDataLoader, no workers) stop after 3 batches; 3
+    ranks of batch 4 each load one old rank's loader state into a fresh loader and stop after 2;
+    one rank loads a new rank's state and finishes: every pack once. Another seed is refused."""
+    pytest.importorskip("torch")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from raypack.torch_data import PackedDataset
+
+    path = str(bucketed)
+
+    def loader(batch: int, rank: int, world: int) -> Any:
+        return StatefulDataLoader(
+            PackedDataset(path, batch, rank, world, seed=3, last_batch="short"), batch_size=None
+        )
+
+    every = Counter(_digests(iter_batches(path, 1, 0, 1, seed=3, last_batch="short")))
+    seen: list[str] = []
+    old = []
+    for rank in range(2):
+        dl = loader(2, rank, 2)
+        it = iter(dl)
+        seen += _digests([next(it) for _ in range(3)])
+        old.append(dl.state_dict())
+    new = []
+    for rank in range(3):
+        dl = loader(4, rank, 3)
+        dl.load_state_dict(old[rank % 2])  # any old rank's: they stood at the same step
+        it = iter(dl)
+        seen += _digests([next(it) for _ in range(2)])
+        new.append(dl.state_dict())
+    last = loader(3, 0, 1)
+    last.load_state_dict(new[2])
+    seen += _digests(list(last))
+    assert Counter(seen) == every
+    other = StatefulDataLoader(PackedDataset(path, 4, 0, 3, seed=4, last_batch="short"), batch_size=None)
+    other.load_state_dict(old[0])  # (the loader hands it to the dataset when iterated)
+    with pytest.raises(ValueError, match="seed"):
+        next(iter(other))
 
 
 def test_a_state_that_cannot_say_where_the_epoch_stands_is_refused(bucketed: Path) -> None:
