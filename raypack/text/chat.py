@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from raypack.config import JobConfig
 from raypack.errors import ConfigError
 
 __all__ = [
@@ -56,9 +57,11 @@ __all__ = [
     "NotPrefixStable",
     "RenderError",
     "chat_rows",
+    "check_chat",
     "check_template",
     "one_render_spans",
     "pair_spans",
+    "render_texts",
     "special_tokens",
     "template_variables",
     "token_mask",
@@ -661,6 +664,60 @@ def check_template(
             continue
         rendered += 1
     return Check(rendered, None, differ)
+
+
+def check_chat(cfg: JobConfig, template: ChatTemplate | None, records: list[Chat]) -> dict[str, Any] | None:
+    """Chat data: render the probes and `records` (a corpus sample) with the template as the job
+    will (a ConfigError, before any work, for a template that is not prefix-stable on any of them);
+    what the manifest and summary say of it. None for plain text."""
+    if cfg.input.chat is None:
+        return None
+    info: dict[str, Any] = {"kind": cfg.input.chat, "loss": cfg.loss}
+    if template is None:  # prompt/completion pairs: no template
+        return info | {
+            "template": "none (prompt + completion)",
+            "mask": f"pack.loss {cfg.loss}",
+            "date": None,
+        }
+    sample = [(list(p), None) for p in PROBES] + [(list(c.messages), c.tools) for c in records]
+    found = check_template(template, sample, cfg.loss)
+    if found.failure is not None:
+        raise ConfigError(found.failure)
+    spans: str | None = None
+    if cfg.loss == "all":
+        mask = "pack.loss all: every token"
+    elif template.markers:
+        mask = "assistant tokens from its {% generation %} markers"
+    else:
+        spans = "prefixes" if found.spans_differ else template.spans
+        how = {
+            "auto": f"one render for {ONE_RENDER_TURNS}+ assistant turns, checked, else growing prefixes",
+            "prefixes": "rendering growing prefixes",
+        }[spans]
+        mask = f"assistant turns found by {how} (prefix-stable on the probes and sample)"
+    date = cfg.tokenizer.chat_date if template.prints_date else None
+    return info | {
+        "template": template.origin,
+        "mask": mask,
+        "checked": found.rendered,
+        "date": date,
+        "spans": spans,
+        "spans_differ": found.spans_differ,
+    }
+
+
+def render_texts(template: ChatTemplate | None, records: list[Chat]) -> list[str]:
+    """The texts the job encodes for `records`: conversations rendered (those the template refuses
+    left out), pairs joined."""
+    texts = []
+    for r in records:
+        try:
+            texts.append(
+                template.render(list(r.messages), r.tools)[0] if template else r.prompt + r.completion
+            )
+        except RenderError:
+            continue
+    return texts
 
 
 def chat_rows(chat: dict[str, Any]) -> list[tuple[str, str]]:

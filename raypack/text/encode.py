@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ __all__ = [
     "CHECK_SHARE",
     "PIECE_CHARS",
     "Checker",
+    "encode_batch",
     "encode_chat",
     "encode_documents",
     "encode_flat",
@@ -129,6 +131,33 @@ def encode_flat(
     body = np.repeat(start_of + int(bos) - (np.cumsum(raw_len) - raw_len), raw_len) + np.arange(len(raw))
     out[body] = raw
     return out, length
+
+
+def encode_batch(
+    tok: LoadedTokenizer,
+    cfg: JobConfig,
+    template: ChatTemplate | None,
+    docs: list[Any],
+    chat: bool,
+    encoder: Encoder | None = None,
+    coder: Coder | None = None,
+    checker: Checker | None = None,
+    cuts: list[int] | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[str | None]]:
+    """A reader's batch of documents encoded as the tokenize stage encodes them, and what it
+    rejects: plain texts framed (encode_flat, by `encoder`), or conversations and pairs (`chat`:
+    encode_chat, by `coder`). (staged ids, tokens per document, per document None or why it is
+    rejected): a chat document that cannot be rendered or trains nothing, or a text that gives no
+    token at all (plain text without BOS/EOS that the tokenizer maps to nothing)."""
+    why: list[str | None]
+    if chat:
+        flat, lengths, why = encode_chat(tok, cfg, template, docs, coder, checker)
+    else:
+        flat, lengths = encode_flat(tok, cfg.tokenizer, docs, encoder, checker, cuts)
+        why = [None] * len(lengths)
+    for i in np.flatnonzero(lengths == 0).tolist():
+        why[i] = why[i] or "tokenizes to zero tokens"
+    return flat, lengths, why
 
 
 def untrained(ids: np.ndarray) -> np.ndarray:

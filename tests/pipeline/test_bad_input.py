@@ -374,7 +374,7 @@ def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
     """The summary's rejects by kind put N for a count or a size, not for a digit inside a word or a
     path (a template's path is not shown as /tmp/pytest-N/modelN/), and a kind ends at a colon
     outside parentheses (not at "no trained token (pack.loss assistant")."""
-    from raypack.pipeline.tokenize.token_files import reason_counts
+    from raypack.corpus.readers.records import reason_counts
 
     reasons = [
         "invalid UTF-8 at byte 13",

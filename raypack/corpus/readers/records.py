@@ -9,6 +9,8 @@ storage failure (network, permissions) is raised as the OSError it is: it says n
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,7 @@ __all__ = [
     "is_bad_data",
     "one_line",
     "raw_prefix",
+    "reason_counts",
 ]
 
 RAW_PREFIX = 200
@@ -129,3 +132,27 @@ def raw_prefix(data: bytes | str) -> str:
 def one_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+# A number that stands alone ("byte 13", "(4096)", "22.5%"), not one inside a word or a path:
+# UTF-8 stays UTF-8, and /tmp/run-154/model0/ stays as it is.
+_NUMBER = re.compile(r"(?<![\w/.-])\d+(?:\.\d+)?(?![\w/-])")
+
+
+def reason_counts(reasons: list[str]) -> dict[str, int]:
+    """Rejects by kind: the reason up to its first colon outside parentheses, numbers replaced by N
+    ("malformed JSON",
+    "invalid UTF-8 at byte N", "record of N bytes, over input.max_document_bytes (N)")."""
+    kinds = Counter(_NUMBER.sub("N", _kind(r)) for r in reasons)
+    return dict(sorted(kinds.items()))
+
+
+def _kind(reason: str) -> str:
+    """A reason up to its first colon outside parentheses: "no trained token (pack.loss
+    assistant: no assistant turn)" whole, not cut inside its parenthesis."""
+    depth = 0
+    for i, c in enumerate(reason):
+        depth += (c == "(") - (c == ")")
+        if c == ":" and depth <= 0:
+            return reason[:i]
+    return reason

@@ -32,7 +32,7 @@ from raypack.corpus.readers import read_unit
 from raypack.corpus.units import WorkUnit
 from raypack.dataset import previous
 from raypack.dataset.failover import remember_failover, remembered_failover
-from raypack.errors import ConfigError, JobError
+from raypack.errors import JobError
 from raypack.pipeline.tokenize.pool import TokenizePool
 from raypack.pipeline.tokenize.summary import Totals, shard_runs
 from raypack.pipeline.tokenize.task import TokenizeShards
@@ -46,7 +46,7 @@ from raypack.text.backends import (
     fastokens_version,
     reference_version,
 )
-from raypack.text.chat import ONE_RENDER_TURNS, PROBES, Chat, ChatTemplate, RenderError, check_template
+from raypack.text.chat import PROBES, Chat, ChatTemplate, check_chat, render_texts
 from raypack.text.files import chat_template
 from raypack.text.tokenizer import LoadedTokenizer
 
@@ -203,8 +203,8 @@ def _backend_check(
     on a worker against tokenizers on the probes and a corpus sample (conversations: the template's
     renders, offsets compared too)."""
     if cfg.input.chat:  # ids and character offsets of what the template renders
-        sample = partial(_rendered, template, records)
-        probe_texts = _rendered(template, [Chat(messages=p) for p in PROBES]) if template else []
+        sample = partial(render_texts, template, records)
+        probe_texts = render_texts(template, [Chat(messages=p) for p in PROBES]) if template else []
         return partial(
             choose_backend,
             cfg.tokenizer.backend,
@@ -495,46 +495,6 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
         )
 
 
-def check_chat(cfg: JobConfig, template: ChatTemplate | None, records: list[Chat]) -> dict[str, Any] | None:
-    """Chat data: render the probes and `records` (a corpus sample) with the template as the job
-    will (a ConfigError, before any work, for a template that is not prefix-stable on any of them);
-    what the manifest and summary say of it. None for plain text."""
-    if cfg.input.chat is None:
-        return None
-    info: dict[str, Any] = {"kind": cfg.input.chat, "loss": cfg.loss}
-    if template is None:  # prompt/completion pairs: no template
-        return info | {
-            "template": "none (prompt + completion)",
-            "mask": f"pack.loss {cfg.loss}",
-            "date": None,
-        }
-    sample = [(list(p), None) for p in PROBES] + [(list(c.messages), c.tools) for c in records]
-    found = check_template(template, sample, cfg.loss)
-    if found.failure is not None:
-        raise ConfigError(found.failure)
-    spans: str | None = None
-    if cfg.loss == "all":
-        mask = "pack.loss all: every token"
-    elif template.markers:
-        mask = "assistant tokens from its {% generation %} markers"
-    else:
-        spans = "prefixes" if found.spans_differ else template.spans
-        how = {
-            "auto": f"one render for {ONE_RENDER_TURNS}+ assistant turns, checked, else growing prefixes",
-            "prefixes": "rendering growing prefixes",
-        }[spans]
-        mask = f"assistant turns found by {how} (prefix-stable on the probes and sample)"
-    date = cfg.tokenizer.chat_date if template.prints_date else None
-    return info | {
-        "template": template.origin,
-        "mask": mask,
-        "checked": found.rendered,
-        "date": date,
-        "spans": spans,
-        "spans_differ": found.spans_differ,
-    }
-
-
 def _chat_records(cfg: JobConfig, units: list[WorkUnit]) -> list[Chat]:
     """The first records of up to SAMPLE_UNITS work units spread over the corpus: from each, up to
     CHAT_SAMPLE of them and SAMPLE_CHARS / 4 characters of content (one at least)."""
@@ -549,20 +509,6 @@ def _chat_records(cfg: JobConfig, units: list[WorkUnit]) -> list[Chat]:
                 taken += len(record)
             break
     return records
-
-
-def _rendered(template: ChatTemplate | None, records: list[Chat]) -> list[str]:
-    """The texts the job encodes for `records`: conversations rendered (those the template refuses
-    left out), pairs joined."""
-    texts = []
-    for r in records:
-        try:
-            texts.append(
-                template.render(list(r.messages), r.tools)[0] if template else r.prompt + r.completion
-            )
-        except RenderError:
-            continue
-    return texts
 
 
 def unit_bytes(units: list[WorkUnit]) -> list[int]:

@@ -26,6 +26,7 @@ from isal.isal_zlib import crc32
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.corpus.readers import Batch, Reject, read_unit
+from raypack.corpus.readers.records import reason_counts
 from raypack.corpus.units import WorkUnit
 from raypack.dataset.layout import rejects_path
 from raypack.engine import node_id
@@ -36,13 +37,12 @@ from raypack.pipeline.tokenize.token_files import (
     Checksum,
     cached_rejects_file,
     read_finished,
-    reason_counts,
     seal,
     staged_options,
 )
 from raypack.storage import atomic_output, open_output, read_bytes, whole_output, write_bytes
 from raypack.text.backends import Encoder, Guarded, Mismatch, TokenizersEncoder
-from raypack.text.encode import Checker, encode_chat, encode_flat
+from raypack.text.encode import Checker, encode_batch
 from raypack.text.files import chat_template
 from raypack.text.offsets import Coder, reference_coder
 
@@ -211,25 +211,24 @@ class TokenizeShards:
         return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost
 
     def _encode(self, batch: Batch, unit: WorkUnit, rejects: list[dict[str, Any]]) -> pa.Table:
-        checker = self._checker
-        why: list[str | None]
-        if unit.reading.chat:
-            flat, lengths, why = encode_chat(
-                self.tok, self.cfg, self.template, batch.texts, self.coder, checker
-            )
-            self._trained += int(np.count_nonzero(flat >= 0))
-        else:
-            flat, lengths = encode_flat(
-                self.tok, self.cfg.tokenizer, batch.texts, self.encoder, checker, self._cuts
-            )
-            why = [None] * len(lengths)
-            self._trained += len(flat)
+        chat = unit.reading.chat is not None
+        flat, lengths, why = encode_batch(
+            self.tok,
+            self.cfg,
+            self.template,
+            batch.texts,
+            chat,
+            self.encoder,
+            self.coder,
+            self._checker,
+            self._cuts,
+        )
+        self._trained += int(np.count_nonzero(flat >= 0)) if chat else len(flat)
         empty = np.flatnonzero(lengths == 0)
         if empty.size:  # plain text without BOS/EOS that the tokenizer maps to nothing; chat rejects
             for i in empty.tolist():
-                reason = why[i] or "tokenizes to zero tokens"
                 file = batch.files[i] if batch.files is not None else 0
-                reject = Reject.bad(batch.rows[i], reason, str(batch.texts[i]))
+                reject = Reject.bad(batch.rows[i], str(why[i]), str(batch.texts[i]))
                 rejects.append(dataclasses.replace(reject, file=file).as_row(unit.relpaths))
             keep = np.flatnonzero(lengths > 0).tolist()
             lengths = lengths[keep]

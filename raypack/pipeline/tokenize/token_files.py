@@ -8,8 +8,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,7 +35,6 @@ __all__ = [
     "cached_rejects_file",
     "read_finished",
     "read_tokens",
-    "reason_counts",
     "seal",
     "staged_options",
     "token_batches",
@@ -215,30 +212,6 @@ def read_tokens(path: str, storage: StorageConfig | None) -> pa.Table:
 def cached_rejects_file(token_path: str) -> str:
     """The rejects file beside a token file (a finished token file always has it when it has rejects)."""
     return token_path.removesuffix(".arrow") + ".rejects.parquet"
-
-
-# A number that stands alone ("byte 13", "(4096)", "22.5%"), not one inside a word or a path:
-# UTF-8 stays UTF-8, and /tmp/run-154/model0/ stays as it is.
-_NUMBER = re.compile(r"(?<![\w/.-])\d+(?:\.\d+)?(?![\w/-])")
-
-
-def reason_counts(reasons: list[str]) -> dict[str, int]:
-    """Rejects by kind: the reason up to its first colon outside parentheses, numbers replaced by N
-    ("malformed JSON",
-    "invalid UTF-8 at byte N", "record of N bytes, over input.max_document_bytes (N)")."""
-    kinds = Counter(_NUMBER.sub("N", _kind(r)) for r in reasons)
-    return dict(sorted(kinds.items()))
-
-
-def _kind(reason: str) -> str:
-    """A reason up to its first colon outside parentheses: "no trained token (pack.loss
-    assistant: no assistant turn)" whole, not cut inside its parenthesis."""
-    depth = 0
-    for i, c in enumerate(reason):
-        depth += (c == "(") - (c == ")")
-        if c == ":" and depth <= 0:
-            return reason[:i]
-    return reason
 
 
 class Checksum:
