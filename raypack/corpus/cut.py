@@ -12,6 +12,7 @@ so no shard is ever held whole in memory.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import itertools
@@ -31,6 +32,7 @@ __all__ = [
     "run_end",
     "sample_units",
     "scan_range",
+    "unit_starts",
     "work_units",
 ]
 
@@ -171,10 +173,12 @@ def _nominal(size: int, unit_bytes: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(cuts))
 
 
-def scan_range(shard: Shard, start: int, stop: int, storage: StorageConfig | None = None) -> tuple[int, int]:
+def scan_range(
+    shard: Shard, start: int, stop: int, storage: StorageConfig | None = None, chunk: int = _SCAN_CHUNK
+) -> tuple[int, int]:
     """(newlines in bytes [start, stop), the first line start at or after `start`) of a file: a line
     starts at 0 and after every newline; the file's size if none does. Reads [start - 1, stop), and
-    past stop only while no line has started (a line longer than the range)."""
+    past stop only while no line has started (a line longer than the range), `chunk` bytes a read."""
     fs, inner = resolve(shard.path, storage)
     with fs.open_input_file(inner) as f:
         line_start = 0 if start == 0 else None
@@ -183,15 +187,47 @@ def scan_range(shard: Shard, start: int, stop: int, storage: StorageConfig | Non
             if f.read(1) == b"\n":
                 line_start = start
         newlines, pos = 0, start
-        while chunk := f.read(_SCAN_CHUNK if pos >= stop else min(_SCAN_CHUNK, stop - pos)):
-            inside = chunk if pos + len(chunk) <= stop else chunk[: max(0, stop - pos)]
+        while data := f.read(chunk if pos >= stop else min(chunk, stop - pos)):
+            inside = data if pos + len(data) <= stop else data[: max(0, stop - pos)]
             newlines += inside.count(b"\n")
-            if line_start is None and (q := chunk.find(b"\n")) >= 0:
+            if line_start is None and (q := data.find(b"\n")) >= 0:
                 line_start = pos + q + 1
-            pos += len(chunk)
+            pos += len(data)
             if pos >= stop and line_start is not None:
                 break
     return newlines, pos if line_start is None else line_start
+
+
+# What unit_starts reads at a time to find where a line starts: a unit begins at the first line
+# start after its nominal byte, which a line of a few KB puts within one read.
+_LINE_CHUNK = 64 << 10
+
+
+def unit_starts(
+    f: WorkUnit, offsets: list[int], unit_bytes: int, storage: StorageConfig | None = None
+) -> list[tuple[int, int | None]]:
+    """Where the work unit holding each byte offset of file `f` begins, as work_units cuts the
+    file, without reading it up to there: (its first byte (JSONL) or row group (Parquet), the file's
+    rows before it). A JSONL unit's lines before it are None (work_units counts them by reading
+    every byte before it), but for the first; (0, 0) in a file kept whole. A Parquet file's unit is
+    found by its share of the file's bytes (its runs of row groups hold about unit_bytes each)."""
+    if f.reading.format == "parquet" and f.shard.size > unit_bytes:
+        runs = row_group_runs(f.shard, unit_bytes, storage)
+        if not runs:
+            return [(0, 0)] * len(offsets)
+        picked = [runs[min(len(runs) - 1, o * len(runs) // f.shard.size)] for o in offsets]
+        return [(start, first_row) for start, _, first_row in picked]
+    if not _splits_by_bytes(f, unit_bytes):
+        return [(0, 0)] * len(offsets)
+    nominal = [a for a, _ in _nominal(f.shard.size, unit_bytes)]
+    found: dict[int, tuple[int, int | None]] = {0: (0, 0)}
+    starts = []
+    for o in offsets:
+        a = nominal[bisect.bisect_right(nominal, o) - 1]
+        if a not in found:
+            found[a] = (scan_range(f.shard, a, a + 1, storage, _LINE_CHUNK)[1], None)
+        starts.append(found[a])
+    return starts
 
 
 def _line_ranges(

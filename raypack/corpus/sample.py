@@ -1,0 +1,237 @@
+"""A seeded sample of a corpus's documents, read by the job's own readers (`raypack plan --config`):
+real documents to tokenize and plan on, without reading the corpus whole.
+
+    places   ceil(N / RUN) byte offsets, one drawn in each of as many equal slices of the corpus
+             (its files end to end, in the job's order): the sample spreads over every part of it
+    starts   each place moved back to the start of the work unit that holds it, as the job cuts
+             units (cut.unit_starts: a file, a byte range of a large JSONL file, a run of a large
+             Parquet file's row groups); the places of one unit make one start, with their quotas
+    windows  from each start, the documents in the job's order (into the next files where one
+             ends) until the start's quota or the next start; the last goes round to the first, so
+             a corpus smaller than the sample is read whole, each document once
+
+A compressed stream is read from its start only (the job keeps such a file whole too). Documents of
+a JSONL unit after a file's first carry no line numbers (the job counts the lines before a unit by
+reading them all): their ids are not the job's unless input.id_field names them (Sample.batches
+says which are).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from raypack.config import StorageConfig
+from raypack.corpus.cut import COMPRESSED_SUFFIXES, unit_starts
+from raypack.corpus.readers import Batch, read_unit
+from raypack.corpus.units import WorkUnit
+from raypack.storage import Shard, resolve
+
+__all__ = ["RUN", "Drawn", "Sample"]
+
+# Documents read from each place, in a row. A place costs an open (a GET on S3) and a unit's start;
+# runs this short keep a sample of 10,000 spread over ~300 places of the corpus: documents next to
+# each other (one file's, one crawl's) are alike, and a few long runs would sample few of them.
+RUN = 32
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class _Start:
+    file: int
+    at: int
+    """The unit's first byte (JSONL) or row group (Parquet); 0: the file's start."""
+    first_row: int | None = field(compare=False)
+    """The file's rows before it; None: not known (a JSONL unit past the first)."""
+
+
+@dataclass(slots=True)
+class Drawn:
+    """What a sample read, filled in as it reads."""
+
+    files: int
+    """Files in the corpus."""
+    corpus_bytes: int
+    places: int
+    starts: int
+    files_read: set[int] = field(default_factory=set)
+    documents: int = 0
+    """Documents the readers gave (before the tokenizer's rejects)."""
+    records: int = 0
+    """Input records read: documents and rejected records (a lost file: the rows it held)."""
+    text_bytes: int = 0
+    behind: float = 0.0
+    """Bytes on storage the records read came from: a file or unit read to its end, its size; one
+    read in part, its share by the bytes of its lines (JSONL) or by its rows (Parquet)."""
+    unknown: set[int] = field(default_factory=set)
+    """Compressed files read in part: what share of their bytes the records read is not known."""
+    cut_short: bool = False
+    """A start's quota was met before the next start: the corpus was not read whole."""
+
+    @property
+    def whole(self) -> bool:
+        """Every document of the corpus was read."""
+        return not self.cut_short
+
+    @property
+    def scale(self) -> float | None:
+        """The corpus's bytes over the bytes behind the sample (a sample's count times it estimates
+        the corpus's); 1 for the whole corpus; None where some are not known."""
+        if self.whole:
+            return 1.0
+        if self.unknown or self.behind <= 0:
+            return None
+        return self.corpus_bytes / self.behind
+
+
+class Sample:
+    """The places of a sample of `documents` documents of `files` (input_files' whole-file units),
+    drawn with `seed`, and their units' starts (reading a large file's footer or a few KB where a
+    unit of it starts); `batches` reads them."""
+
+    def __init__(
+        self,
+        files: list[WorkUnit],
+        documents: int,
+        seed: int,
+        unit_bytes: int,
+        storage: StorageConfig | None = None,
+    ) -> None:
+        if documents < 1:
+            raise ValueError(f"a sample of {documents} documents")
+        self.files, self.storage = files, storage
+        sizes = np.array([f.shard.size for f in files], dtype=np.int64)
+        total = int(sizes.sum())
+        places = math.ceil(documents / RUN)
+        # One place in each of `places` equal slices, uniform within it.
+        rng = np.random.default_rng(seed)
+        offsets = ((np.arange(places) + rng.random(places)) * (total / places)).astype(np.int64)
+        ends = np.cumsum(sizes)
+        owner = np.minimum(np.searchsorted(ends, offsets, side="right"), len(files) - 1)
+        within = offsets - (ends - sizes)[owner]
+        quotas = [documents // places + (k < documents % places) for k in range(places)]
+        by_file: dict[int, list[int]] = {}
+        for i, o in zip(owner.tolist(), within.tolist(), strict=True):
+            by_file.setdefault(i, []).append(o)
+        quota: Counter[_Start] = Counter()
+        k = 0
+        for i in sorted(by_file):
+            for at, first_row in unit_starts(files[i], by_file[i], unit_bytes, storage):
+                quota[_Start(i, at, first_row)] += quotas[k]
+                k += 1
+        self.starts = sorted(quota)
+        self.quotas = [quota[s] for s in self.starts]
+        self.drawn = Drawn(len(files), total, places, len(self.starts))
+        self._meta: dict[str, tuple[int, int]] = {}
+
+    def batches(self, batch_size: int) -> Iterator[tuple[Batch, bool]]:
+        """Each window's documents, in batches of at most `batch_size`, with whether their ids are
+        the job's; self.drawn counts what was read."""
+        for k, start in enumerate(self.starts):
+            end = self.starts[(k + 1) % len(self.starts)]
+            yield from self._window(start, end, self.quotas[k], batch_size)
+
+    def _window(
+        self, start: _Start, end: _Start, quota: int, batch_size: int
+    ) -> Iterator[tuple[Batch, bool]]:
+        left = quota
+        for file, at, first_row, stop in self._pieces(start, end):
+            if left == 0:
+                self.drawn.cut_short = True
+                return
+            f = self.files[file]
+            exact = first_row is not None or f.reading.id_field is not None
+            self.drawn.files_read.add(file)
+            docs = records = text_bytes = 0
+            read = read_unit(WorkUnit(self._shard(f, at, first_row, stop), f.reading), min(batch_size, left))
+            ended = True
+            for batch in read:
+                batch, ended = _first(batch, left)
+                docs += len(batch)
+                records += len(batch) + sum(r.records for r in batch.rejects)
+                text_bytes += batch.text_bytes
+                left -= len(batch)
+                yield batch, exact
+                if ended and left == 0:
+                    ended = next(read, None) is None  # (what it holds is past the quota)
+                if not ended:
+                    break
+            self.drawn.documents += docs
+            self.drawn.records += records
+            self.drawn.text_bytes += text_bytes
+            self._behind(file, at, stop, ended, docs, records, text_bytes)
+            if not ended:
+                self.drawn.cut_short = True
+                return
+
+    def _pieces(self, start: _Start, end: _Start) -> Iterator[tuple[int, int, int | None, int]]:
+        """(file, first byte or row group, rows before it, end: -1 for the file's end) of each
+        piece from `start` to `end`, in the job's order, round from the corpus's end to its start."""
+        if end.file == start.file and end.at > start.at:
+            yield start.file, start.at, start.first_row, end.at
+            return
+        yield start.file, start.at, start.first_row, -1
+        i = (start.file + 1) % len(self.files)
+        while i != end.file:
+            yield i, 0, 0, -1
+            i = (i + 1) % len(self.files)
+        if end.at > 0:
+            yield end.file, 0, 0, end.at
+
+    def _shard(self, f: WorkUnit, at: int, first_row: int | None, stop: int) -> Shard:
+        """The piece as a unit's Shard: the file whole, its bytes [at, stop) or row groups."""
+        if at == 0 and stop < 0:
+            return f.shard
+        if f.reading.format == "parquet":
+            stop = stop if stop >= 0 else self._parquet(f)[1]
+        else:
+            stop = stop if stop >= 0 else f.shard.size
+        return replace(f.shard, unit_start=at, unit_stop=stop, first_row=first_row or 0)
+
+    def _behind(self, file: int, at: int, stop: int, ended: bool, docs: int, records: int, text: int) -> None:
+        """Adds the bytes on storage behind a piece's records to drawn.behind, or its file to
+        drawn.unknown."""
+        f = self.files[file]
+        if f.reading.format == "parquet" and not (at == 0 and stop < 0 and ended):
+            rows = self._parquet(f)[0]
+            self.drawn.behind += records * f.shard.size / rows if rows else 0
+        elif ended:
+            self.drawn.behind += (stop if stop >= 0 else f.shard.size) - at
+        elif f.shard.path.endswith(COMPRESSED_SUFFIXES):
+            self.drawn.unknown.add(file)
+        elif docs:  # a JSONL line's bytes and its newline; rejected ones as long as the rest
+            self.drawn.behind += (text + docs) * records / docs
+
+    def _parquet(self, f: WorkUnit) -> tuple[int, int]:
+        """A Parquet file's rows and row groups, from its footer (0, 0 where it cannot be read: its
+        reader rejects it)."""
+        if f.shard.path not in self._meta:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            fs, inner = resolve(f.shard.path, self.storage)
+            try:
+                with fs.open_input_file(inner) as handle:
+                    meta = pq.ParquetFile(handle).metadata
+                self._meta[f.shard.path] = (meta.num_rows, meta.num_row_groups)
+            except (OSError, pa.ArrowInvalid):
+                self._meta[f.shard.path] = (0, 0)
+        return self._meta[f.shard.path]
+
+
+def _first(batch: Batch, n: int) -> tuple[Batch, bool]:
+    """The batch's first `n` documents and the rejects met before the next, and whether that is the
+    whole batch."""
+    if len(batch) <= n:
+        return batch, True
+    cut = batch.rows[n]
+    return Batch(
+        rows=batch.rows[:n],
+        ids=batch.ids[:n],
+        texts=batch.texts[:n],
+        rejects=[r for r in batch.rejects if r.row < cut],
+        text_bytes=batch.text_bytes * n // len(batch),
+    ), False
