@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from raypack.config import JobConfig
     from raypack.dataset.store import StoreUsage
     from raypack.engine import Runner
+    from raypack.plan_sample import CorpusSample
     from raypack.report.model import Run
     from raypack.verifier import VerifyReport
 
@@ -89,19 +90,28 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_plan(sub: Subcommands) -> None:
-    """`raypack plan`: a dry run over document lengths, no data and no job config."""
+    """`raypack plan`: a dry run over document lengths: a file's, a built-in sample's, or a job
+    corpus's sample, tokenized as the job would."""
     from raypack.packing import ALGORITHMS
 
     plan = sub.add_parser(
         "plan",
-        help="dry run: pack a list of document lengths and compare algorithms and seq_lens",
-        description="Pack document lengths (no data) and print packs, efficiency and ratios per "
-        "algorithm and seq_len.",
+        help="dry run: pack document lengths (a file's, or a sample of a job's corpus) and compare "
+        "algorithms and seq_lens",
+        description="Pack document lengths (no data is written) and print packs, efficiency and ratios "
+        "per algorithm and seq_len: lengths from a file or a packed dataset, a built-in sample, or a "
+        "seeded sample of a job config's corpus read and tokenized as its job would.",
     )
     # Neither a source nor --seq-len is required by argparse, which would name them before the
     # stray CONFIG a user of `raypack pack` gives out of habit: _cmd_plan asks for them after.
-    plan.add_argument("config", nargs="?", help=argparse.SUPPRESS)
+    plan.add_argument("stray", nargs="?", help=argparse.SUPPRESS)
     source = plan.add_mutually_exclusive_group()
+    source.add_argument(
+        "--config",
+        metavar="CONFIG",
+        help="a job config (YAML): a seeded sample of its input's documents, read and tokenized as its "
+        "job would (input and tokenizer sections); --seq-len and --algorithm default to its pack section",
+    )
     source.add_argument(
         "--lengths",
         metavar="PATH",
@@ -114,12 +124,22 @@ def _add_plan(sub: Subcommands) -> None:
         help="use N built-in lognormal(6.0, 1.2) lengths (seeded) instead of a file",
     )
     plan.add_argument(
-        "--seq-len", metavar="N", type=int, nargs="+", help="one or more pack lengths (required)"
+        "--documents",
+        metavar="N",
+        type=int,
+        help="with --config: documents to sample, spread over the corpus (default 10,000)",
+    )
+    plan.add_argument(
+        "--seq-len",
+        metavar="N",
+        type=int,
+        nargs="+",
+        help="one or more pack lengths (required, but with --config: its pack.seq_len)",
     )
     plan.add_argument(
         "--algorithm",
-        default="bfd",
-        help=f"one of {', '.join(ALGORITHMS)}, a comma-separated list, or 'all' (default: bfd)",
+        help=f"one of {', '.join(ALGORITHMS)}, a comma-separated list, or 'all' (default: bfd; with "
+        "--config its pack.algorithm)",
     )
     plan.add_argument(
         "--set",
@@ -128,9 +148,15 @@ def _add_plan(sub: Subcommands) -> None:
         default=[],
         dest="overrides",
         help="a pack setting, e.g. overflow=truncate, max_depth=3, bucket_lengths=[1024,2048], "
-        "padding_threshold=0.05, nnls_bin_width=16 (repeatable)",
-    )  # flat keys: plan has only pack settings
-    plan.add_argument("--seed", type=int, default=0, help="seed of the built-in sample (default 0)")
+        "padding_threshold=0.05, nnls_bin_width=16; with --config, any key of the config too, e.g. "
+        "input.text_field=content (repeatable)",
+    )  # flat keys are pack settings
+    plan.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the built-in sample, or of the documents --config samples (default 0)",
+    )
     plan.add_argument("--json", action="store_true", help="one JSON object per run instead of a table")
     plan.add_argument("--report", metavar="DIR", help="also write DIR/report.html: plots and the comparison")
 
@@ -383,44 +409,92 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from raypack import dryrun
 
     _check_plan_args(args)
-    algorithms = _plan_algorithms(args.algorithm)
+    cfg = _plan_config(args)
+    if cfg is not None:
+        args.seq_len = args.seq_len or [cfg.pack.seq_len]
+    algorithms = _plan_algorithms(args.algorithm or (cfg.pack.algorithm if cfg is not None else "bfd"))
     for n in args.seq_len:
         if n < 1:
             raise ConfigError(f"--seq-len must be >= 1, got {n}")
     # Before the lengths: a file of millions takes seconds.
-    settings = dryrun.plan_settings(_plan_overrides(args.overrides))
+    settings = dryrun.plan_settings(_plan_overrides(args.overrides) if cfg is None else _pack_settings(cfg))
     if args.report:
         _check_report_dir(args.report)  # before the sweep, which may take minutes
-    lengths = (
-        dryrun.sample_lengths(args.sample, args.seed)
-        if args.sample is not None
-        else dryrun.load_lengths(args.lengths)
-    )
+    sample = _plan_sample(args, cfg) if cfg is not None else None
+    if sample is not None:
+        lengths = sample.lengths
+    elif args.sample is not None:
+        lengths = dryrun.sample_lengths(args.sample, args.seed)
+    else:
+        lengths = dryrun.load_lengths(args.lengths)
     results = _in_child(dryrun.run_sweep, lengths, args.seq_len, algorithms, settings)
+    scale = sample.drawn.scale if sample is not None else None
     if args.json:
         for r in results:
-            print(json.dumps(dryrun.json_record(r)))
+            print(json.dumps(dryrun.json_record(r, sample is not None, scale)))
     else:
-        print(f"{len(lengths)} documents, {int(lengths.sum())} tokens")
-        print(dryrun.format_table(results))
+        print(f"{len(lengths):,} documents, {int(lengths.sum()):,} tokens")
+        print(dryrun.format_table(results, scale))
     if args.report:
-        _write_plan_report(args, lengths, results, settings)
+        _write_plan_report(args, lengths, results, settings, sample)
     return 0
 
 
 def _check_plan_args(args: argparse.Namespace) -> None:
-    """A ConfigError, saying what to give, for a plan given a job config, no lengths or no
-    --seq-len."""
-    if args.config is not None:
+    """A ConfigError, saying what to give, for a plan given a positional job config, no lengths or
+    no --seq-len."""
+    if args.stray is not None:
         raise ConfigError(
-            f"raypack plan takes no job config ({args.config}): it packs document lengths, from a "
-            "file or a packed dataset (--lengths PATH) or a built-in sample (--sample N), with "
-            "--seq-len; to pack a corpus: raypack pack CONFIG"
+            f"raypack plan takes a job config as --config {args.stray}: it plans on a sample of the "
+            "config's corpus, or on document lengths from a file or a packed dataset (--lengths PATH) "
+            "or a built-in sample (--sample N), with --seq-len; to pack a corpus: raypack pack CONFIG"
         )
-    if args.lengths is None and args.sample is None:
-        raise ConfigError("raypack plan needs lengths: --lengths PATH or --sample N")
-    if not args.seq_len:
+    if args.lengths is None and args.sample is None and args.config is None:
+        raise ConfigError("raypack plan needs lengths: --config CONFIG, --lengths PATH or --sample N")
+    if args.config is None and args.documents is not None:
+        raise ConfigError("--documents is the size of a job corpus's sample: give the job's --config")
+    if not args.seq_len and args.config is None:
         raise ConfigError("raypack plan needs --seq-len N [N ...]")
+
+
+def _plan_config(args: argparse.Namespace) -> JobConfig | None:
+    """--config with its --set overrides (a flat key is a pack setting, as without a config); None
+    without --config."""
+    if args.config is None:
+        return None
+    from raypack.config import load_config, parse_override
+
+    overrides = [o if len(parse_override(o)[0]) > 1 else f"pack.{o}" for o in args.overrides]
+    return load_config(args.config, overrides)
+
+
+def _pack_settings(cfg: JobConfig) -> dict[str, Any]:
+    """The config's pack settings a plan reads (dryrun.PLAN_SETTINGS), those it sets."""
+    from raypack.config import PackConfig
+    from raypack.dryrun import PLAN_SETTINGS
+
+    default = PackConfig()
+    return {k: getattr(cfg.pack, k) for k in PLAN_SETTINGS if getattr(cfg.pack, k) != getattr(default, k)}
+
+
+def _plan_sample(args: argparse.Namespace, cfg: JobConfig) -> CorpusSample:
+    """The lengths of a sample of cfg's corpus (plan_sample), made in a process of its own (what
+    Ctrl-C stops at once, and tokenizers' threads are not forked from into the sweep's), and the
+    lines that say what it is (on stderr beside --json)."""
+    from raypack.plan_sample import DEFAULT_DOCUMENTS, corpus_lengths, describe, reasons_text
+
+    documents = DEFAULT_DOCUMENTS if args.documents is None else args.documents
+    if documents < 1:
+        raise ConfigError(f"--documents must be >= 1, got {documents}")
+    sample = _in_child(corpus_lengths, cfg, documents, args.seed)
+    if not len(sample.lengths):
+        raise ConfigError(
+            f"the sample of {args.config}'s input holds no document to pack: {sample.drawn.records:,} "
+            f"records read, {sample.rejected:,} rejected as the job would: {reasons_text(sample.reasons)}"
+        )
+    for line in describe(sample, args.config):
+        print(line, file=sys.stderr if args.json else sys.stdout)
+    return sample
 
 
 def _plan_algorithms(given: str) -> list[str]:
@@ -456,13 +530,26 @@ def _plan_overrides(overrides: list[str]) -> dict[str, Any]:
 
 
 def _write_plan_report(
-    args: argparse.Namespace, lengths: np.ndarray, results: list[Run], settings: dict[str, Any]
+    args: argparse.Namespace,
+    lengths: np.ndarray,
+    results: list[Run],
+    settings: dict[str, Any],
+    sample: CorpusSample | None,
 ) -> None:
     """--report DIR's report.html of the sweep, and a line on stderr saying where it is."""
     from raypack.report import from_dry_run, write_report
 
-    source = args.lengths or f"built-in sample: {args.sample:,} lognormal(6.0, 1.2) lengths, seed {args.seed}"
-    written = write_report(from_dry_run(lengths, source, results, settings), args.report)
+    notes: list[str] = []
+    if sample is not None:
+        from raypack.plan_sample import describe
+
+        source = f"a sample of {args.config}'s input, seed {args.seed}"
+        notes = describe(sample, args.config)
+    elif args.lengths:
+        source = args.lengths
+    else:
+        source = f"built-in sample: {args.sample:,} lognormal(6.0, 1.2) lengths, seed {args.seed}"
+    written = write_report(from_dry_run(lengths, source, results, settings, notes), args.report)
     print(f"report: {written}", file=sys.stderr)
 
 

@@ -24,6 +24,7 @@ from raypack.report.model import Run, run_of
 __all__ = [
     "JSON_KEYS",
     "PLAN_SETTINGS",
+    "SAMPLE_JSON_KEYS",
     "format_table",
     "json_record",
     "load_lengths",
@@ -52,6 +53,9 @@ JSON_KEYS = (
     "tokens_dropped",
     "seconds",
 )
+# With a corpus sample (raypack.plan_sample), after JSON_KEYS: what a count of the sample is multiplied
+# by to estimate the corpus's (1: the sample is the corpus; null: not known), and the packs so estimated.
+SAMPLE_JSON_KEYS = ("scale", "corpus_packs")
 
 
 def sample_lengths(n: int, seed: int = 0) -> np.ndarray:
@@ -210,8 +214,9 @@ def _config_for(algorithm: str, seq_len: int, settings: dict[str, Any]) -> PackC
     return PackConfig(**values)
 
 
-def format_table(results: Sequence[Run]) -> str:
-    header = (
+def format_table(results: Sequence[Run], scale: float | None = None) -> str:
+    """A row a run; with `scale` (a sample's, not 1), a last column of its packs so scaled."""
+    header: tuple[str, ...] = (
         "algorithm",
         "seq_len",
         "packs",
@@ -226,7 +231,10 @@ def format_table(results: Sequence[Run]) -> str:
         "dropped_tok",
         "seconds",
     )
-    rows = [header]
+    scaled = scale is not None and scale != 1.0
+    if scaled:
+        header += ("corpus_packs",)
+    rows: list[tuple[str, ...]] = [header]
     for r in results:
         m = r.metrics
         rows.append(
@@ -245,6 +253,7 @@ def format_table(results: Sequence[Run]) -> str:
                 str(m.tokens_dropped),
                 f"{r.seconds or 0.0:.3f}",
             )
+            + ((f"~{_rounded(m.packs * (scale or 1.0))}",) if scaled else ())
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
 
@@ -258,7 +267,18 @@ def format_table(results: Sequence[Run]) -> str:
     return "\n".join(lines)
 
 
-def json_record(r: Run) -> dict[str, Any]:
+def json_record(r: Run, sample: bool = False, scale: float | None = None) -> dict[str, Any]:
+    """The run's JSON_KEYS; of a corpus sample's lengths (`sample`), SAMPLE_JSON_KEYS too."""
     d = r.metrics.to_dict()
     d["seconds"] = round(r.seconds or 0.0, 6)
-    return {k: d[k] for k in JSON_KEYS}
+    record = {k: d[k] for k in JSON_KEYS}
+    if sample:
+        record["scale"] = scale
+        record["corpus_packs"] = None if scale is None else round(r.metrics.packs * scale)
+    return record
+
+
+def _rounded(n: float) -> str:
+    """An estimate to three significant figures: 41,200 rather than 41,187."""
+    digits = max(0, len(str(round(n))) - 3)
+    return f"{round(n, -digits):,.0f}"

@@ -139,6 +139,7 @@ LAYERS: list[set[str]] = [
         "verifier",
         "convert",
         "dryrun",
+        "plan_sample",
         "summary",
         "demo",
         "reader",
@@ -195,7 +196,17 @@ def test_the_tools_around_a_dataset_read_through_dataset_not_the_pipeline() -> N
     """verify, convert, the report, the reader and the rooms below the pipeline import nothing of
     raypack.pipeline: what a finished dataset is lives in raypack.dataset."""
     edges = graph()
-    tools = {"verifier", "convert", "report", "reader", "torch_data", "shared_groups", "dryrun", "inspector"}
+    tools = {
+        "verifier",
+        "convert",
+        "report",
+        "reader",
+        "torch_data",
+        "shared_groups",
+        "dryrun",
+        "plan_sample",
+        "inspector",
+    }
     below = {"text", "corpus", "dataset", "engine", "formats", "packing", "config", "storage"}
     found = [
         f"{a} imports {b}"

@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from raypack.cli import main
-from raypack.dryrun import JSON_KEYS
+from raypack.dryrun import JSON_KEYS, SAMPLE_JSON_KEYS
 from raypack.packing import ALGORITHMS
+from tests.conftest import job_config, make_corpus, write_jsonl
 
 
 @pytest.fixture
@@ -90,9 +91,9 @@ def test_settings_reach_the_packer(capsys: pytest.CaptureFixture[str]) -> None:
         (["--sample", "10", "--seq-len", "8", "--set", "seq_len=4"], "give it as --seq-len"),
         (["--sample", "10", "--seq-len", "8", "--set", "input.x=4"], "a plan takes pack settings only"),
         (["--sample", "10", "--seq-len", "x"], "invalid int value"),
-        (["--seq-len", "8"], "needs lengths: --lengths PATH or --sample N"),
+        (["--seq-len", "8"], "needs lengths: --config CONFIG, --lengths PATH or --sample N"),
         (["--sample", "10"], "needs --seq-len"),
-        (["job.yaml", "--seq-len", "8"], "raypack plan takes no job config (job.yaml)"),
+        (["job.yaml", "--seq-len", "8"], "raypack plan takes a job config as --config job.yaml"),
         # What an interrupted job leaves (part of index/, no manifest) is no dataset to plan on.
         (["--lengths", "{partial}", "--seq-len", "8"], "is not a complete dataset: no manifest.json"),
         # One line, no loadtxt warning before it.
@@ -212,3 +213,212 @@ def test_ctrl_c_ends_a_long_plan_at_once_and_leaves_no_process() -> None:
     assert children, "no process of the plan's own"
     for child in children:
         assert not Path(f"/proc/{child}").exists(), f"the plan's process {child} is left"
+
+
+# --- raypack plan --config: a sample of a job's corpus, tokenized as the job would ---------------
+
+quiet = {"log": lambda _: None}
+
+
+def _bad_records(corpus: Path) -> None:
+    """Records the job rejects, each for another reason, in a file of their own."""
+    write_jsonl(
+        corpus / "part-bad.jsonl",
+        [
+            {"text": ""},
+            {"body": "no text field"},
+            b"{not json",
+            {"text": "   "},
+            {"text": 7},
+            {"text": "a plan"},
+        ],
+    )
+
+
+@pytest.fixture
+def plain_job(tmp_path: Path, tokenizer_path: Path) -> Path:
+    """A corpus in jsonl, jsonl.gz and jsonl.zst with records the job rejects, and its job's
+    config: BOS and EOS around each document."""
+    corpus = make_corpus(tmp_path, shards=6, docs_per_shard=40, seed=3)
+    _bad_records(corpus)
+    return job_config(
+        tmp_path,
+        f"{corpus}/*",
+        tokenizer_path,
+        input={"max_reject_ratio": 0.5},
+        tokenizer={"add_bos": True, "bos_id": 1},
+    )
+
+
+@pytest.fixture
+def split_job(tmp_path: Path, tokenizer_path: Path) -> Path:
+    """Large files, as the job cuts them into units (input.unit_bytes): a JSONL file by byte ranges
+    (its documents named by an id field: a unit's line numbers are not known to a sample), a
+    Parquet file by runs of row groups."""
+    import random
+
+    from tests.conftest import random_text
+
+    rng = random.Random(5)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    texts = [random_text(rng, int(rng.lognormvariate(4.0, 1.0)) + 1) for _ in range(300)]
+    write_jsonl(corpus / "a.jsonl", [{"id": f"a{i}", "text": t} for i, t in enumerate(texts[:150])])
+    table = pa.table({"id": [f"b{i}" for i in range(150)], "text": texts[150:]})
+    pq.write_table(table, corpus / "b.parquet", row_group_size=10)
+    sources = [
+        {"name": "a", "paths": [str(corpus / "a.jsonl")], "format": "jsonl"},
+        {"name": "b", "paths": [str(corpus / "b.parquet")], "format": "parquet"},
+    ]
+    split = {"paths": [], "sources": sources, "id_field": "id", "unit_bytes": 8192}
+    return job_config(tmp_path, f"{corpus}/*", tokenizer_path, input=split)
+
+
+@pytest.fixture
+def chat_job(tmp_path: Path) -> Path:
+    """Conversations (some of them records the job rejects: not a list, no messages, no role, no
+    assistant turn) through a model directory's ChatML template."""
+    import random
+
+    from tests.chatdata import chat_model, conversation
+
+    model = chat_model(tmp_path / "model")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(4)
+    bad = [
+        {"messages": "not a list"},
+        {"text": "no messages field"},
+        {"messages": [{"content": "no role"}]},
+        {"messages": [{"role": "user", "content": "a question nobody answers"}]},
+    ]
+    write_jsonl(corpus / "a.jsonl", [{"messages": conversation(rng, i)} for i in range(70)] + bad)
+    write_jsonl(corpus / "b.jsonl.gz", [{"messages": conversation(rng, i)} for i in range(70)], "gzip")
+    return job_config(
+        tmp_path,
+        f"{corpus}/*",
+        model,
+        input={"messages_field": "messages", "max_reject_ratio": 0.5},
+        pack={"seq_len": 256, "overflow": "truncate"},
+    )
+
+
+def _packed(config: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Each document's length in the dataset the job writes (its index), and its rejects by kind."""
+    import raypack
+    from raypack.corpus.readers.records import reason_counts
+
+    raypack.pack(str(config), **quiet)
+    out = config.parent / "out"
+    index = pq.read_table(out / "index", columns=["doc_id", "length"]).to_pylist()
+    rejects = pq.read_table(out / "rejects").to_pylist() if (out / "rejects").is_dir() else []
+    return {r["doc_id"]: r["length"] for r in index}, reason_counts([r["reason"] for r in rejects])
+
+
+@pytest.mark.parametrize("kind", ["plain", "split", "chat"])
+def test_a_corpus_sample_has_the_lengths_the_job_packs(kind: str, request: pytest.FixtureRequest) -> None:
+    """Each sampled document's length is its length in the job's dataset (BOS/EOS, the chat
+    template, the backend as the job's); read whole, the sample is the job's documents and rejects."""
+    from raypack.config import load_config
+    from raypack.plan_sample import corpus_lengths
+
+    config: Path = request.getfixturevalue(f"{kind}_job")
+    index, rejects = _packed(config)
+    cfg = load_config(config)
+    part = corpus_lengths(cfg, documents=50, seed=7)
+    assert 0 < len(part.lengths) <= 50 < len(index)
+    assert not part.drawn.whole and None not in part.ids
+    assert [index[i] for i in part.ids] == part.lengths.tolist()  # type: ignore[index]
+    assert len(part.drawn.files_read) > 1
+    whole = corpus_lengths(cfg, documents=100_000)
+    assert whole.drawn.whole and whole.drawn.scale == 1.0
+    assert dict(zip(whole.ids, whole.lengths.tolist(), strict=True)) == index
+    assert whole.reasons == rejects and whole.rejected == sum(rejects.values())
+    assert whole.backend.startswith("fastokens")  # (installed: the job's choice too)
+
+
+def test_a_sample_is_spread_over_the_corpus_and_seeded(plain_job: Path) -> None:
+    from raypack.config import load_config
+    from raypack.plan_sample import corpus_lengths
+
+    cfg = load_config(plain_job)
+    first, again, other = (corpus_lengths(cfg, documents=96, seed=s) for s in (1, 1, 2))
+    assert first.ids == again.ids and first.lengths.tolist() == again.lengths.tolist()
+    assert first.ids != other.ids
+    files = {i.rsplit(":", 1)[0] for i in first.ids if i is not None}
+    assert len(files) == len(first.drawn.files_read) >= 3  # 3 places, in 3 of the 8 files
+    scale = first.drawn.scale  # the gz and zst files read in part: their bytes behind are not known
+    assert scale is None or 1.0 < scale < 20.0
+
+
+def test_plan_from_a_config_prints_the_sample_and_the_sweep(
+    plain_job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["plan", "--config", str(plain_job), "--documents", "10000", "--algorithm", "bfd,lpfhp"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"sample of {plain_job}'s input: ")
+    assert " from 7 of 7 files " in out[0]
+    assert out[1].startswith("tokenized as the job would, by fastokens")
+    assert out[2] == (
+        "rejected as the job would: 5 records: empty document (1), malformed JSON (1), missing text "
+        "field 'text' (1), text field 'text' is int, not a string (1), whitespace-only document (1)"
+    )
+    assert out[3] == "the whole corpus was read: the counts below are the corpus's"
+    rows = [line.split() for line in out[7:]]
+    assert [(r[0], r[1]) for r in rows] == [("bfd", "512"), ("lpfhp", "512")]  # pack.seq_len
+
+
+def test_plan_from_a_config_json_and_report(
+    plain_job: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json: a run a line, the sample's scale and packs so scaled after the usual keys; what the
+    sample is goes to stderr. The same seed gives the same runs."""
+    args = ["plan", "--config", str(plain_job), "--documents", "40", "--seq-len", "128", "512", "--json"]
+    runs = []
+    for _ in range(2):
+        assert main([*args, "--report", str(tmp_path / "page")]) == 0
+        captured = capsys.readouterr()
+        assert captured.err.startswith(f"sample of {plain_job}'s input: 40 documents ")
+        records = [json.loads(line) for line in captured.out.splitlines()]
+        assert [tuple(r) for r in records] == [(*JSON_KEYS, *SAMPLE_JSON_KEYS)] * 2
+        runs.append([{k: v for k, v in r.items() if k != "seconds"} for r in records])
+    assert runs[0] == runs[1]
+    assert [r["seq_len"] for r in runs[0]] == [128, 512] and runs[0][0]["documents"] == 40
+    scale = runs[0][0]["scale"]
+    assert scale is None or runs[0][0]["corpus_packs"] == round(runs[0][0]["packs"] * scale)
+    page = (tmp_path / "page" / "report.html").read_text()
+    assert f"a sample of {plain_job}&#x27;s input, seed 0" in page and "tokenized as the job would" in page
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--documents", "0"], "--documents must be >= 1, got 0"),
+        (["--documents", "x"], "argument --documents: invalid int value"),
+        (
+            ["--set", "input.paths=[/nonexistent/*.jsonl]"],
+            "input.paths matched no files: /nonexistent/*.jsonl",
+        ),
+        (
+            ["--set", "tokenizer.path=/nonexistent/tok.json"],
+            "tokenizer file not found: /nonexistent/tok.json",
+        ),
+        (["--set", "input.text_field=nothing"], "holds no document to pack: "),
+        (["--set", "inpt.paths=[x]"], "unknown key inpt"),
+        (["--sample", "10"], "argument --sample: not allowed with argument --config"),
+        (["--set", "max_depth=0"], "max_depth must be >= 1"),
+    ],
+)
+def test_bad_config_plans_are_one_line_and_exit_2(
+    args: list[str], message: str, plain_job: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--config", str(plain_job), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("raypack: error: ") and message in err, err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_documents_without_a_config_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--sample", "10", "--seq-len", "8", "--documents", "5"]) == 2
+    assert "--documents is the size of a job corpus's sample" in capsys.readouterr().err

@@ -100,8 +100,15 @@ def run_of(a: Assignment, seconds: float | None = None) -> Run:
     )
 
 
-def from_dry_run(lengths: np.ndarray, source: str, runs: Sequence[Run], settings: dict[str, Any]) -> Report:
-    """The page for `raypack plan`: the lengths it packed and every (algorithm, seq_len) it tried."""
+def from_dry_run(
+    lengths: np.ndarray,
+    source: str,
+    runs: Sequence[Run],
+    settings: dict[str, Any],
+    notes: Sequence[str] = (),
+) -> Report:
+    """The page for `raypack plan`: the lengths it packed and every (algorithm, seq_len) it tried;
+    `notes`: what they are (a corpus sample's: what it read, and what its counts stand for)."""
     facts = [
         ("lengths", source),
         ("documents", f"{len(lengths):,}"),
@@ -117,6 +124,7 @@ def from_dry_run(lengths: np.ndarray, source: str, runs: Sequence[Run], settings
         length_bins=length_distribution(lengths),
         runs=tuple(runs),
         documents=len(lengths),
+        notes=tuple(notes),
         dry_run=True,
     )
 
