@@ -236,10 +236,11 @@ def describe(sample: CorpusSample, source: str) -> list[str]:
     if d.whole:
         lines.append("the whole corpus was read: the counts below are the corpus's")
     elif scale is None:
+        unknown = f"{len(d.unknown):,} compressed file{'s' if len(d.unknown) != 1 else ''}"
         lines.append(
-            f"not scaled to the corpus: {len(d.unknown):,} compressed files were read in part, and what "
-            "share of their bytes that is is not known; the counts below are the sample's (its ratios "
-            "are the corpus's estimates)"
+            f"not scaled to the corpus: {unknown} read in part could not be "
+            "decompressed again to find what share of them that is; the counts below are the sample's "
+            "(its ratios are the corpus's estimates)"
         )
     else:
         tokens = float(sample.lengths.sum()) * scale

@@ -347,8 +347,15 @@ def test_a_sample_is_spread_over_the_corpus_and_seeded(plain_job: Path) -> None:
     assert first.ids != other.ids
     files = {i.rsplit(":", 1)[0] for i in first.ids if i is not None}
     assert len(files) == len(first.drawn.files_read) >= 3  # 3 places, in 3 of the 8 files
-    scale = first.drawn.scale  # the gz and zst files read in part: their bytes behind are not known
-    assert scale is None or 1.0 < scale < 20.0
+    # Scaled by the bytes behind what it read (of a compressed file: the bytes that decompress to
+    # them), a sample estimates the corpus's documents and tokens: roughly, from 3 runs of 32 of a
+    # heavy tail (lognormal sigma 1.2), in files of one zstd block (what it read is placed by
+    # interpolation within a block).
+    whole = corpus_lengths(cfg, documents=100_000)
+    scale = first.drawn.scale
+    assert scale is not None and not first.drawn.unknown
+    assert 0.5 < len(first.lengths) * scale / len(whole.lengths) < 2.0
+    assert 0.4 < first.lengths.sum() * scale / whole.lengths.sum() < 2.5
 
 
 def test_plan_from_a_config_prints_the_sample_and_the_sweep(
@@ -422,3 +429,21 @@ def test_bad_config_plans_are_one_line_and_exit_2(
 def test_documents_without_a_config_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--sample", "10", "--seq-len", "8", "--documents", "5"]) == 2
     assert "--documents is the size of a job corpus's sample" in capsys.readouterr().err
+
+
+def test_a_sample_it_cannot_place_in_a_compressed_file_is_not_scaled(
+    plain_job: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where the bytes behind a part of a compressed file are not known, the counts are the
+    sample's, said so, and --json's scale and corpus_packs are null."""
+    from raypack.corpus import sample
+
+    monkeypatch.setattr(sample, "_compressed_bytes", lambda *_: None)
+    args = ["plan", "--config", str(plain_job), "--documents", "96", "--seed", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "not scaled to the corpus: 1 compressed file read in part could not be" in out
+    assert "corpus_packs" not in out
+    assert main([*args, "--json"]) == 0
+    (record,) = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert record["scale"] is None and record["corpus_packs"] is None
