@@ -200,11 +200,11 @@ def _encode(
 
 
 def _about(n: float) -> str:
-    """A count estimated: 9,876; 41.2k; 41.2M; 33.1B."""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= 10 * size:
+    """A count estimated: 9,876; 41.2k; 7.7M; 33.1B."""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6)):
+        if n >= size:
             return f"{n / size:,.1f}{unit}"
-    return f"{n:,.0f}"
+    return f"{n / 1e3:,.1f}k" if n >= 1e4 else f"{n:,.0f}"
 
 
 def reasons_text(reasons: dict[str, int]) -> str:
