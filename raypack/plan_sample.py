@@ -230,7 +230,8 @@ def describe(sample: CorpusSample, source: str) -> list[str]:
     ]
     if sample.rejected:
         lines.append(
-            f"rejected as the job would: {sample.rejected:,} records: {reasons_text(sample.reasons)}"
+            f"rejected as the job would: {sample.rejected:,} record{'s' if sample.rejected != 1 else ''}: "
+            f"{reasons_text(sample.reasons)}"
         )
     scale = d.scale
     if d.whole:
