@@ -328,7 +328,7 @@ def test_a_corpus_sample_has_the_lengths_the_job_packs(kind: str, request: pytes
     part = corpus_lengths(cfg, documents=50, seed=7)
     assert 0 < len(part.lengths) <= 50 < len(index)
     assert not part.drawn.whole and None not in part.ids
-    assert [index[i] for i in part.ids] == part.lengths.tolist()  # type: ignore[index]
+    assert [index[i] for i in part.ids] == part.lengths.tolist()
     assert len(part.drawn.files_read) > 1
     whole = corpus_lengths(cfg, documents=100_000)
     assert whole.drawn.whole and whole.drawn.scale == 1.0
@@ -447,3 +447,21 @@ def test_a_sample_it_cannot_place_in_a_compressed_file_is_not_scaled(
     assert main([*args, "--json"]) == 0
     (record,) = (json.loads(line) for line in capsys.readouterr().out.splitlines())
     assert record["scale"] is None and record["corpus_packs"] is None
+
+
+def test_a_sample_on_s3_is_the_sample_on_local_disk(tmp_path: Path, tokenizer_path: Path, s3) -> None:
+    """The same documents, lengths and scale from object storage (a compressed file read in part
+    decompressed again there too)."""
+    from raypack.config import load_config
+    from raypack.plan_sample import corpus_lengths
+    from tests.conftest import s3_job_config
+
+    corpus = make_corpus(tmp_path, shards=4, docs_per_shard=40, seed=2)
+    (tmp_path / "local").mkdir()
+    (tmp_path / "remote").mkdir()
+    local = load_config(job_config(tmp_path / "local", f"{corpus}/*", tokenizer_path))
+    remote = load_config(s3_job_config(tmp_path / "remote", s3, corpus, tokenizer_path, "plan-sample"))
+    here, there = (corpus_lengths(cfg, documents=64, seed=3) for cfg in (local, remote))
+    assert there.lengths.tolist() == here.lengths.tolist() and there.ids == here.ids
+    assert there.drawn.scale == here.drawn.scale and here.drawn.scale is not None
+    assert not here.drawn.whole

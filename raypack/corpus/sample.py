@@ -149,7 +149,8 @@ class Sample:
             exact = first_row is not None or f.reading.id_field is not None
             self.drawn.files_read.add(file)
             docs = records = text_bytes = 0
-            read = read_unit(WorkUnit(self._shard(f, at, first_row, stop), f.reading), min(batch_size, left))
+            unit = WorkUnit(self._shard(f, at, first_row, stop), f.reading)
+            read = read_unit(unit, min(batch_size, left), self.storage)
             ended = True
             for batch in read:
                 batch, ended = _first(batch, left)
