@@ -163,6 +163,7 @@ class Sample:
                     ended = next(read, None) is None  # (what it holds is past the quota)
                 if not ended:
                     break
+            del read  # (closes its file, where the quota left some of it unread)
             self.drawn.documents += docs
             self.drawn.records += records
             self.drawn.text_bytes += text_bytes
