@@ -31,7 +31,13 @@ class SourceConfig:
     format: str | None = None
     """None: input.format (as text_field, id_field and root: a source inherits what it leaves out)."""
     text_field: str | None = None
-    """None: input.text_field."""
+    """None: input.text_field (or input.text_fields, where that is set)."""
+    text_fields: tuple[str, ...] | None = None
+    """None: input.text_fields (a source that gives text_field reads that one field)."""
+    text_separator: str | None = None
+    """None: input.text_separator."""
+    metadata_fields: tuple[str, ...] | None = None
+    """None: input.metadata_fields; [] (an empty list): none kept for this source."""
     id_field: str | None = None
     """None: input.id_field; "" (an empty string): none, ids generated from path and line or row,
     whatever input.id_field says."""
@@ -62,6 +68,10 @@ class SourceConfig:
             )
         if self.text_field == "":
             raise ConfigError(f"{where}.text_field must not be empty")
+        if self.text_field is not None and self.text_fields is not None:
+            raise ConfigError(f"{where}: give text_field or text_fields, not both")
+        _check_names(f"{where}.text_fields", self.text_fields, at_least=1)
+        _check_names(f"{where}.metadata_fields", self.metadata_fields, at_least=0)
         rules = [k for k in ("weight", "repeat", "tokens") if getattr(self, k) is not None]
         if len(rules) > 1:
             raise ConfigError(f"{where}: give one of weight, repeat, tokens, not {' and '.join(rules)}")
@@ -84,6 +94,19 @@ class SourceConfig:
         return max(self.repeat, 1.0) if self.repeat is not None else 1.0
 
 
+def _check_names(key: str, names: tuple[str, ...] | None, at_least: int) -> None:
+    """A list of field names: at least `at_least`, none empty, none twice."""
+    if names is None:
+        return
+    if len(names) < at_least:
+        raise ConfigError(f"{key} must name at least {at_least} field")
+    if any(not n for n in names):
+        raise ConfigError(f"{key} must not hold an empty name")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{key} names {twice[0]!r} twice")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Reading:
     """How one input file is read, its source's settings resolved (InputConfig.reading): what a
@@ -98,6 +121,12 @@ class Reading:
     messages_field: str | None = None
     prompt_field: str | None = None
     completion_field: str | None = None
+    # Fields added since token files were first keyed: each enters a token file's key only when it
+    # differs from its default here (token_files.token_settings, NEW_READING_DEFAULTS).
+    text_fields: tuple[str, ...] = ()
+    """Several fields joined into the text (input.text_fields); () reads text_field alone."""
+    text_separator: str = "\n\n"
+    metadata_fields: tuple[str, ...] = ()
 
     @property
     def chat(self) -> str | None:
@@ -124,6 +153,26 @@ class InputConfig:
     """jsonl (one JSON object a line), parquet, or text (each file is one document)."""
     text_field: str = "text"
     """The field (jsonl) or column (parquet) holding the document text."""
+    text_fields: tuple[str, ...] = ()
+    """Several fields (jsonl) or columns (parquet, a Ray Dataset) joined into the text, in this
+    order, with text_separator between them (as Megatron's preprocess takes several JSON keys);
+    instead of text_field, not with it. A field that a record lacks, or holds null or "", is left
+    out (no separator for it); a record none of whose fields is there (all missing or null) is
+    rejected, and so is one where a field holds something other than a string. A Parquet file or
+    Dataset without one of the columns reads it as missing in every row (without any of them, the
+    file is lost). Not for conversations (messages_field, prompt_field)."""
+    text_separator: str = "\n\n"
+    """What goes between two of text_fields' values."""
+    metadata_fields: tuple[str, ...] = ()
+    """Fields (jsonl) or columns (parquet, a Ray Dataset) kept of each document in the output's
+    index (index/, a `metadata` struct column: a field a column) and given back beside the packs
+    by raypack.reader.document_metadata; the manifest's `metadata` lists them and their types.
+    Values are strings, numbers, booleans or null: a field a record lacks is null; a list or an
+    object rejects the record (a Parquet column of another type loses the file). A field's type
+    is that of its values over the whole dataset: int where all are integers, float where some
+    are floats, bool, string; null where none has a value; values of other kinds mixed (an int in
+    one record, a string in another) are all kept as strings, the others as their JSON text
+    ("1", "true", "0.5") (docs/output-format.md)."""
     id_field: str | None = None
     """Field holding the document id; None: `<path relative to root>:<line>` (jsonl, 1-based) or
     `<path>:<row>` (parquet, 0-based)."""
@@ -265,6 +314,26 @@ class InputConfig:
             raise ConfigError("input.format text holds plain documents; conversations need jsonl or parquet")
         if self.chat and self.sources:
             raise ConfigError("input.sources mixes plain-text corpora; conversations take input.paths")
+        self._check_field_lists()
+
+    def _check_field_lists(self) -> None:
+        """text_fields and metadata_fields, the input's and each source's as it resolves them."""
+        # text_field's default is "text": one named beside text_fields is the only mix to be seen.
+        if self.text_fields and self.text_field != "text":
+            raise ConfigError("give input.text_field or input.text_fields, not both")
+        _check_names("input.text_fields", self.text_fields, at_least=0)
+        _check_names("input.metadata_fields", self.metadata_fields, at_least=0)
+        for name in ["", *(s.name for s in self.sources)]:
+            one = self.of(name)
+            where = f"input.sources[{name}]" if name else "input"
+            if one.text_fields and self.chat:
+                raise ConfigError(
+                    f"{where}.text_fields joins plain text; conversations (input.messages_field, "
+                    "prompt_field) take no text_fields"
+                )
+            if one.format == "text" and (one.text_fields or one.metadata_fields):
+                key = "text_fields" if one.text_fields else "metadata_fields"
+                raise ConfigError(f"{where}.{key}: format text reads a file a document, which has no fields")
 
     def _check_datasets(self, whole: bool) -> None:
         """input.datasets against the paths: a source is given as files or as a Dataset, not both
@@ -325,6 +394,14 @@ class InputConfig:
             tokens=None,
             format=s.format or self.format,
             text_field=s.text_field or self.text_field,
+            # A source's own text_field reads that field alone, whatever input.text_fields says.
+            text_fields=s.text_fields
+            if s.text_fields is not None
+            else ()
+            if s.text_field
+            else self.text_fields,
+            text_separator=s.text_separator if s.text_separator is not None else self.text_separator,
+            metadata_fields=s.metadata_fields if s.metadata_fields is not None else self.metadata_fields,
             id_field=(s.id_field or None) if s.id_field is not None else self.id_field,
             root=s.root if s.root is not None else self.root,
         )
@@ -341,6 +418,9 @@ class InputConfig:
             messages_field=one.messages_field,
             prompt_field=one.prompt_field,
             completion_field=one.completion_field,
+            text_fields=one.text_fields,
+            text_separator=one.text_separator,
+            metadata_fields=one.metadata_fields,
         )
 
     @property
@@ -353,6 +433,13 @@ class InputConfig:
         """Sources are given: their documents are selected (raypack.mixture; a source without a
         weight, repeat or budget is taken once, whole) and counted source by source."""
         return bool(self.sources)
+
+    @property
+    def metadata_columns(self) -> tuple[str, ...]:
+        """Every metadata field any source keeps, in the order the config first names them: the
+        index's `metadata` struct has these (a source that keeps some of them: null for the rest)."""
+        names = [f for c in [self, *(self.of(s.name) for s in self.sources)] for f in c.metadata_fields]
+        return tuple(dict.fromkeys(names))
 
     @property
     def id_fields(self) -> bool:

@@ -32,9 +32,11 @@ __all__ = [
     "TOKEN_FORMAT",
     "Checksum",
     "MappedTokens",
+    "cached_metadata_file",
     "cached_rejects_file",
     "read_finished",
     "read_tokens",
+    "reading_key",
     "seal",
     "staged_options",
     "token_batches",
@@ -99,12 +101,31 @@ def token_settings(
         "read_version": READ_VERSION,
         "library": tokenizer_library(),
         "backend": backend.label if backend is not None else None,
-        "reading": dataclasses.asdict(reading),
+        "reading": reading_key(reading),
         "piece_chars": PIECE_CHARS,
         "tokenizer_sha256": tok.sha256,
         "bos_id": tok.bos_id if cfg.tokenizer.add_bos and reading.chat != "messages" else None,
         "eos_id": tok.eos_id if cfg.tokenizer.add_eos and reading.chat != "messages" else None,
     }
+
+
+# Reading's fields added after token files were first keyed. Each enters the key only where it is
+# set (not its default), so that a config that sets none of them keys its units as before they
+# existed: every token store of an earlier raypack stays valid (tests/pipeline/test_fields.py holds
+# a key computed before them). metadata_fields decides no token, but an entry's metadata file
+# (cached_metadata_file) holds what it names, and an entry is its files together.
+NEW_READING_FIELDS = ("text_fields", "text_separator", "metadata_fields")
+
+
+def reading_key(reading: Reading) -> dict[str, Any]:
+    """The Reading as a token file's key holds it: its fields, but those of NEW_READING_FIELDS
+    left at their default (text_separator too where no text_fields are joined)."""
+    key = dataclasses.asdict(reading)
+    defaults = {f.name: f.default for f in dataclasses.fields(Reading)}
+    for name in NEW_READING_FIELDS:
+        if key[name] == defaults[name] or (name == "text_separator" and not reading.text_fields):
+            del key[name]
+    return key
 
 
 def tokenizer_library() -> str:
@@ -212,6 +233,12 @@ def read_tokens(path: str, storage: StorageConfig | None) -> pa.Table:
 def cached_rejects_file(token_path: str) -> str:
     """The rejects file beside a token file (a finished token file always has it when it has rejects)."""
     return token_path.removesuffix(".arrow") + ".rejects.parquet"
+
+
+def cached_metadata_file(token_path: str) -> str:
+    """The metadata file beside a token file (input.metadata_fields: a finished token file of a
+    Reading that keeps some always has it): its documents' kept fields, a row each, in order."""
+    return token_path.removesuffix(".arrow") + ".metadata.parquet"
 
 
 class Checksum:
