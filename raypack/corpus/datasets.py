@@ -38,7 +38,7 @@ import pyarrow as pa
 from raypack.config import InputConfig, Reading, StorageConfig
 from raypack.corpus.cut import MAX_SPLIT_UNITS
 from raypack.corpus.readers.chat import chat_fields
-from raypack.corpus.readers.parquet import is_text
+from raypack.corpus.readers.parquet import is_scalar, is_text
 from raypack.corpus.units import WorkUnit
 from raypack.errors import ConfigError
 from raypack.storage import Shard, join, list_dir, resolve
@@ -81,17 +81,20 @@ def dataset_name(source: str) -> str:
 
 
 def _columns(reading: Reading, names: list[str]) -> list[str]:
-    wanted = chat_fields(reading) if reading.chat else [reading.text_field]
+    """The columns read: those a row needs (text or chat fields, id), and the text_fields and
+    metadata columns the Dataset has (the others are missing in every row, as in a Parquet file)."""
+    wanted = chat_fields(reading) if reading.chat else [] if reading.text_fields else [reading.text_field]
     columns = [*wanted, *([reading.id_field] if reading.id_field else [])]
     if reading.messages_field is not None and "tools" in names and "tools" not in columns:
         columns.append("tools")
-    return columns
+    optional = [c for c in (*reading.text_fields, *reading.metadata_fields) if c in names]
+    return list(dict.fromkeys(columns + optional))
 
 
 def check_dataset(cfg: InputConfig, source: str, ds: Any) -> list[str]:
-    """The columns of `ds` the job reads; a ConfigError, before any work, where one is missing or
-    the text column holds no strings (a Dataset is one source: a wrong field would reject every
-    row)."""
+    """The columns of `ds` the job reads; a ConfigError, before any work, where one is missing (of
+    text_fields, all of them), a text column holds no strings or a metadata column no scalars (a
+    Dataset is one source: a wrong field would reject every row)."""
     reading = cfg.reading(source)
     schema = ds.schema()
     what = f"the Dataset of source {source!r}" if source else "the Dataset"
@@ -100,21 +103,35 @@ def check_dataset(cfg: InputConfig, source: str, ds: Any) -> list[str]:
     names = list(schema.names)
     columns = _columns(reading, names)
     missing = [c for c in columns if c not in names]
+    if reading.text_fields and not any(c in names for c in reading.text_fields):
+        missing = [reading.text_fields[0]]
     if missing:
         fields = {reading.id_field: "input.id_field", reading.text_field: "input.text_field"}
         fields |= {reading.messages_field: "input.messages_field", reading.prompt_field: "input.prompt_field"}
         fields |= {reading.completion_field: "input.completion_field"}
+        fields |= dict.fromkeys(reading.text_fields, "input.text_fields: none of them is there")
         raise ConfigError(
             f"{what} has no column {missing[0]!r} ({fields.get(missing[0], 'input')}); its columns: "
             f"{', '.join(names)}"
         )
-    if not reading.chat:
-        kind = _arrow_type(schema, reading.text_field)
-        if kind is not None and not is_text(kind):
-            raise ConfigError(
-                f"{what}'s column {reading.text_field!r} is {kind}, not a string (input.text_field)"
-            )
+    _check_types(reading, schema, names, what)
     return columns
+
+
+def _check_types(reading: Reading, schema: Any, names: list[str], what: str) -> None:
+    """A ConfigError for a text column of no strings, or a metadata column of no scalars (a
+    column whose type Ray does not give, of Python objects, is judged a row at a time)."""
+    for column in () if reading.chat else reading.text_fields or (reading.text_field,):
+        kind = _arrow_type(schema, column) if column in names else None
+        if kind is not None and not is_text(kind) and not (reading.text_fields and pa.types.is_null(kind)):
+            key = "input.text_fields" if reading.text_fields else "input.text_field"
+            raise ConfigError(f"{what}'s column {column!r} is {kind}, not a string ({key})")
+    for column in reading.metadata_fields:
+        kind = _arrow_type(schema, column) if column in names else None
+        if kind is not None and not is_scalar(kind):
+            raise ConfigError(
+                f"{what}'s column {column!r} is {kind}, not a string, number or bool (input.metadata_fields)"
+            )
 
 
 def dataset_units(

@@ -75,6 +75,7 @@ def read_unit(unit: WorkUnit, batch_size: int, storage: StorageConfig | None = N
             joined.rows += batch.rows
             joined.ids += batch.ids
             joined.texts += batch.texts
+            joined.meta += batch.meta
             joined.text_bytes += batch.text_bytes
             numbers += [number] * len(batch)
             joined.rejects += [dataclasses.replace(r, file=number) for r in batch.rejects]

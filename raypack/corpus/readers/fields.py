@@ -1,22 +1,38 @@
-"""A decoded record (a JSONL object, a Parquet row) → its document: the text (or chat record) and id
-its Reading names, or a Reject saying why not. Shared by the JSONL and Parquet readers."""
+"""A decoded record (a JSONL object, a Parquet row) → its document: the text (or chat record), id
+and metadata its Reading names, or a Reject saying why not. Shared by the JSONL and Parquet readers.
+
+The text is one field (text_field), or several joined (text_fields): the fields present, in their
+order, with text_separator between them; a field a record lacks, or holds null or "", is left out.
+A record none of whose text fields is there (all missing or null) is a reject, and so is one where
+a text field holds something other than a string, or a metadata field a list or an object. A
+metadata field a record lacks is null (raypack.corpus.metadata)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from raypack.config import Reading
+from raypack.corpus.metadata import not_scalar
 from raypack.corpus.readers.chat import chat_record
 from raypack.corpus.readers.records import Batch, Reject, empty_reason
 
-__all__ = ["document"]
+__all__ = ["Document", "document", "read_fields"]
+
+Document = tuple[str, Any, tuple[Any, ...]]
+"""(id, text or Chat, metadata values in the Reading's order)."""
+
+
+def read_fields(reading: Reading) -> tuple[str, ...]:
+    """Every field a plain-text record is read from: its text, id and metadata."""
+    text = reading.text_fields or (reading.text_field,)
+    return (*text, *((reading.id_field,) if reading.id_field else ()), *reading.metadata_fields)
 
 
 def document(
     record: dict[str, object], row: int, reading: Reading, default_id: str, batch: Batch, raw: bytes | str
-) -> tuple[str, Any] | None:
-    """The (id, text or Chat) of one decoded record, or None with its Reject added to `batch`."""
-    text_field = reading.text_field
+) -> Document | None:
+    """The (id, text or Chat, metadata) of one decoded record, or None with its Reject added to
+    `batch`."""
     if reading.chat:
         chat = chat_record(record, row, reading, batch, raw)
         if chat is None:
@@ -29,16 +45,8 @@ def document(
             batch.rejects.append(Reject.bad(row, why, raw))
             return None
         return _with_id(record, row, reading, default_id, batch, raw, chat)
-    if text_field not in record:
-        batch.rejects.append(Reject.bad(row, f"missing text field {text_field!r}", raw))
-        return None
-    if record[text_field] is None:  # JSON null, a Parquet or Dataset null: there, but empty
-        batch.rejects.append(Reject.bad(row, f"text field {text_field!r} is null", raw))
-        return None
-    text = record[text_field]
-    if not isinstance(text, str):
-        what = f"text field {text_field!r} is {type(text).__name__}, not a string"
-        batch.rejects.append(Reject.bad(row, what, raw))
+    text = (_joined if reading.text_fields else _text)(record, row, reading, batch, raw)
+    if text is None:
         return None
     if (empty := empty_reason(text, reading)) is not None:
         batch.rejects.append(Reject.bad(row, empty, raw))
@@ -53,6 +61,64 @@ def document(
     return _with_id(record, row, reading, default_id, batch, raw, text)
 
 
+def _text(
+    record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: bytes | str
+) -> str | None:
+    """text_field's string, or None with a reject."""
+    text_field = reading.text_field
+    if text_field not in record:
+        batch.rejects.append(Reject.bad(row, f"missing text field {text_field!r}", raw))
+        return None
+    text = record[text_field]
+    if text is None:  # JSON null, a Parquet or Dataset null: there, but empty
+        batch.rejects.append(Reject.bad(row, f"text field {text_field!r} is null", raw))
+        return None
+    if not isinstance(text, str):
+        what = f"text field {text_field!r} is {type(text).__name__}, not a string"
+        batch.rejects.append(Reject.bad(row, what, raw))
+        return None
+    return text
+
+
+def _joined(
+    record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: bytes | str
+) -> str | None:
+    """text_fields' strings joined (those present and not empty), or None with a reject: none of
+    them present (missing or null), or one that is not a string."""
+    parts = []
+    present = False
+    for name in reading.text_fields:
+        value = record.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            what = f"text field {name!r} is {type(value).__name__}, not a string"
+            batch.rejects.append(Reject.bad(row, what, raw))
+            return None
+        present = True
+        if value:
+            parts.append(value)
+    if not present:
+        names = ", ".join(map(repr, reading.text_fields))
+        batch.rejects.append(Reject.bad(row, f"no text field present (all missing or null: {names})", raw))
+        return None
+    return reading.text_separator.join(parts)
+
+
+def _metadata(
+    record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: bytes | str
+) -> tuple[Any, ...] | None:
+    """The record's metadata values (None for a field it lacks), or None with a reject for one
+    that is a list or an object."""
+    values = tuple(record.get(name) for name in reading.metadata_fields)
+    for name, value in zip(reading.metadata_fields, values, strict=True):
+        if (kind := not_scalar(value)) is not None:
+            what = f"metadata field {name!r} is {kind}, not a string, number or bool"
+            batch.rejects.append(Reject.bad(row, what, raw))
+            return None
+    return values
+
+
 def _with_id(
     record: dict[str, object],
     row: int,
@@ -61,12 +127,13 @@ def _with_id(
     batch: Batch,
     raw: bytes | str,
     doc: Any,
-) -> tuple[str, Any] | None:
+) -> Document | None:
     id_field = reading.id_field
-    if id_field is None:
-        return default_id, doc
-    doc_id = record.get(id_field)
-    if doc_id is None or isinstance(doc_id, (dict, list)):
-        batch.rejects.append(Reject.bad(row, f"missing or non-scalar id field {id_field!r}", raw))
-        return None
-    return str(doc_id), doc
+    doc_id: object = default_id
+    if id_field is not None:
+        doc_id = record.get(id_field)
+        if doc_id is None or isinstance(doc_id, (dict, list)):
+            batch.rejects.append(Reject.bad(row, f"missing or non-scalar id field {id_field!r}", raw))
+            return None
+    meta = _metadata(record, row, reading, batch, raw) if reading.metadata_fields else ()
+    return None if meta is None else (str(doc_id), doc, meta)

@@ -18,11 +18,11 @@ import pyarrow.parquet as pq
 
 from raypack.config import Reading, StorageConfig
 from raypack.corpus.readers.chat import chat_fields
-from raypack.corpus.readers.fields import document
+from raypack.corpus.readers.fields import document, read_fields
 from raypack.corpus.readers.records import Batch, Reject, is_bad_data, one_line
 from raypack.storage import Shard, resolve
 
-__all__ = ["is_text", "read", "record_batch_documents", "row_group_runs"]
+__all__ = ["is_scalar", "is_text", "read", "record_batch_documents", "row_group_runs"]
 
 
 def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_size: int) -> Iterator[Batch]:
@@ -52,28 +52,38 @@ def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_
 
 
 def _columns_lost(arrow_schema: pa.Schema, reading: Reading) -> str:
-    """Why a file with this schema is lost whole: a column the Reading names that it lacks, or a
-    text column that is not a string; "" when it can be read."""
+    """Why a file with this schema is lost whole: a column the Reading names that it lacks (of
+    text_fields, all of them), a text column that is not a string, or a metadata column that holds
+    no scalars; "" when it can be read."""
     names = arrow_schema.names
-    wanted = chat_fields(reading) if reading.chat else [reading.text_field]
+    wanted = chat_fields(reading) if reading.chat else [] if reading.text_fields else [reading.text_field]
     missing = [c for c in (*wanted, reading.id_field) if c is not None and c not in names]
     if missing:
         return f"Parquet file has no column {missing[0]!r} (columns: {', '.join(names)})"
+    if reading.text_fields and not any(c in names for c in reading.text_fields):
+        given = ", ".join(reading.text_fields)
+        return f"Parquet file has none of the columns {given} (columns: {', '.join(names)})"
     if not reading.chat:
-        text_type = arrow_schema.field(reading.text_field).type
-        if not is_text(text_type):
-            return f"column {reading.text_field!r} is {text_type}, not a string"
+        for column in reading.text_fields or (reading.text_field,):
+            kind = arrow_schema.field(column).type if column in names else pa.null()
+            if not is_text(kind) and not (reading.text_fields and pa.types.is_null(kind)):
+                return f"column {column!r} is {kind}, not a string"
+    for column in reading.metadata_fields:
+        if column in names and not is_scalar(kind := arrow_schema.field(column).type):
+            return f"column {column!r} is {kind}, not a string, number or bool (input.metadata_fields)"
     return ""
 
 
 def _columns(names: list[str], reading: Reading) -> list[str]:
     """The columns read: the text (or chat fields), the id, and a conversation's tools where the
-    file has them."""
-    wanted = chat_fields(reading) if reading.chat else [reading.text_field]
+    file has them, and the metadata and text_fields columns it has (the others are missing in every
+    row)."""
+    wanted = chat_fields(reading) if reading.chat else [reading.text_field] if not reading.text_fields else []
     columns = wanted + ([reading.id_field] if reading.id_field else [])
     if reading.messages_field is not None and "tools" in names and "tools" not in columns:
         columns.append("tools")
-    return columns
+    optional = [*reading.text_fields, *reading.metadata_fields]
+    return list(dict.fromkeys(columns + [c for c in optional if c in names]))
 
 
 def _read_rows(
@@ -102,33 +112,45 @@ def _read_rows(
 def record_batch_documents(record_batch: pa.RecordBatch, row: int, reading: Reading, relpath: str) -> Batch:
     """The documents (and rejects) of Arrow rows whose first is row `row` of `relpath`, read with
     the Reading's columns, which the rows hold (a Parquet file's, or a Ray Dataset's blocks:
-    raypack.corpus.readers.dataset)."""
+    raypack.corpus.readers.dataset); a text_fields or metadata column they lack is missing in
+    every row."""
     batch = Batch()
     if reading.chat:  # conversations: a Python object a record (the template renders them anyway)
         for rec in record_batch.to_pylist():
             doc = document(rec, row, reading, f"{relpath}:{row}", batch, str(rec)[:1000])
             if doc is not None:
-                batch.add(row, doc[0], doc[1])
+                batch.add(row, doc[0], doc[1], meta=doc[2])
             row += 1
         return batch
-    text_field, id_field = reading.text_field, reading.id_field
-    texts = record_batch.column(text_field)
-    if is_text(texts.type) and not (pa.types.is_string(texts.type) or pa.types.is_large_string(texts.type)):
-        texts = texts.cast(pa.large_string())  # dictionary-encoded or string_view
-    # (A column that is not text, a Ray Dataset's of Python objects, mixed str and numbers from
-    # pandas, is read as it is: document() judges each value, a number a reject.)
-    ids = record_batch.column(id_field).to_pylist() if id_field else None
-    for i, text in enumerate(texts.to_pylist()):
-        record: dict[str, object] = {text_field: text}
-        if ids is not None and id_field is not None:
-            record[id_field] = ids[i]
-        doc = document(
-            record, row, reading, f"{relpath}:{row}", batch, text if isinstance(text, str) else str(text)
-        )
+    names = record_batch.schema.names
+    text_columns = [c for c in reading.text_fields or (reading.text_field,) if c in names]
+    values: dict[str, list[object]] = {}
+    for name in dict.fromkeys([*text_columns, *read_fields(reading)]):
+        if name in names:
+            column = record_batch.column(name)
+            plain = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+            if name in text_columns and is_text(column.type) and not plain:
+                column = column.cast(pa.large_string())  # dictionary-encoded or string_view
+            # (A column that is not text, a Ray Dataset's of Python objects, mixed str and numbers
+            # from pandas, is read as it is: document() judges each value, a number a reject.)
+            values[name] = column.to_pylist()
+    for i in range(record_batch.num_rows):
+        record = {name: column[i] for name, column in values.items()}
+        text = record if reading.text_fields else record.get(reading.text_field)
+        raw = text if isinstance(text, str) else str(text)
+        doc = document(record, row, reading, f"{relpath}:{row}", batch, raw)
         if doc is not None:
-            batch.add(row, doc[0], doc[1])
+            batch.add(row, doc[0], doc[1], meta=doc[2])
         row += 1
     return batch
+
+
+def is_scalar(t: pa.DataType) -> bool:
+    """A column whose values metadata keeps: null, bool, a number, or text (raypack.corpus.metadata)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    kinds = (pa.types.is_null, pa.types.is_boolean, pa.types.is_integer, pa.types.is_floating)
+    return is_text(t) or any(k(t) for k in kinds)
 
 
 def is_text(t: pa.DataType) -> bool:

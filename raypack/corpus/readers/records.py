@@ -93,16 +93,22 @@ class Batch:
     files: list[int] | None = None
     """Each document's file number within its unit (read_unit of a run of small files joins the
     files' batches); None: every document is of file 0 (a reader's own batches)."""
+    meta: list[tuple[Any, ...]] = field(default_factory=list)
+    """Each document's metadata (input.metadata_fields): its values in the Reading's order, ()
+    where none is kept."""
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, row: int, doc_id: str, text: Any, size: int | None = None) -> None:
+    def add(
+        self, row: int, doc_id: str, text: Any, size: int | None = None, meta: tuple[Any, ...] = ()
+    ) -> None:
         """`text`: the document's text, or for chat data (input.messages_field / prompt_field) its
         Chat record, rendered and masked by the tokenize stage (raypack.text.chat)."""
         self.rows.append(row)
         self.ids.append(doc_id)
         self.texts.append(text)
+        self.meta.append(meta)
         self.text_bytes += len(text) if size is None else size
 
     def full(self, batch_size: int) -> bool:
