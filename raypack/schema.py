@@ -10,6 +10,7 @@ __all__ = [
     "FILES",
     "ITEMS",
     "LOSS_MASK",
+    "METADATA",
     "OUTPUT_SCHEMA_VERSION",
     "PACKED",
     "PACK_INDEX",
@@ -67,6 +68,10 @@ DOCUMENTS = pa.schema(
         ("file", pa.int32()),
     ]
 )
+
+# The index's last column with input.metadata_fields: a struct of each document's kept fields, a
+# child a field, typed as raypack.corpus.metadata says (the manifest's `metadata` lists them).
+METADATA = "metadata"
 
 # Items on their way to their output file (assign → shuffle → materialize); file_key = bucket << 32 | part.
 ITEMS = pa.schema(

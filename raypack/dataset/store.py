@@ -108,12 +108,15 @@ def store_record(path: str, storage: StorageConfig | None, hits: int) -> dict[st
     return {"path": path, "hits": hits, "entries": found.entries, "bytes": found.bytes}
 
 
-# The only names a store holds: a key's token file and rejects file, and a writer's temporaries of
-# them (storage.atomic_output). prune and usage never look at any other file, so a store named by
-# mistake (a home directory, an input's) loses nothing that is not a token file.
+# The only names a store holds: a key's token file, rejects file and metadata file (its documents'
+# input.metadata_fields), and a writer's temporaries of them (storage.atomic_output). prune and
+# usage never look at any other file, so a store named by mistake (a home directory, an input's)
+# loses nothing that is not a token file.
 _KEY = r"[0-9a-f]{32}"
-_ENTRY = re.compile(rf"({_KEY})\.(arrow|rejects\.parquet)")
-_TEMPORARY = re.compile(rf"{re.escape(TMP_PREFIX)}[0-9a-f]{{32}}-{_KEY}\.(arrow|rejects\.parquet)")
+_ENTRY = re.compile(rf"({_KEY})\.(arrow|rejects\.parquet|metadata\.parquet)")
+_TEMPORARY = re.compile(
+    rf"{re.escape(TMP_PREFIX)}[0-9a-f]{{32}}-{_KEY}\.(arrow|rejects\.parquet|metadata\.parquet)"
+)
 
 
 def _is_entry(name: str) -> bool:

@@ -48,6 +48,7 @@ from raypack.pipeline.prepare import Prepared, prepare
 from raypack.pipeline.read import read
 from raypack.pipeline.record import RunRecord, run_record
 from raypack.pipeline.tokenize.digests import content_digests
+from raypack.pipeline.tokenize.metadata import unify_metadata
 from raypack.pipeline.tokenize.pool import TokenizePool
 from raypack.pipeline.tokenize.stage import check_rejects, tokenize
 from raypack.pipeline.write.stage import write
@@ -207,6 +208,7 @@ def _stages(
             )
             if store is not None:
                 tokenized.store = store_record(store, storage, tokenized.totals.reused)
+            unify_metadata(cfg, tokenized.units, tokenized.totals, runner)  # input.metadata_fields
         if ready.datasets:  # what follows reads token files: Ray may free the Dataset's blocks
             tokenized.units = without_blocks(tokenized.units)
             units = []

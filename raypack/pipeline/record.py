@@ -17,6 +17,7 @@ import numpy as np
 from raypack import schema
 from raypack._version import __version__
 from raypack.config import JobConfig
+from raypack.corpus.metadata import KINDS
 from raypack.dataset.layout import METRICS
 from raypack.dataset.manifest import dataset_files, format_entry, manifest_files
 from raypack.metrics import FILL_BINS, LENGTH_BINS_PER_OCTAVE, DocStats, PackingMetrics, finalize_metrics
@@ -25,6 +26,7 @@ from raypack.pipeline.place.plan import plan_slots
 from raypack.pipeline.place.select import Selection
 from raypack.pipeline.prepare import Prepared
 from raypack.pipeline.tokenize.stage import Tokenized
+from raypack.pipeline.tokenize.summary import Totals
 from raypack.pipeline.write.stage import Duplicates, Written
 
 __all__ = [
@@ -71,6 +73,9 @@ class RunRecord:
     sources: list[dict[str, Any]]
     """A row a source (input.sources): asked, target, what it gave (raypack.pipeline.place.select)."""
     mixture: dict[str, Any] | None
+    metadata: dict[str, Any] | None
+    """input.metadata_fields: the fields the index keeps of each document and the type of each
+    over the dataset (raypack.pipeline.tokenize.metadata); None where none is kept."""
     chat: dict[str, Any] | None
     """Chat data: the template, the mask, trained tokens in and out, conversations cut or dropped."""
     metrics: PackingMetrics
@@ -183,6 +188,7 @@ def run_record(
         mixture=None
         if selection is None
         else {"seed": selection.seed, "key": MIXTURE_KEY, "sources": sources},
+        metadata=_metadata_record(cfg, totals),
         chat=None if tokenized.chat is None else _chat_record(tokenized.chat, totals.trained, stats, files),
         metrics=finalize_metrics(stats, cfg.pack.algorithm, cfg.pack.seq_len, written.packs, slots, depth),
         global_efficiency=stats.tokens / global_slots if plan.num_packs else 1.0,
@@ -254,7 +260,22 @@ def manifest(record: RunRecord) -> dict[str, Any]:
         out["mixture"] = record.mixture
     if record.sample is not None:  # a trial: not the whole corpus
         out["sample"] = record.sample
+    if record.metadata is not None:
+        out["metadata"] = record.metadata
     return out
+
+
+def _metadata_record(cfg: JobConfig, totals: Totals) -> dict[str, Any] | None:
+    """The manifest's `metadata`: the index's metadata fields in order and each one's Arrow type."""
+    fields = cfg.input.metadata_columns
+    if not fields:
+        return None
+    kinds = totals.metadata(fields)
+    return {
+        "column": schema.METADATA,
+        "fields": list(fields),
+        "types": {f: str(KINDS[kinds[f]]) for f in fields},
+    }
 
 
 def metrics_document(record: RunRecord) -> dict[str, Any]:

@@ -26,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raypack import schema
 from raypack.config import JobConfig
+from raypack.corpus.metadata import conform
 from raypack.corpus.units import WorkUnit
 from raypack.dataset.layout import index_path
 from raypack.engine import Runner, transient
@@ -111,10 +113,15 @@ class Copies:
         return chosen, copy_tokens(self.rule, self.keys[chosen], self.lengths[chosen], c)
 
 
-def _read_staged(cfg: JobConfig, shard: WorkUnit) -> pa.Table:
+def _read_staged(cfg: JobConfig, shard: WorkUnit, metadata: bool = False) -> pa.Table:
+    """A unit's staged index: its documents' ids, places and lengths, and with `metadata` their
+    metadata where the unit kept some."""
     fs, inner = resolve(index_path(cfg.output.path, shard.index, staged=True), cfg.storage)
+    columns = ["doc_id", "row", "length", "file"]
+    if metadata and shard.reading.metadata_fields:
+        columns.append(schema.METADATA)
     with fs.open_input_file(inner) as f:
-        return pq.read_table(f, columns=["doc_id", "row", "length", "file"])
+        return pq.read_table(f, columns=columns)
 
 
 def boundary_documents(
@@ -175,11 +182,16 @@ def _runs(shards: list[WorkUnit], totals: Totals, sources: set[str] | None = Non
 
 
 def select_run(
-    cfg: JobConfig, selection: Selection, shards: list[WorkUnit], patterns: tuple[str, ...] | None
+    cfg: JobConfig,
+    selection: Selection,
+    shards: list[WorkUnit],
+    patterns: tuple[str, ...] | None,
+    kinds: dict[str, str],
 ) -> dict[str, Any]:
     """Task: the final index of each shard of a run (a row a copy of each document, in document
-    order then copy order; -1 for a document left out), and the run's item histogram by copy layer,
-    stats, per-shard items and tokens, and per-source counts."""
+    order then copy order; -1 for a document left out; its metadata of the dataset's `kinds`,
+    raypack.pipeline.tokenize.metadata), and the run's item histogram by copy layer, stats,
+    per-shard items and tokens, and per-source counts."""
     with transient(patterns):
         seq_len, overflow = cfg.pack.seq_len, cfg.pack.overflow
         layers = selection.layers
@@ -188,7 +200,7 @@ def select_run(
         counts: dict[str, dict[str, int]] = {}
         per_shard: dict[int, tuple[int, int]] = {}
         for shard in shards:
-            index = _read_staged(cfg, shard)
+            index = _read_staged(cfg, shard, metadata=bool(kinds))
             length = index.column("length").to_numpy()
             chosen_by = selection.copies(shard, index)
             n = chosen_by.n
@@ -218,6 +230,10 @@ def select_run(
                 partial += int(tokens[cut_short].sum())
                 selected += int(kept(tokens, seq_len, overflow).sum())
             taken = pa.array(take)
+            metadata = None
+            if kinds:
+                had = index.column(schema.METADATA) if schema.METADATA in index.column_names else None
+                metadata = conform(had, index.num_rows, kinds).take(taken)
             write_index(
                 cfg,
                 shard.shard,
@@ -228,6 +244,7 @@ def select_run(
                 placed,
                 copy,
                 index.column("file").take(taken),
+                metadata=metadata,
             )
             per_shard[shard.index] = (shard_items, shard_tokens)
             tally = counts.setdefault(shard.source, dict.fromkeys(SOURCE_COUNTS, 0))
@@ -254,7 +271,8 @@ def run_selection(
     items = np.zeros_like(totals.items)
     tokens = np.zeros_like(totals.tokens)
     counts: dict[str, dict[str, int]] = {}
-    calls = [(cfg, selection, run, runner.patterns) for _, run in runs]
+    kinds = totals.metadata(cfg.input.metadata_columns) if cfg.input.metadata_columns else {}
+    calls = [(cfg, selection, run, runner.patterns, kinds) for _, run in runs]
     for i, out in runner.unordered(select_run, calls):  # folded as they finish: one run's at a time
         hists[runs[i][0]] = out["hists"]
         stats = stats + DocStats.from_json(out["stats"])

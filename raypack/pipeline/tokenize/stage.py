@@ -36,7 +36,12 @@ from raypack.errors import JobError
 from raypack.pipeline.tokenize.pool import TokenizePool
 from raypack.pipeline.tokenize.summary import Totals, shard_runs
 from raypack.pipeline.tokenize.task import TokenizeShards
-from raypack.pipeline.tokenize.token_files import cached_rejects_file, token_key, token_settings
+from raypack.pipeline.tokenize.token_files import (
+    cached_metadata_file,
+    cached_rejects_file,
+    token_key,
+    token_settings,
+)
 from raypack.progress import Progress
 from raypack.storage import join, list_dir, remove
 from raypack.text.backends import (
@@ -406,6 +411,7 @@ class Passes:
         for unit in done.written:
             remove(unit.token_file, storage)
             remove(cached_rejects_file(unit.token_file), storage)
+            remove(cached_metadata_file(unit.token_file), storage)
         for part in ("rejects", "index", join("_staging", "index")):
             remove(join(self.cfg.output.path, part), storage)
 

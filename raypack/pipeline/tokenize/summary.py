@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from raypack import mixture, schema
 from raypack.config import JobConfig
+from raypack.corpus.metadata import kinds_of, unify
 from raypack.corpus.units import WorkUnit
 from raypack.dataset.layout import index_path
 from raypack.metrics import DocStats
@@ -28,12 +29,19 @@ __all__ = ["Totals", "shard_runs", "summarize_shard", "summarize_shard_warm", "w
 
 
 def summarize_shard(
-    cfg: JobConfig, unit: WorkUnit, doc_ids: pa.Array, rows: pa.Array, files: pa.Array, doc_length: np.ndarray
+    cfg: JobConfig,
+    unit: WorkUnit,
+    doc_ids: pa.Array,
+    rows: pa.Array,
+    files: pa.Array,
+    doc_length: np.ndarray,
+    metadata: pa.StructArray | None = None,
 ) -> dict[str, Any]:
     """The shard's sparse item histogram and document counts (for the driver's reduce), and its
-    documents index file. Called by the tokenize worker as soon as the shard is tokenized, so the
-    lengths are never read back. In a mixture, also its tokens by key bin (raypack.mixture), from
-    which the driver places each source's cut."""
+    documents index file (with its documents' `metadata`, input.metadata_fields, typed by the
+    unit's values: the kinds the summary gives, which the driver unifies). Called by the tokenize
+    worker as soon as the shard is tokenized, so the lengths are never read back. In a mixture,
+    also its tokens by key bin (raypack.mixture), from which the driver places each source's cut."""
     items = make_items(doc_length, cfg.pack.seq_len, cfg.pack.overflow)
     hist = item_histogram(items.length, cfg.pack.seq_len)
     nonzero = np.flatnonzero(hist)
@@ -48,6 +56,7 @@ def summarize_shard(
         np.zeros(len(doc_length), dtype=np.int32),
         files,
         staged=cfg.input.mixture,
+        metadata=metadata,
     )
     summary = {
         "lengths": nonzero.astype(np.int64),
@@ -55,6 +64,7 @@ def summarize_shard(
         "stats": DocStats.from_items(items).to_json(),
         "key_bins": np.zeros(0, dtype=np.int64),
         "key_tokens": np.zeros(0, dtype=np.int64),
+        "metadata_kinds": json.dumps(kinds_of(metadata) if metadata is not None else {}),
     }
     if cfg.input.mixture:
         keys = unit_keys(
@@ -93,10 +103,11 @@ def write_index(
     copy: np.ndarray,
     files: pa.Array,
     staged: bool = False,
+    metadata: pa.StructArray | None = None,
 ) -> None:
     """The shard's index file: a row per document (per copy of one, `copy` -1 for one left out)
-    with its items and tokens in the output. `staged`: into the staging area (the tokenize stage's
-    index, in a mixture)."""
+    with its items and tokens in the output, and its `metadata` (input.metadata_fields) as a last
+    column. `staged`: into the staging area (the tokenize stage's index, in a mixture)."""
     index = pa.table(
         {
             "doc_id": doc_ids,
@@ -111,6 +122,8 @@ def write_index(
         },
         schema=schema.DOCUMENTS,
     )
+    if metadata is not None:
+        index = index.append_column(schema.METADATA, metadata)
     with open_output(index_path(cfg.output.path, shard.index, staged), cfg.storage) as sink:
         pq.write_table(index, sink, compression="zstd")
 
@@ -167,6 +180,8 @@ class Totals:
         self.notes: list[str] = []
         """What else the tasks said of their backend (fastokens missing on a node; the first 20)."""
         self.reasons: Counter[str] = Counter()
+        self.metadata_kinds: list[dict[str, str]] = [{} for _ in run_of_shard]
+        """Each shard's index's metadata kinds (raypack.corpus.metadata), as its values made them."""
         self._seen = np.zeros(len(run_of_shard), dtype=bool)
         self.nodes = [""] * len(run_of_shard)
         """The Ray node that tokenized each shard (or work unit)."""
@@ -210,11 +225,21 @@ class Totals:
         self.reused += bool(row["cached"])
         self.nodes[shard] = str(row.get("node", ""))
         self.reasons.update(json.loads(row["reasons"]))
+        self.metadata_kinds[shard] = json.loads(row.get("metadata_kinds", "{}"))
 
     def check_complete(self) -> None:
         if not self._seen.all():
             missing = np.flatnonzero(~self._seen)
             raise RuntimeError(f"{len(missing)} shards (first: {missing[0]}) were never summarized")
+
+    def metadata(self, fields: tuple[str, ...]) -> dict[str, str]:
+        """The dataset's kind of each metadata field (input.metadata_columns): what every shard's
+        values make together (raypack.corpus.metadata.unify); null where none has a value."""
+        kinds = dict.fromkeys(fields, "null")
+        for shard in self.metadata_kinds:
+            for name, kind in shard.items():
+                kinds[name] = unify(kinds[name], kind)
+        return kinds
 
     def source_tokens(self) -> dict[str, int]:
         """Each source's kept tokens (raypack.mixture.kept), before any selection."""

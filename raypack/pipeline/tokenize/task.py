@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from isal.isal_zlib import crc32
 
 from raypack import schema
-from raypack.config import JobConfig
+from raypack.config import JobConfig, StorageConfig
+from raypack.corpus.metadata import metadata_array
 from raypack.corpus.readers import Batch, Reject, read_unit
 from raypack.corpus.readers.records import reason_counts
 from raypack.corpus.units import WorkUnit
@@ -35,6 +36,7 @@ from raypack.pipeline.tokenize.summary import summarize_shard
 from raypack.pipeline.tokenize.token_files import (
     DONE,
     Checksum,
+    cached_metadata_file,
     cached_rejects_file,
     read_finished,
     seal,
@@ -50,6 +52,10 @@ if TYPE_CHECKING:
     from raypack.pipeline.tokenize.worker import JobState
 
 __all__ = ["TokenizeShards", "stored_unit"]
+
+Tokenized = tuple[pa.Table, list[str], dict[str, Any], pa.StructArray | None]
+"""A unit's documents (row, file, doc_id, length), its rejects' reasons, its completion key, and
+its documents' metadata (None: none kept)."""
 
 
 class TokenizeShards:
@@ -109,10 +115,10 @@ class TokenizeShards:
         cannot pass: {"shard", "refused"} alone, nothing read or written."""
         if self.refused:
             return {"shard": unit.index, "refused": self.refused}
-        docs, reasons, lost = self._tokenize_checked(unit)
-        return _summary(self.cfg, unit, docs, lost, reasons) | self._backend_summary()
+        docs, reasons, lost, metadata = self._tokenize_checked(unit)
+        return _summary(self.cfg, unit, docs, lost, reasons, metadata) | self._backend_summary()
 
-    def _tokenize_checked(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, Any]]:
+    def _tokenize_checked(self, unit: WorkUnit) -> Tokenized:
         """_tokenize with the chosen encoder and, for a fast one, a Checker; on a Mismatch the unit
         is tokenized again with tokenizers, which this worker keeps (the driver, told by the
         summary's failover, stops giving out units and tokenizes every unit again)."""
@@ -153,7 +159,7 @@ class TokenizeShards:
             rule = f"{found.name}: {why}" if found is not None else why
         return {"cuts": made, "cuts_refused": refused, "long_whole": whole, "cut_rule": rule}
 
-    def _tokenize(self, unit: WorkUnit) -> tuple[pa.Table, list[str], dict[str, Any]]:
+    def _tokenize(self, unit: WorkUnit) -> Tokenized:
         """Tokenize the unit into its token file; rejects go beside it and into the output.
 
         A local file is written under a temporary name and renamed when finished, so that another
@@ -166,6 +172,7 @@ class TokenizeShards:
         path = unit.token_file
         rejects: list[dict[str, Any]] = []
         docs: list[pa.Table] = []
+        meta: list[tuple[Any, ...]] = []
         self._trained = 0
         self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
         # The rejects count is known only at the end: it goes on the last, empty record batch.
@@ -178,7 +185,7 @@ class TokenizeShards:
             for batch in read_unit(unit, cfg.tokenizer.batch_size, self.storage):
                 rejects.extend(r.as_row(relpaths) for r in batch.rejects)
                 if len(batch):
-                    table = self._encode(batch, unit, rejects)
+                    table = self._encode(batch, unit, rejects, meta)
                     writer.write_table(table)
                     checksum.add(table)
                     docs.append(table.select(["row", "file", "doc_id", "length"]))
@@ -195,6 +202,10 @@ class TokenizeShards:
                     f.write(data)
                 with open_output(rejects_path(cfg.output.path, unit.index), self.storage) as f:
                     f.write(data)
+            metadata, metadata_crc = None, None
+            if unit.reading.metadata_fields:  # beside the token file too, before its completion key
+                metadata = metadata_array(unit.reading.metadata_fields, meta)
+                metadata_crc = self._write_metadata(metadata, path)
             lost = {
                 "rejects": len(rejects),
                 "records": sum(r["records"] for r in rejects),
@@ -203,14 +214,28 @@ class TokenizeShards:
                 **self._long_texts(),
                 "crc32": checksum.crcs,
                 **({"rejects_crc32": rejects_crc} if rejects_crc is not None else {}),
+                **({"metadata_crc32": metadata_crc} if metadata_crc is not None else {}),
             }
             lost = seal(lost, path)
             done = pa.RecordBatch.from_pylist([], schema=schema.TOKENIZED)
             writer.write_batch(done, custom_metadata={DONE: json.dumps(lost).encode()})
         empty = schema.TOKENIZED.empty_table().select(["row", "file", "doc_id", "length"])
-        return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost
+        return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost, metadata
 
-    def _encode(self, batch: Batch, unit: WorkUnit, rejects: list[dict[str, Any]]) -> pa.Table:
+    def _write_metadata(self, metadata: pa.StructArray, path: str) -> int:
+        """The unit's documents' metadata, written beside its token file; its bytes' CRC-32."""
+        buffer = pa.BufferOutputStream()
+        pq.write_table(pa.table({"metadata": metadata}), buffer, compression="zstd")
+        data = buffer.getvalue().to_pybytes()
+        with atomic_output(cached_metadata_file(path), self.storage, self.run) as f:
+            f.write(data)
+        return crc32(data)
+
+    def _encode(
+        self, batch: Batch, unit: WorkUnit, rejects: list[dict[str, Any]], meta: list[tuple[Any, ...]]
+    ) -> pa.Table:
+        """The batch's documents encoded, as token file rows; those that give no token rejected.
+        Each kept document's metadata goes on `meta`."""
         chat = unit.reading.chat is not None
         flat, lengths, why = encode_batch(
             self.tok,
@@ -233,7 +258,10 @@ class TokenizeShards:
             keep = np.flatnonzero(lengths > 0).tolist()
             lengths = lengths[keep]
             files = None if batch.files is None else [batch.files[i] for i in keep]
+            kept = [batch.meta[i] for i in keep]
             batch = Batch(rows=[batch.rows[i] for i in keep], ids=[batch.ids[i] for i in keep], files=files)
+            batch.meta = kept
+        meta += batch.meta
         offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
         tokens = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
         return pa.table(
@@ -263,24 +291,22 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
     docs, lost = finished
     reasons: list[str] = []
     if lost["rejects"]:
-        try:
-            data = read_bytes(cached_rejects_file(path), storage)
-            if "rejects_crc32" in lost and crc32(data) != lost["rejects_crc32"]:
-                return None  # damaged since it was written: tokenized again
-            reasons = pq.read_table(pa.BufferReader(data), columns=["reason"]).column("reason").to_pylist()
-        except FileNotFoundError:
+        found = _beside(cached_rejects_file(path), lost.get("rejects_crc32"), storage, "reason")
+        if found is None:
             return None
-        except Exception:
-            # Unreadable since (a flipped byte makes pyarrow raise OSError, UnicodeDecodeError):
-            # tokenized again. On object storage an OSError may be the network's: the task's.
-            if is_uri(path):
-                raise
-            return None
+        data, table = found
+        reasons = table.column("reason").to_pylist()
         write_bytes(rejects_path(cfg.output.path, unit.index), data, storage)
+    metadata = None
+    if unit.reading.metadata_fields:  # (its key says metadata_fields: it was written with them)
+        found = _beside(cached_metadata_file(path), lost.get("metadata_crc32"), storage, "metadata")
+        if found is None:
+            return None
+        metadata = found[1].column("metadata").combine_chunks()
     if not is_uri(path):  # a local store's entry was used now (prune goes by this time)
         with suppress(OSError):
             os.utime(path)
-    return _summary(cfg, unit, docs, lost, reasons, cached=True) | {
+    return _summary(cfg, unit, docs, lost, reasons, metadata, cached=True) | {
         "backend": "cache",
         "checked_texts": 0,
         "checked_bytes": 0,
@@ -291,16 +317,38 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
     }
 
 
+def _beside(
+    path: str, crc: int | None, storage: StorageConfig | None, column: str
+) -> tuple[bytes, pa.Table] | None:
+    """A Parquet file beside a stored token file (its rejects, its metadata): its bytes and its
+    `column`; None where it is missing, or damaged or unreadable since it was written (its CRC-32,
+    where the completion key has one): the unit is tokenized again then."""
+    try:
+        data = read_bytes(path, storage)
+        if crc is not None and crc32(data) != crc:
+            return None
+        return data, pq.read_table(pa.BufferReader(data), columns=[column])
+    except FileNotFoundError:
+        return None
+    except Exception:
+        # Unreadable since (a flipped byte makes pyarrow raise OSError, UnicodeDecodeError):
+        # tokenized again. On object storage an OSError may be the network's: the task's.
+        if is_uri(path):
+            raise
+        return None
+
+
 def _summary(
     cfg: JobConfig,
     unit: WorkUnit,
     docs: pa.Table,
     lost: dict[str, Any],
     reasons: list[str],
+    metadata: pa.StructArray | None,
     cached: bool = False,
 ) -> dict[str, Any]:
-    """The summary of a unit's documents (row, file, doc_id, length) and rejects, but the backend's
-    part (which encoder, what it checked and cut)."""
+    """The summary of a unit's documents (row, file, doc_id, length), metadata and rejects, but
+    the backend's part (which encoder, what it checked and cut)."""
     doc_length = docs.column("length").to_numpy()
     summary = summarize_shard(
         cfg,
@@ -309,6 +357,7 @@ def _summary(
         docs.column("row").combine_chunks(),
         docs.column("file").combine_chunks(),
         doc_length,
+        metadata,
     )
     return {
         "shard": unit.index,
