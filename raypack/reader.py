@@ -83,22 +83,26 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
-from raypack.dataset.layout import MANIFEST, resolve_dataset
+from raypack.dataset.layout import MANIFEST, index_path, resolve_dataset
+from raypack.dataset.manifest import metadata_kinds
 from raypack.dataset.previous import aside_note
 from raypack.formats import data_file, read_packs, read_rows, spec_of, stem_of_file
 from raypack.packing import PackPermutation
-from raypack.schema import READABLE_SCHEMA_VERSIONS, row_group_rows
+from raypack.schema import METADATA, READABLE_SCHEMA_VERSIONS, row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
 
 __all__ = [
     "IGNORE_INDEX",
     "LAST_BATCH",
+    "DocumentMetadata",
     "Pinned",
     "batch_fields",
     "block_causal_mask",
+    "document_metadata",
     "iter_batches",
     "pin",
     "pin_version",
@@ -777,3 +781,69 @@ def training_batches(shard: Any, batch_size: int, *, torch: bool = False) -> Ite
         for a, b in itertools.pairwise(cuts.tolist()):
             batch = batch_fields(table.slice(a, b - a), int(lengths[a]), pad_id)
             yield convert(batch) if convert is not None else batch
+
+
+def document_metadata(path: str, storage: StorageConfig | None = None) -> pa.Table:
+    """The metadata the dataset kept of its documents (input.metadata_fields; the manifest's
+    `metadata`): a row a document, `doc_id` then a column a field, typed as the manifest says (a
+    field a record lacked: null), in the index's order (work unit, then row). A document a mixture
+    repeated is one row (its copies share its id and its metadata). ValueError for a dataset that
+    kept none. It holds every document's id and fields: ~100 bytes a document with a few short ones.
+
+    A pack's documents are its `doc_ids` (read_packed's rows, a parquet dataset's, a format's pack
+    index): DocumentMetadata looks them up."""
+    pinned = pin(path, storage)
+    kinds = metadata_kinds(pinned.manifest)
+    if not kinds:
+        raise ValueError(f"{pinned.path} keeps no metadata of its documents (input.metadata_fields)")
+    parts = []
+    for shard in range(int(pinned.manifest["counts"]["shards"])):
+        fs, inner = resolve(index_path(pinned.path, shard), storage)
+        with fs.open_input_file(inner) as f:
+            table = pq.read_table(f, columns=["doc_id", "copy", METADATA])
+        table = table.filter(pc.less_equal(table.column("copy"), 0))  # a document once, not a copy
+        meta = table.column(METADATA).combine_chunks()
+        parts.append(pa.table([table.column("doc_id"), *meta.flatten()], names=["doc_id", *kinds]))
+    return pa.concat_tables(parts)
+
+
+class DocumentMetadata:
+    """A dataset's documents' metadata by id (document_metadata's table), for the documents of its
+    packs: a pack's `doc_ids` (each chunk of a long document carries its id, so its chunks share
+    its metadata).
+
+        meta = DocumentMetadata("out/")
+        for pack in read_packed("out/").iter_rows():
+            for doc_id, fields in zip(pack["doc_ids"], meta.of(pack["doc_ids"])):
+                ...   # fields: {"url": ..., "language": ...}
+
+    An id that several documents share (an input.id_field whose values repeat) names no one
+    document's metadata where theirs differ: `of` raises a ValueError for it (the packs cannot
+    tell those documents apart); where theirs are equal, it gives them."""
+
+    def __init__(self, path: str, storage: StorageConfig | None = None) -> None:
+        self.table = document_metadata(path, storage)
+        self.fields = tuple(self.table.column_names[1:])
+        self._rows = self.table.drop_columns(["doc_id"]).to_pylist()
+        self._at: dict[str, int] = {}
+        self._ambiguous: set[str] = set()
+        for i, doc_id in enumerate(self.table.column("doc_id").to_pylist()):
+            first = self._at.setdefault(doc_id, i)
+            if first != i and self._rows[first] != self._rows[i]:
+                self._ambiguous.add(doc_id)
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def of(self, doc_ids: Any) -> list[dict[str, Any]]:
+        """The metadata of each id of `doc_ids` (a pack's, in its order), a dict of the fields
+        each; KeyError for an id the dataset does not hold."""
+        found = []
+        for doc_id in doc_ids:
+            if doc_id in self._ambiguous:
+                raise ValueError(
+                    f"documents of id {doc_id!r} hold different metadata, and the packs cannot tell "
+                    "them apart (an id field whose values repeat): see document_metadata's rows"
+                )
+            found.append(self._rows[self._at[doc_id]])
+        return found

@@ -36,8 +36,9 @@ import pyarrow.parquet as pq
 
 from raypack import schema
 from raypack.config import JobConfig, StorageConfig
+from raypack.corpus.metadata import KINDS, conform, metadata_array
 from raypack.dataset.layout import MANIFEST, resolve_dataset
-from raypack.dataset.manifest import packed_settings
+from raypack.dataset.manifest import metadata_kinds, packed_settings
 from raypack.dataset.previous import aside_note
 from raypack.errors import ConfigError
 from raypack.formats import Spec, packs_of, spec_of
@@ -113,7 +114,7 @@ def verify(
     differs = _settings_differ(config, manifest) if config is not None else []
     for problem in differs:
         report.add(problem)
-    docs = _read_index(output, manifest, storage)
+    docs = _read_index(output, manifest, storage, report)
     per_id, shared = _count_documents(docs, report)
     partial: dict[str, int] = {}  # a mixture's cut documents: their partial copy's tokens
     if "mixture" in manifest:
@@ -477,8 +478,15 @@ def _check_rows(name: str, table: pa.Table, capacity: int, pad_id: int, report: 
     )
 
 
-def _read_index(output: str, manifest: dict[str, Any], storage: StorageConfig | None) -> pa.Table:
-    """Every index file, as schema.DOCUMENTS (an index written before mixtures: source "", copy 0)."""
+def _read_index(
+    output: str, manifest: dict[str, Any], storage: StorageConfig | None, report: VerifyReport
+) -> pa.Table:
+    """Every index file, as schema.DOCUMENTS (an index written before mixtures: source "", copy 0),
+    and its `metadata` where the manifest lists some (a problem for a file whose metadata is not of
+    the manifest's fields and types)."""
+    kinds = metadata_kinds(manifest)
+    expected = pa.struct([(name, KINDS[kind]) for name, kind in kinds.items()])
+    names = [*schema.DOCUMENTS.names, *([schema.METADATA] if kinds else [])]
     fs, inner = resolve(join(output, "index"), storage)
     parts = []
     for shard in range(int(manifest["counts"]["shards"])):
@@ -490,8 +498,23 @@ def _read_index(output: str, manifest: dict[str, Any], storage: StorageConfig | 
             table = table.append_column("copy", pa.array(np.zeros(table.num_rows, dtype=np.int32)))
         if "file" not in table.column_names:  # written before runs of small files: a file a unit
             table = table.append_column("file", pa.array(np.zeros(table.num_rows, dtype=np.int32)))
-        parts.append(table.select(schema.DOCUMENTS.names))
-    return pa.concat_tables(parts) if parts else schema.DOCUMENTS.empty_table()
+        if kinds:
+            table = _index_metadata(table, expected, shard, report)
+        parts.append(table.select(names))
+    empty = schema.DOCUMENTS.append(pa.field(schema.METADATA, expected)) if kinds else schema.DOCUMENTS
+    return pa.concat_tables(parts) if parts else empty.empty_table()
+
+
+def _index_metadata(table: pa.Table, expected: pa.DataType, shard: int, report: VerifyReport) -> pa.Table:
+    """An index file's table with its metadata of the manifest's fields and types; a problem, and
+    nulls in its place, where it is not."""
+    found = table.schema.field(schema.METADATA).type if schema.METADATA in table.column_names else None
+    if found == expected:
+        return table
+    report.add(f"index/shard-{shard:06d}.parquet: metadata is {found}, not the manifest's {expected}")
+    if found is not None:
+        table = table.drop_columns([schema.METADATA])
+    return table.append_column(schema.METADATA, pa.nulls(table.num_rows, expected))
 
 
 def _check_mixture(manifest: dict[str, Any], docs: pa.Table, report: VerifyReport) -> dict[str, int]:
@@ -781,11 +804,13 @@ def _retokenize(
 
     wanted: dict[int, set[tuple[int, int]]] = {}  # by unit: (file, row) of each picked document
     picked_id: dict[tuple[int, int, int], str] = {}  # (unit, file, row) -> the index's id there
+    picked_at: dict[tuple[int, int, int], int] = {}  # (unit, file, row) -> its row of the index
     for i in picks:
         place = (int(docs.column("file")[i].as_py()), int(docs.column("row")[i].as_py()))
         unit_index = int(docs.column("shard")[i].as_py())
         wanted.setdefault(unit_index, set()).add(place)
         picked_id[(unit_index, *place)] = str(docs.column("doc_id")[i].as_py())
+        picked_at[(unit_index, *place)] = i
     config, tok, template = _encoding_as_packed(config, manifest)
     _check_specials(config, manifest, tok, report)
     expected: dict[str, list[int]] = {}
@@ -799,10 +824,34 @@ def _retokenize(
                 keep = _rows_as_read(batch, keep, numbers, shard_index, picked_id, report)
             if not keep:
                 continue
+            at = [picked_at[(shard_index, numbers[k], batch.rows[k])] for k in keep]
+            _check_metadata(manifest, docs, at, shards[shard_index], [batch.meta[k] for k in keep], report)
             encoded = _encode_sample(tok, config, template, [batch.texts[k] for k in keep])
             for k, tokens in zip(keep, encoded, strict=True):
                 expected[batch.ids[k]] = tokens
     return expected
+
+
+def _check_metadata(
+    manifest: dict[str, Any],
+    docs: pa.Table,
+    at: list[int],
+    unit: WorkUnit,
+    values: list[tuple[Any, ...]],
+    report: VerifyReport,
+) -> None:
+    """The metadata of documents read again (`values`, as their unit's Reading names them) against
+    the index's rows `at` (the first three that differ, a problem each)."""
+    kinds = metadata_kinds(manifest)
+    if not kinds:
+        return
+    again = conform(metadata_array(unit.reading.metadata_fields, values), len(values), kinds).to_pylist()
+    held = docs.column(schema.METADATA).take(pa.array(at, pa.int64())).to_pylist()
+    # As JSON text: a NaN equals itself there.
+    differ = [(i, a, h) for i, a, h in zip(at, again, held, strict=True) if json.dumps(a) != json.dumps(h)]
+    for i, a, h in differ[:3]:
+        doc_id = docs.column("doc_id")[i].as_py()
+        report.add(f"document {doc_id!r}: its metadata in the index is {h}, its input's now {a}")
 
 
 # Sources that are the user's own choice of an id: whatever it is, it is what they asked for.

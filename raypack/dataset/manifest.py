@@ -1,7 +1,8 @@
 """The manifest's views of what a dataset holds, as the job writes them and the tools around a
-dataset (verify, convert, report) read them: its data files (`files`), the format's own files of the
-whole dataset (`format`), and each work unit's input files (`inputs`). The rest of the manifest is
-the run's record (raypack.pipeline.record)."""
+dataset (verify, convert, report, the reader) read them: its data files (`files`), the format's own
+files of the whole dataset (`format`), each work unit's input files (`inputs`), and the metadata
+its index keeps of each document (`metadata`). The rest of the manifest is the run's record
+(raypack.pipeline.record)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raypack.config import StorageConfig
+from raypack.corpus.metadata import KINDS
 from raypack.formats import Spec
 from raypack.storage import join, write_bytes
 
@@ -19,6 +21,7 @@ __all__ = [
     "entry_files",
     "format_entry",
     "manifest_files",
+    "metadata_kinds",
     "packed_settings",
     "write_dataset_files",
 ]
@@ -46,6 +49,16 @@ def packed_settings(manifest: dict[str, Any]) -> dict[str, list[Any]]:
 _FILE_KEYS = ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256", "index")
 # Kept in the manifest too: what bridge's pack_metadata.json is made from (and verify remakes it).
 _FILE_STATS = ("max_items", "longest_item", "fewest_tokens", "trained")
+
+
+def metadata_kinds(manifest: dict[str, Any]) -> dict[str, str]:
+    """The kind (raypack.corpus.metadata.KINDS) of each metadata field the index keeps, in the
+    index's order; {} for a dataset that keeps none (input.metadata_fields unset, or made before)."""
+    found = manifest.get("metadata")
+    if not found:
+        return {}
+    by_type = {str(t): kind for kind, t in KINDS.items()}
+    return {name: by_type[found["types"][name]] for name in found["fields"]}
 
 
 def manifest_files(files: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
