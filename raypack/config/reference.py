@@ -16,6 +16,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import json
 import re
 import sys
 import textwrap
@@ -177,6 +178,8 @@ def _yaml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, tuple):
         return "[" + ", ".join(_yaml(v) for v in value) + "]"
+    if isinstance(value, str) and not value.isprintable():  # "\n\n": YAML's double quotes, as JSON's
+        return json.dumps(value)
     if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
         size = f"{value >> 30} GiB" if value % (1 << 30) == 0 else f"{value >> 20} MiB"
         return f"{value} ({size})"
