@@ -188,6 +188,66 @@ def test_parquet_rows_and_wrong_schema(tmp_path: Path) -> None:
     assert docs == [] and rejects == [(-1, "Parquet file has no column 'text' (columns: content)")]
 
 
+def _read_meta(
+    path: Path, fmt: str, **options: Any
+) -> tuple[list[tuple[int, str, tuple[Any, ...]]], list[tuple[int, str]]]:
+    docs, rejects = [], []
+    for b in read_shard(shard_of(path), input_config(fmt, **options), 3):
+        docs += list(zip(b.rows, b.texts, b.meta, strict=True))
+        rejects += [(r.row, r.reason) for r in b.rejects]
+    return docs, rejects
+
+
+def test_text_fields_and_metadata_by_the_rule(tmp_path: Path) -> None:
+    """text_fields: the fields present and not empty joined in order; none present (missing or
+    null) or one not a string is a reject. metadata_fields: a missing field is null, a list or an
+    object a reject; orjson and json read a line alike (a float score, an integer past 64 bits)."""
+    options = {"text_fields": ("title", "body"), "text_separator": " | ", "metadata_fields": ("url", "q")}
+    write_jsonl(
+        tmp_path / "a.jsonl",
+        [
+            {"title": "T", "body": "B", "url": "u", "q": 0.5},
+            {"body": "B2"},
+            {"title": None, "body": "B3", "q": 2**70},
+            {"title": "", "body": "B4", "q": True},
+            {"url": "u5"},
+            {"title": None, "body": None},
+            {"title": "T7", "body": ["x"]},
+            {"title": "T8", "body": "B8", "url": {"a": 1}},
+            b'{"title": "T9", "url": "\\ud800"}',
+        ],
+    )
+    docs, rejects = _read_meta(tmp_path / "a.jsonl", "jsonl", **options)
+    assert docs == [
+        (1, "T | B", ("u", 0.5)),
+        (2, "B2", (None, None)),
+        (3, "B3", (None, 2**70)),
+        (4, "B4", (None, True)),
+    ]
+    none = "no text field present (all missing or null: 'title', 'body')"
+    assert rejects == [
+        (5, none),
+        (6, none),
+        (7, "text field 'body' is list, not a string"),
+        (8, "metadata field 'url' is dict, not a string, number or bool"),
+        (9, "unpaired surrogate escape in the JSON (half a surrogate pair: not text)"),
+    ]
+
+    # Parquet: a column the file lacks is missing in every row (without any text column, the file
+    # is lost); a metadata column that holds no scalars loses the file.
+    write_parquet(tmp_path / "b.parquet", {"body": ["x", None], "q": [1, None]})
+    docs, rejects = _read_meta(tmp_path / "b.parquet", "parquet", **options)
+    assert docs == [(0, "x", (None, 1))] and rejects == [(1, none)]
+    write_parquet(tmp_path / "c.parquet", {"text": ["x"]})
+    docs, rejects = _read_meta(tmp_path / "c.parquet", "parquet", **options)
+    assert rejects == [(-1, "Parquet file has none of the columns title, body (columns: text)")]
+    write_parquet(tmp_path / "d.parquet", {"body": ["x"], "url": [["a"]]})
+    docs, rejects = _read_meta(tmp_path / "d.parquet", "parquet", **options)
+    assert rejects == [
+        (-1, "column 'url' is list<element: string>, not a string, number or bool (input.metadata_fields)")
+    ]
+
+
 def test_text_files_are_one_document_each(tmp_path: Path) -> None:
     (tmp_path / "t.txt").write_text("hello\nworld\n")
     (tmp_path / "bin.txt").write_bytes(b"\xff\xfe")
