@@ -172,7 +172,8 @@ class InputConfig:
     is that of its values over the whole dataset: int where all are integers, float where some
     are floats, bool, string; null where none has a value; values of other kinds mixed (an int in
     one record, a string in another) are all kept as strings, the others as their JSON text
-    ("1", "true", "0.5") (docs/output-format.md)."""
+    ("1", "true", "0.5") (docs/output-format.md). A text file (format text) has no fields: a
+    source of them that inherits the list keeps null."""
     id_field: str | None = None
     """Field holding the document id; None: `<path relative to root>:<line>` (jsonl, 1-based) or
     `<path>:<row>` (parquet, 0-based)."""
@@ -323,16 +324,21 @@ class InputConfig:
             raise ConfigError("give input.text_field or input.text_fields, not both")
         _check_names("input.text_fields", self.text_fields, at_least=0)
         _check_names("input.metadata_fields", self.metadata_fields, at_least=0)
-        for name in ["", *(s.name for s in self.sources)]:
-            one = self.of(name)
-            where = f"input.sources[{name}]" if name else "input"
-            if one.text_fields and self.chat:
-                raise ConfigError(
-                    f"{where}.text_fields joins plain text; conversations (input.messages_field, "
-                    "prompt_field) take no text_fields"
-                )
-            if one.format == "text" and (one.text_fields or one.metadata_fields):
-                key = "text_fields" if one.text_fields else "metadata_fields"
+        if self.chat and self.text_fields:
+            raise ConfigError(
+                "input.text_fields joins plain text; conversations (input.messages_field, "
+                "prompt_field) take no text_fields"
+            )
+        # A text file is a document with no fields: a list given where every file is one is a
+        # mistake; one a text source inherits reads nothing there (its documents' metadata: null).
+        given = [("input", self.format, self.text_fields, self.metadata_fields)] if not self.sources else []
+        given += [
+            (f"input.sources[{s.name}]", self.of(s.name).format, s.text_fields or (), s.metadata_fields or ())
+            for s in self.sources
+        ]
+        for where, fmt, text_fields, metadata_fields in given:
+            if fmt == "text" and (text_fields or metadata_fields):
+                key = "text_fields" if text_fields else "metadata_fields"
                 raise ConfigError(f"{where}.{key}: format text reads a file a document, which has no fields")
 
     def _check_datasets(self, whole: bool) -> None:
@@ -386,22 +392,23 @@ class InputConfig:
         s = next((s for s in self.sources if s.name == source), None)
         if s is None:
             raise KeyError(f"no input source {source!r}")
+        fmt = s.format or self.format
+        # A text file has no fields: a text source reads none of the lists it inherits.
+        fields = fmt != "text" or source in self.datasets
+        text_fields = s.text_fields if s.text_fields is not None else () if s.text_field else self.text_fields
+        metadata = s.metadata_fields if s.metadata_fields is not None else self.metadata_fields
         return dataclasses.replace(
             self,
             paths=s.paths,
             sources=(),
             datasets=("",) if source in self.datasets else (),
             tokens=None,
-            format=s.format or self.format,
+            format=fmt,
             text_field=s.text_field or self.text_field,
             # A source's own text_field reads that field alone, whatever input.text_fields says.
-            text_fields=s.text_fields
-            if s.text_fields is not None
-            else ()
-            if s.text_field
-            else self.text_fields,
+            text_fields=text_fields if fields else (),
             text_separator=s.text_separator if s.text_separator is not None else self.text_separator,
-            metadata_fields=s.metadata_fields if s.metadata_fields is not None else self.metadata_fields,
+            metadata_fields=metadata if fields else (),
             id_field=(s.id_field or None) if s.id_field is not None else self.id_field,
             root=s.root if s.root is not None else self.root,
         )

@@ -281,6 +281,24 @@ def test_a_bad_combination_is_a_one_line_config_error(inputs: dict[str, Any], sa
     assert "\n" not in str(e.value)
 
 
+def test_a_text_source_reads_none_of_the_fields_it_inherits() -> None:
+    """A text file is one document with no fields: a text source that inherits text_fields or
+    metadata_fields reads its files whole (metadata null); one that names them is refused."""
+    sources = [{"name": "j", "paths": ["j/*"]}, {"name": "t", "paths": ["t/*"], "format": "text"}]
+    config = {
+        "input": {"text_fields": ["title", "body"], "metadata_fields": ["url"], "sources": sources},
+        "tokenizer": {"path": "t"},
+        "output": {"path": "o"},
+    }
+    cfg = load_config(config)
+    assert cfg.input.reading("j").text_fields == ("title", "body") and cfg.input.reading("j").metadata_fields
+    assert cfg.input.reading("t").text_fields == () == cfg.input.reading("t").metadata_fields
+    assert cfg.input.metadata_columns == ("url",)
+    sources[1]["metadata_fields"] = ["url"]
+    with pytest.raises(ConfigError, match=r"input.sources\[t\].metadata_fields: format text reads a file"):
+        load_config(config)
+
+
 def _word_tokenizer(path: Path) -> Path:
     tok = Tokenizer(models.WordLevel({"<|endoftext|>": 0, "a": 1, "b": 2, "[UNK]": 3}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
