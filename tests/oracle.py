@@ -37,6 +37,8 @@ class Doc:
     completion: str | None = None
     reject: bool = False
     """Not a document (empty, whitespace only): rejects/ must hold it, the packs must not."""
+    meta: dict[str, Any] | None = None
+    """Its metadata as raypack.reader.document_metadata must give it (input.metadata_fields)."""
 
 
 @dataclass

@@ -31,6 +31,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 import raypack
+from raypack.reader import document_metadata
 from tests import oracle
 from tests.chatdata import CHATML_MARKED, chat_model, conversation
 from tests.conftest import WORDS
@@ -71,6 +72,9 @@ class Combo:
     seq_len: int
     seed: int
     tokenizer: str = "trained"  # the tests' BPE or a real model's (REAL_TOKENIZERS); chat: with ChatML added
+    metadata: bool = (
+        False  # input.metadata_fields [url, n]: n an int in a source's first file, a string after
+    )
 
 
 # Real model tokenizers plain text draws (tests/real_tokenizers.py: the session's fixtures of these
@@ -106,6 +110,9 @@ def combos(draw: st.DrawFn) -> Combo:
     algorithm = draw(st.sampled_from(SHARDED_PACKERS if mode == "sharded" else HISTOGRAM_PACKERS))
     if algorithm == "bucket" and output in ("megatron", "olmo"):
         algorithm = "bfd"  # one sequence length: their trainers refuse several (tested elsewhere)
+    # text_fields and metadata_fields read records: not where every file is a text file.
+    fields = not (fmt == "text" and not sources)
+    text_fields = ("title+body",) if kind == "plain" and fields else ()
     loss = {
         "plain": "all",
         "messages": draw(st.sampled_from(("assistant", "all"))),
@@ -114,7 +121,7 @@ def combos(draw: st.DrawFn) -> Combo:
     return Combo(
         kind=kind,
         format=fmt,
-        text_field=draw(st.sampled_from(("text", "content"))),
+        text_field=draw(st.sampled_from(("text", "content", *text_fields))),
         id_field=draw(st.booleans()),
         sources=sources,
         template=draw(st.sampled_from(("model", "marked"))),
@@ -133,6 +140,7 @@ def combos(draw: st.DrawFn) -> Combo:
         seed=draw(st.integers(0, 2**16)),
         # Chat: the real tokenizer with ChatML's tokens added (chatdata.chat_model).
         tokenizer=draw(st.sampled_from(("trained", "trained", *REAL_TOKENIZERS))),
+        metadata=draw(st.booleans()) and fields,
     )
 
 
@@ -145,8 +153,12 @@ def write_corpus(combo: Combo, root: Path, rng: random.Random) -> tuple[oracle.C
     the config's `input` section; the oracle's record of every document."""
     corpus = oracle.Corpus()
     inputs: dict[str, Any] = {"format": _config_format(combo.format), "max_reject_ratio": 0.3}
-    if combo.kind == "plain":
+    if combo.kind == "plain" and combo.text_field == "title+body":
+        inputs["text_fields"] = ["title", "body"]
+    elif combo.kind == "plain":
         inputs["text_field"] = combo.text_field
+    if combo.metadata:
+        inputs["metadata_fields"] = ["url", "n"]
     if combo.id_field:
         inputs["id_field"] = "id"
     if not combo.sources:
@@ -224,8 +236,14 @@ def _write_source(
             else:
                 blank = i == 3 and f == 0  # whitespace only: a reject
                 text = "  \n " if blank else words(rng, int(rng.lognormvariate(3.6, 0.9)) + 1)
-                record[text_field] = text
-                doc = oracle.Doc(doc_id, source, text=text, reject=blank)
+                record |= _text_record(text_field, text, blank or i % 3 == 0)
+                doc = oracle.Doc(
+                    doc_id, source, text=JOIN.join(v for v in record.values() if v), reject=blank
+                )
+            doc.meta = {"url": None, "n": None}
+            if combo.metadata and fmt != "text":
+                record |= _metadata_record(i, f)
+                doc.meta = {"url": record.get("url"), "n": str(record["n"])}
             if id_field is not None and fmt != "text":
                 record[id_field] = doc.id = f"{source or 'top'}-{f}-{i}"
             docs.append(doc)
@@ -240,6 +258,27 @@ def _write_source(
                 bad = json.dumps({"messages": "not a list", "prompt": 7}).encode() + b"\n"
                 out.write(gzip.compress(bad, mtime=0) if fmt == "jsonl.gz" else bad)
         corpus.docs += docs
+
+
+JOIN = "\n\n"  # input.text_separator's default
+
+
+def _text_record(text_field: str, text: str, body_only: bool) -> dict[str, str]:
+    """A plain document's fields: the text in its field, or for text_fields [title, body] its first
+    word as the title (null where `body_only`: a missing one is test_fields') and the rest as the
+    body ("" for a one-word text)."""
+    if text_field != "title+body":
+        return {text_field: text}
+    if body_only:
+        return {"title": None, "body": text}
+    title, _, body = text.partition(" ")
+    return {"title": title, "body": body}
+
+
+def _metadata_record(i: int, f: int) -> dict[str, Any]:
+    """Metadata of record i of a source's file f: a url missing in some, n an int in the first file
+    and a string in the second (the dataset's n is then a string, the ints as their text)."""
+    return {**({"url": f"https://x/{f}/{i}"} if i % 4 != 2 else {}), "n": i if f == 0 else f"n{i}"}
 
 
 def config(
@@ -425,6 +464,9 @@ def run_and_check(combo: Combo, tokenizers: dict[str, Path], models: dict[str, P
             masked=masked,
             max_depth=combo.max_depth,
         )
+        if combo.metadata:  # every document's, as the reader gives them
+            found = {r.pop("doc_id"): r for r in document_metadata(str(outs[0])).to_pylist()}
+            assert found == {d.id: d.meta for d in corpus.docs if d.id in expected}
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -494,3 +536,4 @@ def test_the_drawing_reaches_every_setting() -> None:
     }
     assert seen["template"] == {"model", "marked"} and seen["mode"] == {"global", "sharded"}
     assert seen["chat_spans"] == {"auto", "prefixes"}
+    assert seen["text_field"] == {"text", "content", "title+body"} and seen["metadata"] == {True, False}
