@@ -348,11 +348,20 @@ def test_a_ray_datasets_columns_are_joined_and_kept(tmp_path: Path, tokenizer_pa
 
     rng = random.Random(3)
     rows = [
-        {"title": None if i % 3 == 0 else f"T{i}", "body": random_text(rng, 30), "lang": ["en", "de"][i % 2]}
+        {
+            "title": None if i % 3 == 0 else f"T{i}",
+            "body": random_text(rng, 30),
+            "lang": ["en", "de"][i % 2],
+            "score": None if i < 16 else i + 0.5,  # the first unit's all null, the others' floats
+        }
         for i in range(40)
     ]
     config = {
-        "input": {"text_fields": ["title", "body"], "metadata_fields": ["lang", "url"], "unit_rows": 16},
+        "input": {
+            "text_fields": ["title", "body"],
+            "metadata_fields": ["lang", "url", "score"],
+            "unit_rows": 16,
+        },
         "tokenizer": {"path": str(tokenizer_path)},
         "pack": {"seq_len": 512},
         "output": {"path": str(tmp_path / "out")},
@@ -363,4 +372,9 @@ def test_a_ray_datasets_columns_are_joined_and_kept(tmp_path: Path, tokenizer_pa
     assert packed_documents(out) == _tokens(tokenizer_path, texts)
     # `url` is no column of the Dataset: null in every row, as a Parquet file without it.
     found = {r.pop("doc_id"): r for r in document_metadata(str(out)).to_pylist()}
-    assert found == {f"dataset:{i}": {"lang": r["lang"], "url": None} for i, r in enumerate(rows)}
+    want = {f"dataset:{i}": {"lang": r["lang"], "url": None, "score": r["score"]} for i, r in enumerate(rows)}
+    assert found == want
+    # The Ray tasks wrote the first unit's index again, its null scores as doubles.
+    assert {str(pq.read_schema(p).field("metadata").type) for p in (out / "index").glob("*.parquet")} == {
+        "struct<lang: string, url: null, score: double>"
+    }
