@@ -304,6 +304,7 @@ def _first(batch: Batch, n: int) -> tuple[Batch, bool]:
         rows=batch.rows[:n],
         ids=batch.ids[:n],
         texts=batch.texts[:n],
+        meta=batch.meta[:n],
         rejects=[r for r in batch.rejects if r.row < cut],
         text_bytes=batch.text_bytes * n // len(batch),
     ), False
