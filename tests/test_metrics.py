@@ -102,6 +102,7 @@ def _record(m: Any) -> JobResult:
         sources=[],
         mixture=None,
         chat=None,
+        metadata=None,
         metrics=m,
         global_efficiency=1.0,
         comparison_rows=(),
