@@ -492,7 +492,7 @@ def _plan_sample(args: argparse.Namespace, cfg: JobConfig) -> CorpusSample:
             f"the sample of {args.config}'s input holds no document to pack: {sample.drawn.records:,} "
             f"records read, {sample.rejected:,} rejected as the job would: {reasons_text(sample.reasons)}"
         )
-    for line in describe(sample, args.config):
+    for line in describe(sample, args.config, cfg.input.max_reject_ratio):
         print(line, file=sys.stderr if args.json else sys.stdout)
     return sample
 
@@ -544,7 +544,7 @@ def _write_plan_report(
         from raypack.plan_sample import describe
 
         source = f"a sample of {args.config}'s input, seed {args.seed}"
-        notes = describe(sample, args.config)
+        notes = describe(sample, args.config, None)
     elif args.lengths:
         source = args.lengths
     else:
@@ -651,6 +651,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             f"OK: {report.dataset}: {report.documents:,} documents, {report.items:,} items, "
             f"{report.packs:,} packs, {report.tokens:,} tokens{sampled}"
         )
+        if report.trial:
+            print(f"note: {report.trial}")
         if report.duplicate_ids:
             print(f"note: {report.duplicate_ids:,} document ids are carried by more than one input document")
         _print_lost_and_warnings(report)

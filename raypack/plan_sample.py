@@ -214,9 +214,10 @@ def reasons_text(reasons: dict[str, int]) -> str:
     return ", ".join(f"{kind} ({n:,})" for kind, n in common) or "none"
 
 
-def describe(sample: CorpusSample, source: str) -> list[str]:
+def describe(sample: CorpusSample, source: str, max_reject_ratio: float | None = None) -> list[str]:
     """What the sample read and rejected, how it was tokenized, and what its counts stand for: the
-    corpus's (read whole), the corpus's estimated by bytes, or the sample's alone."""
+    corpus's (read whole), the corpus's estimated by bytes, or the sample's alone. Rejects over
+    `max_reject_ratio` (input.max_reject_ratio) are said to fail the job, as they would."""
     from raypack.dataset.store import size_text
 
     d = sample.drawn
@@ -232,6 +233,13 @@ def describe(sample: CorpusSample, source: str) -> list[str]:
         lines.append(
             f"rejected as the job would: {sample.rejected:,} record{'s' if sample.rejected != 1 else ''}: "
             f"{reasons_text(sample.reasons)}"
+        )
+    records = sample.rejected + len(sample.lengths)
+    if max_reject_ratio is not None and records and sample.rejected / records > max_reject_ratio:
+        lines.append(
+            f"warning: the job would fail: {sample.rejected / records:.2%} of the records rejected, over "
+            f"input.max_reject_ratio ({max_reject_ratio:.2%}); most such corpora have a wrong "
+            "input.format or text field"
         )
     scale = d.scale
     if d.whole:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raypack.dataset.manifest import describe_sample
 from raypack.dataset.store import store_line
 from raypack.formats import total_bytes
 from raypack.mixture import SOURCE_HEADER, source_cells
@@ -35,15 +36,8 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
             else f"{result.documents:,} (no record rejected)",
         ),
     ]
-    if result.sample is not None:
-        t = result.sample
-        rows.append(
-            (
-                "sample",
-                f"a trial on {t['bytes'] / 2**20:,.1f} MiB of {t['of_bytes'] / 2**20:,.1f} MiB "
-                f"({t['files']:,} of {t['of_files']:,} files; input.limit_bytes): not the whole corpus",
-            )
-        )
+    if (trial := describe_sample(result.sample)) is not None:
+        rows.append(("sample", trial))
     if result.lost_files:
         rows.append(
             ("lost files", f"{result.lost_files:,} input files unreadable whole or in part (allowed)")

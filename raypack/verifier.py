@@ -38,7 +38,7 @@ from raypack import schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.corpus.metadata import KINDS, conform, metadata_array
 from raypack.dataset.layout import MANIFEST, resolve_dataset
-from raypack.dataset.manifest import metadata_kinds, packed_settings
+from raypack.dataset.manifest import describe_sample, metadata_kinds, packed_settings
 from raypack.dataset.previous import aside_note
 from raypack.errors import ConfigError
 from raypack.formats import Spec, packs_of, spec_of
@@ -80,6 +80,8 @@ class VerifyReport:
     warnings: list[str] = field(default_factory=list)
     """Not failures: e.g. inputs changed since the dataset was made (the sample is then re-read from
     the files as they are now)."""
+    trial: str | None = None
+    """The dataset is a trial on a sample of its corpus (input.limit_bytes), in words; None: not."""
 
     @property
     def ok(self) -> bool:
@@ -111,6 +113,7 @@ def verify(
         return report
     spec = spec_of(manifest)
     report.format = spec.name
+    report.trial = describe_sample(manifest.get("sample"))
     differs = _settings_differ(config, manifest) if config is not None else []
     for problem in differs:
         report.add(problem)

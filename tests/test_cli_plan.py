@@ -465,3 +465,21 @@ def test_a_sample_on_s3_is_the_sample_on_local_disk(tmp_path: Path, tokenizer_pa
     assert there.lengths.tolist() == here.lengths.tolist() and there.ids == here.ids
     assert there.drawn.scale == here.drawn.scale and here.drawn.scale is not None
     assert not here.drawn.whole
+
+
+def test_plan_says_when_the_job_would_fail_on_its_rejects(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A corpus the job would refuse (a Parquet file read as JSONL: most records unreadable) is said
+    to fail, not planned as if it would pack."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"text": "a few words"}] * 3 + [b"{broken"] * 7)
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    assert main(["plan", "--config", str(cfg), "--seq-len", "64"]) == 0
+    said = capsys.readouterr().out
+    assert (
+        "warning: the job would fail: 70.00% of the records rejected, over input.max_reject_ratio (1.00%)"
+        in said
+    )
+    assert main(["pack", str(cfg)]) == 1  # as it does

@@ -247,21 +247,28 @@ def _line_ranges(
 
 
 def sample_units(units: list[WorkUnit], limit_bytes: int, seed: int) -> list[WorkUnit]:
-    """A trial's units (input.limit_bytes): whole units taken in an order seeded by `seed` (a hash
-    of each unit's place, so the same listing gives the same sample anywhere) until their bytes
-    reach `limit_bytes`, kept in the job's order and numbered again from 0."""
+    """A trial's units (input.limit_bytes): of each source, its share of `limit_bytes` (by its
+    bytes; at least one unit, so a mixture keeps every source), whole units taken in an order seeded
+    by `seed` (a hash of each unit's place, so the same listing gives the same sample anywhere)
+    until their bytes reach that share; kept in the job's order and numbered again from 0."""
 
     def rank(u: WorkUnit) -> bytes:
         place = f"{seed}\0{u.relpath}\0{u.shard.unit_start}\0{len(u.more)}"
         return hashlib.sha256(place.encode()).digest()
 
+    by_source: dict[str, list[WorkUnit]] = {}
+    for u in units:
+        by_source.setdefault(u.source, []).append(u)
+    whole = sum(u.size for u in units) or 1
     taken: set[int] = set()
-    total = 0
-    for u in sorted(units, key=rank):
-        if total >= limit_bytes:
-            break
-        taken.add(u.index)
-        total += u.size
+    for of_source in by_source.values():
+        share = limit_bytes * sum(u.size for u in of_source) / whole
+        total = 0
+        for u in sorted(of_source, key=rank):
+            if total >= share and total:
+                break
+            taken.add(u.index)
+            total += u.size
     kept = [u for u in units if u.index in taken]
     return [
         dataclasses.replace(

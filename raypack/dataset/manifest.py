@@ -18,6 +18,7 @@ from raypack.storage import join, write_bytes
 __all__ = [
     "CONVERTED_SETTINGS",
     "dataset_files",
+    "describe_sample",
     "entry_files",
     "format_entry",
     "manifest_files",
@@ -44,6 +45,21 @@ def packed_settings(manifest: dict[str, Any]) -> dict[str, list[Any]]:
     if packed is None:
         return {key: [] for key in CONVERTED_SETTINGS}
     return {key: [now.get(key), packed.get(key)] for key in CONVERTED_SETTINGS}
+
+
+def describe_sample(sample: dict[str, Any] | None) -> str | None:
+    """The manifest's `sample` (a trial, input.limit_bytes) in words; None for a whole corpus packed
+    without a limit."""
+    if not sample:
+        return None
+    took, of = sample["bytes"] / 2**20, sample["of_bytes"] / 2**20
+    if sample["bytes"] >= sample["of_bytes"]:
+        whole = f"{of:,.1f} MiB, {sample['of_files']:,} files"
+        return f"a trial (input.limit_bytes) that took the whole corpus: {whole}"
+    return (
+        f"a trial on {took:,.1f} MiB of {of:,.1f} MiB ({sample['files']:,} of {sample['of_files']:,} files; "
+        "input.limit_bytes): not the whole corpus"
+    )
 
 
 _FILE_KEYS = ("path", "bucket_length", "rows", "tokens", "items", "bytes", "sha256", "index")

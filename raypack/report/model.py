@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from raypack.config import StorageConfig
 from raypack.dataset.layout import MANIFEST, METRICS, resolve_dataset
-from raypack.dataset.manifest import entry_files
+from raypack.dataset.manifest import describe_sample, entry_files
 from raypack.dataset.previous import aside_note
 from raypack.dataset.store import store_line
 from raypack.errors import ConfigError
@@ -212,13 +212,8 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
 
 def _sample(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     """A trial on a subset of the input (input.limit_bytes), said as such."""
-    t = manifest.get("sample")
-    if not t:
-        return []
-    took = f"{t['bytes'] / 2**20:,.1f} MiB of {t['of_bytes'] / 2**20:,.1f} MiB"
-    return [
-        ("sample", f"a trial on {took} ({t['files']:,} of {t['of_files']:,} files): not the whole corpus")
-    ]
+    trial = describe_sample(manifest.get("sample"))
+    return [] if trial is None else [("sample", trial)]
 
 
 def _store(manifest: dict[str, Any], units: int) -> list[tuple[str, str]]:

@@ -92,6 +92,7 @@ def test_pack_with_a_limit_packs_a_marked_deterministic_sample_whole(
     assert main(["verify", str(out)]) == 0
     verified = capsys.readouterr().out
     assert "re-tokenized and equal" in verified and "files match input.paths now" not in verified
+    assert "note: a trial on" in verified and "not the whole corpus" in verified
     other = tmp_path / "other"
     assert main([*args, "--set", "pack.seed=7", "--set", f"output.path={other}"]) == 0
     assert set(packed_documents(other)) != set(packed)
@@ -102,3 +103,15 @@ def test_a_limit_is_a_size(tmp_path: Path, tokenizer_path: Path, capsys: pytest.
     for bad in ("0", "ten", "5XB", "-3MB"):
         assert main(["pack", str(cfg), f"--limit={bad}"]) == 2
         assert "--limit takes a size such as 200MB" in capsys.readouterr().err
+
+
+def test_a_trial_that_takes_the_whole_corpus_says_so(
+    tmp_path: Path, tokenizer_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", [{"text": random_text(random.Random(1), 30)} for _ in range(10)])
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path)
+    assert main(["pack", str(cfg), "--limit", "1GB"]) == 0
+    said = capsys.readouterr().out
+    assert "a trial (input.limit_bytes) that took the whole corpus" in said and "not the whole" not in said

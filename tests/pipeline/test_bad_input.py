@@ -126,7 +126,8 @@ def test_too_many_rejects_fail_the_job_with_one_line(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (
         "raypack: job failed: 5 of 100 records rejected (5.00%), over input.max_reject_ratio (1.00%): "
-        f"malformed JSON (5); see {tmp_path / 'out' / 'rejects'}, or raise the limit"
+        f"malformed JSON (5); see {tmp_path / 'out' / 'rejects'} (most such corpora have a wrong "
+        "input.format or text field), or raise the limit"
     )
     out = tmp_path / "out"
     assert not (out / "manifest.json").exists() and not (out / "_staging").exists()

@@ -519,3 +519,20 @@ def test_drop_counts_each_too_long_document_once_whatever_the_selection(
         assert verify(str(out), cfg, sample=10).ok
     assert any(w for w in warned), "this small output was meant to miss a share by more than 0.1 point"
     assert dropped[0] == dropped[1]
+
+
+def test_a_trial_of_a_mixture_keeps_every_source(
+    corpora: Path, tokenizer_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`raypack pack --limit` of a mixture smaller than one file a source: each source gives its
+    share of the limit, at least a unit, so the mixture's targets have every source to draw on (a
+    source the sample left out was a KeyError and a traceback)."""
+    cfg = config(tmp_path, corpora, tokenizer_path, tmp_path / "trial")
+    assert main(["pack", str(tmp_path / "trial.yaml"), "--limit", "1KB"]) == 0, capsys.readouterr().err
+    manifest = json.loads((tmp_path / "trial" / "manifest.json").read_text())
+    assert manifest["sample"]["files"] == len(MIX)  # one file of each source, the least there is
+    assert {r["name"] for r in manifest["mixture"]["sources"] if r["documents"]} == set(MIX)
+    assert not verify(cfg.output.path, cfg, sample=10).ok  # the config without the limit: named
+    capsys.readouterr()
+    assert main(["verify", cfg.output.path]) == 0  # the manifest's, the limit with it
+    assert "re-tokenized and equal" in capsys.readouterr().out

@@ -497,7 +497,8 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     if ratio > cfg.input.max_reject_ratio:
         raise JobError(
             f"{rejects:,} of {records:,} records rejected ({ratio:.2%}), over input.max_reject_ratio "
-            f"({cfg.input.max_reject_ratio:.2%}): {top}; see {where}, or raise the limit"
+            f"({cfg.input.max_reject_ratio:.2%}): {top}; see {where} (most such corpora have a wrong "
+            "input.format or text field), or raise the limit"
         )
 
 
