@@ -386,8 +386,10 @@ def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
         "message 12 of 'messages' is not an object with a string role",
         "a UTF-16 thing at 2.5%",
         "no trained token (pack.loss assistant: no assistant turn)",
+        "column 'url' is list<element: string>, not a string (input.metadata_fields)",
     ]
     assert reason_counts(reasons) == {
+        "column 'url' is list<element: string>, not a string (input.metadata_fields)": 1,  # nor in a type
         "a UTF-16 thing at N%": 1,
         "no trained token (pack.loss assistant: no assistant turn)": 1,  # not cut inside its parenthesis
         "chat template /tmp/run-154/model0/tokenizer_config.json": 1,

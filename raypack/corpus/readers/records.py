@@ -154,11 +154,12 @@ def reason_counts(reasons: list[str]) -> dict[str, int]:
 
 
 def _kind(reason: str) -> str:
-    """A reason up to its first colon outside parentheses: "no trained token (pack.loss
-    assistant: no assistant turn)" whole, not cut inside its parenthesis."""
+    """A reason up to its first colon outside parentheses and angle brackets: "no trained token
+    (pack.loss assistant: no assistant turn)" whole, not cut inside its parenthesis, nor "column
+    'url' is list<element: string>, ..." inside its Arrow type."""
     depth = 0
     for i, c in enumerate(reason):
-        depth += (c == "(") - (c == ")")
+        depth += (c in "(<") - (c in ")>")
         if c == ":" and depth <= 0:
             return reason[:i]
     return reason
