@@ -481,7 +481,8 @@ def _plan_sample(args: argparse.Namespace, cfg: JobConfig) -> CorpusSample:
     """The lengths of a sample of cfg's corpus (plan_sample), made in a process of its own (what
     Ctrl-C stops at once, and tokenizers' threads are not forked from into the sweep's), and the
     lines that say what it is (on stderr beside --json)."""
-    from raypack.plan_sample import DEFAULT_DOCUMENTS, corpus_lengths, describe, reasons_text
+    from raypack.corpus.readers.records import reasons_text
+    from raypack.plan_sample import DEFAULT_DOCUMENTS, corpus_lengths, describe
 
     documents = DEFAULT_DOCUMENTS if args.documents is None else args.documents
     if documents < 1:

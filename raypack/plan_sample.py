@@ -19,13 +19,14 @@ import numpy as np
 
 from raypack.config import JobConfig
 from raypack.corpus.readers import Batch
+from raypack.corpus.readers.records import reasons_text
 from raypack.corpus.sample import Drawn
 from raypack.errors import ConfigError
 from raypack.text.backends import Choice
 from raypack.text.chat import ChatTemplate
 from raypack.text.tokenizer import LoadedTokenizer
 
-__all__ = ["DEFAULT_DOCUMENTS", "CorpusSample", "corpus_lengths", "describe", "reasons_text"]
+__all__ = ["DEFAULT_DOCUMENTS", "CorpusSample", "corpus_lengths", "describe"]
 
 DEFAULT_DOCUMENTS = 10_000
 # What the backend self-check compares of the sample (as the job's: raypack.pipeline.tokenize.stage):
@@ -205,13 +206,6 @@ def _about(n: float) -> str:
         if n >= size:
             return f"{n / size:,.1f}{unit}"
     return f"{n / 1e3:,.1f}k" if n >= 1e4 else f"{n:,.0f}"
-
-
-def reasons_text(reasons: dict[str, int]) -> str:
-    """Rejects by kind as the job's messages give them, the most frequent first: "empty document
-    (12), malformed JSON (1)"."""
-    common = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
-    return ", ".join(f"{kind} ({n:,})" for kind, n in common) or "none"
 
 
 def describe(sample: CorpusSample, source: str, max_reject_ratio: float | None = None) -> list[str]:

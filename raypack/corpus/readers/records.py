@@ -153,6 +153,18 @@ def reason_counts(reasons: list[str]) -> dict[str, int]:
     return dict(sorted(kinds.items()))
 
 
+def reasons_text(kinds: dict[str, int], most: int | None = None) -> str:
+    """Rejects by kind as the job's messages give them, the most frequent first, ties by name (the
+    same words whatever order the units finished in): "empty document (12), malformed JSON (1)";
+    past `most` kinds, how many more there are (not a hidden kind: they are in rejects/)."""
+    common = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{kind} ({n:,})" for kind, n in common[:most]) or "none"
+    if most is not None and len(common) > most:
+        more = len(common) - most
+        text += f" and {more} more kind{'s' if more > 1 else ''}"
+    return text
+
+
 def _kind(reason: str) -> str:
     """A reason up to its first colon outside parentheses and angle brackets: "no trained token
     (pack.loss assistant: no assistant turn)" whole, not cut inside its parenthesis, nor "column

@@ -29,6 +29,7 @@ from typing import Any, TextIO
 
 from raypack.config import JobConfig
 from raypack.corpus.readers import read_unit
+from raypack.corpus.readers.records import reasons_text
 from raypack.corpus.units import WorkUnit
 from raypack.dataset import previous
 from raypack.dataset.failover import remember_failover, remembered_failover
@@ -476,13 +477,7 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     where = join(cfg.output.path, "rejects")
     if previous.held(cfg.output.path):  # the dataset this job was to replace comes back, rejects/ too
         where = f"{join(cfg.output.path, previous.FAILED_REJECTS)} (the dataset there before is kept)"
-    kinds = Counter(reasons)
-    # The most frequent first, ties by name: the same words whatever order the units finished in.
-    common = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))[:REJECT_EXAMPLES]
-    top = ", ".join(f"{kind} ({n:,})" for kind, n in common)
-    if len(kinds) > REJECT_EXAMPLES:  # not a hidden kind: how many more there are, in rejects/
-        more = len(kinds) - REJECT_EXAMPLES
-        top += f" and {more} more kind{'s' if more > 1 else ''}"
+    top = reasons_text(reasons, most=REJECT_EXAMPLES)
     if documents == 0 and rejects == 0:
         raise JobError("no documents to pack: the input holds no records")
     if documents == 0:
