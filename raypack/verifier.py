@@ -220,13 +220,20 @@ def datasets_override(output: str, storage: StorageConfig | None = None) -> list
     """The override naming the sources a dataset at `output` read as Ray Datasets (its manifest's
     input.datasets), for the config given to verify it, as raypack.pack named them, so its sources
     without paths load; [] for files, or where there is no manifest to read."""
-    try:
-        output = resolve_dataset(output, storage)
-        manifest = json.loads(read_bytes(join(output, MANIFEST), storage))
-    except (OSError, ValueError):
-        return []
-    names = manifest.get("config", {}).get("input", {}).get("datasets") or []
+    recorded = _recorded(output, storage) or {}
+    names = recorded.get("input", {}).get("datasets") or []
     return [f"input.datasets={json.dumps(names)}"] if names else []
+
+
+def _recorded(output: str, storage: StorageConfig | None) -> dict[str, Any] | None:
+    """The job config a dataset's manifest records, as its JSON holds it; None where there is no
+    manifest to read (verify itself says why)."""
+    try:
+        manifest = json.loads(read_bytes(join(resolve_dataset(output, storage), MANIFEST), storage))
+    except (OSError, ValueError):
+        return None
+    recorded = manifest.get("config") if isinstance(manifest, dict) else None
+    return recorded if isinstance(recorded, dict) else None
 
 
 def recorded_config(
@@ -240,10 +247,8 @@ def recorded_config(
     from raypack.corpus.files import input_files
     from raypack.text.files import tokenizer_files
 
-    try:
-        manifest = json.loads(read_bytes(join(resolve_dataset(output, storage), MANIFEST), storage))
-        recorded = manifest["config"]
-    except (OSError, ValueError, KeyError, TypeError):
+    recorded = _recorded(output, storage)
+    if recorded is None:
         return None, ""
     if recorded.get("input", {}).get("datasets"):
         return None, "its input was Ray Datasets: raypack.verify(..., datasets=...) re-reads them"

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -137,7 +136,7 @@ def _run(
                 record = dataclasses.replace(record, command_seconds=time.time() - started)
             commit(record, storage)
             previous.discard(cfg.output.path)  # the dataset this one replaces
-    except BaseException:
+    except BaseException as e:
         runner.close(release=False, failed=True)
         # Whatever stopped the job (a worker's error, a Dataset's own pipeline failing, Ctrl-C): its
         # staging area goes, once no worker writes into it. It holds the token files and, for a
@@ -149,7 +148,7 @@ def _run(
         if store is not None:  # and what its workers were writing into a token store
             with suppress(Exception):
                 remove_run_temporaries(store, ready.ctx.run)
-        _unmade(ready, clear, stated=isinstance(sys.exc_info()[1], ConfigError | JobError))
+        _unmade(ready, clear, stated=isinstance(e, ConfigError | JobError))
         restore_output(cfg.output.path, log, "job")  # the dataset it was to replace
         raise
     # The report's drawing (~1.8 s) beside the runner's closing (Ray's shutdown: ~1.4 s, mostly
