@@ -11,6 +11,7 @@ from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
 from raypack.text.chat import chat_rows
+from raypack.text.tokenizer import guessed
 
 __all__ = ["format_rebuild", "format_summary"]
 
@@ -110,7 +111,7 @@ def _specials_rows(result: JobResult) -> list[tuple[str, str]]:
         ("pad", "pad", "output.pad_id"),
     ):
         source = str(tok.get(f"{key}_source", ""))
-        if used[key] and ("guessed" in source or source.startswith(("its EOS (", "0 ("))):
+        if used[key] and guessed(source):
             said.append(f"{name} {tok.get(f'{key}_id')}, {source}")
             settings.append(setting)
     if not said:

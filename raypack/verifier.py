@@ -873,6 +873,8 @@ def _check_specials(
     from how the job chose them: one it guessed from a name must be a special token (a piece of the
     vocabulary named `<s>` is no BOS), one the model's files state should be (a warning), and a
     pad that is none (id 0 of a tokenizer that names no pad or EOS) is said."""
+    from raypack.text.tokenizer import guessed
+
     recorded = manifest.get("tokenizer", {})
     specials = {i: t for t, i in tok.special_tokens().items()}
     used = {
@@ -884,7 +886,7 @@ def _check_specials(
         if token_id is None or not used.get(key, True) or source in _CHOSEN or int(token_id) in specials:
             continue
         said = f"{name} id {token_id} ({tok.token(int(token_id))!r}, from {source or 'an unrecorded source'})"
-        if "guessed" in source or source.startswith("token name"):
+        if guessed(source) == "name":
             report.add(f"{said} is not a special token of the tokenizer; set tokenizer.{key}_id")
         else:
             report.warnings.append(f"{said} is not a special token of the tokenizer")

@@ -37,6 +37,7 @@ __all__ = [
     "PAD_NAMES",
     "TOKENIZER_FILE",
     "LoadedTokenizer",
+    "guessed",
     "load_tokenizer",
     "special_tokens",
     "tokenizer_sha256",
@@ -160,8 +161,8 @@ class LoadedTokenizer:
             if (token_id := specials.get(name)) is not None:
                 return int(token_id), _guessed(name)
         if self.eos_id is not None:
-            return self.eos_id, "its EOS (the tokenizer names no pad token)"
-        return 0, "0 (the tokenizer names no pad or EOS token)"
+            return self.eos_id, _PAD_FALLBACKS[0]
+        return 0, _PAD_FALLBACKS[1]
 
 
 def load_tokenizer(
@@ -415,8 +416,23 @@ def _special(
     return None, ""
 
 
+_GUESSED = "(guessed from its name)"
+# What pad() falls back to where nothing names a pad.
+_PAD_FALLBACKS = ("its EOS (the tokenizer names no pad token)", "0 (the tokenizer names no pad or EOS token)")
+
+
 def _guessed(name: str) -> str:
-    return f"special token {name} (guessed from its name)"
+    return f"special token {name} {_GUESSED}"
+
+
+def guessed(source: str) -> str | None:
+    """How an id's source (LoadedTokenizer.bos_source, eos_source, pad()'s) is a guess of raypack's,
+    not a setting nor the tokenizer's own files: "name" (a special token taken by its name; a
+    manifest written before names had to be special tokens says "token name ..."), "fallback" (a
+    pad of EOS or 0, nothing naming one), or None."""
+    if source.endswith(_GUESSED) or source.startswith("token name "):
+        return "name"
+    return "fallback" if source in _PAD_FALLBACKS else None
 
 
 def _no_special(
