@@ -98,12 +98,7 @@ def _packing_rows(result: JobResult) -> list[tuple[str, str]]:
 def _specials_rows(result: JobResult) -> list[tuple[str, str]]:
     """The BOS, EOS (those the documents take) and pad a job guessed, and how: no row when each was
     stated (by the config, the model's files, or the post-processor)."""
-    tok, cfg = result.tokenizer, result.config.tokenizer
-    used = {
-        "bos": cfg.add_bos and result.config.framed,
-        "eos": cfg.add_eos and result.config.framed,
-        "pad": True,
-    }
+    tok = result.tokenizer
     said, settings = [], []
     for key, name, setting in (
         ("bos", "BOS", "tokenizer.bos_id"),
@@ -111,7 +106,7 @@ def _specials_rows(result: JobResult) -> list[tuple[str, str]]:
         ("pad", "pad", "output.pad_id"),
     ):
         source = str(tok.get(f"{key}_source", ""))
-        if used[key] and guessed(source):
+        if result.config.takes(key) and guessed(source):
             said.append(f"{name} {tok.get(f'{key}_id')}, {source}")
             settings.append(setting)
     if not said:

@@ -877,13 +877,9 @@ def _check_specials(
 
     recorded = manifest.get("tokenizer", {})
     specials = {i: t for t, i in tok.special_tokens().items()}
-    used = {
-        "bos": config.tokenizer.add_bos and config.framed,
-        "eos": config.tokenizer.add_eos and config.framed,
-    }
     for key, name in (("bos", "BOS"), ("eos", "EOS"), ("pad", "pad")):
         token_id, source = recorded.get(f"{key}_id"), str(recorded.get(f"{key}_source", ""))
-        if token_id is None or not used.get(key, True) or source in _CHOSEN or int(token_id) in specials:
+        if token_id is None or not config.takes(key) or source in _CHOSEN or int(token_id) in specials:
             continue
         said = f"{name} id {token_id} ({tok.token(int(token_id))!r}, from {source or 'an unrecorded source'})"
         if guessed(source) == "name":

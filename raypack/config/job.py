@@ -134,6 +134,12 @@ class JobConfig:
         conversation is framed by its chat template alone."""
         return self.input.chat != "messages"
 
+    def takes(self, special: str) -> bool:
+        """Whether the documents take the special token `special` ("bos", "eos", "pad"): BOS and EOS
+        where tokenizer.add_bos / add_eos frame them (framed), pad in every job."""
+        adds = {"bos": self.tokenizer.add_bos, "eos": self.tokenizer.add_eos, "pad": True}[special]
+        return adds and (special == "pad" or self.framed)
+
     @property
     def loss(self) -> str:
         """pack.loss with its default: assistant (messages), completion (pairs), all (plain text)."""
