@@ -29,6 +29,18 @@ Buckets. Step s uses one bucket on every rank (Liu et al. train one bucket lengt
 schedule is every bucket repeated as many times as it has steps, in a seeded order that all ranks
 compute alike. A batch never mixes bucket lengths.
 
+Balance. `balance="attention"` chooses each step's packs and their split among the ranks together,
+so that every rank's cost in a step (Σ l² over its documents + `balance_per_token` · Σ l) is as even
+as raypack.balance makes it: each bucket's sequence is cut into windows of steps (~4,096 packs,
+balance.WINDOW_PACKS), and each window's packs are spread over its steps and ranks by cost, its
+steps in a seeded order; a pack is read in the steps of its window, so the epoch stays a shuffle
+(no curriculum), and last_batch's rules hold as above. The costs come from the pack indexes'
+doc_offsets, read when the reader starts (no token is read; 16 bytes a pack are kept). What it
+costs: a step's packs are no longer one rank's contiguous range, so each rank reads every row group
+(world_size × the unbalanced reader's reading, which reads 1/world_size of them), and keeps a
+window's row groups decoded (~4,096 packs: 512 MiB at 32k int32 tokens). A balanced run's state
+resumes as any other (below): what it leaves is the packs of the steps it had not taken.
+
 Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without
 reading what comes before. Elastic resume, on another world size or batch size (a job restarted on
 fewer GPUs): `resume=state`, any one rank's saved state of the earlier run (ranks step together),
@@ -77,6 +89,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -86,11 +99,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from raypack.balance import (
+    ATTENTION_PER_TOKEN,
+    WINDOW_PACKS,
+    Balance,
+    balanced_steps,
+    pack_terms,
+    positions_of,
+    spans_of,
+)
 from raypack.config import StorageConfig
 from raypack.dataset.layout import MANIFEST, index_path, resolve_dataset
 from raypack.dataset.manifest import metadata_kinds
 from raypack.dataset.previous import aside_note
-from raypack.formats import data_file, read_packs, read_rows, spec_of, stem_of_file
+from raypack.formats import data_file, read_offsets, read_packs, read_rows, spec_of, stem_of_file
 from raypack.packing import PackPermutation
 from raypack.schema import METADATA, READABLE_SCHEMA_VERSIONS, row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
@@ -221,8 +243,36 @@ def read_group(pinned: Pinned, group: _RowGroup, seed: int, storage: StorageConf
     tokens read through the dataset's format (raypack.formats.read_rows)."""
     entry = pinned.manifest["files"][group.entry]
     table = read_rows(pinned.path, entry, spec_of(pinned.manifest), group.index, group.first, storage)
+    return table.take(pa.array(_group_order(group, seed)))
+
+
+def _group_order(group: _RowGroup, seed: int) -> np.ndarray:
+    """The group's rows in their seeded order."""
     perm = PackPermutation(group.rows, _key(seed, "rows", group.name, group.index))
-    return table.take(pa.array(np.argsort(perm(np.arange(group.rows)))))
+    return np.argsort(perm(np.arange(group.rows)))
+
+
+Terms = list[tuple[np.ndarray, np.ndarray]]
+"""Each bucket's packs' (Σ l², Σ l) in its sequence's order (balance.pack_terms)."""
+
+
+def _terms(pinned: Pinned, buckets: list[_Bucket], seed: int, storage: StorageConfig | None) -> Terms:
+    """The packs' attention terms, from the pack indexes' doc_offsets alone (no token is read):
+    16 bytes a pack, besides a file's offsets while they are read."""
+    files: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    out = []
+    for bucket in buckets:
+        squares, tokens = np.zeros(bucket.packs), np.zeros(bucket.packs)
+        for g, group in enumerate(bucket.groups):
+            if group.entry not in files:
+                offsets = read_offsets(pinned.path, pinned.manifest["files"][group.entry], storage)
+                counts = np.diff(offsets.offsets.to_numpy())
+                files[group.entry] = pack_terms(offsets.flatten().to_numpy(), counts)
+            rows = group.first + _group_order(group, seed)
+            lo, hi = int(bucket.starts[g]), int(bucket.starts[g + 1])
+            squares[lo:hi], tokens[lo:hi] = files[group.entry][0][rows], files[group.entry][1][rows]
+        out.append((squares, tokens))
+    return out
 
 
 GroupLoader = Callable[[int, int], pa.Table]
@@ -253,22 +303,39 @@ def _within(spans: Spans, lo: int, hi: int) -> Spans:
     return out
 
 
+def _balanced(
+    spans: Spans, costs: np.ndarray, world: int, batch: int, last_batch: str, key: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(position, step, rank) of every pack an epoch over `spans` reads, balanced (raypack.balance):
+    the slots last_batch's rule gives (short: every position; wrap: rounds of world × batch, from
+    the start again; drop: whole rounds), in the order of `spans`."""
+    total = sum(b - a for a, b in spans)
+    steps = _share(total, 0, world, batch, last_batch)[2]
+    real = positions_of(spans, np.arange(total if last_batch == "short" else steps * world * batch))
+    step, rank = balanced_steps(costs[real], world, batch, key)
+    return real, step, rank
+
+
 class _RankStream:
     """One rank's packs of one bucket: the positions of `spans` in order ([lo, hi) of the bucket's
     sequence; after an elastic resume, the rank's share of what the earlier run left), read a row
-    group at a time (the current one cached) through `load`."""
+    group at a time through `load`, the last `keep` of them cached (a balanced epoch's steps go to
+    and fro between the row groups of a window)."""
 
-    def __init__(self, index: int, bucket: _Bucket, spans: Spans, load: GroupLoader | None):
-        self.index, self.bucket, self.load = index, bucket, load
-        self.spans = [(a, b) for a, b in spans if b > a]
-        self._cached: tuple[int, pa.Table] | None = None
+    def __init__(self, index: int, bucket: _Bucket, spans: Spans, load: GroupLoader | None, keep: int = 1):
+        self.index, self.bucket, self.load, self.keep = index, bucket, load, keep
+        self.spans = deque((a, b) for a, b in spans if b > a)
+        self._cached: OrderedDict[int, pa.Table] = OrderedDict()
 
     def _group(self, g: int) -> pa.Table:
-        if self._cached is None or self._cached[0] != g:
+        if g not in self._cached:
             if self.load is None:
                 raise RuntimeError("a planning stream does not read")
-            self._cached = (g, self.load(self.index, g))
-        return self._cached[1]
+            self._cached[g] = self.load(self.index, g)
+            if len(self._cached) > self.keep:
+                self._cached.popitem(last=False)
+        self._cached.move_to_end(g)
+        return self._cached[g]
 
     def skip(self, n: int) -> None:
         """Move past the next n packs without reading them."""
@@ -277,7 +344,7 @@ class _RankStream:
             moved = min(n, b - a)
             self.spans[0] = (a + moved, b)
             if a + moved == b:
-                self.spans.pop(0)
+                self.spans.popleft()
             n -= moved
 
     def parts(self, n: int) -> list[tuple[int, int, int]]:
@@ -326,6 +393,8 @@ def iter_batches(
     resume: dict[str, Any] | None = None,
     follow_latest: bool = False,
     loss_weights: str | None = None,
+    balance: str | None = None,
+    balance_per_token: float = ATTENTION_PER_TOKEN,
 ) -> Iterator[dict[str, Any]]:
     """Batches of packs for data-parallel rank `rank` of `world_size` (see the module's docstring);
     numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch]).
@@ -334,14 +403,17 @@ def iter_batches(
     PackedDataset's or a StatefulDataLoader's state_dict()): the packs no rank had yielded, shared
     among these ranks (module docstring, "Resume"); `follow_latest`: a state of another version of
     the dataset goes on from its place on this one. `loss_weights`: "document" or "sequence" adds
-    per-token loss weights (module docstring)."""
+    per-token loss weights (module docstring). `balance="attention"`: each step's ranks get packs
+    of even attention cost (module docstring, "Balance"), `balance_per_token` the weight of a
+    token against a document's squared length (raypack.balance.ATTENTION_PER_TOKEN)."""
     check_args(batch_size, rank, world_size, last_batch, loss_weights)
+    balanced = Balance.of(balance, balance_per_token)
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     convert = torch_converter() if torch else None
     pinned = pin(path, storage)
     where = resume_of(resume, pinned, follow_latest) if resume is not None else None
-    plan = Plan.of(pinned, batch_size, rank, world_size, seed, last_batch, storage, where)
+    plan = Plan.of(pinned, batch_size, rank, world_size, seed, last_batch, storage, where, balanced)
     for batch in plan.steps(start_step, 1):
         batch = with_loss_weights(batch, loss_weights)
         yield convert(batch) if convert is not None else batch
@@ -361,13 +433,17 @@ class Run:
     seed: int
     last_batch: str
     step: int
+    balance: Balance | None = None
 
-    def left(self, buckets: list[_Bucket], before: list[Spans], salt: tuple[object, ...]) -> list[Spans]:
+    def left(
+        self, buckets: list[_Bucket], before: list[Spans], salt: tuple[object, ...], terms: Terms | None
+    ) -> list[Spans]:
         """What the epoch has left of each bucket after this run's `step` steps, from what it had
         left before the run (`before`: the bucket's whole sequence for a run that began the epoch).
         Every rank of the run took its share of `before` as Plan.of gives it and had taken, by
         `step`, as many batches of each bucket as the run's schedule (salted by `salt`, the runs'
-        before it: Resume.salt) gives every rank."""
+        before it: Resume.salt) gives every rank; a balanced run's steps are its balanced ones
+        (`terms`: the packs' costs, _terms), and what they left is in the order of `before`."""
         totals = [sum(b - a for a, b in spans) for spans in before]
         steps = [_share(t, 0, self.world_size, self.batch_size, self.last_batch)[2] for t in totals]
         schedule = _schedule(steps, self.seed, *salt)
@@ -378,7 +454,16 @@ class Run:
             )
         done = np.bincount(schedule[: self.step], minlength=len(buckets)).tolist()
         left: list[Spans] = []
-        for spans, total, taken in zip(before, totals, done, strict=True):
+        for i, (spans, total, taken) in enumerate(zip(before, totals, done, strict=True)):
+            if self.balance is not None:
+                if terms is None:
+                    raise RuntimeError("a balanced run's rest needs the packs' terms")
+                key = _key(self.seed, "balance", buckets[i].length, *salt)
+                costs = self.balance.cost(*terms[i])
+                world, batch = self.world_size, self.batch_size
+                real, step, _ = _balanced(spans, costs, world, batch, self.last_batch, key)
+                left.append(spans_of(real[step >= taken]))
+                continue
             rest: Spans = []
             for r in range(self.world_size):
                 lo, hi, _ = _share(total, r, self.world_size, self.batch_size, self.last_batch)
@@ -411,7 +496,14 @@ class Resume:
                 )
 
     def to_state(self) -> list[dict[str, Any]]:
-        return [{k: getattr(r, k) for k in _RUN_KEYS} for r in self.runs]
+        return [
+            {**{k: getattr(r, k) for k in _RUN_KEYS}, "balance": r.balance.to_state() if r.balance else None}
+            for r in self.runs
+        ]
+
+    @property
+    def balanced(self) -> bool:
+        return any(r.balance is not None for r in self.runs)
 
     @classmethod
     def of(cls, state: dict[str, Any]) -> tuple[Resume, str | None]:
@@ -420,13 +512,17 @@ class Resume:
         num_workers). ValueError for anything else."""
         dataset_state, step = _dataset_state(state)
         try:
-            earlier = [Run(**{k: r[k] for k in _RUN_KEYS}) for r in dataset_state.get("resumed_from") or []]
+            earlier = [
+                Run(**{k: r[k] for k in _RUN_KEYS}, balance=Balance.of_state(r.get("balance")))
+                for r in dataset_state.get("resumed_from") or []
+            ]
             this = Run(
                 int(dataset_state["world_size"]),
                 int(dataset_state["batch_size"]),
                 int(dataset_state["seed"]),
                 str(dataset_state["last_batch"]),
                 step,
+                Balance.of_state(dataset_state.get("balance")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a raypack PackedDataset state ({type(e).__name__}: {e})") from None
@@ -549,6 +645,8 @@ class Plan:
     batch_size: int
     seed: int
     storage: StorageConfig | None
+    keep: int = 1
+    """Row groups a stream keeps decoded: a balanced window's (raypack.balance.WINDOW_PACKS)."""
 
     @classmethod
     def of(
@@ -561,21 +659,38 @@ class Plan:
         last_batch: str,
         storage: StorageConfig | None,
         resume: Resume | None = None,
+        balance: Balance | None = None,
     ) -> Plan:
         buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
+        balanced = balance is not None or (resume is not None and resume.balanced)
+        terms = _terms(pinned, buckets, seed, storage) if balanced else None
         left = [[(0, b.packs)] for b in buckets]  # what the epoch has left of each bucket
         if resume is not None:
             resume.check_seed(seed)
             for k, earlier in enumerate(resume.runs):
-                left = earlier.left(buckets, left, resume.salt(k))
+                left = earlier.left(buckets, left, resume.salt(k), terms)
+        salt = resume.salt() if resume is not None else ()
         shares, steps = [], []
-        for spans in left:
+        for i, spans in enumerate(left):
             total = sum(b - a for a, b in spans)
             lo, hi, n = _share(total, rank, world_size, batch_size, last_batch)
-            shares.append(_within(spans, lo, hi))
             steps.append(n)
-        salt = resume.salt() if resume is not None else ()
-        return cls(pinned, buckets, shares, _schedule(steps, seed, *salt), batch_size, seed, storage)
+            if balance is None or terms is None:
+                shares.append(_within(spans, lo, hi))
+                continue
+            key = _key(seed, "balance", buckets[i].length, *salt)
+            costs = balance.cost(*terms[i])
+            real, step, owner = _balanced(spans, costs, world_size, batch_size, last_batch, key)
+            mine = np.flatnonzero(owner == rank)
+            shares.append(spans_of(real[mine[np.argsort(step[mine], kind="stable")]]))
+        keep = 1
+        if balance is not None:
+            # A window's packs span this many row groups of the mean size, and 2 at its edges.
+            groups = sum(len(bucket.groups) for bucket in buckets)
+            rows = sum(bucket.packs for bucket in buckets) / max(1, groups)
+            keep = int(np.ceil(WINDOW_PACKS / max(1.0, rows))) + 2
+        schedule = _schedule(steps, seed, *salt)
+        return cls(pinned, buckets, shares, schedule, batch_size, seed, storage, keep)
 
     def read(self, bucket: int, group: int) -> pa.Table:
         return read_group(self.pinned, self.buckets[bucket].groups[group], self.seed, self.storage)
@@ -583,7 +698,7 @@ class Plan:
     def _streams(self, start: int, load: GroupLoader | None) -> list[_RankStream]:
         """Each bucket's stream, moved past the batches of the steps before `start` (not read)."""
         streams = [
-            _RankStream(b, bucket, spans, load)
+            _RankStream(b, bucket, spans, load, self.keep)
             for b, (bucket, spans) in enumerate(zip(self.buckets, self.shares, strict=True))
         ]
         for b, done in enumerate(np.bincount(self.schedule[:start], minlength=len(self.buckets)).tolist()):

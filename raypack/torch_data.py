@@ -8,7 +8,8 @@ for torch's DataLoader and torchdata's StatefulDataLoader (needs PyTorch: pip in
                     attention_mask=block_causal_mask(batch["document_ids"], model.dtype))
     state = loader.state_dict()          # ... later: loader.load_state_dict(state) resumes mid-epoch
 
-The rank's steps are raypack.reader.iter_batches' (same seed, same order, same fields, as tensors).
+The rank's steps are raypack.reader.iter_batches' (same seed, same order, same fields, as tensors;
+`balance="attention"` balances each step's ranks' attention cost as it does there).
 With DataLoader workers, worker w of W yields steps w, w + W, ... and skips the others; the
 DataLoader takes one batch from each worker in turn, so batches arrive in step order: no step
 twice, none skipped, whatever num_workers is. Consecutive steps share row groups, so the workers
@@ -45,6 +46,7 @@ except ModuleNotFoundError as e:  # only this module needs torch (~750 MB, CPU b
         raise
     raise ModuleNotFoundError("raypack.torch_data needs PyTorch: pip install 'raypack[torch]'") from None
 
+from raypack.balance import ATTENTION_PER_TOKEN, Balance
 from raypack.config import StorageConfig
 from raypack.reader import Plan, check_args, pin, resume_of, torch_converter, with_loss_weights
 from raypack.shared_groups import SharedGroups
@@ -66,8 +68,11 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         storage: StorageConfig | None = None,
         resume: dict[str, Any] | None = None,
         loss_weights: str | None = None,
+        balance: str | None = None,
+        balance_per_token: float = ATTENTION_PER_TOKEN,
     ) -> None:
         check_args(batch_size, rank, world_size, last_batch, loss_weights)
+        self.balance = Balance.of(balance, balance_per_token)
         self.loss_weights = loss_weights
         self.path, self.batch_size, self.rank, self.world_size = path, batch_size, rank, world_size
         self.seed, self.last_batch, self.storage = seed, last_batch, storage
@@ -90,6 +95,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             "world_size": self.world_size,
             "seed": self.seed,
             "last_batch": self.last_batch,
+            "balance": self.balance.to_state() if self.balance is not None else None,
             "resumed_from": self.resume.to_state() if self.resume is not None else None,
         }
 
@@ -110,6 +116,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             self.last_batch,
             self.storage,
             self.resume,
+            self.balance,
         )
         shared = None
         if info is not None and workers > 1:
@@ -194,7 +201,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         Only in the loader's own process (num_workers=0): a worker's state says where that worker
         stands, not its rank, so a loader with workers resumes elastically with `resume=` its whole
         state_dict()."""
-        if not mismatched <= {"world_size", "batch_size", "rank", "resumed_from"}:
+        if not mismatched <= {"world_size", "batch_size", "rank", "resumed_from", "balance"}:
             return False  # another seed, last_batch: never the same epoch
         if self.resume is not None or self._epochs or get_worker_info() is not None:
             return False

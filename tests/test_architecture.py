@@ -123,7 +123,7 @@ def test_the_job_is_an_executor() -> None:
 # stage folder of the pipeline, or a top-level module.
 LAYERS: list[set[str]] = [
     {"errors", "paths", "schema", "progress", "_version"},
-    {"packing"},
+    {"packing", "balance"},
     {"metrics", "config"},
     {"mixture", "storage"},
     {"text"},

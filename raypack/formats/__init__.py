@@ -55,6 +55,7 @@ __all__ = [
     "packs_of",
     "part_file",
     "read_flat",
+    "read_offsets",
     "read_packs",
     "read_range",
     "read_rows",
@@ -393,6 +394,15 @@ def decode_flat(data: bytes, dtype: str, capacity: int) -> np.ndarray:
 
 def _index_file(entry: dict[str, Any]) -> str:
     return str(entry.get("index") or entry["path"])
+
+
+def read_offsets(dataset: str, entry: dict[str, Any], storage: Any) -> pa.ListArray:
+    """doc_offsets of every pack of one file, in the file's order, from its pack index alone (no
+    token is read): what a reader balancing attention costs needs."""
+    fs, inner = resolve(join(dataset, _index_file(entry)), storage)
+    with fs.open_input_file(inner) as handle:
+        column = pq.ParquetFile(handle).read(columns=["doc_offsets"]).column("doc_offsets")
+    return column.combine_chunks()
 
 
 def read_rows(

@@ -1,0 +1,206 @@
+"""iter_batches and PackedDataset with balance="attention", on a real job's output: every pack once
+across ranks and epochs, the same bytes on every run, an elastic resume at another world size (and
+from or to an unbalanced run), torch's DataLoader with workers, and steps whose ranks cost alike
+where the unbalanced reader's do not."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raypack.balance import Balance, imbalance
+from raypack.config import load_config
+from raypack.pipeline.job import run_job
+from raypack.reader import Plan, Resume, iter_batches, pin
+from tests.conftest import job_config, make_corpus
+
+ATTENTION = Balance(per_token=0.0)
+
+
+@pytest.fixture(scope="module")
+def bucketed(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Path:
+    """Three bucket lengths, row groups of 9 packs, documents up to ~3,000 tokens cut at 256: a
+    few hundred packs of very different attention costs."""
+    tmp = tmp_path_factory.mktemp("balance")
+    corpus = make_corpus(tmp, shards=3, docs_per_shard=60, seed=11)
+    pack = {"seq_len": 256, "algorithm": "bucket", "bucket_lengths": [64, 128, 256]}
+    cfg = job_config(tmp, f"{corpus}/*", tokenizer_path, pack=pack, output={"shard_rows": 9})
+    run_job(load_config(str(cfg)), log=lambda _: None)
+    return tmp / "out"
+
+
+def _digests(batches: Any) -> list[str]:
+    return [hashlib.sha1(np.asarray(row).tobytes()).hexdigest() for b in batches for row in b["input_ids"]]
+
+
+def _cost(batch: dict[str, Any]) -> float:
+    """Σ l² of the batch's documents, from the fields the model is given (document_ids)."""
+    docs = np.asarray(batch["document_ids"])
+    total = 0.0
+    for row in docs:
+        _, counts = np.unique(row[row >= 0], return_counts=True)
+        total += float((counts.astype(np.float64) ** 2).sum())
+    return total
+
+
+def _positions(plan: Plan, stop: int | None = None) -> list[tuple[int, int]]:
+    """(bucket, position) of every pack the plan's rank yields in its first `stop` steps, unread."""
+    streams = plan._streams(0, None)
+    out = []
+    for b in plan.schedule[:stop].tolist():
+        for g, first, count in streams[b].parts(plan.batch_size):
+            start = int(plan.buckets[b].starts[g]) + first
+            out += [(b, start + k) for k in range(count)]
+    return out
+
+
+def _run(path: Path, world: int, batch: int, stop: int | None, resume: Resume | None, balance: Any):
+    pinned = pin(str(path))
+    yielded: list[tuple[int, int]] = []
+    steps = 0
+    for rank in range(world):
+        plan = Plan.of(pinned, batch, rank, world, 3, "short", None, resume, balance)
+        steps = len(plan.schedule)
+        yielded += _positions(plan, stop)
+    return yielded, steps
+
+
+def _state(world: int, batch: int, step: int, balance: Balance | None, before: Any = None) -> dict:
+    return {
+        "batch_size": batch,
+        "world_size": world,
+        "seed": 3,
+        "last_batch": "short",
+        "next_step": step,
+        "balance": balance.to_state() if balance is not None else None,
+        "resumed_from": before,
+    }
+
+
+@pytest.mark.parametrize(("world", "batch"), [(8, 2), (3, 1)])
+def test_every_pack_once_an_epoch_and_each_steps_ranks_cost_alike(
+    bucketed: Path, world: int, batch: int
+) -> None:
+    """Read, as digests: over the ranks every pack once, in two epochs (seeds) alike, every rank
+    the same number of steps and one bucket length a step; the ranks' costs at each step, from
+    the batches' document_ids, closer than the unbalanced reader's."""
+    path = str(bucketed)
+    every = Counter(_digests(iter_batches(path, 1, 0, 1, seed=3, last_batch="short")))
+    for seed in (3, 4):
+        ranks = [
+            list(iter_batches(path, batch, r, world, seed=seed, last_batch="short", balance="attention"))
+            for r in range(world)
+        ]
+        assert Counter(_digests(b for rank in ranks for b in rank)) == every
+        assert len({len(rank) for rank in ranks}) == 1
+        for step in zip(*ranks, strict=True):
+            assert len({b["input_ids"].shape[1] for b in step}) == 1
+    costs = {}
+    for balance in (None, "attention"):
+        ranks = [
+            list(iter_batches(path, batch, r, world, seed=3, last_batch="drop", balance=balance))
+            for r in range(world)
+        ]
+        costs[balance] = imbalance(np.array([[_cost(b) for b in rank] for rank in ranks]).T)
+    assert costs["attention"] < costs[None]
+    assert costs["attention"] < 1.10
+
+
+def test_the_same_settings_give_the_same_bytes_and_wrap_drop_keep_full_batches(bucketed: Path) -> None:
+    """Two runs of 3 ranks give byte-identical batches; wrap and drop batches are all full; the
+    balanced order is not the unbalanced one."""
+    path = str(bucketed)
+    for last_batch in ("wrap", "drop"):
+        runs = [
+            [
+                b
+                for r in range(3)
+                for b in iter_batches(path, 2, r, 3, seed=5, last_batch=last_batch, balance="attention")
+            ]
+            for _ in range(2)
+        ]
+        assert _digests(runs[0]) == _digests(runs[1])
+        assert all(b["input_ids"].shape[0] == 2 for b in runs[0])
+        assert all(np.array_equal(a["labels"], b["labels"]) for a, b in zip(*runs, strict=True))
+    # wrap: every pack at least once, fewer than a round (3 ranks × 2) again in each of 3 buckets
+    wrapped = _digests(b for r in range(3) for b in iter_batches(path, 2, r, 3, seed=5, balance="attention"))
+    every = set(_digests(iter_batches(path, 1, 0, 1, seed=5, last_batch="short")))
+    assert set(wrapped) == every and len(wrapped) - len(every) < 3 * 6
+    balanced = _digests(iter_batches(path, 2, 0, 3, seed=5, balance="attention"))
+    assert balanced != _digests(iter_batches(path, 2, 0, 3, seed=5))
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    first=st.tuples(st.integers(1, 5), st.integers(1, 4), st.booleans()),
+    second=st.tuples(st.integers(1, 5), st.integers(1, 4), st.booleans()),
+    third=st.tuples(st.integers(1, 4), st.integers(1, 4), st.booleans()),
+    cut=st.tuples(st.floats(0, 1), st.floats(0, 1)),
+)
+def test_every_pack_once_over_a_chain_of_world_sizes_balanced_or_not(
+    bucketed: Path, first: Any, second: Any, third: Any, cut: Any
+) -> None:
+    """W1 ranks stop mid-epoch, W2 ranks go on from rank 0's state and stop, W3 ranks finish, each
+    run balanced or not: every pack of every bucket exactly once."""
+    runs = [(w, b, ATTENTION if on else None) for w, b, on in (first, second, third)]
+    everything = _run(bucketed, 1, 1, None, None, None)[0]
+    _, steps1 = _run(bucketed, *runs[0][:2], None, None, runs[0][2])
+    s1 = int(cut[0] * steps1)
+    a, _ = _run(bucketed, *runs[0][:2], s1, None, runs[0][2])
+    one = Resume.of(_state(*runs[0][:2], s1, runs[0][2]))[0]
+    _, steps2 = _run(bucketed, *runs[1][:2], None, one, runs[1][2])
+    s2 = int(cut[1] * steps2)
+    b, _ = _run(bucketed, *runs[1][:2], s2, one, runs[1][2])
+    two = Resume.of(_state(*runs[1][:2], s2, runs[1][2], before=one.to_state()))[0]
+    c, _ = _run(bucketed, *runs[2][:2], None, two, runs[2][2])
+    assert sorted(a + b + c) == sorted(everything)
+
+
+def test_a_balanced_dataloader_with_workers_resumes_on_another_world_size(bucketed: Path) -> None:
+    """PackedDataset(balance="attention") under StatefulDataLoader with 2 workers gives iter_batches'
+    batches in step order; 2 ranks stop after 3 batches, and 3 ranks of batch 3 each restore a
+    fresh loader with load_state_dict (as torchtitan does) and finish: every pack once."""
+    pytest.importorskip("torch")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from raypack.torch_data import PackedDataset
+
+    path = str(bucketed)
+    every = Counter(_digests(iter_batches(path, 1, 0, 1, seed=3, last_batch="short")))
+
+    def dataset(batch: int, rank: int, world: int) -> PackedDataset:
+        return PackedDataset(path, batch, rank, world, seed=3, last_batch="short", balance="attention")
+
+    whole = StatefulDataLoader(
+        dataset(2, 1, 2), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    want = _digests(iter_batches(path, 2, 1, 2, seed=3, last_batch="short", balance="attention"))
+    assert _digests(whole) == want
+    seen: list[str] = []
+    old = []
+    for rank in range(2):
+        dl = StatefulDataLoader(dataset(2, rank, 2), batch_size=None)
+        it = iter(dl)
+        seen += _digests([next(it) for _ in range(3)])
+        old.append(dl.state_dict())
+    for rank in range(3):
+        dl = StatefulDataLoader(dataset(3, rank, 3), batch_size=None)
+        dl.load_state_dict(old[rank % 2])
+        seen += _digests(list(dl))
+    assert Counter(seen) == every
+
+
+def test_a_bad_balance_is_one_clear_error(bucketed: Path) -> None:
+    from raypack.torch_data import PackedDataset
+
+    with pytest.raises(ValueError, match="balance must be one of attention or None, got 'tokens'"):
+        next(iter_batches(str(bucketed), 2, balance="tokens"))
+    with pytest.raises(ValueError, match="per_token must be a finite number >= 0"):
+        PackedDataset(str(bucketed), 2, balance="attention", balance_per_token=float("nan"))
