@@ -10,15 +10,15 @@ How, for `n` packs in a seeded order (the reader's shuffle) read in global steps
 `batch` packs: the steps are cut into windows of `WINDOW_PACKS` packs' worth of steps, consecutive in
 that order, and each window is balanced on its own:
 1. its packs go to `steps × world` bins of `batch` packs each, a round at a time: the round's packs
-   (the next `bins` of them, dearest first) to the bins, dearest pack to the cheapest bin so far
-   (the "largest differencing" rule of LPT under equal cardinality);
-2. the bins, dearest first, are cut into the window's steps, `world` bins a step: the bins of one
-   step cost alike even where bins cannot (a 64k-token document is dearer than any two packs);
+   (the next `bins` of them, dearest first) to the bins, the dearest pack to the cheapest bin so far
+   (LPT's rule, every bin taking one pack a round);
+2. the bins, dearest first, are cut into the window's steps, `world` bins a step: where bins cannot
+   cost alike (a pack of one 64k-token document outweighs any two packs of short ones), the bins
+   holding such packs share steps, so each step's ranks still cost alike;
 3. the steps' order within the window and the ranks' order within a step are seeded permutations.
-A window's steps are consecutive in the shuffled order, so the epoch stays a shuffle at the
-window's scale: no step's mean cost trends with its index, and a pack moves at most a window's
-steps from where the unbalanced reader reads it. Deterministic: the same costs and key give the
-same steps.
+Windows follow the seeded order, and a step's packs are all of its window, so the epoch stays a
+shuffle at the window's scale: no step's mean cost trends with its index. Deterministic: the same
+costs and key give the same steps.
 """
 
 from __future__ import annotations
@@ -46,16 +46,13 @@ __all__ = [
 BALANCE = ("attention",)
 
 # cost = Σ l² + per_token · Σ l: causal attention over a document of l tokens costs 2·d·l² FLOPs a
-# layer, everything else (QKV and output projections, the MLP) ~24·d² a token, so per_token = 12·d.
-# 12 × 4096 = 49,152 is a 7-8B model's (Llama-3-8B's own count, GQA and a 14,336 MLP: ~53k). A
-# smaller model, or attention kernels slower than its matmuls, weighs attention more: pass 12 × its
-# hidden size (0: attention alone, the regime of 128k contexts).
+# layer, the rest of the layer (projections, MLP) ~24·d² a token, so per_token = 12·d; the default is
+# a 7-8B model's (d = 4,096). Pass 12 × another model's d, or 0 for attention alone.
 ATTENTION_PER_TOKEN = 49_152.0
 
-# A window's packs (4,096: 256 steps of 8 ranks × 2 packs, 32 of 64 × 2): large enough that the few
-# packs holding a document near the context length fill whole steps together (measured at 8 × 2
-# on a heavy-tailed corpus packed by bfd at 32k, docs/benchmarks.md: max/mean 1.03), small enough
-# that a window spans about 4 row groups of the dataset.
+# Large enough that the packs of long documents fill whole steps together (64 ranks × 1 pack, the
+# hardest case, on docs/benchmarks.md's corpus at 32k: max/mean 1.04), small enough that a reader
+# keeps a window's row groups decoded.
 WINDOW_PACKS = 4096
 
 

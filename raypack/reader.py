@@ -35,7 +35,8 @@ as raypack.balance makes it: each bucket's sequence is cut into windows of steps
 balance.WINDOW_PACKS), and each window's packs are spread over its steps and ranks by cost, its
 steps in a seeded order; a pack is read in the steps of its window, so the epoch stays a shuffle
 (no curriculum), and last_batch's rules hold as above. The costs come from the pack indexes'
-doc_offsets, read when the reader starts (no token is read; 16 bytes a pack are kept). What it
+doc_offsets, read when the reader starts (no token is read; 1M packs: ~1-3 s and ~165 MB while
+it plans, docs/benchmarks.md). What it
 costs: a step's packs are no longer one rank's contiguous range, so each rank reads every row group
 (world_size × the unbalanced reader's reading, which reads 1/world_size of them), and keeps a
 window's row groups decoded (~4,096 packs: 512 MiB at 32k int32 tokens). A balanced run's state
@@ -258,7 +259,7 @@ Terms = list[tuple[np.ndarray, np.ndarray]]
 
 def _terms(pinned: Pinned, buckets: list[_Bucket], seed: int, storage: StorageConfig | None) -> Terms:
     """The packs' attention terms, from the pack indexes' doc_offsets alone (no token is read):
-    16 bytes a pack, besides a file's offsets while they are read."""
+    32 bytes a pack (each file's, then the buckets'), besides one file's offsets at a time."""
     files: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     out = []
     for bucket in buckets:

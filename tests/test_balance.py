@@ -98,8 +98,8 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 def test_the_order_stays_a_shuffle() -> None:
     """No trend of a step's mean cost with its index (|Spearman ρ| within 4 standard errors, which a
-    length-sorted order far exceeds), and every pack is read within one window of the step the
-    unbalanced reader reads it at."""
+    length-sorted order far exceeds); every pack is read in the steps of its window (of the seeded
+    order, world × batch packs a step), and the dear packs are not put first within a window."""
     world, batch = 8, 2
     costs = _heavy_tailed(40_000, 32_768, seed=3)
     n = len(costs) // (world * batch) * world * batch
@@ -113,7 +113,6 @@ def test_the_order_stays_a_shuffle() -> None:
     window_steps = WINDOW_PACKS // (world * batch)
     read_at = np.arange(n) // (world * batch)
     assert (step // window_steps == read_at // window_steps).all()
-    # and within a window, the dear packs are spread over its steps, not put first
     first = step % window_steps < window_steps // 2
     dear = costs >= np.quantile(costs, 0.9)
     assert 0.4 < first[dear].mean() < 0.6

@@ -118,6 +118,39 @@ def test_the_loss_weights_snippet_gives_the_mean_of_per_document_losses(packed: 
     assert next(model.parameters()).grad is not None  # loss.backward() ran
 
 
+def test_the_balance_snippet_reads_the_epoch_in_steps_of_even_attention_cost(packed: dict[str, Path]) -> None:
+    """The page's loop, as written, on each of 4 ranks (a megatron dataset: costs from its pack
+    index, tokens from its .bin): the packs the unbalanced reader gives, no more or fewer, the
+    same number of steps on every rank, and each step's ranks' Σ l² closer together than
+    unbalanced."""
+    pytest.importorskip("torch")
+    from raypack.balance import imbalance
+    from raypack.reader import iter_batches
+
+    out, world = packed["megatron"], 4
+
+    def cost(batch: dict[str, Any]) -> float:
+        total = 0.0
+        for row in np.asarray(batch["document_ids"]):
+            total += float((np.unique(row[row >= 0], return_counts=True)[1].astype(float) ** 2).sum())
+        return total
+
+    def digests(batches: list[dict[str, Any]]) -> list[bytes]:
+        return [np.asarray(row).tobytes() for b in batches for row in b["input_ids"]]
+
+    balanced, plain = [], []
+    for rank in range(world):
+        seen: list[dict[str, Any]] = []
+        run("Attention-balanced steps", out, rank=rank, world=world, epoch=0, train_step=seen.append)
+        balanced.append(seen)
+        plain.append(list(iter_batches(str(out), 2, rank, world, seed=0)))
+    assert sorted(d for b in balanced for d in digests(b)) == sorted(d for b in plain for d in digests(b))
+    assert len({len(b) for b in balanced}) == 1
+    before = imbalance(np.array([[cost(b) for b in rank] for rank in plain]).T)
+    after = imbalance(np.array([[cost(b) for b in rank] for rank in balanced]).T)
+    assert after < before
+
+
 def test_megatron_reads_a_pack_a_sample(packed: dict[str, Path]) -> None:
     pytest.importorskip("megatron.core")
     import torch.distributed as dist

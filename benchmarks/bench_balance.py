@@ -1,0 +1,235 @@
+"""Attention-balanced batches (reader balance="attention"): how even a step's ranks' costs are,
+balanced against unbalanced, and what balancing costs when a reader opens a large dataset.
+
+    python benchmarks/bench_balance.py                       # both parts
+    python benchmarks/bench_balance.py --skip-open           # the imbalance figures alone
+
+Corpus: a long-document corpus drawn with a documented heavy tail (real long-context corpora are
+not on this machine): a lognormal body (median 1,024 tokens, σ 1.5, web-like) and 3% of documents
+from a Pareto tail (from 8,192 tokens, α 1.1: books, code repositories), clipped to 16..262,144
+tokens; `--docs` documents a draw, packed by raypack's bfd at 32k and 64k (documents past seq_len cut
+into chunks), packs in bfd's seeded order, as a dataset's sequence is. Each of `--seeds` draws is a
+corpus of its own.
+
+Imbalance: the mean over steps of max / mean rank cost, a rank's cost Σ l² + per_token · Σ l of its
+documents; unbalanced as the reader splits whole rounds (rank r the r-th world-th of the order,
+batch packs a step), balanced by raypack.balance.balanced_steps; per_token 0 (attention alone, the
+128k-context regime) and the default (raypack.balance.ATTENTION_PER_TOKEN, a 7-8B model). The
+shuffle check: Spearman's ρ of a step's mean cost against its index, balanced and unbalanced
+(4/√steps: four standard errors of ρ where steps are independent; a window's steps share its mean,
+so with few windows ρ strays further, as the unbalanced order's does).
+Figures: the median over draws, and the lowest and highest.
+
+Open: a dataset of `--open-packs` packs whose pack index is real raypack pack index files (1,024
+packs a row group, zstd, as raypack writes them; doc_offsets tiled from the first draw's bfd packs
+at 32k), listed by a megatron-format manifest (the open reads no token, so its .bin files are not
+written). Each round opens one rank's Plan (world 64, batch 2) unbalanced and balanced, each in a
+fresh process (its wall time and peak RSS), in interleaved rounds; medians and the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from raypack.balance import ATTENTION_PER_TOKEN, balanced_steps, imbalance, step_costs
+from raypack.formats import PARQUET_SETTINGS, ROW_GROUP_ROWS
+from raypack.packing import pack
+from raypack.schema import OUTPUT_SCHEMA_VERSION
+
+CONFIGS = ((8, 2), (64, 2), (64, 1), (64, 4))
+
+
+def corpus(docs: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    body = rng.lognormal(np.log(1024), 1.5, docs)
+    tail = 8192 * (1 + rng.pareto(1.1, docs))
+    return np.clip(np.where(rng.random(docs) < 0.03, tail, body), 16, 262_144).astype(np.int64)
+
+
+def packed(lengths: np.ndarray, seq_len: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pack id, length) of every item, packs in bfd's seeded order."""
+    a = pack(lengths, seq_len, "bfd", seed=seed)
+    return a.pack.astype(np.int64), a.items.length.astype(np.float64)
+
+
+def unbalanced(costs: np.ndarray, world: int, batch: int) -> np.ndarray:
+    steps = len(costs) // (world * batch)
+    return costs[: steps * world * batch].reshape(world, steps, batch).sum(axis=2).T
+
+
+def spearman(values: np.ndarray) -> float:
+    ranks = np.argsort(np.argsort(values))
+    return float(np.corrcoef(np.arange(len(values)), ranks)[0, 1])
+
+
+def imbalance_figures(docs: int, seeds: int) -> list[dict[str, object]]:
+    rows: dict[tuple[int, float, int, int], dict[str, list[float]]] = {}
+    for seed in range(seeds):
+        lengths = corpus(docs, seed)
+        for seq_len in (32_768, 65_536):
+            pack_of, item = packed(lengths, seq_len, seed)
+            squares = np.bincount(pack_of, weights=item * item)
+            tokens = np.bincount(pack_of, weights=item)
+            for per_token in (0.0, ATTENTION_PER_TOKEN):
+                costs = squares + per_token * tokens
+                for world, batch in CONFIGS:
+                    n = len(costs) // (world * batch) * world * batch
+                    t0 = time.perf_counter()
+                    step, rank = balanced_steps(costs[:n], world, batch, key=seed)
+                    seconds = time.perf_counter() - t0
+                    per_rank = step_costs(costs[:n], step, rank, world)
+                    row = rows.setdefault((seq_len, per_token, world, batch), {})
+                    for name, value in (
+                        ("packs", float(n)),
+                        ("unbalanced", imbalance(unbalanced(costs, world, batch))),
+                        ("balanced", imbalance(per_rank)),
+                        ("rho", spearman(per_rank.mean(axis=1))),
+                        ("rho_unbalanced", spearman(unbalanced(costs, world, batch).mean(axis=1))),
+                        ("rho_bound", 4 / np.sqrt(len(per_rank))),
+                        ("seconds", seconds),
+                    ):
+                        row.setdefault(name, []).append(value)
+    out = []
+    for (seq_len, per_token, world, batch), row in rows.items():
+        figure: dict[str, object] = {
+            "seq_len": seq_len,
+            "per_token": per_token,
+            "world": world,
+            "batch": batch,
+        }
+        for name, values in row.items():
+            figure[name] = [round(float(np.median(values)), 4), round(min(values), 4), round(max(values), 4)]
+        out.append(figure)
+    return out
+
+
+def write_index_dataset(root: Path, packs: int, seq_len: int = 32_768) -> Path:
+    """A megatron-format manifest over real pack index files of `packs` packs (module docstring)."""
+    done = root / "manifest.json"
+    if done.exists():
+        return root
+    (root / "packs").mkdir(parents=True, exist_ok=True)
+    pack_of, item = packed(corpus(400_000, 0), seq_len, 0)
+    order = np.argsort(pack_of, kind="stable")
+    counts = np.bincount(pack_of)
+    ends = np.cumsum(item[order]).astype(np.int64)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    base = np.r_[0, ends][starts]
+    offsets = [
+        np.r_[0, ends[s : s + c] - b].astype(np.int32) for s, c, b in zip(starts, counts, base, strict=True)
+    ]
+    per_file, files = 16 * ROW_GROUP_ROWS, []
+    for part, first in enumerate(range(0, packs, per_file)):
+        rows = min(per_file, packs - first)
+        chosen = [offsets[(first + i) % len(offsets)] for i in range(rows)]
+        lists = pa.array(chosen, type=pa.list_(pa.int32()))
+        items = np.array([len(o) - 1 for o in chosen])
+        ids = pc.cast(pa.array(np.arange(items.sum()) + first * 64), pa.string())
+        table = pa.table(
+            {
+                "doc_offsets": lists,
+                "doc_ids": pa.ListArray.from_arrays(pa.array(np.r_[0, np.cumsum(items)], pa.int32()), ids),
+                "chunk_index": pa.ListArray.from_arrays(
+                    pa.array(np.r_[0, np.cumsum(items)], pa.int32()),
+                    pa.array(np.zeros(items.sum(), np.int32)),
+                ),
+                "num_tokens": pa.array([int(o[-1]) for o in chosen], pa.int32()),
+            }
+        )
+        stem = f"part-{part:05d}"
+        pq.write_table(table, root / "packs" / f"{stem}.parquet", **PARQUET_SETTINGS)
+        groups = [min(ROW_GROUP_ROWS, rows - g) for g in range(0, rows, ROW_GROUP_ROWS)]
+        files.append(
+            {
+                "path": f"data/{stem}.bin",
+                "index": f"packs/{stem}.parquet",
+                "bucket_length": seq_len,
+                "rows": rows,
+                "row_groups": groups,
+            }
+        )
+    manifest = {
+        "schema_version": OUTPUT_SCHEMA_VERSION,
+        "counts": {"packs": packs},
+        "files": files,
+        "format": {"name": "megatron", "pad_id": 0, "dtype": "int32", "eos_id": 0, "loss_mask": False},
+    }
+    done.write_text(json.dumps(manifest))
+    return root
+
+
+OPEN = """
+import json, sys, time
+from raypack.balance import Balance
+from raypack.reader import Plan, pin
+t0 = time.perf_counter()
+plan = Plan.of(pin(sys.argv[1]), 2, 0, 64, 1, "short", None, None, Balance() if sys.argv[2] == "1" else None)
+seconds = time.perf_counter() - t0
+# VmHWM: this process's own peak (ru_maxrss would carry the parent's across fork and exec)
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(json.dumps({"seconds": seconds, "steps": len(plan.schedule), "peak_rss_mb": hwm / 1024}))
+"""
+
+
+def open_figures(root: Path, rounds: int) -> dict[str, object]:
+    runs: dict[str, list[dict[str, float]]] = {"unbalanced": [], "balanced": []}
+    for _ in range(rounds):
+        for name, flag in (("unbalanced", "0"), ("balanced", "1")):
+            out = subprocess.run(
+                [sys.executable, "-c", OPEN, str(root), flag], check=True, capture_output=True, text=True
+            )
+            runs[name].append(json.loads(out.stdout))
+    figures: dict[str, object] = {}
+    for name, values in runs.items():
+        for key in ("seconds", "peak_rss_mb"):
+            xs = [v[key] for v in values]
+            figures[f"{name}_{key}"] = [round(float(np.median(xs)), 2), round(min(xs), 2), round(max(xs), 2)]
+    extra = [b["seconds"] - u["seconds"] for u, b in zip(runs["unbalanced"], runs["balanced"], strict=True)]
+    figures["balanced_extra_seconds"] = [
+        round(float(np.median(extra)), 2),
+        round(min(extra), 2),
+        round(max(extra), 2),
+    ]
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--docs", type=int, default=400_000)
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--open-packs", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", default="/tmp/raypack-bench-balance")
+    parser.add_argument("--skip-open", action="store_true")
+    args = parser.parse_args()
+    result: dict[str, object] = {
+        "docs": args.docs,
+        "seeds": args.seeds,
+        "imbalance": imbalance_figures(args.docs, args.seeds),
+    }
+    if not args.skip_open:
+        root = write_index_dataset(Path(args.work) / f"index-{args.open_packs}", args.open_packs)
+        result["open"] = {
+            "packs": args.open_packs,
+            "world": 64,
+            "batch": 2,
+            **open_figures(root, args.rounds),
+        }
+    for figure in result.pop("imbalance"):  # type: ignore[attr-defined]
+        print(json.dumps(figure))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
