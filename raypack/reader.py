@@ -39,7 +39,8 @@ doc_offsets, read when the reader starts (no token is read; 1M packs: ~1-3 s and
 it plans, docs/benchmarks.md). What it
 costs: a step's packs are no longer one rank's contiguous range, so each rank reads every row group
 (world_size × the unbalanced reader's reading, which reads 1/world_size of them), and keeps a
-window's row groups decoded (~4,096 packs: 512 MiB at 32k int32 tokens). A balanced run's state
+window's row groups decoded (its ~4,096 packs and the groups at its edges: up to 6 row groups of
+1,024 packs, 768 MiB at 32k int32 tokens). A balanced run's state
 resumes as any other (below): what it leaves is the packs of the steps it had not taken.
 
 Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without

@@ -204,3 +204,21 @@ def test_a_bad_balance_is_one_clear_error(bucketed: Path) -> None:
         next(iter_batches(str(bucketed), 2, balance="tokens"))
     with pytest.raises(ValueError, match="per_token must be a finite number >= 0"):
         PackedDataset(str(bucketed), 2, balance="attention", balance_per_token=float("nan"))
+
+
+def test_a_balanced_rank_decodes_each_row_group_once_an_epoch(bucketed: Path) -> None:
+    """A step's packs jump between the row groups of their window: the rank keeps the window's
+    groups decoded, so over its epoch it loads each group it reads once, not once a step (and,
+    unlike an unbalanced rank's quarter, it reads from most of them)."""
+    pinned = pin(str(bucketed))
+    plan = Plan.of(pinned, 2, 1, 4, 3, "short", None, None, ATTENTION)
+    loads: list[tuple[int, int]] = []
+
+    def load(bucket: int, group: int) -> Any:
+        loads.append((bucket, group))
+        return plan.read(bucket, group)
+
+    assert sum(b["input_ids"].shape[0] for b in plan.steps(0, 1, load)) > 0
+    touched = {pair for step in plan.touches(0) for pair in step}
+    assert len(touched) > sum(len(b.groups) for b in plan.buckets) / 2  # far beyond its quarter
+    assert sorted(loads) == sorted(touched)
