@@ -427,8 +427,8 @@ _RUN_KEYS = ("world_size", "batch_size", "seed", "last_batch", "step")
 
 @dataclass(frozen=True)
 class Run:
-    """A run of an epoch that a state was saved in: its ranks, batch size, seed and last_batch, and
-    the steps every rank had yielded."""
+    """A run of an epoch that a state was saved in: its ranks, batch size, seed, last_batch and
+    balance, and the steps every rank had yielded."""
 
     world_size: int
     batch_size: int

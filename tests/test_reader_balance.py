@@ -165,8 +165,9 @@ def test_every_pack_once_over_a_chain_of_world_sizes_balanced_or_not(
 
 def test_a_balanced_dataloader_with_workers_resumes_on_another_world_size(bucketed: Path) -> None:
     """PackedDataset(balance="attention") under StatefulDataLoader with 2 workers gives iter_batches'
-    batches in step order; 2 ranks stop after 3 batches, and 3 ranks of batch 3 each restore a
-    fresh loader with load_state_dict (as torchtitan does) and finish: every pack once."""
+    batches in step order; 2 ranks stop after 3 batches, and 3 ranks of batch 3 finish, one made
+    with resume= under 2 workers, two restoring a fresh loader with load_state_dict (as torchtitan
+    does): every pack once."""
     pytest.importorskip("torch")
     from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -191,8 +192,14 @@ def test_a_balanced_dataloader_with_workers_resumes_on_another_world_size(bucket
         seen += _digests([next(it) for _ in range(3)])
         old.append(dl.state_dict())
     for rank in range(3):
-        dl = StatefulDataLoader(dataset(3, rank, 3), batch_size=None)
-        dl.load_state_dict(old[rank % 2])
+        if rank == 0:  # resume= with 2 workers (they share the row groups they read)
+            ds = PackedDataset(
+                path, 3, rank, 3, seed=3, last_batch="short", balance="attention", resume=old[0]
+            )
+            dl = StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+        else:  # load_state_dict into a fresh loader, as torchtitan restores
+            dl = StatefulDataLoader(dataset(3, rank, 3), batch_size=None)
+            dl.load_state_dict(old[rank % 2])
         seen += _digests(list(dl))
     assert Counter(seen) == every
 
