@@ -3,6 +3,7 @@ balanced against unbalanced, and what balancing costs when a reader opens a larg
 
     python benchmarks/bench_balance.py                       # both parts
     python benchmarks/bench_balance.py --skip-open           # the imbalance figures alone
+    python benchmarks/bench_balance.py --dataset out/ --world 8 --batch 2   # and a dataset's
 
 Corpus: a long-document corpus drawn with a documented heavy tail (real long-context corpora are
 not on this machine): a lognormal body (median 1,024 tokens, σ 1.5, web-like) and 3% of documents
@@ -44,6 +45,7 @@ import pyarrow.parquet as pq
 from raypack.balance import ATTENTION_PER_TOKEN, balanced_steps, imbalance, step_costs
 from raypack.formats import PARQUET_SETTINGS, ROW_GROUP_ROWS
 from raypack.packing import pack
+from raypack.reader import attention_imbalance
 from raypack.schema import OUTPUT_SCHEMA_VERSION
 
 CONFIGS = ((8, 2), (64, 2), (64, 1), (64, 4))
@@ -211,7 +213,26 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", default="/tmp/raypack-bench-balance")
     parser.add_argument("--skip-open", action="store_true")
+    parser.add_argument(
+        "--dataset", help="also a packed dataset's figure (raypack.reader.attention_imbalance)"
+    )
+    parser.add_argument("--world", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=2)
     args = parser.parse_args()
+    if args.dataset:
+        for per_token in (0.0, ATTENTION_PER_TOKEN):
+            got = attention_imbalance(args.dataset, args.batch, args.world, balance_per_token=per_token)
+            print(
+                json.dumps(
+                    {
+                        "dataset": args.dataset,
+                        "world": args.world,
+                        "batch": args.batch,
+                        "per_token": per_token,
+                        **got,
+                    }
+                )
+            )
     result: dict[str, object] = {
         "docs": args.docs,
         "seeds": args.seeds,

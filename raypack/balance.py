@@ -80,6 +80,11 @@ class Balance:
             return None
         if balance not in BALANCE:
             raise ValueError(f"balance must be one of {', '.join(BALANCE)} or None, got {balance!r}")
+        return cls.attention(per_token)
+
+    @classmethod
+    def attention(cls, per_token: float = ATTENTION_PER_TOKEN) -> Balance:
+        """Balance by attention cost with this per-token weight; ValueError for one that is no number."""
         if isinstance(per_token, bool) or not isinstance(per_token, (int, float)):
             raise ValueError(f"balance_per_token must be a number, got {per_token!r}")
         return cls(float(per_token))

@@ -106,9 +106,11 @@ from raypack.balance import (
     WINDOW_PACKS,
     Balance,
     balanced_steps,
+    imbalance,
     pack_terms,
     positions_of,
     spans_of,
+    step_costs,
 )
 from raypack.config import StorageConfig
 from raypack.dataset.layout import MANIFEST, index_path, resolve_dataset
@@ -124,6 +126,7 @@ __all__ = [
     "LAST_BATCH",
     "DocumentMetadata",
     "Pinned",
+    "attention_imbalance",
     "batch_fields",
     "block_causal_mask",
     "document_metadata",
@@ -964,3 +967,41 @@ class DocumentMetadata:
                 )
             found.append(self._rows[self._at[doc_id]])
         return found
+
+
+def attention_imbalance(
+    path: str,
+    batch_size: int,
+    world_size: int,
+    seed: int = 0,
+    *,
+    last_batch: str = "drop",
+    balance_per_token: float = ATTENTION_PER_TOKEN,
+    storage: StorageConfig | None = None,
+) -> dict[str, float]:
+    """How uneven iter_batches' steps are on this dataset at `world_size` ranks of `batch_size`
+    packs: the mean over steps of max / mean rank cost (Σ l² + balance_per_token · Σ l over a
+    rank's documents), as "unbalanced" and "balanced" (balance="attention") read the epoch. From
+    the pack indexes' doc_offsets alone, as a balanced reader's start reads them; no token is read."""
+    check_args(batch_size, 0, world_size, last_batch)
+    balance = Balance.attention(balance_per_token)
+    pinned = pin(path, storage)
+    buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
+    plain, balanced = [], []
+    for bucket, terms in zip(buckets, _terms(pinned, buckets, seed, storage), strict=True):
+        costs = balance.cost(*terms)
+        spans = [(0, bucket.packs)]
+        ranks = []
+        for r in range(world_size):
+            lo, hi, steps = _share(bucket.packs, r, world_size, batch_size, last_batch)
+            mine = costs[positions_of(_within(spans, lo, hi), np.arange(hi - lo))]
+            # a short rank's last batch may be short or empty: count what it holds
+            ranks.append(np.bincount(np.arange(len(mine)) // batch_size, weights=mine, minlength=steps))
+        plain.append(np.array(ranks).T)
+        key = _key(seed, "balance", bucket.length)
+        real, step, owner = _balanced(spans, costs, world_size, batch_size, last_batch, key)
+        balanced.append(step_costs(costs[real], step, owner, world_size))
+    return {
+        "unbalanced": imbalance(np.concatenate(plain)),
+        "balanced": imbalance(np.concatenate(balanced)),
+    }

@@ -229,3 +229,24 @@ def test_a_balanced_rank_decodes_each_row_group_once_an_epoch(bucketed: Path) ->
     touched = {pair for step in plan.touches(0) for pair in step}
     assert len(touched) > sum(len(b.groups) for b in plan.buckets) / 2  # far beyond its quarter
     assert sorted(loads) == sorted(touched)
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "short"])
+def test_attention_imbalance_is_what_the_ranks_batches_cost(bucketed: Path, last_batch: str) -> None:
+    """The figure from the pack indexes alone is the one the batches give: each rank's Σ l² a
+    step from its batches' document_ids, unbalanced and balanced, 3 ranks of 2 packs."""
+    from raypack.reader import attention_imbalance
+
+    path = str(bucketed)
+    got = attention_imbalance(path, 2, 3, seed=3, last_batch=last_batch, balance_per_token=0)
+    for balance, name in ((None, "unbalanced"), ("attention", "balanced")):
+        ranks = [
+            list(
+                iter_batches(
+                    path, 2, r, 3, seed=3, last_batch=last_batch, balance=balance, balance_per_token=0
+                )
+            )
+            for r in range(3)
+        ]
+        assert got[name] == pytest.approx(imbalance(np.array([[_cost(b) for b in rank] for rank in ranks]).T))
+    assert got["balanced"] < got["unbalanced"]
