@@ -61,23 +61,33 @@ def _positions(plan: Plan, stop: int | None = None) -> list[tuple[int, int]]:
     return out
 
 
-def _run(path: Path, world: int, batch: int, stop: int | None, resume: Resume | None, balance: Any):
+def _run(
+    path: Path,
+    world: int,
+    batch: int,
+    stop: int | None,
+    resume: Resume | None,
+    balance: Any,
+    last_batch: str = "short",
+):
     pinned = pin(str(path))
     yielded: list[tuple[int, int]] = []
     steps = 0
     for rank in range(world):
-        plan = Plan.of(pinned, batch, rank, world, 3, "short", None, resume, balance)
+        plan = Plan.of(pinned, batch, rank, world, 3, last_batch, None, resume, balance)
         steps = len(plan.schedule)
         yielded += _positions(plan, stop)
     return yielded, steps
 
 
-def _state(world: int, batch: int, step: int, balance: Balance | None, before: Any = None) -> dict:
+def _state(
+    world: int, batch: int, step: int, balance: Balance | None, before: Any = None, last_batch: str = "short"
+) -> dict:
     return {
         "batch_size": batch,
         "world_size": world,
         "seed": 3,
-        "last_batch": "short",
+        "last_batch": last_batch,
         "next_step": step,
         "balance": balance.to_state() if balance is not None else None,
         "resumed_from": before,
@@ -161,6 +171,28 @@ def test_every_pack_once_over_a_chain_of_world_sizes_balanced_or_not(
     two = Resume.of(_state(*runs[1][:2], s2, runs[1][2], before=one.to_state()))[0]
     c, _ = _run(bucketed, *runs[2][:2], None, two, runs[2][2])
     assert sorted(a + b + c) == sorted(everything)
+
+
+@pytest.mark.parametrize("last_batch", ["drop", "wrap"])
+def test_drop_and_wrap_keep_their_rule_across_a_balanced_resume(bucketed: Path, last_batch: str) -> None:
+    """4 balanced ranks of 3 stop half-way, 3 balanced ranks of 5 finish: under drop no pack twice
+    and fewer than a round of each run left out per bucket; under wrap every pack at least once and
+    fewer repeats than a round of each run per bucket."""
+    everything = Counter(_run(bucketed, 1, 1, None, None, None)[0])
+    _, steps = _run(bucketed, 4, 3, None, None, ATTENTION, last_batch)
+    a, _ = _run(bucketed, 4, 3, steps // 2, None, ATTENTION, last_batch)
+    resume = Resume.of(_state(4, 3, steps // 2, ATTENTION, last_batch=last_batch))[0]
+    b, _ = _run(bucketed, 3, 5, None, resume, ATTENTION, last_batch)
+    got = Counter(a + b)
+    for bucket in {bucket for bucket, _ in everything}:
+        want = {p for p in everything if p[0] == bucket}
+        have = Counter({p: n for p, n in got.items() if p[0] == bucket})
+        if last_batch == "drop":
+            assert max(have.values(), default=1) == 1 and set(have) <= want
+            assert len(want) - len(have) < 4 * 3 + 3 * 5
+        else:
+            assert set(have) == want
+            assert sum(have.values()) - len(want) < 4 * 3 + 3 * 5
 
 
 def test_a_balanced_dataloader_with_workers_resumes_on_another_world_size(bucketed: Path) -> None:
