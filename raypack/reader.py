@@ -38,10 +38,10 @@ steps in a seeded order; a pack is read in the steps of its window, so the epoch
 doc_offsets, read when the reader starts (no token is read; 1M packs: ~1-3 s and ~165 MB while
 it plans, docs/benchmarks.md). What it
 costs: a step's packs are no longer one rank's contiguous range, so each rank reads every row group
-(world_size × the unbalanced reader's reading, which reads 1/world_size of them), and keeps a
-window's row groups decoded (its ~4,096 packs and the groups at its edges: up to 6 row groups of
-1,024 packs, 768 MiB at 32k int32 tokens). A balanced run's state
-resumes as any other (below): what it leaves is the packs of the steps it had not taken.
+(world_size × the unbalanced reader's reading, which reads 1/world_size of them), and keeps the
+rows it reads of a window's row groups (up to 6 groups; a world_size-th of their rows: at 8 ranks
+~770 packs, 96 MiB at 32k int32 tokens, besides the one group it decodes at a time). A balanced
+run's state resumes as any other (below): what it leaves is the packs of the steps it had not taken.
 
 Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without
 reading what comes before. Elastic resume, on another world size or batch size (a job restarted on
@@ -324,19 +324,32 @@ def _balanced(
 class _RankStream:
     """One rank's packs of one bucket: the positions of `spans` in order ([lo, hi) of the bucket's
     sequence; after an elastic resume, the rank's share of what the earlier run left), read a row
-    group at a time through `load`, the last `keep` of them cached (a balanced epoch's steps go to
-    and fro between the row groups of a window)."""
+    group at a time through `load`, the last `keep` of them cached. With keep > 1 (a balanced
+    epoch's steps go to and fro between the row groups of a window) a group is cached as the rows
+    the stream reads of it alone: a balanced rank reads a world_size-th of a window's packs."""
 
     def __init__(self, index: int, bucket: _Bucket, spans: Spans, load: GroupLoader | None, keep: int = 1):
         self.index, self.bucket, self.load, self.keep = index, bucket, load, keep
         self.spans = deque((a, b) for a, b in spans if b > a)
         self._cached: OrderedDict[int, pa.Table] = OrderedDict()
+        self._rows: dict[int, np.ndarray] | None = None
+        """With keep > 1: the rows of each group the stream reads from its first take on, sorted."""
+
+    def _needed(self) -> dict[int, np.ndarray]:
+        if not self.spans:
+            return {}
+        pos = np.concatenate([np.arange(a, b) for a, b in self.spans]) % self.bucket.packs
+        groups = np.searchsorted(self.bucket.starts, pos, side="right") - 1
+        key = np.unique((groups.astype(np.int64) << 32) | (pos - self.bucket.starts[groups]))
+        cuts = np.flatnonzero(np.diff(key >> 32)) + 1
+        return {int(part[0] >> 32): part & 0xFFFFFFFF for part in np.split(key, cuts)}
 
     def _group(self, g: int) -> pa.Table:
         if g not in self._cached:
             if self.load is None:
                 raise RuntimeError("a planning stream does not read")
-            self._cached[g] = self.load(self.index, g)
+            table = self.load(self.index, g)
+            self._cached[g] = table if self._rows is None else table.take(pa.array(self._rows[g]))
             if len(self._cached) > self.keep:
                 self._cached.popitem(last=False)
         self._cached.move_to_end(g)
@@ -368,7 +381,13 @@ class _RankStream:
 
     def take(self, n: int) -> list[pa.Table]:
         """The next n packs, as row slices."""
-        return [self._group(g).slice(first, count) for g, first, count in self.parts(n)]
+        if self.keep > 1 and self._rows is None:
+            self._rows = self._needed()
+        slices = []
+        for g, first, count in self.parts(n):
+            at = first if self._rows is None else int(np.searchsorted(self._rows[g], first))
+            slices.append(self._group(g).slice(at, count))
+        return slices
 
 
 LAST_BATCH = ("wrap", "drop", "short")

@@ -246,9 +246,9 @@ def test_a_bad_balance_is_one_clear_error(bucketed: Path) -> None:
 
 
 def test_a_balanced_rank_decodes_each_row_group_once_an_epoch(bucketed: Path) -> None:
-    """A step's packs jump between the row groups of their window: the rank keeps the window's
-    groups decoded, so over its epoch it loads each group it reads once, not once a step (and,
-    unlike an unbalanced rank's quarter, it reads from most of them)."""
+    """A step's packs jump between the row groups of their window: the rank keeps what it reads of
+    the window's groups, so over its epoch it loads each group it reads once, not once a step (and,
+    unlike an unbalanced rank's quarter, it reads from most of them), holding its own rows alone."""
     pinned = pin(str(bucketed))
     plan = Plan.of(pinned, 2, 1, 4, 3, "short", None, None, ATTENTION)
     loads: list[tuple[int, int]] = []
@@ -261,6 +261,12 @@ def test_a_balanced_rank_decodes_each_row_group_once_an_epoch(bucketed: Path) ->
     touched = {pair for step in plan.touches(0) for pair in step}
     assert len(touched) > sum(len(b.groups) for b in plan.buckets) / 2  # far beyond its quarter
     assert sorted(loads) == sorted(touched)
+    # what it keeps of them: the rows it reads, not whole groups
+    streams = plan._streams(0, plan.read)
+    for b in plan.schedule.tolist():
+        streams[b].take(plan.batch_size)
+    held = sum(t.num_rows for s in streams for t in s._cached.values())
+    assert 0 < held <= len(_positions(plan))
 
 
 @pytest.mark.parametrize("last_batch", ["drop", "short"])
