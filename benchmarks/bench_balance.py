@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from raypack.balance import ATTENTION_PER_TOKEN, balanced_steps, imbalance, step_costs
 from raypack.formats import PARQUET_SETTINGS, ROW_GROUP_ROWS
 from raypack.packing import pack
-from raypack.reader import attention_imbalance
+from raypack.reader import attention_imbalance, iter_batches
 from raypack.schema import OUTPUT_SCHEMA_VERSION
 
 CONFIGS = ((8, 2), (64, 2), (64, 1), (64, 4))
@@ -205,6 +205,34 @@ def open_figures(root: Path, rounds: int) -> dict[str, object]:
     return figures
 
 
+def read_figures(path: str, world: int, batch: int, rounds: int) -> dict[str, object]:
+    """Every rank's epoch read in one process, unbalanced and balanced in interleaved rounds (their
+    order alternating), after an untimed pass of each: seconds, and balanced over unbalanced."""
+
+    def epoch(balance: str | None) -> float:
+        t0 = time.perf_counter()
+        for rank in range(world):
+            for _ in iter_batches(path, batch, rank, world, seed=1, last_batch="short", balance=balance):
+                pass
+        return time.perf_counter() - t0
+
+    epoch(None), epoch("attention")
+    times: dict[str | None, list[float]] = {None: [], "attention": []}
+    for k in range(rounds):
+        for balance in (None, "attention") if k % 2 == 0 else ("attention", None):
+            times[balance].append(epoch(balance))
+    ratios = [b / u for u, b in zip(times[None], times["attention"], strict=True)]
+    spread = {
+        name: [round(float(np.median(v)), 3), round(min(v), 3), round(max(v), 3)]
+        for name, v in (
+            ("unbalanced_seconds", times[None]),
+            ("balanced_seconds", times["attention"]),
+            ("ratio", ratios),
+        )
+    }
+    return {"dataset": path, "world": world, "batch": batch, "rounds": rounds, **spread}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--docs", type=int, default=400_000)
@@ -233,6 +261,7 @@ def main() -> int:
                     }
                 )
             )
+        print(json.dumps(read_figures(args.dataset, args.world, args.batch, args.rounds)))
     result: dict[str, object] = {
         "docs": args.docs,
         "seeds": args.seeds,
