@@ -33,15 +33,15 @@ Balance. `balance="attention"` chooses each step's packs and their split among t
 so that every rank's cost in a step (Σ l² over its documents + `balance_per_token` · Σ l) is as even
 as raypack.balance makes it: each bucket's sequence is cut into windows of steps (~4,096 packs,
 balance.WINDOW_PACKS), and each window's packs are spread over its steps and ranks by cost, its
-steps in a seeded order; a pack is read in the steps of its window, so the epoch stays a shuffle
-(no curriculum), and last_batch's rules hold as above. The costs come from the pack indexes'
-doc_offsets, read when the reader starts (no token is read; 1M packs: ~1-3 s and ~165 MB while
-it plans, docs/benchmarks.md). What it
-costs: a step's packs are no longer one rank's contiguous range, so each rank reads every row group
-(world_size × the unbalanced reader's reading, which reads 1/world_size of them), and keeps the
-rows it reads of a window's row groups (up to 6 groups; a world_size-th of their rows: at 8 ranks
-~770 packs, 96 MiB at 32k int32 tokens, besides the one group it decodes at a time). A balanced
-run's state resumes as any other (below): what it leaves is the packs of the steps it had not taken.
+steps in a seeded order; a pack is read in the steps of its window, so the epoch stays a shuffle (no
+curriculum), and last_batch's rules hold as above. The costs come from the pack indexes'
+doc_offsets, read when the reader starts (no token is read; 1M packs: ~1-3 s and ~165 MB while it
+plans, docs/benchmarks.md). What it costs: a step's packs are no longer one rank's contiguous range,
+so each rank reads every row group (world_size × the unbalanced reader's reading, which reads
+1/world_size of them), and keeps the rows it reads of a window's row groups (up to 6 groups; a
+world_size-th of their rows: at 8 ranks ~770 packs, 96 MiB at 32k int32 tokens, besides the one
+group it decodes at a time). A balanced run's state resumes as any other (below): what it leaves is
+the packs of the steps it had not taken.
 
 Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without
 reading what comes before. Elastic resume, on another world size or batch size (a job restarted on
