@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
@@ -255,13 +254,11 @@ def _source_packs(dataset: str, entry: dict[str, Any], source: Spec, storage: St
 def _repadded(packs: Packs, spec: Spec) -> Packs:
     """The packs with spec's padding (megatron pads with EOS, the others with output.pad_id), and a
     loss mask where spec keeps one: the source's, or (plain text) every token but each item's first."""
-    num_tokens = packs.index.column("num_tokens").to_numpy()
     tokens = packs.input_ids.copy()
-    real = np.arange(packs.capacity)[None, :] < num_tokens[:, None]
-    tokens[~real] = spec.pad_id
+    tokens[~packs.real()] = spec.pad_id
     mask = packs.loss_mask if spec.loss_mask else None
     if spec.loss_mask and mask is None:  # the write stage's mask of tokens that are all trained
-        mask = loss_mask_of(tokens, packs.item_bounds()[0], num_tokens, spec, 0)
+        mask = loss_mask_of(tokens, *packs.item_bounds(), spec, 0)
     return Packs(packs.stem, tokens, packs.index, mask)
 
 

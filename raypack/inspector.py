@@ -29,7 +29,7 @@ from raypack.config import StorageConfig, TokenizerConfig
 from raypack.dataset.layout import index_path
 from raypack.dataset.manifest import entry_files
 from raypack.errors import ConfigError
-from raypack.formats import read_rows, spec_of
+from raypack.formats import item_spans, read_rows, spec_of
 from raypack.reader import Pinned, pin
 from raypack.schema import row_group_rows
 from raypack.storage import join, resolve
@@ -268,10 +268,10 @@ def _items(
     row = table.to_pylist()[0]
     ids = np.asarray(row["input_ids"], dtype=np.int64)
     mask = np.asarray(row["loss_mask"], dtype=np.int8) if "loss_mask" in row else None
-    offsets = row["doc_offsets"]
+    starts, lengths, _ = item_spans(table)  # an aligned item (pack.pad_multiple) at its padded start
     items = []
     for k, (doc_id, chunk) in enumerate(zip(row["doc_ids"], row["chunk_index"], strict=True)):
-        a, b = int(offsets[k]), int(offsets[k + 1])
+        a, b = int(starts[k]), int(starts[k] + lengths[k])
         item_mask = mask[a:b] if mask is not None else None
         opens = bos if chunk == 0 else None  # a document's first token may be its BOS
         parts, text = _parts(ids[a:b], item_mask, tok, names, opens) if tok else ([], None)

@@ -13,6 +13,10 @@
 - truncations per document by length band (Ding et al., figure 1): a document cut into k pieces has had
   k - 1 truncations; one shortened or dropped counts one more.
 - lower_bound = ceil(tokens / seq_len): no packer can use fewer packs of seq_len tokens.
+- the slots hold three things, counted apart: real tokens, alignment padding (pack.pad_multiple:
+  each item's positions up to the next multiple) and end padding (each pack's positions after its
+  last item). Efficiency counts real tokens only, so aligning for context parallelism shows as the
+  padding it costs.
 
 Two distributions for the report (raypack.report), both counts that add up across shards and files:
 documents by length in bins of 1/8 octave (LENGTH_BINS_PER_OCTAVE; a 1..2^20 token range in 160
@@ -41,6 +45,7 @@ __all__ = [
     "fill_percent_counts",
     "finalize_metrics",
     "length_bins",
+    "slots_line",
 ]
 
 N_BANDS = 64  # power-of-two length bands: 2^63 tokens is more than any document
@@ -93,6 +98,13 @@ class PackingMetrics:
     truncation_bands: tuple[LengthBand, ...]
     max_depth: int = 0
     """The most items (documents, or chunks of one) in any one pack: what pack.max_depth caps."""
+    alignment_padding: int = 0
+    """Padding positions after items, each item rounded up to pack.pad_multiple (0 without it)."""
+
+    @property
+    def end_padding(self) -> int:
+        """Padding positions at the end of packs, after their last item: the rest of the padding."""
+        return self.slots - self.tokens - self.alignment_padding
 
     @property
     def documents_per_pack(self) -> float:
@@ -106,6 +118,7 @@ class PackingMetrics:
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["truncation_bands"] = [asdict(b) for b in self.truncation_bands]
+        d["end_padding"] = self.end_padding  # read back as the property it is
         return d
 
     @classmethod
@@ -127,6 +140,8 @@ class DocStats:
     tokens: int = 0
     """Tokens placed (after truncate/drop)."""
     input_tokens: int = 0
+    spans: int = 0
+    """Positions the placed items take: tokens, plus their alignment padding (pack.pad_multiple)."""
     band_documents: tuple[int, ...] = (0,) * N_BANDS
     band_truncations: tuple[int, ...] = (0,) * N_BANDS
     length_bins: tuple[int, ...] = (0,) * N_LENGTH_BINS
@@ -149,6 +164,7 @@ class DocStats:
             items=it.num_items,
             tokens=int(it.length.sum(dtype=np.int64)),
             input_tokens=int(it.doc_length.sum(dtype=np.int64)),
+            spans=int(it.span.sum(dtype=np.int64)),
             band_documents=tuple(np.bincount(band, minlength=N_BANDS)[:N_BANDS].tolist()),
             band_truncations=tuple(
                 np.bincount(band, weights=truncations, minlength=N_BANDS)[:N_BANDS].astype(np.int64).tolist()
@@ -173,6 +189,7 @@ class DocStats:
             items=int(d["items"]),
             tokens=int(d["tokens"]),
             input_tokens=int(d["input_tokens"]),
+            spans=int(d.get("spans", d["tokens"])),  # counts written before alignment: no padding
             band_documents=tuple(int(x) for x in d["band_documents"]),
             band_truncations=tuple(int(x) for x in d["band_truncations"]),
             length_bins=tuple(int(x) for x in d["length_bins"]),
@@ -186,6 +203,7 @@ class DocStats:
             items=self.items + other.items,
             tokens=self.tokens + other.tokens,
             input_tokens=self.input_tokens + other.input_tokens,
+            spans=self.spans + other.spans,
             band_documents=tuple(
                 a + b for a, b in zip(self.band_documents, other.band_documents, strict=True)
             ),
@@ -194,6 +212,15 @@ class DocStats:
             ),
             length_bins=tuple(a + b for a, b in zip(self.length_bins, other.length_bins, strict=True)),
         )
+
+
+def slots_line(m: PackingMetrics) -> str:
+    """The pack positions split three ways, for the summary and the report."""
+    share = (lambda n: f" ({100 * n / m.slots:.2f}%)") if m.slots else (lambda n: "")
+    return (
+        f"{m.slots:,}: {m.tokens:,} real tokens{share(m.tokens)}, {m.alignment_padding:,} alignment "
+        f"padding{share(m.alignment_padding)}, {m.end_padding:,} end padding{share(m.end_padding)}"
+    )
 
 
 def compute_metrics(a: Assignment) -> PackingMetrics:
@@ -232,4 +259,5 @@ def finalize_metrics(
             if n
         ),
         max_depth=max_depth,
+        alignment_padding=stats.spans - tokens,
     )

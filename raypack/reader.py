@@ -116,9 +116,18 @@ from raypack.config import StorageConfig
 from raypack.dataset.layout import MANIFEST, index_path, resolve_dataset
 from raypack.dataset.manifest import metadata_kinds
 from raypack.dataset.previous import aside_note
-from raypack.formats import data_file, read_offsets, read_packs, read_rows, spec_of, stem_of_file
+from raypack.formats import (
+    data_file,
+    item_spans,
+    read_offsets,
+    read_packs,
+    read_rows,
+    real_positions,
+    spec_of,
+    stem_of_file,
+)
 from raypack.packing import PackPermutation
-from raypack.schema import METADATA, READABLE_SCHEMA_VERSIONS, row_group_rows
+from raypack.schema import METADATA, PADDED_OFFSETS, READABLE_SCHEMA_VERSIONS, row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
 
 __all__ = [
@@ -761,27 +770,18 @@ def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, 
             "position_ids": empty.copy(),
             "document_ids": empty.copy(),
             "cu_seqlens": np.zeros(1, dtype=np.int32),
+            "cu_seqlens_padded": np.zeros(1, dtype=np.int32),
             "max_seqlen": 0,
         }
     rows = table.num_rows
     ids_list = table.column("input_ids").combine_chunks()
     input_ids = ids_list.flatten().to_numpy().astype(np.int64).reshape(rows, length)
-    offsets_list = table.column("doc_offsets").combine_chunks()
-    bounds = offsets_list.flatten().to_numpy().astype(np.int64)
-    per_row = np.diff(offsets_list.offsets.to_numpy())
-    # Segment boundaries in the flattened batch: each row's doc_offsets, then L when it has padding.
-    # (Each row's offsets start at 0, so row starts are among them; a full row's end is the next
-    # row's start, hence unique.)
-    row_of = np.repeat(np.arange(rows), per_row)
-    cu_seqlens = np.unique(np.r_[bounds + row_of * length, rows * length]).astype(np.int32)
+    cu_padded, cu_seqlens, seg, real = _segments(table, length)
     flat = np.arange(rows * length)
-    seg = np.searchsorted(cu_seqlens, flat, side="right") - 1
-    position_ids = (flat - cu_seqlens[seg]).reshape(rows, length).astype(np.int64)
-    num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
-    real = np.arange(length)[None, :] < num_tokens[:, None]
+    position_ids = (flat - cu_padded[seg]).reshape(rows, length).astype(np.int64)
     seg = seg.reshape(rows, length)
     # Document of each token within its row (0, 1, ...), -1 on padding: the row's first segment is
-    # its first document, and padding is the row's last segment when the row is not full.
+    # its first document, and its end padding is the row's last segment when the row is not full.
     document_ids = np.where(real, seg - seg[:, :1], -1).astype(np.int64)
     # shift_labels[t]: the target of position t, input_ids[t+1] when t+1 is a real token of the same
     # document, else -100. labels: the same targets aligned with input_ids (labels[t+1] =
@@ -799,7 +799,7 @@ def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, 
         shift_labels[:, :-1][trained[:, 1:] == 0] = IGNORE_INDEX
     if not np.array_equal(input_ids[~real], np.full(int((~real).sum()), pad_id)):
         raise ValueError("padding positions hold tokens other than pad_id: not a raypack dataset?")
-    lengths = np.diff(cu_seqlens)
+    lengths = np.diff(cu_padded)
     return {
         "input_ids": input_ids,
         "labels": labels,
@@ -807,8 +807,36 @@ def batch_fields(table: pa.Table | None, length: int, pad_id: int) -> dict[str, 
         "position_ids": position_ids,
         "document_ids": document_ids,
         "cu_seqlens": cu_seqlens,
+        "cu_seqlens_padded": cu_padded,
         "max_seqlen": int(lengths.max()) if len(lengths) else 0,
     }
+
+
+def _segments(table: pa.Table, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The batch flattened to rows × length positions, cut into segments: every item with its
+    alignment padding (pack.pad_multiple), then each row's end padding where it has some. Returns
+    the segments' position boundaries (cu_seqlens_padded), their real tokens' (cu_seqlens: an
+    item's real tokens, an end padding's every position, so that without alignment both are one),
+    each position's segment, and (rows, length) True on the items' real tokens."""
+    rows = table.num_rows
+    padded = PADDED_OFFSETS.name in table.column_names
+    bounds_list = table.column(PADDED_OFFSETS.name if padded else "doc_offsets").combine_chunks()
+    bounds = bounds_list.flatten().to_numpy().astype(np.int64)
+    row_of = np.repeat(np.arange(rows), np.diff(bounds_list.offsets.to_numpy()))
+    # Each row's boundaries start at 0, so row starts are among them; a full row's end is the next
+    # row's start, hence unique.
+    cu_padded = np.unique(np.r_[bounds + row_of * length, rows * length]).astype(np.int32)
+    seg = np.searchsorted(cu_padded, np.arange(rows * length), side="right") - 1
+    if not padded:
+        num_tokens = table.column("num_tokens").to_numpy().astype(np.int64)
+        return cu_padded, cu_padded, seg, np.arange(length)[None, :] < num_tokens[:, None]
+    starts, lengths, per_row = item_spans(table)
+    base = np.repeat(np.arange(rows, dtype=np.int64) * length, per_row)
+    real = real_positions(rows, length, starts + base, starts + lengths + base)
+    spans = np.diff(cu_padded).astype(np.int64)
+    in_items = np.bincount(seg[real.reshape(-1)], minlength=len(spans))
+    seg_real = np.where(in_items > 0, in_items, spans)  # an end padding counts whole, as unaligned
+    return cu_padded, np.r_[0, np.cumsum(seg_real)].astype(np.int32), seg, real
 
 
 def block_causal_mask(document_ids: Any, dtype: Any = None) -> Any:

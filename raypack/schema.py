@@ -14,6 +14,7 @@ __all__ = [
     "OUTPUT_SCHEMA_VERSION",
     "PACKED",
     "PACK_INDEX",
+    "PADDED_OFFSETS",
     "READABLE_SCHEMA_VERSIONS",
     "REJECTS",
     "TOKENIZED",
@@ -151,6 +152,13 @@ PACKED = pa.schema(
         ("num_tokens", pa.int32()),
     ]
 )
+
+# pack.pad_multiple > 1: every item starts at a multiple of it, its padding (pad_id) after it. Beside
+# doc_offsets (the real cu_seqlens: cumulative real tokens), cu_seqlens_padded: 0, then each item's
+# padded end, as many entries; item k's tokens are input_ids[p_k : p_k + (o_{k+1} - o_k)]. Absent
+# (a dataset without alignment, or one written before it existed): the same as doc_offsets. The last
+# column of a pack index, and of parquet's packs (after loss_mask where there is one).
+PADDED_OFFSETS = pa.field("padded_offsets", pa.list_(pa.int32()))
 
 # Chat data's packs (Packs.loss_mask): 1 where the token is a trained target, labels[t] = input_ids[t].
 LOSS_MASK = pa.field("loss_mask", pa.list_(pa.int8()))

@@ -7,6 +7,7 @@ from typing import Any
 from raypack.dataset.manifest import describe_sample
 from raypack.dataset.store import store_line
 from raypack.formats import total_bytes
+from raypack.metrics import slots_line
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
@@ -69,6 +70,8 @@ def _packing_rows(result: JobResult) -> list[tuple[str, str]]:
         ),
         ("efficiency", f"{100 * m.efficiency:.4f}%  (padding ratio {m.padding_ratio:.5f})"),
     ]
+    if m.alignment_padding:  # pack.pad_multiple: the padding it costs, apart from the packs' ends
+        rows.append(("positions", slots_line(m)))
     if result.mode == "sharded":
         rows.append(
             ("global plan", f"{100 * result.global_efficiency:.4f}% with one bfd plan over all shards")

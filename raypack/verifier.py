@@ -41,7 +41,7 @@ from raypack.dataset.layout import MANIFEST, resolve_dataset
 from raypack.dataset.manifest import describe_sample, metadata_kinds, packed_settings
 from raypack.dataset.previous import aside_note
 from raypack.errors import ConfigError
-from raypack.formats import Spec, packs_of, spec_of
+from raypack.formats import Spec, item_spans, packs_of, real_positions, spec_of
 from raypack.storage import exists, join, read_bytes, resolve
 
 if TYPE_CHECKING:
@@ -381,10 +381,7 @@ def _check_files(
                 f"{len(f['row_groups'])} of {sum(f['row_groups'])} (or other sizes)"
             )  # and the rows are still checked: they say what is missing
         schema_of = pq.read_schema(pa.BufferReader(index))
-        expected = schema.PACKED if spec.format.holds_index else schema.PACK_INDEX
-        if spec.format.holds_index and spec.loss_mask:
-            expected = expected.append(schema.LOSS_MASK)
-        if not schema_of.equals(expected):
+        if not schema_of.equals(_pack_schema(spec)):
             report.add(f"{f.get('index') or f['path']}: schema differs from the {spec.name} pack schema")
             continue
         try:
@@ -396,12 +393,25 @@ def _check_files(
         for problem in spec.format.check_file(own, packs, spec):
             report.add(problem)
         table = packs.table()
-        tables.append(_check_rows(f["path"], table, int(f["bucket_length"]), spec.pad_id, report))
+        capacity = int(f["bucket_length"])
+        tables.append(_check_rows(f["path"], table, capacity, spec.pad_id, report))
+        if spec.pad_multiple > 1:
+            _check_alignment(f["path"], table, capacity, spec, report)
         if pieces:
             _collect(table, pieces, staged="chat" in manifest)
     if not tables:
         return None if manifest["files"] else pa.table({"doc_id": [], "chunk": [], "length": []})
     return pa.concat_tables(tables)
+
+
+def _pack_schema(spec: Spec) -> pa.Schema:
+    """The schema of a file's pack index (parquet: of its packs), as the dataset's Spec says."""
+    expected = schema.PACKED if spec.format.holds_index else schema.PACK_INDEX
+    if spec.format.holds_index and spec.loss_mask:
+        expected = expected.append(schema.LOSS_MASK)
+    if spec.pad_multiple > 1:
+        expected = expected.append(schema.PADDED_OFFSETS)
+    return expected
 
 
 def _read_checked(
@@ -470,7 +480,7 @@ def _check_rows(name: str, table: pa.Table, capacity: int, pad_id: int, report: 
     for bad in sorted(bad_rows)[:3]:
         report.add(f"{name} row {bad}: doc_offsets must rise from 0 to num_tokens <= {capacity}")
     flat = ids.flatten().to_numpy().reshape(-1, capacity) if not np.any(id_len != capacity) else None
-    if flat is not None:
+    if flat is not None and schema.PADDED_OFFSETS.name not in table.column_names:  # else _check_alignment
         padding = np.arange(capacity)[None, :] >= num_tokens[:, None]
         for bad in np.flatnonzero(np.any(padding & (flat != pad_id), axis=1))[:3]:
             report.add(f"{name} row {bad}: a padding position does not hold pad_id={pad_id}")
@@ -484,6 +494,37 @@ def _check_rows(name: str, table: pa.Table, capacity: int, pad_id: int, report: 
             "length": pa.array(item_len.astype(np.int64)),
         }
     )
+
+
+def _check_alignment(name: str, table: pa.Table, capacity: int, spec: Spec, report: VerifyReport) -> None:
+    """pack.pad_multiple k: padded_offsets has an entry for each of doc_offsets', every item starts
+    at a multiple of k and takes its length rounded up to one, back to back within the pack, and
+    every position outside the items' real tokens (their padding, the pack's end) holds pad_id."""
+    k = spec.pad_multiple
+    real = table.column("doc_offsets").combine_chunks()
+    padded = table.column(schema.PADDED_OFFSETS.name).combine_chunks()
+    if not np.array_equal(real.offsets.to_numpy(), padded.offsets.to_numpy()):
+        report.add(f"{name}: padded_offsets and doc_offsets disagree on the number of items")
+        return
+    starts, lengths, per_row = item_spans(table)
+    row = np.repeat(np.arange(table.num_rows), per_row)
+    values = padded.flatten().to_numpy().astype(np.int64)
+    opens = np.flatnonzero(~np.isin(np.arange(len(values)), np.cumsum(per_row + 1) - 1))
+    span = values[opens + 1] - starts  # the entries of a row are its items' padded starts, then its end
+    bad = (starts % k != 0) | (span != -(-lengths // k) * k) | (values[opens + 1] > capacity)
+    bad |= np.isin(opens, padded.offsets.to_numpy()[:-1]) & (starts != 0)
+    for r in sorted(set(row[bad].tolist()))[:3]:
+        report.add(
+            f"{name} row {r}: items must start at multiples of pack.pad_multiple={k}, each followed by "
+            f"its padding to the next multiple, within {capacity} positions"
+        )
+    ids = table.column("input_ids").combine_chunks().flatten().to_numpy()
+    if len(ids) != table.num_rows * capacity:
+        return  # _check_rows said so
+    base = row.astype(np.int64) * capacity
+    outside = ~real_positions(table.num_rows, capacity, starts + base, starts + lengths + base)
+    for r in np.flatnonzero(np.any(outside & (ids.reshape(-1, capacity) != spec.pad_id), axis=1))[:3]:
+        report.add(f"{name} row {r}: an alignment padding position does not hold pad_id={spec.pad_id}")
 
 
 def _read_index(
@@ -644,10 +685,8 @@ def _collect(table: pa.Table, pieces: dict[str, list[tuple[int, list[int]]]], st
     if not positions.size:
         return
     ids = table.column("input_ids").combine_chunks()
-    offsets = table.column("doc_offsets").combine_chunks()
     item_start = doc_ids.offsets.to_numpy()
-    offset_start = offsets.offsets.to_numpy()
-    values = offsets.flatten().to_numpy()
+    starts, lengths, _ = item_spans(table)  # an aligned item's tokens lie at its padded start
     flat_ids = ids.flatten().to_numpy()
     token_start = ids.offsets.to_numpy()
     chunks = table.column("chunk_index").combine_chunks().flatten().to_numpy()
@@ -657,8 +696,7 @@ def _collect(table: pa.Table, pieces: dict[str, list[tuple[int, list[int]]]], st
         flat_ids = np.where(mask, flat_ids, -flat_ids.astype(np.int64) - 1)
     for pos in positions.tolist():
         row = int(np.searchsorted(item_start, pos, side="right") - 1)
-        k = pos - item_start[row]
-        lo, hi = values[offset_start[row] + k], values[offset_start[row] + k + 1]
+        lo, hi = starts[pos], starts[pos] + lengths[pos]
         tokens = flat_ids[token_start[row] + lo : token_start[row] + hi].tolist()
         pieces[str(names[pos].as_py())].append((int(chunks[pos]), tokens))
 

@@ -28,6 +28,14 @@ from raypack.config import ConfigError, JobConfig, PackConfig, apply_overrides, 
         ({"compare": ["best"]}, "'best' is unknown"),
         ({"compare": ["all", "bfd"]}, "'all' stands alone"),
         ({"compare": "all"}, "compare must be a list"),
+        ({"pad_multiple": 0}, r"pad_multiple must be >= 1 \(1: no alignment\)"),
+        (
+            {"seq_len": 100, "pad_multiple": 8},
+            "pad_multiple 8 must divide pack.seq_len 100.*seq_len 96 or 104",
+        ),
+        ({"seq_len": 6, "pad_multiple": 8}, "use seq_len 8$"),
+        ({"seq_len": 64, "algorithm": "bucket", "pad_multiple": 16}, r"every bucket length; \[8\] do not"),
+        ({"algorithm": "concat", "mode": "sharded", "pad_multiple": 4}, "concat cuts one stream"),
     ],
 )
 def test_bad_values_name_the_key(data: dict[str, object], message: str) -> None:

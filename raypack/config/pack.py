@@ -8,7 +8,7 @@ from typing import Any
 
 from raypack.errors import ConfigError
 from raypack.packing import ALGORITHMS, OVERFLOW_POLICIES, nnlshp
-from raypack.packing.bucket import DEFAULT_PADDING_THRESHOLD
+from raypack.packing.bucket import DEFAULT_PADDING_THRESHOLD, default_buckets
 
 __all__ = ["ALGORITHM_OPTION_FIELDS", "LOSS_POLICIES", "PACK_MODES", "PackConfig"]
 
@@ -62,6 +62,12 @@ class PackConfig:
     """Conversations and prompt/completion pairs (input.messages_field, input.prompt_field): which
     tokens are trained. assistant (messages; the default): the assistant turns' tokens; completion
     (pairs; the default): the completion's; all: every token. Plain text trains every token."""
+    pad_multiple: int = 1
+    """Every item (a document, or a chunk of one) takes a multiple of this many positions in its
+    pack, its padding (pad_id, never trained) right after it, so every item starts at a multiple of
+    it: 2 × CP (or TP × CP × 2) for the THD path of Megatron and Transformer Engine under context
+    parallelism (docs/trainers.md). It must divide seq_len (and every bucket length), so a chunk of a
+    split document is seq_len tokens exactly and every pack's end padding is a multiple too. 1: off."""
     compare: tuple[str, ...] = ()
     """Histogram packers to plan as well, on the same histogram, for the comparison table of metrics.json
     and the report (plans only: the data holds `algorithm`'s packs); ["all"]: every histogram packer."""
@@ -71,6 +77,7 @@ class PackConfig:
         self._check_buckets()
         self._check_loss_and_mode()
         self._check_nnls()
+        self._check_pad_multiple()
         self.compared()  # every listed packer known, planned from a histogram, and its settings valid
 
     def _check_packer(self) -> None:
@@ -124,6 +131,35 @@ class PackConfig:
         too_many = nnlshp.too_many_classes(self.seq_len, self.nnls_bin_width) if self.nnls_bin_width else ""
         if too_many:
             raise ConfigError(f"pack.nnls_bin_width {too_many}, or leave it out")
+
+    def _check_pad_multiple(self) -> None:
+        """Items aligned to pad_multiple: a divisor of every pack length, by a packer that places
+        items (concat cuts one stream)."""
+        k = self.pad_multiple
+        if k < 1:
+            raise ConfigError(f"pack.pad_multiple must be >= 1 (1: no alignment), got {k}")
+        if k == 1:
+            return
+        if self.seq_len % k:
+            lower, upper = self.seq_len // k * k, -(-self.seq_len // k) * k
+            near = f"{lower} or {upper}" if lower else str(upper)
+            raise ConfigError(
+                f"pack.pad_multiple {k} must divide pack.seq_len {self.seq_len} (every pack and every "
+                f"chunk of a split document is then a multiple of it); use seq_len {near}"
+            )
+        if self.algorithm == "bucket":
+            lengths = self.bucket_lengths or default_buckets(self.seq_len)
+            odd = [n for n in lengths if n % k]
+            if odd:
+                raise ConfigError(
+                    f"pack.pad_multiple {k} must divide every bucket length; {odd} do not "
+                    "(set pack.bucket_lengths to multiples of it)"
+                )
+        if not ALGORITHMS[self.algorithm].aligns:
+            raise ConfigError(
+                f"pack.pad_multiple: {self.algorithm} cuts one stream of every document every seq_len "
+                "tokens and cannot align them; use bfd (or any other packer) with pad_multiple"
+            )
 
     def compared(self) -> tuple[PackConfig, ...]:
         """The config of each packer in `compare` other than `algorithm`, in ALGORITHMS order."""

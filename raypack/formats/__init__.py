@@ -51,6 +51,7 @@ __all__ = [
     "encode_index",
     "group_of",
     "index_path",
+    "item_spans",
     "make_spec",
     "packs_of",
     "part_file",
@@ -59,6 +60,7 @@ __all__ = [
     "read_packs",
     "read_range",
     "read_rows",
+    "real_positions",
     "require_one_length_and_eos",
     "settings_of",
     "spec_of",
@@ -82,6 +84,7 @@ PARQUET_SETTINGS = {
     "row_group_size": ROW_GROUP_ROWS,
     "write_statistics": [
         "doc_offsets.list.element",
+        "padded_offsets.list.element",
         "doc_ids.list.element",
         "chunk_index.list.element",
         "num_tokens",
@@ -107,6 +110,8 @@ class Settings:
     shard_rows: int
     masked: bool = False
     """Chat data: packs carry a loss mask (input.messages_field / prompt_field)."""
+    pad_multiple: int = 1
+    """Every item aligned to a multiple of this many positions (pack.pad_multiple)."""
 
 
 def settings_of(
@@ -126,6 +131,7 @@ def settings_of(
         pad_id=pad_id,
         shard_rows=cfg.output.shard_rows,
         masked=cfg.input.chat is not None,
+        pad_multiple=cfg.pack.pad_multiple,
     )
 
 
@@ -152,9 +158,17 @@ class Spec:
     eos_id: int | None
     loss_mask: bool = False
     """Packs carry a per-token loss mask (chat data; trl and bridge always write one)."""
+    pad_multiple: int = 1
+    """Every item starts at a multiple of it, its padding after it (pack.pad_multiple); the pack
+    index then has `padded_offsets` (schema.PADDED_OFFSETS)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The manifest's `format`; pad_multiple only where items are aligned, so the manifest of
+        a dataset without alignment is what it was before alignment existed."""
+        out = dataclasses.asdict(self)
+        if self.pad_multiple == 1:
+            del out["pad_multiple"]
+        return out
 
     @property
     def format(self) -> Format:
@@ -170,6 +184,14 @@ def make_spec(name: str, settings: Settings) -> Spec:
             f"output.format {name} keeps no loss mask, so its trainer would train every token of these "
             f"conversations; use one of {keeping}"
         )
+    if settings.pad_multiple > 1:
+        if not FORMATS[name].aligns:
+            aligning = ", ".join(n for n, f in FORMATS.items() if f.aligns)
+            raise ConfigError(
+                f"output.format {name} cannot keep items aligned to pack.pad_multiple (its trainer reads "
+                f"no padded boundaries); use one of {aligning}"
+            )
+        return dataclasses.replace(FORMATS[name].spec(settings), pad_multiple=settings.pad_multiple)
     return FORMATS[name].spec(settings)
 
 
@@ -196,7 +218,12 @@ def spec_of(manifest: dict[str, Any]) -> Spec:
         eos = manifest.get("tokenizer", {}).get("eos_id")
         return Spec("parquet", int(manifest["config"]["output"]["pad_id"]), "int32", eos)
     return Spec(
-        str(fmt["name"]), int(fmt["pad_id"]), str(fmt["dtype"]), fmt.get("eos_id"), bool(fmt.get("loss_mask"))
+        str(fmt["name"]),
+        int(fmt["pad_id"]),
+        str(fmt["dtype"]),
+        fmt.get("eos_id"),
+        bool(fmt.get("loss_mask")),
+        int(fmt.get("pad_multiple", 1)),
     )
 
 
@@ -225,19 +252,18 @@ class Packs:
         return int(self.input_ids.shape[1])
 
     def item_bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        """Start and end of every item as positions in the file's token stream (pack p's slot t is
-        position p × capacity + t), in pack order."""
-        offsets = self.index.column("doc_offsets").combine_chunks()
-        values = offsets.flatten().to_numpy().astype(np.int64)
-        per_pack = np.diff(offsets.offsets.to_numpy())
+        """Start and end of every item's real tokens as positions in the file's token stream (pack
+        p's slot t is position p × capacity + t), in pack order; an aligned item's padding lies
+        between its end and the next start."""
+        starts, lengths, per_pack = item_spans(self.index)
         base = np.repeat(np.arange(self.rows, dtype=np.int64) * self.capacity, per_pack)
-        pos = values + base
-        last = np.cumsum(per_pack) - 1  # each pack's closing offset (num_tokens)
-        is_start = np.ones(len(values), dtype=bool)
-        is_start[last] = False
-        is_end = np.ones(len(values), dtype=bool)
-        is_end[np.r_[0, last[:-1] + 1]] = False
-        return pos[is_start], pos[is_end]
+        return starts + base, starts + lengths + base
+
+    def real(self) -> np.ndarray:
+        """(packs, capacity) bool: True on every item's tokens, False on padding (each aligned
+        item's and each pack's end)."""
+        starts, ends = self.item_bounds()
+        return real_positions(self.rows, self.capacity, starts, ends)
 
     def slice(self, lo: int, hi: int) -> Packs:
         """Packs lo .. hi - 1 (views, not copies)."""
@@ -247,11 +273,40 @@ class Packs:
     def table(self) -> pa.Table:
         """schema.PACKED: the index with input_ids in front."""
         ids = pa.FixedSizeListArray.from_arrays(pa.array(self.input_ids.reshape(-1)), self.capacity)
-        table = pa.table([ids.cast(pa.list_(pa.int32())), *self.index.columns], schema=schema.PACKED)
-        if self.loss_mask is None:
-            return table
-        mask = pa.FixedSizeListArray.from_arrays(pa.array(self.loss_mask.reshape(-1)), self.capacity)
-        return table.append_column(schema.LOSS_MASK, mask.cast(schema.LOSS_MASK.type))
+        index = [self.index.column(f.name) for f in schema.PACK_INDEX]
+        table = pa.table([ids.cast(pa.list_(pa.int32())), *index], schema=schema.PACKED)
+        if self.loss_mask is not None:
+            mask = pa.FixedSizeListArray.from_arrays(pa.array(self.loss_mask.reshape(-1)), self.capacity)
+            table = table.append_column(schema.LOSS_MASK, mask.cast(schema.LOSS_MASK.type))
+        if schema.PADDED_OFFSETS.name in self.index.column_names:
+            table = table.append_column(schema.PADDED_OFFSETS, self.index.column(schema.PADDED_OFFSETS.name))
+        return table
+
+
+def item_spans(index: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every item of a pack index's rows (schema.PACK_INDEX), in row order: its first position in
+    its pack, its real tokens, and the items of each row. Items lie back to back from doc_offsets,
+    or where the index has padded_offsets (pack.pad_multiple), each at its padded start."""
+    real = index.column("doc_offsets").combine_chunks()
+    per_pack = np.diff(real.offsets.to_numpy()).astype(np.int64) - 1
+    values = real.flatten().to_numpy().astype(np.int64)
+    opens = np.ones(len(values), dtype=bool)  # every entry but each row's closing one opens an item
+    opens[np.cumsum(per_pack + 1) - 1] = False
+    at = np.flatnonzero(opens)
+    lengths = values[at + 1] - values[at]
+    if schema.PADDED_OFFSETS.name not in index.column_names:
+        return values[at], lengths, per_pack
+    padded = index.column(schema.PADDED_OFFSETS.name).combine_chunks().flatten().to_numpy().astype(np.int64)
+    return padded[at], lengths, per_pack
+
+
+def real_positions(rows: int, capacity: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """(rows, capacity) bool: True inside [starts[i], ends[i]) for every item i (flat positions
+    row × capacity + t, items disjoint), False elsewhere."""
+    edge = np.zeros(rows * capacity + 1, dtype=np.int8)
+    edge[starts] += 1  # starts are distinct, and so are ends: each fancy += adds once a position
+    edge[ends] -= 1
+    return (np.cumsum(edge[:-1], dtype=np.int8) > 0).reshape(rows, capacity)
 
 
 def total_bytes(files: Sequence[dict[str, Any]], dataset_files: Sequence[dict[str, Any]] = ()) -> int:
@@ -314,6 +369,9 @@ class Format(Protocol):
     """Its trainer finds document ends at EOS tokens (an EOS inside a document splits it there)."""
     keeps_mask: bool
     """It stores a per-token loss mask (chat data)."""
+    aligns: bool
+    """Its trainer can read items aligned to pack.pad_multiple: its packs keep every item's padding
+    in place, and the padded boundaries reach it (the pack index's padded_offsets)."""
 
     def spec(self, settings: Settings) -> Spec:
         """The dataset's Spec; a ConfigError for settings its trainer cannot read right."""
@@ -416,15 +474,17 @@ def read_rows(
 ) -> pa.Table:
     """input_ids, doc_offsets and num_tokens of row group `group` of one file, whose first pack is
     pack `first` of the file: what raypack's reader needs; `more`: other pack index columns after
-    them (doc_ids, chunk_index: what `raypack inspect` shows)."""
+    them (doc_ids, chunk_index: what `raypack inspect` shows); padded_offsets last where items are
+    aligned (Spec.pad_multiple)."""
     fs, inner = resolve(join(dataset, _index_file(entry)), storage)
+    padded = [schema.PADDED_OFFSETS.name] if spec.pad_multiple > 1 else []
     with fs.open_input_file(inner) as handle:
         parquet = pq.ParquetFile(handle)
         if spec.format.holds_index:
             mask = ["loss_mask"] if spec.loss_mask else []
-            columns = ["input_ids", "doc_offsets", "num_tokens", *more, *mask]
+            columns = ["input_ids", "doc_offsets", "num_tokens", *more, *mask, *padded]
             return parquet.read_row_group(group, columns=columns)
-        index = parquet.read_row_group(group, columns=["doc_offsets", "num_tokens", *more])
+        index = parquet.read_row_group(group, columns=["doc_offsets", "num_tokens", *more, *padded])
     capacity = int(entry["bucket_length"])
     path = join(dataset, entry["path"])
     tokens = spec.format.read_tokens(path, spec, capacity, first, index.num_rows, storage)
@@ -467,12 +527,12 @@ def packs_of(files: dict[str, bytes], entry: dict[str, Any], spec: Spec) -> Pack
     table = pq.read_table(pa.BufferReader(files[_index_file(entry)]))
     tokens = spec.format.decode(files[entry["path"]], spec, capacity)
     mask = spec.format.decode_mask(files[entry["path"]], spec, capacity) if spec.loss_mask else None
-    if spec.format.holds_index:
-        table = table.select([f.name for f in schema.PACK_INDEX])
+    index = schema.PACK_INDEX.append(schema.PADDED_OFFSETS) if spec.pad_multiple > 1 else schema.PACK_INDEX
+    table = table.select([f.name for f in index])
     if len(tokens) != table.num_rows:
         raise ValueError(f"{entry['path']}: {len(tokens)} packs of tokens, {table.num_rows} indexed")
     stem = stem_of_file(entry["path"], spec.format.suffix)
-    return Packs(stem, np.ascontiguousarray(tokens, dtype=np.int32), table.cast(schema.PACK_INDEX), mask)
+    return Packs(stem, np.ascontiguousarray(tokens, dtype=np.int32), table.cast(index), mask)
 
 
 def _formats() -> dict[str, Format]:

@@ -26,6 +26,7 @@ class Unpadded:
     holds_index = False
     eos_bounded = False
     keeps_mask = True
+    aligns = False
 
     def spec(self, settings: Settings) -> Spec:
         return Spec(self.name, settings.pad_id, "int32", settings.eos_id, loss_mask=True)

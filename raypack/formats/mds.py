@@ -112,6 +112,7 @@ class Mds:
     holds_index = False
     eos_bounded = False
     keeps_mask = False
+    aligns = False
 
     def spec(self, settings: Settings) -> Spec:
         worst = settings.shard_rows * (8 * settings.seq_len + _SAMPLE_OVERHEAD) + 4096

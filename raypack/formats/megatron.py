@@ -83,6 +83,7 @@ class Megatron:
     holds_index = False
     eos_bounded = True
     keeps_mask = False
+    aligns = True
 
     def spec(self, settings: Settings) -> Spec:
         eos = require_one_length_and_eos(

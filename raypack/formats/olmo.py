@@ -63,6 +63,7 @@ class Olmo:
     holds_index = False
     eos_bounded = True
     keeps_mask = False
+    aligns = False
 
     def spec(self, settings: Settings) -> Spec:
         eos = require_one_length_and_eos(

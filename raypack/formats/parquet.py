@@ -29,6 +29,7 @@ class Parquet:
     holds_index = True
     eos_bounded = False
     keeps_mask = True
+    aligns = True
 
     def spec(self, settings: Settings) -> Spec:
         return Spec(self.name, settings.pad_id, "int32", settings.eos_id, settings.masked)

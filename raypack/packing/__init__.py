@@ -8,6 +8,7 @@ matters to them) and are the baselines.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from raypack.packing import bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spf
 from raypack.packing._buffers import copy_runs
 from raypack.packing._cache import has_entries as compiled_code_cached
 from raypack.packing.assignment import Assignment, check_assignment
-from raypack.packing.items import OVERFLOW_POLICIES, Items, item_histogram, make_items
+from raypack.packing.items import OVERFLOW_POLICIES, Items, check_pad_multiple, item_histogram, make_items
 from raypack.packing.permute import PackPermutation
 from raypack.packing.plan import Plan, expand, fill_offsets
 
@@ -52,6 +53,8 @@ class Algorithm:
     plan: Callable[..., Plan] | None = None
     assign: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, int]] | None = None
     make_items: Callable[[np.ndarray, int, str], Items] = make_items
+    aligns: bool = True
+    """Can pad every item to a multiple of pad_multiple (concat cuts one stream and cannot)."""
 
     @property
     def is_histogram(self) -> bool:
@@ -80,6 +83,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         "concatenate and cut every seq_len (baseline)",
         assign=concat.assign,
         make_items=concat.make_concat_items,
+        aligns=False,
     ),
 }
 
@@ -91,12 +95,15 @@ def pack(
     *,
     overflow: str = "split",
     seed: int | None = None,
+    pad_multiple: int = 1,
     **options: Any,
 ) -> Assignment:
     """Pack documents of the given token lengths into packs of `seq_len` tokens.
 
     With a `seed`, pack ids are a seeded permutation of plan order (PackPermutation), so the packs
-    come out shuffled; without one, in the order the packer made them.
+    come out shuffled; without one, in the order the packer made them. With a `pad_multiple` k, each
+    item takes its span (Items.span, its length rounded up to a multiple of k) and starts at a
+    multiple of k; seq_len must be a multiple of k.
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose from {', '.join(ALGORITHMS)}")
@@ -105,13 +112,19 @@ def pack(
     if unknown:
         accepted = ", ".join(algo.options) or "none"
         raise ValueError(f"{algorithm} does not take option(s) {', '.join(unknown)} (accepted: {accepted})")
+    if pad_multiple != 1 and not algo.aligns:
+        raise ValueError(f"{algorithm} cuts one stream every seq_len and cannot align items (pad_multiple)")
+    check_pad_multiple(pad_multiple, seq_len)
     items = algo.make_items(np.asarray(lengths), seq_len, overflow)
+    if pad_multiple != 1:
+        items = dataclasses.replace(items, pad_multiple=pad_multiple)
     capacity = None
     if algo.plan is not None:
-        plan = algo.plan(item_histogram(items.length, seq_len), seq_len, **options)
-        pack_id, slot, offset = expand(plan, items.length)
+        span = items.span
+        plan = algo.plan(item_histogram(span, seq_len), seq_len, **options)
+        pack_id, slot, offset = expand(plan, span)
         if not plan.offsets_known:
-            offset = fill_offsets(pack_id, slot, items.length, plan.num_packs)
+            offset = fill_offsets(pack_id, slot, span, plan.num_packs)
         num_packs = plan.num_packs
         if np.any(plan.capacity_value != seq_len):
             capacity = plan.pack_capacity()

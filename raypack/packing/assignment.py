@@ -37,13 +37,21 @@ class Assignment:
         """int64[num_packs]: real tokens in each pack."""
         return np.bincount(self.pack, weights=self.items.length, minlength=self.num_packs).astype(np.int64)
 
+    def pack_span(self) -> np.ndarray:
+        """int64[num_packs]: positions its items take in each pack, their alignment padding included
+        (pack_fill where pad_multiple is 1)."""
+        if self.items.pad_multiple == 1:
+            return self.pack_fill()
+        return np.bincount(self.pack, weights=self.items.span, minlength=self.num_packs).astype(np.int64)
+
 
 def check_assignment(a: Assignment) -> None:
     """Raise ValueError at the first broken invariant; silent when the assignment is sound.
 
     Checked: every item is in exactly one existing pack; no two items of a pack share a slot and slots
-    are 0..k-1; items lie back to back in slot order from offset 0; no pack exceeds its capacity; no
-    pack is empty; each document's items add up to at most its length, in order.
+    are 0..k-1; items lie back to back in slot order from offset 0, each taking its span (its length
+    rounded up to pad_multiple), so every item starts at a multiple of pad_multiple; no pack exceeds
+    its capacity; no pack is empty; each document's items add up to at most its length, in order.
     """
     it = a.items
     n = it.num_items
@@ -62,13 +70,13 @@ def check_assignment(a: Assignment) -> None:
     if not np.array_equal(s, expected_slot):
         bad = int(np.flatnonzero(s != expected_slot)[0])
         raise ValueError(f"pack {int(p[bad])}: slots are not 0..k-1 (duplicate or gap)")
-    lengths = it.length[order].astype(np.int64)
+    lengths = it.span[order].astype(np.int64)
     cum = np.cumsum(lengths) - lengths
     expected_offset = cum - np.repeat(cum[first], counts)
     if not np.array_equal(a.offset[order], expected_offset):
         bad = int(np.flatnonzero(a.offset[order] != expected_offset)[0])
         raise ValueError(f"pack {int(p[bad])}: item offsets are not back to back in slot order")
-    fill = a.pack_fill()
+    fill = a.pack_span()
     over = np.flatnonzero(fill > a.capacities())
     if over.size:
         raise ValueError(f"pack {int(over[0])} holds {fill[over[0]]} tokens > capacity")

@@ -24,7 +24,7 @@ def assign(
     pack = np.empty(items.num_items, dtype=np.int32 if items.num_items < 2**31 else np.int64)
     slot = np.empty(items.num_items, dtype=np.int32)
     offset = np.empty(items.num_items, dtype=np.int32)
-    num_packs = _next_fit(items.length, seq_len, cap, pack, slot, offset)
+    num_packs = _next_fit(items.span, seq_len, cap, pack, slot, offset)
     return pack, slot, offset, int(num_packs)
 
 

@@ -1,6 +1,9 @@
 """Documents → packable items: the overflow policy, and the item-length histogram.
 
 An *item* is what a packer places: a whole document, or one chunk of a document longer than `seq_len`.
+With a `pad_multiple` k above 1 (pack.pad_multiple, for context parallelism) an item takes its
+`span`, its length rounded up to a multiple of k, in its pack: its padding lies right after it, so
+every item starts at a multiple of k. The packers place spans; `length` stays the real tokens.
 Items of one document are contiguous and in order, so a CSR offset array (`doc_start`) is the whole
 item→document map: 8 bytes per document instead of 8 per item plus a chunk column.
 """
@@ -13,7 +16,15 @@ import numpy as np
 
 from raypack.packing._jit import njit
 
-__all__ = ["OVERFLOW_POLICIES", "Items", "check_depth", "check_lengths", "item_histogram", "make_items"]
+__all__ = [
+    "OVERFLOW_POLICIES",
+    "Items",
+    "check_depth",
+    "check_lengths",
+    "check_pad_multiple",
+    "item_histogram",
+    "make_items",
+]
 
 OVERFLOW_POLICIES = ("split", "truncate", "drop")
 
@@ -28,6 +39,8 @@ class Items:
     """int64[documents + 1]: items of document d are `doc_start[d]:doc_start[d + 1]` (none if dropped)."""
     length: np.ndarray
     """int32[items]: tokens in each item."""
+    pad_multiple: int = 1
+    """Each item takes a multiple of this many positions in its pack (1: its length)."""
 
     @property
     def num_docs(self) -> int:
@@ -36,6 +49,15 @@ class Items:
     @property
     def num_items(self) -> int:
         return len(self.length)
+
+    @property
+    def span(self) -> np.ndarray:
+        """int32[items]: positions each item takes in its pack, its length rounded up to a multiple of
+        pad_multiple (the length array itself when that is 1)."""
+        k = self.pad_multiple
+        if k == 1:
+            return self.length
+        return ((self.length.astype(np.int64) + k - 1) // k * k).astype(np.int32)
 
     def doc_of_item(self) -> np.ndarray:
         """int64[items]: the document each item comes from."""
@@ -90,16 +112,20 @@ def check_lengths(lengths: np.ndarray | list[int]) -> np.ndarray:
     return arr
 
 
-def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> Items:
+def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split", pad_multiple: int = 1) -> Items:
     """Apply the overflow policy to documents longer than `seq_len`.
 
     split:    cut into `seq_len` chunks plus a remainder (Ding et al. 2024); the remainder is packed
               like any document, so only documents longer than the context are ever cut.
     truncate: keep the first `seq_len` tokens; the rest counts as dropped.
     drop:     leave the document out entirely; it counts as dropped.
+
+    `pad_multiple` k: every item's span is a multiple of k. seq_len must be one too, so a chunk of
+    seq_len tokens spans exactly seq_len and no split changes.
     """
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    check_pad_multiple(pad_multiple, seq_len)
     if overflow not in OVERFLOW_POLICIES:
         raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
     doc_length = check_lengths(lengths)
@@ -118,7 +144,15 @@ def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split") -> It
         keep = doc_length <= seq_len
         np.cumsum(keep, out=doc_start[1:])
         length = doc_length[keep].astype(np.int32)
-    return Items(doc_length=doc_length, doc_start=doc_start, length=length)
+    return Items(doc_length=doc_length, doc_start=doc_start, length=length, pad_multiple=pad_multiple)
+
+
+def check_pad_multiple(pad_multiple: int, seq_len: int) -> None:
+    """ValueError unless pad_multiple is at least 1 and divides seq_len."""
+    if pad_multiple < 1:
+        raise ValueError(f"pad_multiple must be >= 1, got {pad_multiple}")
+    if seq_len % pad_multiple:
+        raise ValueError(f"seq_len={seq_len} is not a multiple of pad_multiple={pad_multiple}")
 
 
 @njit

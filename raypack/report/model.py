@@ -27,6 +27,7 @@ from raypack.metrics import (
     compute_metrics,
     fill_percent_counts,
     length_bins,
+    slots_line,
 )
 from raypack.packing.assignment import Assignment
 from raypack.storage import exists, join, list_dir, read_bytes, resolve
@@ -196,8 +197,10 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
         ("tokenizer", f"{tok['path']} (vocab {tok['vocab_size']:,}, sha256 {tok['sha256'][:12]})"),
         (
             "packing",
-            f"{algorithm}, seq_len {pack['seq_len']}, overflow {pack['overflow']}, {doc['mode']} mode",
+            f"{algorithm}, seq_len {pack['seq_len']}, overflow {pack['overflow']}, {doc['mode']} mode"
+            + (f", items aligned to {pack['pad_multiple']}" if pack.get("pad_multiple", 1) > 1 else ""),
         ),
+        *_positions(pack, doc),
         (
             "counts",
             f"{counts['documents']:,} documents, {counts['items']:,} items, {counts['packs']:,} packs, "
@@ -208,6 +211,14 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
         *_time(doc),
         ("raypack", str(manifest.get("raypack_version", "?"))),
     )
+
+
+def _positions(pack: dict[str, Any], doc: dict[str, Any]) -> list[tuple[str, str]]:
+    """Where items are aligned (pack.pad_multiple): the pack positions as real tokens, alignment
+    padding and end padding."""
+    if pack.get("pad_multiple", 1) == 1:
+        return []
+    return [("positions", slots_line(PackingMetrics.from_dict(doc["metrics"])))]
 
 
 def _sample(manifest: dict[str, Any]) -> list[tuple[str, str]]:

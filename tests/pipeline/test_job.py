@@ -233,6 +233,10 @@ def test_verify_names_what_is_wrong(tmp_path: Path, tokenizer_path: Path) -> Non
         (["pack", "{cfg}", "--set", "input.max_lost_files=-1"], "input.max_lost_files must be >= 0"),
         (["rebuild", "{cfg}", "--wait", "-1"], "--wait must be >= 0"),
         (["pack", "{cfg}", "--set", "output.path={corpus}/out"], "lies inside"),
+        (
+            ["pack", "{cfg}", "--set", "pack.pad_multiple=8", "--set", "output.format=mds"],
+            "output.format mds cannot keep items aligned to pack.pad_multiple",
+        ),
     ],
 )
 def test_pack_mistakes_are_one_line_and_exit_2(

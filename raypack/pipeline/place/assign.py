@@ -136,9 +136,10 @@ def assign_items(
                 if not docs.num_rows:
                     continue
                 place = (shard.index, starts if keep is None else starts[keep]) if in_place else None
-                items = make_items(lengths, seq_len, overflow)
-                pack, slot, _ = expand(plan, items.length, base[layer])
-                base[layer] += item_histogram(items.length, seq_len)
+                items = make_items(lengths, seq_len, overflow, cfg.pack.pad_multiple)
+                span = items.span  # the plan places spans, ranked among spans of their length
+                pack, slot, _ = expand(plan, span, base[layer])
+                base[layer] += item_histogram(span, seq_len)
                 bucket, local = buckets.locate(pack.astype(np.int64))
                 for b, perm in enumerate(perms):
                     if perm is not None:

@@ -216,8 +216,8 @@ def select_run(
                 chosen, tokens = chosen_by.layer(c)
                 if not len(chosen):
                     break
-                items = make_items(tokens, seq_len, overflow)
-                hists[c] += item_histogram(items.length, seq_len)
+                items = make_items(tokens, seq_len, overflow, cfg.pack.pad_multiple)
+                hists[c] += item_histogram(items.span, seq_len)
                 cut_short = tokens < length[chosen]  # a partial copy: a truncation of its document
                 layer = DocStats.from_items(items, cut=cut_short)
                 stats = stats + layer

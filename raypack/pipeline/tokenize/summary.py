@@ -42,8 +42,8 @@ def summarize_shard(
     unit's values: the kinds the summary gives, which the driver unifies). Called by the tokenize
     worker as soon as the shard is tokenized, so the lengths are never read back. In a mixture,
     also its tokens by key bin (raypack.mixture), from which the driver places each source's cut."""
-    items = make_items(doc_length, cfg.pack.seq_len, cfg.pack.overflow)
-    hist = item_histogram(items.length, cfg.pack.seq_len)
+    items = make_items(doc_length, cfg.pack.seq_len, cfg.pack.overflow, cfg.pack.pad_multiple)
+    hist = item_histogram(items.span, cfg.pack.seq_len)  # what the packer places: spans
     nonzero = np.flatnonzero(hist)
     write_index(
         cfg,
@@ -84,8 +84,8 @@ def summarize_shard_warm(cfg: JobConfig) -> None:
     """summarize_shard's compiled functions loaded (numba reads them from its cache on first use), on
     three made-up documents, with no file written: tokenize.preload does this in each worker."""
     lengths = np.asarray([1, cfg.pack.seq_len, cfg.pack.seq_len + 1], dtype=np.int64)
-    items = make_items(lengths, cfg.pack.seq_len, cfg.pack.overflow)
-    item_histogram(items.length, cfg.pack.seq_len)
+    items = make_items(lengths, cfg.pack.seq_len, cfg.pack.overflow, cfg.pack.pad_multiple)
+    item_histogram(items.span, cfg.pack.seq_len)
     items.placed_per_doc()
     DocStats.from_items(items)
     if cfg.input.mixture:

@@ -88,18 +88,23 @@ def write_pack_file(
     n_packs = len(first)
     counts = np.diff(np.r_[first, len(pack)])
     row_of_item = np.repeat(np.arange(n_packs), counts)
-    # Items lie back to back in slot order: offset = tokens of the pack's earlier items.
-    cum = np.cumsum(length) - length
+    k = spec.pad_multiple
+    span = length if k == 1 else (length + k - 1) // k * k  # an aligned item's padding follows it
+    # Items lie back to back in slot order: offset = positions the pack's earlier items take.
+    cum = np.cumsum(span) - span
     offset = cum - cum[first][row_of_item]
     fill = np.bincount(row_of_item, weights=length, minlength=n_packs).astype(np.int64)
-    if np.any(fill > capacity):
+    if np.any(offset + span > capacity):
         raise RuntimeError(
             f"a pack of file {part} holds more than {capacity} tokens: the plan is inconsistent"
         )
     # Each item's tokens (a run of the value buffer, items in arrival order) go to its slot.
     dst = np.empty(len(order), dtype=np.int64)
     dst[order] = row_of_item * capacity + offset
-    index = _pack_index(items, order, first, counts, (offset + length).astype(np.int32), fill)
+    real_cum = np.cumsum(length)
+    real_end = real_cum - (real_cum - length)[first][row_of_item]  # cumulative real tokens
+    padded_end = (offset + span).astype(np.int32) if k > 1 else None
+    index = _pack_index(items, order, first, counts, real_end.astype(np.int32), fill, padded_end)
     stem = stem_of(capacity if bucketed else None, part, group)
     starts = dst[order]  # every item's first position, in pack order
     values = [c.values.to_numpy() for c in chunks]
@@ -119,7 +124,7 @@ def write_pack_file(
             spec.format, runs, stem, index, fill, capacity, output, spec, part, storage, threads
         )
     input_ids = runs.fill(0, n_packs, capacity, spec.pad_id, np.empty(n_packs * capacity, dtype=np.int32))
-    loss_mask = loss_mask_of(input_ids, starts, fill, spec, part)
+    loss_mask = loss_mask_of(input_ids, starts, starts + length, spec, part)
     packs = Packs(stem, input_ids, index, loss_mask)
     return write_packs(packs, output, spec, storage)
 
@@ -131,18 +136,20 @@ def _pack_index(
     counts: np.ndarray,
     ends: np.ndarray,
     fill: np.ndarray,
+    padded_ends: np.ndarray | None = None,
 ) -> pa.Table:
     """The file's pack index (schema.PACK_INDEX): each pack's documents, chunks and tokens, from the
-    items in (pack, slot) `order`, each pack's `first` item and item `counts`, every item's end in
-    its pack (`ends`) and each pack's `fill`."""
-    # doc_offsets per pack: 0, then the end of each item (cu_seqlens).
+    items in (pack, slot) `order`, each pack's `first` item and item `counts`, the cumulative real
+    tokens at every item's end (`ends`) and each pack's `fill`; with `padded_ends` (each aligned
+    item's padded end in its pack), padded_offsets after them (schema.PADDED_OFFSETS)."""
+    # doc_offsets per pack: 0, then the real tokens up to each item's end (cu_seqlens).
     offsets_values = np.insert(ends, first, np.zeros(len(first), dtype=np.int32))
-    offsets_list = np.r_[0, np.cumsum(counts + 1)].astype(np.int32)
+    offsets_list = pa.array(np.r_[0, np.cumsum(counts + 1)].astype(np.int32))
     item_list = np.r_[0, np.cumsum(counts)].astype(np.int32)
     take = pa.array(order)
-    return pa.table(
+    index = pa.table(
         {
-            "doc_offsets": pa.ListArray.from_arrays(pa.array(offsets_list), pa.array(offsets_values)),
+            "doc_offsets": pa.ListArray.from_arrays(offsets_list, pa.array(offsets_values)),
             "doc_ids": pa.ListArray.from_arrays(
                 pa.array(item_list), items.column("doc_id").take(take).combine_chunks()
             ),
@@ -152,6 +159,12 @@ def _pack_index(
             "num_tokens": pa.array(fill.astype(np.int32)),
         },
         schema=schema.PACK_INDEX,
+    )
+    if padded_ends is None:
+        return index
+    padded = np.insert(padded_ends, first, np.zeros(len(first), dtype=np.int32))
+    return index.append_column(
+        schema.PADDED_OFFSETS, pa.ListArray.from_arrays(offsets_list, pa.array(padded))
     )
 
 
@@ -208,7 +221,8 @@ def _write_blocks(
             hi = min(lo + size, rows)
             ids = runs.fill(lo, hi, capacity, spec.pad_id, ring[j % threads])
             a, b = int(runs.first[lo]), int(runs.first[hi])
-            mask = loss_mask_of(ids, runs.dst[a:b] - lo * capacity, fill[lo:hi], spec, part)
+            item_starts = runs.dst[a:b] - lo * capacity
+            mask = loss_mask_of(ids, item_starts, item_starts + runs.length[a:b], spec, part)
             if trained is not None and mask is not None:
                 trained[lo:hi] = mask.sum(axis=1, dtype=np.int64)
             yield Packs(stem, ids, index.slice(lo, hi - lo), mask)

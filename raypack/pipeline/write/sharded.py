@@ -99,6 +99,7 @@ def pack_group(
             p.algorithm,
             overflow=p.overflow,
             seed=p.seed if p.shuffle else None,
+            pad_multiple=p.pad_multiple,
             **p.algorithm_options(),
         )
         local = a.pack.astype(np.int64)
