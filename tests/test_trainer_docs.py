@@ -182,6 +182,32 @@ def test_megatron_reads_a_pack_a_sample(packed: dict[str, Path]) -> None:
             dist.destroy_process_group()
 
 
+def test_context_parallel_snippet_gives_megatron_core_the_real_and_padded_boundaries(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    pytest.importorskip("megatron.core")
+    corpus = make_corpus(tmp_path, shards=1, docs_per_shard=30, seed=9)
+    sections = {"pack": {"seq_len": SEQ, "pad_multiple": 8}, "output": {"format": "megatron"}}
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, **sections)))
+    run_job(cfg, log=lambda _: None)
+    space = run("Context parallelism", tmp_path / "out")
+    thd, local, params, batch = space["thd"], space["local"], space["packed_seq_params"], space["batch"]
+    assert params.qkv_format == "thd" and params.cu_seqlens_q.equal(batch["cu_seqlens"])
+    assert params.cu_seqlens_q_padded.equal(batch["cu_seqlens_padded"])
+    assert local["tokens"].equal(thd["tokens"])  # CP 1: the whole sequence
+    tokens, labels = thd["tokens"].reshape(-1).tolist(), thd["labels"].reshape(-1).tolist()
+    mask = thd["loss_mask"].reshape(-1).tolist()
+    cu, padded = batch["cu_seqlens"].tolist(), batch["cu_seqlens_padded"].tolist()
+    eos = space["manifest"]["format"]["eos_id"]
+    for i in range(len(cu) - 1):
+        start, real, span = padded[i], cu[i + 1] - cu[i], padded[i + 1] - padded[i]
+        assert start % 8 == 0 and span % 8 == 0
+        assert tokens[start + real : start + span] == [eos] * (span - real)  # megatron pads with EOS
+        assert not any(mask[start + real - 1 : start + span])  # no loss into nor on the padding
+        if real < span:  # a document: each of its tokens but its last predicts the next
+            assert labels[start : start + real - 1] == tokens[start + 1 : start + real]
+
+
 def test_olmo_core_reads_each_pack_with_its_documents(packed: dict[str, Path]) -> None:
     pytest.importorskip("olmo_core")
     out = packed["olmo"]

@@ -7,7 +7,10 @@ documents, so it shuffles packs, never cuts one). GPTDataset reads them as packs
 packs); docs/output-format.md gives the settings. Documents
 inside a pack end in EOS (tokenizer.add_eos is required), padding is written as EOS too, so
 `--eod-mask-loss` never trains on it and `--reset-position-ids` / `--reset-attention-mask` restart
-at each document. Tokens are uint16 where the vocabulary has fewer than 65,500 ids (Megatron's own
+at each document. With pack.pad_multiple each document's alignment padding is EOS too, and the
+THD path's boundaries (cu_seqlens, cu_seqlens_padded: megatron-core's PackedSeqParams) are in the
+pack index beside the data (doc_offsets, padded_offsets), which raypack's reader turns into them;
+GPTDataset's own samples know no THD. Tokens are uint16 where the vocabulary has fewer than 65,500 ids (Megatron's own
 rule, DType.optimal_dtype, on the largest id), else int32 (the `.idx` has no uint32).
 
 `.idx` layout (megatron/core/datasets/indexed_dataset.py, _IndexWriter): the magic `MMIDIDX\\0\\0`,
