@@ -10,8 +10,9 @@ inside a pack end in EOS (tokenizer.add_eos is required), padding is written as 
 at each document. With pack.pad_multiple each document's alignment padding is EOS too, and the
 THD path's boundaries (cu_seqlens, cu_seqlens_padded: megatron-core's PackedSeqParams) are in the
 pack index beside the data (doc_offsets, padded_offsets), which raypack's reader turns into them;
-GPTDataset's own samples know no THD. Tokens are uint16 where the vocabulary has fewer than 65,500 ids (Megatron's own
-rule, DType.optimal_dtype, on the largest id), else int32 (the `.idx` has no uint32).
+GPTDataset's own samples know no THD. Tokens are uint16 where the vocabulary has fewer than
+65,500 ids (Megatron's own rule, DType.optimal_dtype, on the largest id), else int32 (the `.idx`
+has no uint32).
 
 `.idx` layout (megatron/core/datasets/indexed_dataset.py, _IndexWriter): the magic `MMIDIDX\\0\\0`,
 `<Q` version 1, `<B` dtype code, `<Q` sequences, `<Q` document indices (documents + 1), then int32
