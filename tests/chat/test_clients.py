@@ -150,11 +150,11 @@ def bridge_dataset_class() -> Any:
     import sys
     import types
 
-    spec = importlib.util.find_spec("megatron.bridge")
-    if spec is None:
-        need("megatron.bridge")
-        raise AssertionError("unreachable")
-    if "megatron.bridge" not in sys.modules:
+    if "megatron.bridge" not in sys.modules:  # a second call finds the stand-in, which has no spec
+        spec = importlib.util.find_spec("megatron.bridge")
+        if spec is None:
+            need("megatron.bridge")
+            raise AssertionError("unreachable")
         package = types.ModuleType("megatron.bridge")
         package.__path__ = list(spec.submodule_search_locations or [])
         sys.modules["megatron.bridge"] = package
@@ -199,3 +199,74 @@ def test_megatron_bridge_collates_the_packs_with_our_masks(
         assert batch["loss_mask"][r, :n].tolist() == want
         key = "cu_seqlens_q" if "cu_seqlens_q" in batch else "cu_seqlens"  # its name before 0.4
         assert batch[key][r, : len(offsets)].tolist() == [o - i for i, o in enumerate(offsets)]
+
+
+@pytest.fixture(scope="module")
+def aligned_bridge(tmp_path_factory: pytest.TempPathFactory, corpus: Path, model: Path) -> Path:
+    """The chat corpus packed with pack.pad_multiple 8 as Megatron-Bridge's files."""
+    from raypack.pipeline.job import run_job
+    from tests.chat.conftest import job
+
+    tmp = tmp_path_factory.mktemp("aligned-chat")
+    run_job(
+        job(tmp, corpus, model, "bridge", pack={"pad_multiple": 8}, output={"format": "bridge"}),
+        log=lambda _: None,
+    )
+    return tmp / "bridge"
+
+
+def test_megatron_bridge_collates_aligned_packs_into_cp_ready_sequences(
+    aligned_bridge: Path, hf: Any, tmp_path: Path
+) -> None:
+    """Bridge's own collate (pad_seq_to_mult 8, as its recipes set 2 × CP) over raypack's aligned
+    bridge files: every sequence of its cu_seqlens a multiple of 8 (what CP 4 needs), at the pack
+    index's padded boundaries, the real tokens where the pack index puts them (verify checks those
+    against the conversations re-tokenized), cu_seqlens_unpadded the real lengths less their
+    trailing EOS (Bridge's rule), and no loss on the padding."""
+    import json
+    import types
+
+    from raypack.formats import read_packs, spec_of
+    from raypack.verifier import verify
+
+    report = verify(str(aligned_bridge), sample=30)
+    assert report.ok, report.problems
+    manifest = json.loads((aligned_bridge / "manifest.json").read_text())
+    eos, entry = manifest["format"]["eos_id"], manifest["files"][0]
+    assert manifest["format"]["pad_id"] == eos and manifest["format"]["pad_multiple"] == 8
+    packs = read_packs(str(aligned_bridge), entry, spec_of(manifest), None)
+    assert packs.loss_mask is not None
+    rows = pq.read_table(aligned_bridge / entry["path"]).to_pylist()
+    npy = tmp_path / "packed.npy"
+    np.save(npy, np.array(rows, dtype=object), allow_pickle=True)
+    ds = bridge_dataset_class()(
+        str(npy),
+        types.SimpleNamespace(eos_id=eos),
+        max_seq_length=SEQ,
+        answer_only_loss=True,
+        prompt_template="{input} {output}",
+        label_key="output",
+        truncation_field="input",
+        pad_seq_to_mult=8,
+    )
+    batch = ds.collate_fn([ds[i] for i in range(len(rows))])
+    padded_items = items = 0
+    for r, row in enumerate(packs.index.to_pylist()):
+        real, padded = row["doc_offsets"], row["padded_offsets"]
+        ids, mask = packs.input_ids[r].tolist(), packs.loss_mask[r].tolist()
+        cu = [c for c in batch["cu_seqlens"][r].tolist() if c >= 0]
+        assert cu[: len(padded)] == padded and all(c % 8 == 0 for c in cu)
+        unpadded = [c for c in batch["cu_seqlens_unpadded"][r].tolist() if c >= 0]
+        for k in range(len(real) - 1):
+            s, n, end = padded[k], real[k + 1] - real[k], padded[k + 1]
+            item = ids[s : s + n]
+            assert batch["tokens"][r, s : s + n].tolist() == item  # the real tokens, in place
+            assert batch["tokens"][r, s + n : end].tolist() == [eos] * (end - s - n)
+            padded_items, items = padded_items + (end > s + n), items + 1
+            stripped = len(item) - next(i for i, t in enumerate(reversed(item)) if t != eos)
+            assert unpadded[k + 1] - unpadded[k] == stripped
+            # Bridge trains target t + 1 where our mask does and the input is not EOS; never the padding.
+            want = [int(bool(mask[t + 1]) and ids[t] != eos) for t in range(s, s + n - 1)]
+            assert batch["loss_mask"][r, s : s + n - 1].tolist() == want
+            assert not batch["loss_mask"][r, s + n - 1 : end].any()
+    assert 2 * padded_items >= items > 0  # most items have padding (7 in 8 of random lengths)
