@@ -19,6 +19,7 @@ from raypack.config import load_config
 from raypack.formats import PARQUET_SETTINGS, item_spans
 from raypack.pipeline.job import run_job
 from raypack.reader import IGNORE_INDEX, iter_batches
+from raypack.summary import format_summary
 from raypack.verifier import verify
 from tests.conftest import independent_tokens, job_config, make_corpus
 
@@ -73,6 +74,8 @@ def test_every_real_token_arrives_once_aligned_and_a_rerun_is_byte_identical(
     assert m.tokens + m.alignment_padding + m.end_padding == m.slots == table.num_rows * SEQ_LEN
     doc = json.loads((out / "metrics.json").read_text())["metrics"]
     assert (doc["alignment_padding"], doc["end_padding"]) == (m.alignment_padding, m.end_padding)
+    line = f"{m.tokens:,} real tokens ({100 * m.tokens / m.slots:.2f}%), {m.alignment_padding:,} alignment"
+    assert line in format_summary(result) and line in (out / "report.html").read_text()
     report = verify(str(out), aligned["cfg"], sample=15)
     assert report.ok, report.problems
     # The same inputs, config and seed: byte-identical files.
