@@ -149,6 +149,30 @@ def test_the_reader_gives_real_and_padded_boundaries_and_positions_through_the_p
         assert np.all(flat["document_ids"][s + n : s + p] == -1)
 
 
+def test_torch_dataloader_gives_the_same_thd_fields(aligned: dict[str, Any]) -> None:
+    torch = pytest.importorskip("torch")
+    from raypack.torch_data import PackedDataset
+
+    want = thd_batch(aligned["out"])
+    got = next(
+        iter(torch.utils.data.DataLoader(PackedDataset(str(aligned["out"]), 4, seed=3), batch_size=None))
+    )
+    for key in ("cu_seqlens", "cu_seqlens_padded", "position_ids", "labels"):
+        assert np.array_equal(got[key].numpy(), want[key]), key
+
+
+def test_sharded_mode_aligns_each_groups_items(tmp_path: Path, tokenizer_path: Path) -> None:
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=20, seed=5)
+    pack = {"seq_len": SEQ_LEN, "pad_multiple": 16, "mode": "sharded", "algorithm": "ffd"}
+    cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack)))
+    result = run_job(cfg, log=lambda _: None)
+    starts, lengths, _ = item_spans(packs_of(tmp_path / "out"))
+    assert np.all(starts % 16 == 0) and int(lengths.sum()) == result.metrics.tokens
+    assert result.metrics.alignment_padding == int((-(-lengths // 16) * 16 - lengths).sum())
+    report = verify(str(tmp_path / "out"), cfg, sample=10)
+    assert report.ok, report.problems
+
+
 def test_megatron_core_partitions_every_document_evenly_over_context_parallel_ranks(
     aligned: dict[str, Any],
 ) -> None:

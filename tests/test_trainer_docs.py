@@ -16,6 +16,7 @@ import pytest
 
 from raypack.config import load_config
 from raypack.pipeline.job import run_job
+from raypack.verifier import verify
 from tests import oracle
 from tests.conftest import job_config, make_corpus
 
@@ -190,6 +191,8 @@ def test_context_parallel_snippet_gives_megatron_core_the_real_and_padded_bounda
     sections = {"pack": {"seq_len": SEQ, "pad_multiple": 8}, "output": {"format": "megatron"}}
     cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, **sections)))
     run_job(cfg, log=lambda _: None)
+    report = verify(str(tmp_path / "out"), cfg, sample=10)
+    assert report.ok, report.problems
     space = run("Context parallelism", tmp_path / "out")
     thd, local, params, batch = space["thd"], space["local"], space["packed_seq_params"], space["batch"]
     assert params.qkv_format == "thd" and params.cu_seqlens_q.equal(batch["cu_seqlens"])
