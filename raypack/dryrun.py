@@ -35,7 +35,7 @@ __all__ = [
 
 # The pack settings a plan of lengths reads (--set); the others (seed, shuffle, mode, compare, loss,
 # ...) place, order or compare a job's packs and change nothing a plan measures.
-PLAN_SETTINGS = ("overflow", *ALGORITHM_OPTION_FIELDS)
+PLAN_SETTINGS = ("overflow", "pad_multiple", *ALGORITHM_OPTION_FIELDS)
 
 JSON_KEYS = (
     "algorithm",
@@ -181,7 +181,9 @@ def run_sweep(
             warm = {k: v for k, v in options.items() if k not in ("bucket_lengths", "bin_width")}
             pack(lengths[:64], WARM_SEQ_LEN, name, overflow=cfg.overflow, **warm)
             t0 = time.perf_counter()
-            assignment = pack(lengths, seq_len, name, overflow=cfg.overflow, **options)
+            assignment = pack(
+                lengths, seq_len, name, overflow=cfg.overflow, pad_multiple=cfg.pad_multiple, **options
+            )
             seconds = time.perf_counter() - t0
             results.append(run_of(assignment, seconds))
     return results

@@ -67,10 +67,30 @@ def test_settings_reach_the_packer(capsys: pytest.CaptureFixture[str]) -> None:
     assert capped["tokens_dropped"] > 0 and nnls["tokens_dropped"] == capped["tokens_dropped"]
 
 
+def test_pad_multiple_reaches_the_packer_and_all_leaves_concat_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["plan", "--sample", "2000", "--seq-len", "512", "--json", "--algorithm"]
+    assert main([*args, "bfd"]) == 0
+    (plain,) = (json.loads(line) for line in capsys.readouterr().out.splitlines())
+    assert main([*args, "all", "--set", "pad_multiple=16"]) == 0
+    runs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["algorithm"] for r in runs] == [a for a in ALGORITHMS if a != "concat"]
+    aligned = next(r for r in runs if r["algorithm"] == "bfd")
+    # The same tokens in more packs: about 7.5 positions of padding an item.
+    assert aligned["lower_bound"] == plain["lower_bound"] and aligned["packs"] > plain["packs"]
+    assert aligned["efficiency"] < plain["efficiency"] - 0.005
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--lengths", "/nonexistent.npy", "--seq-len", "8"], "lengths file not found"),
+        (["--sample", "10", "--seq-len", "500", "--set", "pad_multiple=16"], "use seq_len 496 or 512"),
+        (
+            ["--sample", "10", "--seq-len", "512", "--algorithm", "concat", "--set", "pad_multiple=16"],
+            "concat cuts one stream",
+        ),
         (["--lengths", "{bad_txt}", "--seq-len", "8"], "line 2: 'abc' is not an integer"),
         (["--lengths", "{neg}", "--seq-len", "8"], "document 1 has length -4"),
         (["--lengths", "{csv}", "--seq-len", "8"], "unsupported lengths file type"),
