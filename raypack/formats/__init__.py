@@ -303,10 +303,22 @@ def item_spans(index: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def real_positions(rows: int, capacity: int, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """(rows, capacity) bool: True inside [starts[i], ends[i]) for every item i (flat positions
     row × capacity + t, items disjoint), False elsewhere."""
-    edge = np.zeros(rows * capacity + 1, dtype=np.int8)
-    edge[starts] += 1  # starts are distinct, and so are ends: each fancy += adds once a position
-    edge[ends] -= 1
-    return (np.cumsum(edge[:-1], dtype=np.int8) > 0).reshape(rows, capacity)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order].astype(np.int64), ends[order].astype(np.int64)
+    row = s // capacity
+    last = np.r_[row[1:] != row[:-1], True] if len(row) else np.zeros(0, dtype=bool)
+    first = np.r_[True, row[:-1] != row[1:]] if len(row) else last
+    row_end = np.zeros(rows, dtype=np.int64)
+    row_end[row[last]] = e[last] - row[last] * capacity
+    # Each row's positions up to its last item's end, less the gaps between its items (an aligned
+    # item's padding, a few positions an item: cheaper than marking every item's tokens).
+    real = np.arange(capacity)[None, :] < row_end[:, None]
+    inner = np.flatnonzero(~last)
+    gap_from = np.r_[row[first] * capacity, e[inner]]
+    gap_len = np.r_[s[first] - row[first] * capacity, s[inner + 1] - e[inner]]
+    at = np.repeat(gap_from - np.cumsum(gap_len) + gap_len, gap_len) + np.arange(int(gap_len.sum()))
+    real.reshape(-1)[at] = False
+    return real
 
 
 def total_bytes(files: Sequence[dict[str, Any]], dataset_files: Sequence[dict[str, Any]] = ()) -> int:
