@@ -70,12 +70,19 @@ Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o
   themselves (torchtitan, Megatron style): shift_labels[t] = input_ids[t+1] when t+1 is in the same
   document, else -100. Never pass it as an HF model's `labels`: that trains token t+2;
 - `position_ids` (B, L) int64: t - o_i within document i, restarting at 0 on every document; the
-  padding tail counts 0, 1, ... as a segment of its own;
+  padding tail counts 0, 1, ... as a segment of its own. A dataset packed with pack.pad_multiple
+  (each document then starts at its padded offset p_i, docs/output-format.md) counts t - p_i on
+  through the document's padding, as Megatron-Bridge and Transformer Engine lay out a padded
+  sequence; that padding is never a label and its document_ids are -1;
 - `document_ids` (B, L) int64: the document of each token within its row, 0, 1, ...; -1 on padding.
   flex attention's mask_mod: `(doc[b, q] == doc[b, k]) & (k <= q)`; block_causal_mask() builds the
   dense (B, 1, L, L) mask for sdpa and Hugging Face models;
 - `cu_seqlens` (segments+1,) int32 over the batch flattened to B*L tokens: every document, then the
   padding tail of its row (if any), as flash-attention's varlen functions take them; `max_seqlen`;
+  `cu_seqlens_padded`: the same segments' boundaries with each document's alignment padding
+  (pack.pad_multiple; equal to cu_seqlens without it). With alignment, cu_seqlens counts each
+  document's real tokens only (a padding tail whole): megatron-core's cu_seqlens_q beside
+  cu_seqlens_q_padded for the THD path; flash-attention's varlen then takes cu_seqlens_padded;
 - `loss_weights` (B, L) float32, asked for with `loss_weights="document"` or `"sequence"`, aligned
   with `labels`: 0 where labels is -100; else, for "document", 1 / (the document's trained targets
   × the documents with any in the batch), so that `(token_loss * loss_weights).sum()` is the mean of
