@@ -67,7 +67,8 @@ class PackConfig:
     pack, its padding (pad_id, never trained) right after it, so every item starts at a multiple of
     it: 2 × CP (or TP × CP × 2) for the THD path of Megatron and Transformer Engine under context
     parallelism (docs/trainers.md). It must divide seq_len (and every bucket length), so a chunk of a
-    split document is seq_len tokens exactly and every pack's end padding is a multiple too. 1: off."""
+    split document is seq_len tokens exactly and every pack's end padding is a multiple too. Formats
+    parquet, megatron and bridge keep it (the others' trainers read no padded boundaries). 1: off."""
     compare: tuple[str, ...] = ()
     """Histogram packers to plan as well, on the same histogram, for the comparison table of metrics.json
     and the report (plans only: the data holds `algorithm`'s packs); ["all"]: every histogram packer."""
