@@ -149,6 +149,33 @@ def test_the_reader_gives_real_and_padded_boundaries_and_positions_through_the_p
         assert np.all(flat["document_ids"][s + n : s + p] == -1)
 
 
+def test_rows_without_padded_offsets_read_as_before() -> None:
+    """A dataset written without alignment (or before it existed) has no padded_offsets: its
+    batches are what they were, cu_seqlens_padded the same as cu_seqlens; and the same rows with
+    the column say where each document's padding is."""
+    from raypack.reader import batch_fields
+
+    ids = [1, 2, 3, 4, 5, 0, 0, 0, 6, 7, 0, 0, 0, 0, 0, 0]
+    old = pa.table(
+        {
+            "input_ids": [[1, 2, 3, 4, 5, 6, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0]],
+            "doc_offsets": [[0, 5, 7]],
+            "num_tokens": pa.array([7], pa.int32()),
+        }
+    )
+    b = batch_fields(old, 16, pad_id=0)
+    assert b["cu_seqlens"].tolist() == b["cu_seqlens_padded"].tolist() == [0, 5, 7, 16]
+    assert b["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 0, 1, *range(9)]
+    aligned_rows = old.set_column(0, "input_ids", pa.array([ids])).append_column(
+        "padded_offsets", pa.array([[0, 8, 16]], pa.list_(pa.int32()))
+    )
+    b = batch_fields(aligned_rows, 16, pad_id=0)
+    assert b["cu_seqlens"].tolist() == [0, 5, 7] and b["cu_seqlens_padded"].tolist() == [0, 8, 16]
+    assert b["position_ids"][0].tolist() == [*range(8), *range(8)]
+    assert b["labels"][0].tolist() == [-100, 2, 3, 4, 5, *[-100] * 4, 7, *[-100] * 6]
+    assert b["document_ids"][0].tolist() == [0] * 5 + [-1] * 3 + [1] * 2 + [-1] * 6
+
+
 def test_torch_dataloader_gives_the_same_thd_fields(aligned: dict[str, Any]) -> None:
     torch = pytest.importorskip("torch")
     from raypack.torch_data import PackedDataset
