@@ -35,13 +35,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from raypack import schema
-from raypack.config import JobConfig, StorageConfig
+from raypack.config import JobConfig, PackConfig, StorageConfig
 from raypack.corpus.metadata import KINDS, conform, metadata_array
 from raypack.dataset.layout import MANIFEST, resolve_dataset
 from raypack.dataset.manifest import describe_sample, metadata_kinds, packed_settings
 from raypack.dataset.previous import aside_note
 from raypack.errors import ConfigError
 from raypack.formats import Spec, item_spans, packs_of, real_positions, spec_of
+from raypack.packing import decompose
 from raypack.storage import exists, join, read_bytes, resolve
 
 if TYPE_CHECKING:
@@ -132,6 +133,7 @@ def verify(
     _check_dataset_files(output, manifest, spec, report, storage)
     if items is not None:
         _check_documents(per_id, items, report)
+        _check_decompose(manifest, docs, items, report)
     _check_counts(manifest["counts"], report)
     _check_rejects(output, manifest["counts"], report, storage)
     if config is not None and items is not None and report.ok:
@@ -676,6 +678,56 @@ def _check_documents(per_id: pa.Table, items: pa.Table, report: VerifyReport) ->
             report.add(f"document {ids[i]!r}: chunks hold {int(total[i])} tokens, expected {int(placed[i])}")
 
 
+def _check_decompose(manifest: dict[str, Any], docs: pa.Table, items: pa.Table, report: VerifyReport) -> None:
+    """A dataset of pack.algorithm decompose: every pack one chunk of one document, its length a
+    power of two in [min_seq_len, seq_len] with no padding, and every document's chunks those of
+    the rule (raypack.packing.decompose), in order. Nothing for another packer's."""
+    pack = (manifest.get("config") or {}).get("pack") or {}
+    if pack.get("algorithm") != "decompose":
+        return
+    seq_len, low = int(pack["seq_len"]), int(pack.get("min_seq_len") or 1)
+    lengths = {int(f["bucket_length"]) for f in manifest["files"]}
+    allowed = {1 << b for b in range(low.bit_length() - 1, seq_len.bit_length())}
+    for length in sorted(lengths - allowed):
+        report.add(f"decompose: packs of length {length}, not a power of two in [{low}, {seq_len}]")
+    if report.items != report.packs:
+        report.add(f"decompose: {report.items:,} chunks in {report.packs:,} packs; a pack holds one chunk")
+    if all("row_groups" in f for f in manifest["files"]):
+        slots = sum(int(f["bucket_length"]) * sum(f["row_groups"]) for f in manifest["files"])
+        if slots != report.tokens:
+            report.add(f"decompose: {slots - report.tokens:,} padding positions; a chunk fills its pack")
+    _check_chunks(docs, items, seq_len, low, str(pack.get("overflow", "split")), report)
+
+
+def _check_chunks(
+    docs: pa.Table, items: pa.Table, seq_len: int, low: int, overflow: str, report: VerifyReport
+) -> None:
+    """Each document's chunks (items: doc_id, chunk, length) against decompose's rule for its length
+    in the index; ids that several documents share are left out (their chunks are not told apart)."""
+    ids = docs.column("doc_id").to_numpy(zero_copy_only=False)
+    rule = decompose.make_items(docs.column("length").to_numpy(), seq_len, overflow, min_seq_len=low)
+    want = pa.table(
+        {
+            "doc_id": pa.array(np.repeat(ids, np.diff(rule.doc_start)), pa.string()),
+            "chunk": pa.array(rule.chunk_index()),
+            "want": pa.array(rule.length.astype(np.int64)),
+        }
+    )
+    got = items.select(["doc_id", "chunk", "length"]).cast(
+        pa.schema([("doc_id", pa.string()), ("chunk", pa.int32()), ("length", pa.int64())])
+    )
+    names, counts = np.unique(ids.astype(str), return_counts=True)
+    shared = pa.array(names[counts > 1], pa.string())
+    want, got = (t.filter(pc.invert(pc.is_in(t.column("doc_id"), value_set=shared))) for t in (want, got))
+    joined = want.join(got, ["doc_id", "chunk"], join_type="full outer")
+    same = pc.fill_null(pc.equal(joined.column("want"), joined.column("length")), False)
+    for row in joined.filter(pc.invert(same)).slice(0, 3).to_pylist():
+        report.add(
+            f"document {row['doc_id']!r} chunk {row['chunk']}: {row['length']} tokens in the packs, "
+            f"decompose's rule gives {row['want']}"
+        )
+
+
 def _collect(table: pa.Table, pieces: dict[str, list[tuple[int, list[int]]]], staged: bool = False) -> None:
     """Each wanted document's items, as (chunk, tokens); `staged` (chat data): tokens as the tokenize
     stage stages them, untrained ones as -(id + 1), so the re-tokenized sample checks the mask too."""
@@ -995,7 +1047,7 @@ def _compare_sample(
     copies = Counter(docs.column("doc_id").filter(pc.greater_equal(docs.column("copy"), 0)).to_pylist())
     seq_len, overflow = config.pack.seq_len, config.pack.overflow
     for doc_id, tokens in expected.items():
-        want = _wanted_pieces(tokens, copies[doc_id], partial.get(doc_id), overflow, seq_len)
+        want = _wanted_pieces(tokens, copies[doc_id], partial.get(doc_id), config.pack)
         got = Counter((c, tuple(part)) for c, part in pieces.get(doc_id, []))
         if got != want:
             what = "are missing" if not got else "differ"
@@ -1011,20 +1063,22 @@ def _compare_sample(
 
 
 def _wanted_pieces(
-    tokens: list[int], copies: int, partial: int | None, overflow: str, seq_len: int
+    tokens: list[int], copies: int, partial: int | None, pack: PackConfig
 ) -> Counter[tuple[int, tuple[int, ...]]]:
     """The pieces (chunk, tokens) the packs must hold of a document with these tokens: each copy
-    (a mixture's) its kept tokens once, chunk by chunk; with `partial`, its last copy only its first
-    `partial` tokens, whole chunks (raypack.mixture.Cut)."""
+    (a mixture's) its kept tokens once, cut into the packer's items (seq_len chunks; decompose's
+    power-of-two ones); with `partial`, its last copy only its first `partial` tokens, whole chunks
+    (raypack.mixture.Cut)."""
     cuts = [len(tokens)] * copies
     if partial is not None and cuts:
         cuts[-1] = partial
-    return Counter(
-        (c, tuple(part[c * seq_len : (c + 1) * seq_len]))
-        for n in cuts
-        for part in [_kept(tokens[:n], overflow, seq_len)]
-        for c in range(-(-len(part) // seq_len))
-    )
+    want: Counter[tuple[int, tuple[int, ...]]] = Counter()
+    for n in cuts:
+        part = _kept(tokens[:n], pack.overflow, pack.seq_len)
+        sizes = pack.make_items(np.array([len(part)])).length.tolist() if part else []
+        ends = np.cumsum([0, *sizes]).tolist()
+        want.update((c, tuple(part[ends[c] : ends[c + 1]])) for c in range(len(sizes)))
+    return want
 
 
 def _id_pieces(pieces: Counter[tuple[int, tuple[int, ...]]]) -> Counter[tuple[int, tuple[int, ...]]]:

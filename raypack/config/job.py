@@ -51,6 +51,12 @@ class JobConfig:
                 f"distributed job packs from the length histogram: use one of {histogram}, or "
                 "pack.mode: sharded"
             )
+        if self.pack.algorithm == "decompose" and (self.input.mixture or self.input.chat is not None):
+            what = "a mixture (input.sources)" if self.input.mixture else "conversations and pairs"
+            raise ConfigError(
+                f"pack.algorithm decompose cuts every document into its chunks; it does not take {what} "
+                "yet: use bucket (or any other packer)"
+            )
         if self.pack.seq_len < 2:
             raise ConfigError(f"pack.seq_len must be >= 2 for a training sequence, got {self.pack.seq_len}")
         for pattern in self.input.all_paths:

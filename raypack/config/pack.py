@@ -6,8 +6,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from raypack.errors import ConfigError
-from raypack.packing import ALGORITHMS, OVERFLOW_POLICIES, nnlshp
+from raypack.packing import ALGORITHMS, OVERFLOW_POLICIES, Items, decompose, nnlshp
 from raypack.packing.bucket import DEFAULT_PADDING_THRESHOLD, default_buckets
 
 __all__ = ["ALGORITHM_OPTION_FIELDS", "LOSS_POLICIES", "PACK_MODES", "PackConfig"]
@@ -20,6 +22,7 @@ ALGORITHM_OPTION_FIELDS = {
     "bucket_lengths": "bucket_lengths",
     "padding_threshold": "padding_threshold",
     "nnls_bin_width": "bin_width",
+    "min_seq_len": "min_seq_len",
 }
 
 
@@ -52,6 +55,10 @@ class PackConfig:
     """`bucket`: largest padding share a smaller bucket may have before a larger one is tried."""
     nnls_bin_width: int | None = None
     """`nnlshp`: tokens per length class (None: seq_len / 256, rounded up)."""
+    min_seq_len: int | None = None
+    """`decompose`: the shortest chunk, a power of two (seq_len, the longest, one too). A document's
+    last `length mod min_seq_len` tokens are left out (counted in metrics' tokens_dropped) as
+    OLMo-core's VSL dataset does (it takes 256); None: 1, every token kept."""
     mode: str = "global"
     """global: one plan over the whole corpus (histogram packers). sharded: every group of
     `shards_per_group` input shards is packed on its own by one task (bfd, ffd, greedy): no shuffle of
@@ -78,6 +85,7 @@ class PackConfig:
         self._check_buckets()
         self._check_loss_and_mode()
         self._check_nnls()
+        self._check_decompose()
         self._check_pad_multiple()
         self.compared()  # every listed packer known, planned from a histogram, and its settings valid
 
@@ -162,14 +170,59 @@ class PackConfig:
                 "tokens and cannot align them; use bfd (or any other packer) with pad_multiple"
             )
 
+    def _check_decompose(self) -> None:
+        """`decompose`'s lengths: seq_len and min_seq_len powers of two; min_seq_len for it alone."""
+        if self.algorithm != "decompose":
+            if self.min_seq_len is not None:
+                raise ConfigError(f"pack.min_seq_len is decompose's; {self.algorithm} takes none")
+            return
+        if not decompose.is_power_of_two(self.seq_len):
+            raise ConfigError(f"pack.seq_len must be a power of two for decompose, got {self.seq_len}")
+        low = self.min_seq_len if self.min_seq_len is not None else 1
+        if not decompose.is_power_of_two(low) or low > self.seq_len:
+            raise ConfigError(
+                f"pack.min_seq_len must be a power of two at most seq_len={self.seq_len}, got {low}"
+            )
+        if self.mode != "global":
+            raise ConfigError("pack.algorithm decompose plans globally: set pack.mode: global")
+        if self.pad_multiple != 1:
+            raise ConfigError(
+                "pack.pad_multiple: decompose's chunks are powers of two of at least pack.min_seq_len, "
+                "each already a multiple of every power of two up to it; leave pad_multiple at 1 and "
+                "set min_seq_len to at least 2 x CP"
+            )
+
+    @property
+    def bucketed(self) -> bool:
+        """Packs of several lengths, a bucket of files each (bucket and decompose, planned globally)."""
+        return self.mode == "global" and self.algorithm in ("bucket", "decompose")
+
+    def make_items(self, lengths: np.ndarray) -> Items:
+        """The items of documents of `lengths` under these settings (the packer's own: decompose
+        cuts every document into its chunks; the others apply `overflow`)."""
+        return ALGORITHMS[self.algorithm].items(
+            lengths, self.seq_len, self.overflow, self.pad_multiple, **self.algorithm_options()
+        )
+
     def compared(self) -> tuple[PackConfig, ...]:
         """The config of each packer in `compare` other than `algorithm`, in ALGORITHMS order."""
-        histogram = [name for name, a in ALGORITHMS.items() if a.is_histogram]
+        histogram = [name for name, a in ALGORITHMS.items() if a.is_histogram and a.compared]
+        if self.compare and not ALGORITHMS[self.algorithm].compared:
+            raise ConfigError(
+                f"pack.compare: {self.algorithm}'s items are its own chunks, on which no other packer's "
+                "plan compares; leave pack.compare out"
+            )
         if "all" in self.compare and len(self.compare) > 1:
             raise ConfigError(f"pack.compare: 'all' stands alone, got {list(self.compare)}")
         for name in self.compare:
             if name != "all" and name not in histogram:
-                what = "needs every document in one process" if name in ALGORITHMS else "is unknown"
+                what = "is unknown"
+                if name in ALGORITHMS:
+                    what = (
+                        "plans its own items"
+                        if ALGORITHMS[name].is_histogram
+                        else "needs every document in one process"
+                    )
                 raise ConfigError(
                     f"pack.compare: {name!r} {what}; a job compares histogram packers only "
                     f"({', '.join(histogram)}); `raypack plan --lengths OUTPUT` compares all "

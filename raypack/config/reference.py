@@ -49,7 +49,10 @@ CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (PackConfig, "overflow"): OVERFLOW_POLICIES,
     (PackConfig, "mode"): PACK_MODES,
     (PackConfig, "loss"): LOSS_POLICIES,
-    (PackConfig, "compare"): ("all", *(name for name, a in ALGORITHMS.items() if a.is_histogram)),
+    (PackConfig, "compare"): (
+        "all",
+        *(name for name, a in ALGORITHMS.items() if a.is_histogram and a.compared),
+    ),
     (OutputConfig, "format"): OUTPUT_FORMATS,
     (RunConfig, "executor"): EXECUTORS,
 }

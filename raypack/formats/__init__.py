@@ -124,7 +124,7 @@ def settings_of(
     whether its current format happens to keep a mask)."""
     return Settings(
         seq_len=cfg.pack.seq_len,
-        bucketed=(cfg.pack.mode == "global" and cfg.pack.algorithm == "bucket") or len(set(lengths)) > 1,
+        bucketed=cfg.pack.bucketed or len(set(lengths)) > 1,
         add_eos=cfg.tokenizer.add_eos,
         eos_id=eos_id,
         max_id=max_id,

@@ -18,7 +18,7 @@ import numpy as np
 
 # No numba here: the packers' loops are compiled at their first call (raypack.packing._jit), so a
 # process that only names them (a job's driver, checking its config) never imports it.
-from raypack.packing import bfd, bucket, concat, ffd, greedy, lpfhp, nnlshp, spfhp
+from raypack.packing import bfd, bucket, concat, decompose, ffd, greedy, lpfhp, nnlshp, spfhp
 from raypack.packing._buffers import copy_runs
 from raypack.packing._cache import has_entries as compiled_code_cached
 from raypack.packing.assignment import Assignment, check_assignment
@@ -52,9 +52,13 @@ class Algorithm:
     summary: str
     plan: Callable[..., Plan] | None = None
     assign: Callable[..., tuple[np.ndarray, np.ndarray, np.ndarray, int]] | None = None
-    make_items: Callable[[np.ndarray, int, str], Items] = make_items
+    make_items: Callable[..., Items] = make_items
     aligns: bool = True
-    """Can pad every item to a multiple of pad_multiple (concat cuts one stream and cannot)."""
+    """Can pad every item to a multiple of pad_multiple (concat cuts one stream, decompose makes a pack
+    of each chunk)."""
+    compared: bool = True
+    """Its plan is comparable with the others' on one item histogram (pack.compare): not decompose's,
+    whose items are its own chunks and whose packs are never shared."""
 
     @property
     def is_histogram(self) -> bool:
@@ -64,10 +68,26 @@ class Algorithm:
     def options(self) -> tuple[str, ...]:
         """Keyword options the packer accepts (beyond the histogram or items, and seq_len)."""
         fn = self.plan or self.assign
-        if fn is None:
-            return ()
-        params = inspect.signature(fn).parameters.values()
-        return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        return _keyword_only(fn) if fn is not None else ()
+
+    def items(
+        self, lengths: np.ndarray, seq_len: int, overflow: str, pad_multiple: int = 1, **options: Any
+    ) -> Items:
+        """The packer's items of documents of `lengths`: its make_items, given those of `options`
+        it takes (decompose's min_seq_len; the others' take none), each spanning a multiple of
+        `pad_multiple` (ValueError where the packer cannot align, or seq_len is no multiple of it)."""
+        if pad_multiple != 1 and not self.aligns:
+            raise ValueError(f"{self.name} cannot pad its items to a multiple of pad_multiple={pad_multiple}")
+        check_pad_multiple(pad_multiple, seq_len)
+        taken = _keyword_only(self.make_items)
+        chosen = {k: v for k, v in options.items() if k in taken}
+        items = self.make_items(lengths, seq_len, overflow, **chosen)
+        return items if pad_multiple == 1 else dataclasses.replace(items, pad_multiple=pad_multiple)
+
+
+def _keyword_only(fn: Callable[..., Any]) -> tuple[str, ...]:
+    params = inspect.signature(fn).parameters.values()
+    return tuple(p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -76,6 +96,14 @@ ALGORITHMS: dict[str, Algorithm] = {
     "spfhp": Algorithm("spfhp", "shortest-pack-first histogram packing (Krell et al.)", plan=spfhp.plan),
     "nnlshp": Algorithm("nnlshp", "NNLS histogram packing, depth <= 3 (Krell et al.)", plan=nnlshp.plan),
     "bucket": Algorithm("bucket", "multi-bucket composition (Liu et al. 2024)", plan=bucket.plan),
+    "decompose": Algorithm(
+        "decompose",
+        "dataset decomposition: power-of-two chunks, a sequence each (Pouransari et al. 2024)",
+        plan=decompose.plan,
+        make_items=decompose.make_items,
+        aligns=False,
+        compared=False,
+    ),
     "ffd": Algorithm("ffd", "first-fit-decreasing (baseline)", assign=ffd.assign),
     "greedy": Algorithm("greedy", "next-fit in input order (baseline)", assign=greedy.assign),
     "concat": Algorithm(
@@ -112,12 +140,7 @@ def pack(
     if unknown:
         accepted = ", ".join(algo.options) or "none"
         raise ValueError(f"{algorithm} does not take option(s) {', '.join(unknown)} (accepted: {accepted})")
-    if pad_multiple != 1 and not algo.aligns:
-        raise ValueError(f"{algorithm} cuts one stream every seq_len and cannot align items (pad_multiple)")
-    check_pad_multiple(pad_multiple, seq_len)
-    items = algo.make_items(np.asarray(lengths), seq_len, overflow)
-    if pad_multiple != 1:
-        items = dataclasses.replace(items, pad_multiple=pad_multiple)
+    items = algo.items(np.asarray(lengths), seq_len, overflow, pad_multiple, **options)
     capacity = None
     if algo.plan is not None:
         span = items.span

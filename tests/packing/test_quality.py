@@ -27,6 +27,8 @@ FLOORS = {
     ("greedy", 8192): 0.85,
     ("concat", 2048): 0.9999,
     ("concat", 8192): 0.9999,
+    ("decompose", 2048): 1.0,  # a chunk a pack: no padding ever
+    ("decompose", 8192): 1.0,
 }
 
 
@@ -42,7 +44,11 @@ def check_quality(lengths: np.ndarray, algorithm: str, seq_len: int) -> None:
     assert m.tokens == lengths.sum()
     if algorithm in ("bfd", "lpfhp"):
         assert m.packs <= 1.0001 * m.lower_bound
-    if algorithm != "concat":
+    if algorithm == "decompose":
+        # Every document whose length is not one power of two up to seq_len is cut (its binary form).
+        whole = (lengths <= seq_len) & ((lengths & (lengths - 1)) == 0)
+        assert m.truncation_ratio == pytest.approx(np.mean(~whole))
+    elif algorithm != "concat":
         # Only documents longer than the context are cut (Ding et al.): concat cuts wherever.
         assert m.truncation_ratio == pytest.approx(np.mean(lengths > seq_len))
 

@@ -20,7 +20,7 @@ import pyarrow as pa
 from raypack import schema
 from raypack.config import JobConfig
 from raypack.corpus.units import WorkUnit
-from raypack.packing import Items, PackPermutation, Plan, copy_runs, expand, item_histogram, make_items
+from raypack.packing import Items, PackPermutation, Plan, copy_runs, expand, item_histogram
 from raypack.pipeline.tokenize.token_files import token_batches
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def assign_items(
     carrying a copy (schema.ITEMS), for write tasks that map the token files."""
     buckets = Buckets.of(plan)
     perms = [PackPermutation(n, cfg.pack.seed) if cfg.pack.shuffle else None for n in buckets.sizes]
-    seq_len, overflow, rows = cfg.pack.seq_len, cfg.pack.overflow, cfg.output.shard_rows
+    seq_len, rows = cfg.pack.seq_len, cfg.output.shard_rows
     base = np.atleast_2d(rank_base).astype(np.int64, copy=True)
     sizes = np.asarray(buckets.sizes, dtype=np.int64)
     for shard in shards:
@@ -136,7 +136,7 @@ def assign_items(
                 if not docs.num_rows:
                     continue
                 place = (shard.index, starts if keep is None else starts[keep]) if in_place else None
-                items = make_items(lengths, seq_len, overflow, cfg.pack.pad_multiple)
+                items = cfg.pack.make_items(lengths)
                 span = items.span  # the plan places spans, ranked among spans of their length
                 pack, slot, _ = expand(plan, span, base[layer])
                 base[layer] += item_histogram(span, seq_len)
@@ -158,7 +158,7 @@ def warm_assign(cfg: JobConfig) -> None:
     assign task's to raise."""
     seq_len = cfg.pack.seq_len
     with suppress(Exception):
-        items = make_items(np.asarray([1, 2], dtype=np.int64), seq_len, cfg.pack.overflow)
+        items = cfg.pack.make_items(np.asarray([1, 2], dtype=np.int64))
         plan = Plan.build(seq_len, 0, np.zeros((0, 8), dtype=np.int64))
         expand(plan, items.length[:0], np.zeros(seq_len + 1, dtype=np.int64))
         item_histogram(items.length, seq_len)

@@ -121,7 +121,7 @@ def planned_files(cfg: JobConfig, spec: Spec, p: Plan) -> dict[str, int]:
     """Every file the global plan makes, with its packs: bucket b's packs in files of at most
     shard_rows, as even as can be (file_rows)."""
     rows, buckets = cfg.output.shard_rows, Buckets.of(p)
-    bucketed = cfg.pack.algorithm == "bucket"
+    bucketed = cfg.pack.bucketed
     return {
         part_file(spec, length if bucketed else None, part): count
         for length, n in zip(buckets.lengths, buckets.sizes, strict=True)

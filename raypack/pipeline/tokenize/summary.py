@@ -22,7 +22,7 @@ from raypack.corpus.units import WorkUnit
 from raypack.dataset.layout import index_path
 from raypack.metrics import DocStats
 from raypack.mixture import BINS, document_keys, token_bins, unit_keys
-from raypack.packing import item_histogram, make_items
+from raypack.packing import item_histogram
 from raypack.storage import Shard, open_output
 
 __all__ = ["Totals", "shard_runs", "summarize_shard", "summarize_shard_warm", "weighted_parts", "write_index"]
@@ -42,7 +42,7 @@ def summarize_shard(
     unit's values: the kinds the summary gives, which the driver unifies). Called by the tokenize
     worker as soon as the shard is tokenized, so the lengths are never read back. In a mixture,
     also its tokens by key bin (raypack.mixture), from which the driver places each source's cut."""
-    items = make_items(doc_length, cfg.pack.seq_len, cfg.pack.overflow, cfg.pack.pad_multiple)
+    items = cfg.pack.make_items(doc_length)
     hist = item_histogram(items.span, cfg.pack.seq_len)  # what the packer places: spans
     nonzero = np.flatnonzero(hist)
     write_index(
@@ -84,7 +84,7 @@ def summarize_shard_warm(cfg: JobConfig) -> None:
     """summarize_shard's compiled functions loaded (numba reads them from its cache on first use), on
     three made-up documents, with no file written: tokenize.preload does this in each worker."""
     lengths = np.asarray([1, cfg.pack.seq_len, cfg.pack.seq_len + 1], dtype=np.int64)
-    items = make_items(lengths, cfg.pack.seq_len, cfg.pack.overflow, cfg.pack.pad_multiple)
+    items = cfg.pack.make_items(lengths)
     item_histogram(items.span, cfg.pack.seq_len)
     items.placed_per_doc()
     DocStats.from_items(items)

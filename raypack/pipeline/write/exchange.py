@@ -555,7 +555,7 @@ def _write_tasks(
 ) -> dict[Any, int]:
     """A write task a range of output files (write_files), submitted: each task's handle, with the
     number of files it writes."""
-    bucketed = cfg.pack.algorithm == "bucket"
+    bucketed = cfg.pack.bucketed
     threads = encode_threads(runner.width, lay.writers)
     writes = {}
     for w in range(lay.writers):
