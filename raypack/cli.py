@@ -506,7 +506,7 @@ def _plan_algorithms(given: str) -> list[str]:
     from raypack.packing import ALGORITHMS
 
     if given == "all":
-        return list(ALGORITHMS)
+        return ["all"]
     algorithms = [a.strip() for a in given.split(",") if a.strip()]
     for name in algorithms:
         if name not in ALGORITHMS:

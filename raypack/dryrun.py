@@ -17,7 +17,7 @@ import numpy as np
 
 from raypack.config import ALGORITHM_OPTION_FIELDS, PackConfig, typed_fields
 from raypack.errors import ConfigError
-from raypack.packing import ALGORITHMS, pack
+from raypack.packing import ALGORITHMS, decompose, pack
 from raypack.packing.items import check_lengths
 from raypack.report.model import Run, run_of
 
@@ -168,11 +168,12 @@ def run_sweep(
     algorithms: Iterable[str],
     settings: dict[str, Any] | None = None,
 ) -> list[Run]:
-    """Pack with every (algorithm, seq_len); returns metrics, pack fill and seconds spent packing."""
+    """Pack with every (algorithm, seq_len); returns metrics, pack fill and seconds spent packing.
+    ["all"]: every packer of ALGORITHMS that plans at the seq_len (decompose at a power of two)."""
     settings = plan_settings(settings or {})
     results = []
     for seq_len in seq_lens:
-        for name in algorithms:
+        for name in _every(algorithms, seq_len):
             cfg = _config_for(name, seq_len, settings)
             options = cfg.algorithm_options()
             # Load the numba loops on a few lengths first, so `seconds` is packing time alone; at a
@@ -187,6 +188,14 @@ def run_sweep(
             seconds = time.perf_counter() - t0
             results.append(run_of(assignment, seconds))
     return results
+
+
+def _every(algorithms: Iterable[str], seq_len: int) -> list[str]:
+    """The packers a sweep runs at `seq_len`: as named, or for ["all"] each that plans there."""
+    names = list(algorithms)
+    if names != ["all"]:
+        return names
+    return [n for n in ALGORITHMS if n != "decompose" or decompose.is_power_of_two(seq_len)]
 
 
 def plan_settings(settings: dict[str, Any]) -> dict[str, Any]:

@@ -43,6 +43,14 @@ world_size-th of their rows: at 8 ranks ~770 packs, 96 MiB at 32k int32 tokens, 
 group it decodes at a time). A balanced run's state resumes as any other (below): what it leaves is
 the packs of the steps it had not taken.
 
+Variable sequence length (a dataset of pack.algorithm decompose, or any of several buckets):
+`tokens_per_batch=T` instead of batch_size makes every batch of a rank T tokens, T / L packs of
+the step's length L (T a multiple of every length), and `curriculum` orders the steps
+(raypack.packing.curriculum: "natural", the paper's uniform mixing, or Curriculum("grow_p2",
+num_cycles), "grow_linear"): every rank computes the same schedule, so all read one length a
+step. last_batch "wrap" or "drop" apply to each bucket as above ("short" would break the token
+count); resume, elastic too, holds as for batch_size.
+
 Resume: `start_step=k` begins at step k of the same (seed, rank, world_size, batch_size) without
 reading what comes before. Elastic resume, on another world size or batch size (a job restarted on
 fewer GPUs): `resume=state`, any one rank's saved state of the earlier run (ranks step together),
@@ -100,7 +108,7 @@ import itertools
 import json
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -134,6 +142,7 @@ from raypack.formats import (
     stem_of_file,
 )
 from raypack.packing import PackPermutation
+from raypack.packing.curriculum import Curriculum, schedule
 from raypack.schema import METADATA, PADDED_OFFSETS, READABLE_SCHEMA_VERSIONS, row_group_rows
 from raypack.storage import exists, join, read_bytes, resolve
 
@@ -250,13 +259,51 @@ def _buckets(
     return buckets
 
 
-def _schedule(steps: list[int], seed: int, *salt: object) -> np.ndarray:
-    """Bucket index of every step: bucket b appears steps[b] times, in a seeded order (`salt`: a
-    resumed epoch's, Resume.salt, so its rest is scheduled afresh)."""
-    plan = np.repeat(np.arange(len(steps)), steps)
-    if len(plan) < 2:
-        return plan
-    return plan[np.argsort(PackPermutation(len(plan), _key(seed, "schedule", *salt))(np.arange(len(plan))))]
+def _schedule(steps: list[int], seed: int, *salt: object, curriculum: Curriculum | None = None) -> np.ndarray:
+    """Bucket index of every step: bucket b appears steps[b] times, in the curriculum's seeded order
+    (raypack.packing.curriculum; natural by default); `salt`: a resumed epoch's, Resume.salt, so its
+    rest is scheduled afresh."""
+
+    def permute(n: int, parts: tuple[object, ...]) -> np.ndarray:
+        return np.argsort(PackPermutation(n, _key(seed, "schedule", *salt, *parts))(np.arange(n)))
+
+    return schedule(steps, permute, curriculum)
+
+
+@dataclass(frozen=True)
+class Batching:
+    """How many packs a rank's batch of each bucket holds: `batch_size` of every bucket, or
+    `tokens_per_batch` tokens of any (tokens_per_batch / its length: a step's token count fixed,
+    its sequence length by the curriculum's schedule)."""
+
+    batch_size: int | None = None
+    tokens_per_batch: int | None = None
+    curriculum: Curriculum = field(default_factory=Curriculum)
+
+    def rows(self, buckets: list[_Bucket]) -> list[int]:
+        if self.tokens_per_batch is None:
+            return [int(self.batch_size or 0)] * len(buckets)
+        odd = [b.length for b in buckets if self.tokens_per_batch % b.length]
+        if odd:
+            raise ValueError(
+                f"tokens_per_batch {self.tokens_per_batch:,} is not a multiple of the dataset's pack "
+                f"length {odd[0]:,}: take a multiple of {int(np.lcm.reduce([b.length for b in buckets])):,}"
+            )
+        return [self.tokens_per_batch // b.length for b in buckets]
+
+    def state(self) -> dict[str, Any]:
+        """What a rank's state records of it (beside batch_size)."""
+        if self.tokens_per_batch is None:
+            return {}
+        c = self.curriculum
+        return {"tokens_per_batch": self.tokens_per_batch, "curriculum": c.name, "num_cycles": c.num_cycles}
+
+    @classmethod
+    def of_state(cls, state: dict[str, Any]) -> Batching:
+        if state.get("tokens_per_batch") is None:
+            return cls(state["batch_size"])
+        curriculum = Curriculum(str(state["curriculum"]), int(state["num_cycles"]))
+        return cls(None, int(state["tokens_per_batch"]), curriculum)
 
 
 def read_group(pinned: Pinned, group: _RowGroup, seed: int, storage: StorageConfig | None) -> pa.Table:
@@ -421,7 +468,7 @@ def _share(packs: int, rank: int, world: int, batch: int, last_batch: str) -> tu
 
 def iter_batches(
     path: str,
-    batch_size: int,
+    batch_size: int | None = None,
     rank: int = 0,
     world_size: int = 1,
     seed: int = 0,
@@ -435,6 +482,8 @@ def iter_batches(
     loss_weights: str | None = None,
     balance: str | None = None,
     balance_per_token: float = ATTENTION_PER_TOKEN,
+    tokens_per_batch: int | None = None,
+    curriculum: str | Curriculum = "natural",
 ) -> Iterator[dict[str, Any]]:
     """Batches of packs for data-parallel rank `rank` of `world_size` (see the module's docstring);
     numpy arrays, or torch tensors with `torch=True` (needs PyTorch: pip install raypack[torch]).
@@ -443,24 +492,28 @@ def iter_batches(
     PackedDataset's or a StatefulDataLoader's state_dict()): the packs no rank had yielded, shared
     among these ranks (module docstring, "Resume"); `follow_latest`: a state of another version of
     the dataset goes on from its place on this one. `loss_weights`: "document" or "sequence" adds
-    per-token loss weights (module docstring). `balance="attention"`: each step's ranks get packs
-    of even attention cost (module docstring, "Balance"), `balance_per_token` the weight of a
+    per-token loss weights (module docstring). `tokens_per_batch` instead of `batch_size`: every
+    batch of a rank holds that many tokens, its packs' length the `curriculum`'s for the step
+    (module docstring, "Variable sequence length"). `balance="attention"`: each step's ranks get
+    packs of even attention cost (module docstring, "Balance"), `balance_per_token` the weight of a
     token against a document's squared length (raypack.balance.ATTENTION_PER_TOKEN)."""
     check_args(batch_size, rank, world_size, last_batch, loss_weights)
-    balanced = Balance.of(balance, balance_per_token)
+    batching = batching_of(batch_size, tokens_per_batch, curriculum, last_batch)
+    balanced = balance_of(balance, balance_per_token, tokens_per_batch)
     if start_step < 0:
         raise ValueError(f"start_step must be >= 0, got {start_step}")
     convert = torch_converter() if torch else None
     pinned = pin(path, storage)
     where = resume_of(resume, pinned, follow_latest) if resume is not None else None
-    plan = Plan.of(pinned, batch_size, rank, world_size, seed, last_batch, storage, where, balanced)
+    plan = Plan.of(pinned, batching, rank, world_size, seed, last_batch, storage, where, balanced)
     for batch in plan.steps(start_step, 1):
         batch = with_loss_weights(batch, loss_weights)
         yield convert(batch) if convert is not None else batch
 
 
 _RUN_KEYS = ("world_size", "batch_size", "seed", "last_batch", "step")
-"""A Run's fields, as a state's `resumed_from` holds each run."""
+"""A Run's fields, as a state's `resumed_from` holds each run (and Batching.state's, for a run of
+tokens_per_batch)."""
 
 
 @dataclass(frozen=True)
@@ -469,11 +522,31 @@ class Run:
     balance, and the steps every rank had yielded."""
 
     world_size: int
-    batch_size: int
+    batch_size: int | None
     seed: int
     last_batch: str
     step: int
+    batching: Batching = field(default_factory=Batching)
+    """The run's batches (batch_size's, when it gave one)."""
     balance: Balance | None = None
+
+    def to_state(self) -> dict[str, Any]:
+        balance = self.balance.to_state() if self.balance else None
+        return {**{k: getattr(self, k) for k in _RUN_KEYS}, **self.batching.state(), "balance": balance}
+
+    @property
+    def size(self) -> object:
+        """Its batches' size in a resumed schedule's salt: batch_size, or its tokens'."""
+        return self.batch_size if self.batch_size is not None else f"{self.batching.tokens_per_batch} tokens"
+
+    @classmethod
+    def of_state(cls, state: dict[str, Any], step: int) -> Run:
+        """The run a state's settings (a `resumed_from` entry, or a rank's own) describe, values as
+        they are (Resume.of checks their types)."""
+        batching = Batching.of_state(state)
+        size = state["batch_size"]
+        balance = Balance.of_state(state.get("balance"))
+        return cls(state["world_size"], size, state["seed"], state["last_batch"], step, batching, balance)
 
     def left(
         self, buckets: list[_Bucket], before: list[Spans], salt: tuple[object, ...], terms: Terms | None
@@ -485,8 +558,11 @@ class Run:
         before it: Resume.salt) gives every rank; a balanced run's steps are its balanced ones
         (`terms`: the packs' costs, _terms), and what they left is in the order of `before`."""
         totals = [sum(b - a for a, b in spans) for spans in before]
-        steps = [_share(t, 0, self.world_size, self.batch_size, self.last_batch)[2] for t in totals]
-        schedule = _schedule(steps, self.seed, *salt)
+        rows = self.batching.rows(buckets)
+        steps = [
+            _share(t, 0, self.world_size, n, self.last_batch)[2] for t, n in zip(totals, rows, strict=True)
+        ]
+        schedule = _schedule(steps, self.seed, *salt, curriculum=self.batching.curriculum)
         if self.step > len(schedule):
             raise ValueError(
                 f"the state's step {self.step:,} is past the {len(schedule):,} steps its run's epoch has "
@@ -494,20 +570,19 @@ class Run:
             )
         done = np.bincount(schedule[: self.step], minlength=len(buckets)).tolist()
         left: list[Spans] = []
-        for i, (spans, total, taken) in enumerate(zip(before, totals, done, strict=True)):
+        for i, (spans, total, taken, n) in enumerate(zip(before, totals, done, rows, strict=True)):
             if self.balance is not None:
                 if terms is None:
                     raise RuntimeError("a balanced run's rest needs the packs' terms")
                 key = _key(self.seed, "balance", buckets[i].length, *salt)
                 costs = self.balance.cost(*terms[i])
-                world, batch = self.world_size, self.batch_size
-                real, step, _ = _balanced(spans, costs, world, batch, self.last_batch, key)
+                real, step, _ = _balanced(spans, costs, self.world_size, n, self.last_batch, key)
                 left.append(spans_of(real[step >= taken]))
                 continue
             rest: Spans = []
             for r in range(self.world_size):
-                lo, hi, _ = _share(total, r, self.world_size, self.batch_size, self.last_batch)
-                rest += _within(spans, min(lo + taken * self.batch_size, hi), hi)
+                lo, hi, _ = _share(total, r, self.world_size, n, self.last_batch)
+                rest += _within(spans, min(lo + taken * n, hi), hi)
             left.append(rest)
         return left
 
@@ -524,7 +599,7 @@ class Resume:
         """What makes the schedule of the run after the first `runs` runs (None: all) its own, the
         same on every rank of it; () for the epoch's first run."""
         before = self.runs[:runs]
-        return ("resume", *((r.world_size, r.batch_size, r.step) for r in before)) if before else ()
+        return ("resume", *((r.world_size, r.size, r.step) for r in before)) if before else ()
 
     def check_seed(self, seed: int) -> None:
         """ValueError unless `seed` is the epoch's, every run's: positions are of its seeded order."""
@@ -536,10 +611,7 @@ class Resume:
                 )
 
     def to_state(self) -> list[dict[str, Any]]:
-        return [
-            {**{k: getattr(r, k) for k in _RUN_KEYS}, "balance": r.balance.to_state() if r.balance else None}
-            for r in self.runs
-        ]
+        return [r.to_state() for r in self.runs]
 
     @property
     def balanced(self) -> bool:
@@ -552,28 +624,30 @@ class Resume:
         num_workers). ValueError for anything else."""
         dataset_state, step = _dataset_state(state)
         try:
-            earlier = [
-                Run(**{k: r[k] for k in _RUN_KEYS}, balance=Balance.of_state(r.get("balance")))
-                for r in dataset_state.get("resumed_from") or []
-            ]
-            this = Run(
-                int(dataset_state["world_size"]),
-                int(dataset_state["batch_size"]),
-                int(dataset_state["seed"]),
-                str(dataset_state["last_batch"]),
+            earlier = [Run.of_state(r, r["step"]) for r in dataset_state.get("resumed_from") or []]
+            this = Run.of_state(
+                {
+                    **dataset_state,
+                    **{k: int(dataset_state[k]) for k in ("world_size", "seed")},
+                    "batch_size": None
+                    if dataset_state["batch_size"] is None
+                    else int(dataset_state["batch_size"]),
+                    "last_batch": str(dataset_state["last_batch"]),
+                },
                 step,
-                Balance.of_state(dataset_state.get("balance")),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a raypack PackedDataset state ({type(e).__name__}: {e})") from None
         for run in [*earlier, this]:
-            if not all(
-                isinstance(getattr(run, k), int) for k in ("world_size", "batch_size", "seed", "step")
+            if not all(isinstance(getattr(run, k), int) for k in ("world_size", "seed", "step")) or not (
+                run.batch_size is None or isinstance(run.batch_size, int)
             ):
                 raise ValueError(
                     f"not a raypack PackedDataset state: a run of {run} holds a value of another type"
                 )
             check_args(run.batch_size, 0, run.world_size, run.last_batch)
+            b = run.batching
+            batching_of(run.batch_size, b.tokens_per_batch, b.curriculum, run.last_batch)
             if run.step < 0:
                 raise ValueError(f"not a raypack PackedDataset state: step {run.step} is negative")
         return cls((*earlier, this)), dataset_state.get("manifest_sha256")
@@ -656,19 +730,51 @@ def with_loss_weights(batch: dict[str, Any], per: str | None) -> dict[str, Any]:
 
 
 def check_args(
-    batch_size: int, rank: int, world_size: int, last_batch: str, loss_weights: str | None = None
+    batch_size: int | None, rank: int, world_size: int, last_batch: str, loss_weights: str | None = None
 ) -> None:
     """ValueError for settings no reader can follow (iter_batches and torch_data.PackedDataset)."""
     if loss_weights is not None and loss_weights not in LOSS_WEIGHTS:
         raise ValueError(
             f"loss_weights must be one of {', '.join(LOSS_WEIGHTS)} or None, got {loss_weights!r}"
         )
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     if last_batch not in LAST_BATCH:
         raise ValueError(f"last_batch must be one of {', '.join(LAST_BATCH)}, got {last_batch!r}")
+
+
+def batching_of(
+    batch_size: int | None, tokens_per_batch: int | None, curriculum: str | Curriculum, last_batch: str
+) -> Batching:
+    """The Batching of a reader's settings; ValueError unless exactly one of batch_size and
+    tokens_per_batch is given, or for a curriculum or last_batch that tokens_per_batch cannot keep."""
+    if (batch_size is None) == (tokens_per_batch is None):
+        raise ValueError("give one of batch_size (packs a batch) and tokens_per_batch (tokens a batch)")
+    cur = Curriculum.of(curriculum)
+    if tokens_per_batch is None:
+        if cur != Curriculum():
+            raise ValueError(f"curriculum {cur.name} orders batches of tokens_per_batch; give that")
+        return Batching(batch_size)
+    if isinstance(tokens_per_batch, bool) or not isinstance(tokens_per_batch, int) or tokens_per_batch < 1:
+        raise ValueError(f"tokens_per_batch must be an int >= 1, got {tokens_per_batch!r}")
+    if last_batch == "short":
+        raise ValueError(
+            'last_batch "short" would give a rank fewer than tokens_per_batch tokens; take "wrap" or "drop"'
+        )
+    return Batching(None, tokens_per_batch, cur)
+
+
+def balance_of(balance: str | None, per_token: float, tokens_per_batch: int | None) -> Balance | None:
+    """The Balance of a reader's settings (raypack.balance.Balance.of); ValueError with
+    tokens_per_batch, whose steps are each one bucket's length: in a dataset of decompose every
+    pack of a step costs the same (one document of that length), and a bucket's packs would need
+    the costs balanced by tokens, which the balancer does not do."""
+    balanced = Balance.of(balance, per_token)
+    if balanced is not None and tokens_per_batch is not None:
+        raise ValueError('balance="attention" takes batch_size, not tokens_per_batch')
+    return balanced
 
 
 @dataclass(frozen=True)
@@ -682,7 +788,8 @@ class Plan:
     """Each bucket's positions for this rank: [lo, hi) of its sequence, or after an elastic resume
     this rank's share of what the earlier runs left."""
     schedule: np.ndarray
-    batch_size: int
+    rows: list[int]
+    """Packs a batch of each bucket holds."""
     seed: int
     storage: StorageConfig | None
     keep: int = 1
@@ -692,7 +799,7 @@ class Plan:
     def of(
         cls,
         pinned: Pinned,
-        batch_size: int,
+        batch_size: int | Batching,
         rank: int,
         world_size: int,
         seed: int,
@@ -701,7 +808,9 @@ class Plan:
         resume: Resume | None = None,
         balance: Balance | None = None,
     ) -> Plan:
+        batching = batch_size if isinstance(batch_size, Batching) else Batching(batch_size)
         buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
+        rows = batching.rows(buckets)
         balanced = balance is not None or (resume is not None and resume.balanced)
         terms = _terms(pinned, buckets, seed, storage) if balanced else None
         left = [[(0, b.packs)] for b in buckets]  # what the epoch has left of each bucket
@@ -711,26 +820,26 @@ class Plan:
                 left = earlier.left(buckets, left, resume.salt(k), terms)
         salt = resume.salt() if resume is not None else ()
         shares, steps = [], []
-        for i, spans in enumerate(left):
+        for i, (spans, size) in enumerate(zip(left, rows, strict=True)):
             total = sum(b - a for a, b in spans)
-            lo, hi, n = _share(total, rank, world_size, batch_size, last_batch)
+            lo, hi, n = _share(total, rank, world_size, size, last_batch)
             steps.append(n)
             if balance is None or terms is None:
                 shares.append(_within(spans, lo, hi))
                 continue
             key = _key(seed, "balance", buckets[i].length, *salt)
             costs = balance.cost(*terms[i])
-            real, step, owner = _balanced(spans, costs, world_size, batch_size, last_batch, key)
+            real, step, owner = _balanced(spans, costs, world_size, size, last_batch, key)
             mine = np.flatnonzero(owner == rank)
             shares.append(spans_of(real[mine[np.argsort(step[mine], kind="stable")]]))
         keep = 1
         if balance is not None:
             # A window's packs span this many row groups of the mean size, and 2 at its edges.
             groups = sum(len(bucket.groups) for bucket in buckets)
-            rows = sum(bucket.packs for bucket in buckets) / max(1, groups)
-            keep = int(np.ceil(WINDOW_PACKS / max(1.0, rows))) + 2
-        schedule = _schedule(steps, seed, *salt)
-        return cls(pinned, buckets, shares, schedule, batch_size, seed, storage, keep)
+            per_group = sum(bucket.packs for bucket in buckets) / max(1, groups)
+            keep = int(np.ceil(WINDOW_PACKS / max(1.0, per_group))) + 2
+        order = _schedule(steps, seed, *salt, curriculum=batching.curriculum)
+        return cls(pinned, buckets, shares, order, rows, seed, storage, keep)
 
     def read(self, bucket: int, group: int) -> pa.Table:
         return read_group(self.pinned, self.buckets[bucket].groups[group], self.seed, self.storage)
@@ -742,7 +851,7 @@ class Plan:
             for b, (bucket, spans) in enumerate(zip(self.buckets, self.shares, strict=True))
         ]
         for b, done in enumerate(np.bincount(self.schedule[:start], minlength=len(self.buckets)).tolist()):
-            streams[b].skip(done * self.batch_size)
+            streams[b].skip(done * self.rows[b])
         return streams
 
     def steps(self, start: int, stride: int, load: GroupLoader | None = None) -> Iterator[dict[str, Any]]:
@@ -752,9 +861,9 @@ class Plan:
         streams = self._streams(start, load or self.read)
         for i, b in enumerate(self.schedule[start:].tolist()):
             if i % stride:
-                streams[b].skip(self.batch_size)
+                streams[b].skip(self.rows[b])
                 continue
-            parts = streams[b].take(self.batch_size)
+            parts = streams[b].take(self.rows[b])
             table = pa.concat_tables(parts) if parts else None
             yield batch_fields(table, self.buckets[b].length, pad_id)
 
@@ -762,7 +871,7 @@ class Plan:
         """The (bucket, row group) pairs each step from `start` on reads, in order, without reading."""
         streams = self._streams(start, None)
         return [
-            [(b, g) for g, _, _ in streams[b].parts(self.batch_size)] for b in self.schedule[start:].tolist()
+            [(b, g) for g, _, _ in streams[b].parts(self.rows[b])] for b in self.schedule[start:].tolist()
         ]
 
 

@@ -16,6 +16,10 @@ twice, none skipped, whatever num_workers is. Consecutive steps share row groups
 share them too (raypack.shared_groups): each row group is read and decoded once per epoch, by the
 first worker that needs it, not once per worker.
 
+`tokens_per_batch=T` (instead of batch_size) and `curriculum` give batches of T tokens whose
+sequence length follows a schedule, as iter_batches does (raypack.reader, "Variable sequence
+length"); the state records them, and a state of another T resumes elastically.
+
 Version. The dataset is pinned when the PackedDataset is made: a rebuild's root is resolved through
 LATEST once, in the main process, and every worker and epoch reads that version. The state of a
 worker is the next step it would yield, the settings, and the version (the manifest's sha256);
@@ -46,9 +50,19 @@ except ModuleNotFoundError as e:  # only this module needs torch (~750 MB, CPU b
         raise
     raise ModuleNotFoundError("raypack.torch_data needs PyTorch: pip install 'raypack[torch]'") from None
 
-from raypack.balance import ATTENTION_PER_TOKEN, Balance
+from raypack.balance import ATTENTION_PER_TOKEN
 from raypack.config import StorageConfig
-from raypack.reader import Plan, check_args, pin, resume_of, torch_converter, with_loss_weights
+from raypack.packing.curriculum import Curriculum
+from raypack.reader import (
+    Plan,
+    balance_of,
+    batching_of,
+    check_args,
+    pin,
+    resume_of,
+    torch_converter,
+    with_loss_weights,
+)
 from raypack.shared_groups import SharedGroups
 
 __all__ = ["PackedDataset"]
@@ -58,7 +72,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
     def __init__(
         self,
         path: str,
-        batch_size: int,
+        batch_size: int | None = None,
         rank: int = 0,
         world_size: int = 1,
         seed: int = 0,
@@ -70,9 +84,13 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         loss_weights: str | None = None,
         balance: str | None = None,
         balance_per_token: float = ATTENTION_PER_TOKEN,
+        tokens_per_batch: int | None = None,
+        curriculum: str | Curriculum = "natural",
     ) -> None:
         check_args(batch_size, rank, world_size, last_batch, loss_weights)
-        self.balance = Balance.of(balance, balance_per_token)
+        # tokens_per_batch: batches of a fixed token count, their length by the curriculum (raypack.reader).
+        self.batching = batching_of(batch_size, tokens_per_batch, curriculum, last_batch)
+        self.balance = balance_of(balance, balance_per_token, tokens_per_batch)
         self.loss_weights = loss_weights
         self.path, self.batch_size, self.rank, self.world_size = path, batch_size, rank, world_size
         self.seed, self.last_batch, self.storage = seed, last_batch, storage
@@ -97,6 +115,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
             "last_batch": self.last_batch,
             "balance": self.balance.to_state() if self.balance is not None else None,
             "resumed_from": self.resume.to_state() if self.resume is not None else None,
+            **self.batching.state(),
         }
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -109,7 +128,7 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         self._epochs += 1
         plan = Plan.of(
             self.pinned,
-            self.batch_size,
+            self.batching,
             self.rank,
             self.world_size,
             self.seed,
@@ -201,7 +220,14 @@ class PackedDataset(IterableDataset[dict[str, Any]]):
         Only in the loader's own process (num_workers=0): a worker's state says where that worker
         stands, not its rank, so a loader with workers resumes elastically with `resume=` its whole
         state_dict()."""
-        if not mismatched <= {"world_size", "batch_size", "rank", "resumed_from", "balance"}:
+        if not mismatched <= {
+            "world_size",
+            "batch_size",
+            "tokens_per_batch",
+            "rank",
+            "resumed_from",
+            "balance",
+        }:
             return False  # another seed, last_batch: never the same epoch
         if self.resume is not None or self._epochs or get_worker_info() is not None:
             return False

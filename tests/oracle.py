@@ -291,6 +291,22 @@ class Expected:
     trained: list[bool]
 
 
+def decomposed(length: int, seq_len: int, low: int) -> list[int]:
+    """A document's chunks under dataset decomposition, from its start: seq_len while more than
+    seq_len is left, then the powers of two of the rest, largest first, none under `low`."""
+    sizes = []
+    while length >= seq_len:
+        sizes.append(seq_len)
+        length -= seq_len
+    power = seq_len // 2
+    while power >= low:
+        if length >= power:
+            sizes.append(power)
+            length -= power
+        power //= 2
+    return sizes
+
+
 def check(
     packs: list[Pack],
     expected: dict[str, Expected],
@@ -302,18 +318,25 @@ def check(
     pad: int | None,
     masked: bool,
     max_depth: int | None,
+    min_seq_len: int | None = None,
 ) -> None:
     """Every expected document in the packs `copies` times (chunks of a split one in order, adding up
     to its tokens; a truncated one its first seq_len; a dropped one nowhere; a mixture's `partial`
     copy only its first chunks, as many tokens as `partial` gives), token for token and,
     where the format keeps one, mask bit for mask bit (an item's first token never trained); nothing
-    else in the packs; no pack over its capacity or max_depth; padding all `pad`."""
+    else in the packs; no pack over its capacity or max_depth; padding all `pad`. `min_seq_len`
+    (pack.algorithm decompose): each kept document in its power-of-two chunks instead, largest
+    first, none over seq_len or under min_seq_len (decomposed), a chunk a pack."""
     found: dict[str, dict[int, list[tuple[list[int], list[bool] | None]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for p in packs:
         if len(p.tokens) > p.capacity:
             raise AssertionError(f"a pack of {p.capacity} holds {len(p.tokens)} tokens")
+        if min_seq_len is not None and (len(p.items) != 1 or len(p.tokens) != p.capacity):
+            raise AssertionError(
+                f"a pack of {p.capacity} holds {len(p.items)} chunks, {len(p.tokens)} tokens"
+            )
         if max_depth is not None and len(p.items) > max_depth:
             raise AssertionError(f"a pack holds {len(p.items)} items, over pack.max_depth {max_depth}")
         if pad is not None and any(t != pad for t in p.padding):
@@ -332,6 +355,10 @@ def check(
         elif overflow == "drop" and keep > seq_len:
             keep = 0
         chunks = found.get(doc, {})
+        sizes = None
+        if min_seq_len is not None:
+            sizes = decomposed(keep, seq_len, min_seq_len)
+            keep = sum(sizes)
         if not keep or not n:
             if chunks:
                 raise AssertionError(f"{doc}: in the packs, expected out ({keep} tokens kept, {n} copies)")
@@ -345,6 +372,10 @@ def check(
         wanted_copies = {
             c: n - (cut is not None and c * seq_len >= cut) for c in range(-(-keep // seq_len) if keep else 0)
         }
+        if sizes is not None:
+            wanted_copies = dict.fromkeys(range(len(sizes)), n)
+            if [len(chunks[c][0][0]) if c in chunks else 0 for c in range(len(sizes))] != sizes:
+                raise AssertionError(f"{doc}: chunks are not its power-of-two decomposition {sizes}")
         wanted_copies = {c: k for c, k in wanted_copies.items() if k}
         if {c: len(parts) for c, parts in chunks.items()} != wanted_copies:
             raise AssertionError(

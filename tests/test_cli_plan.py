@@ -59,6 +59,30 @@ def test_sweep_prints_one_row_per_algorithm_and_seq_len(capsys: pytest.CaptureFi
     assert float(bfd_512[5].rstrip("%")) > 99.0
 
 
+def test_all_leaves_decompose_out_where_seq_len_is_no_power_of_two(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = [
+        "plan",
+        "--sample",
+        "500",
+        "--seq-len",
+        "1000",
+        "1024",
+        "--algorithm",
+        "all",
+        "--set",
+        "min_seq_len=16",
+    ]
+    assert main(args) == 0
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[3:]]
+    assert ["decompose", "1024"] in rows and ["decompose", "1000"] not in rows
+    assert len(rows) == 2 * len(ALGORITHMS) - 1
+    named = ["plan", "--sample", "50", "--seq-len", "1000", "--algorithm", "decompose"]
+    assert main(named) == 2  # named, it is refused
+    assert "must be a power of two for decompose" in capsys.readouterr().err
+
+
 def test_settings_reach_the_packer(capsys: pytest.CaptureFixture[str]) -> None:
     args = ["plan", "--sample", "500", "--seq-len", "512", "--json", "--algorithm", "lpfhp,nnlshp"]
     assert main([*args, "--set", "pack.max_depth=2", "--set", "overflow=truncate"]) == 0

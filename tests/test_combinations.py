@@ -39,7 +39,7 @@ from tests.conftest import WORDS
 EXAMPLES = 2  # a fresh draw each run; CI's time bounds it (~11 s a drawn job on 2 cores)
 SLOW_EXAMPLES = 150
 INPUT_FORMATS = ("jsonl", "jsonl.gz", "parquet", "text")
-HISTOGRAM_PACKERS = ("bfd", "lpfhp", "spfhp", "nnlshp", "bucket")
+HISTOGRAM_PACKERS = ("bfd", "lpfhp", "spfhp", "nnlshp", "bucket", "decompose")
 SHARDED_PACKERS = ("bfd", "ffd", "greedy")
 
 
@@ -75,6 +75,7 @@ class Combo:
     metadata: bool = (
         False  # input.metadata_fields [url, n]: n an int in a source's first file, a string after
     )
+    min_seq_len: int | None = None  # decompose's shortest chunk
 
 
 # Real model tokenizers plain text draws (tests/real_tokenizers.py: the session's fixtures of these
@@ -108,8 +109,10 @@ def combos(draw: st.DrawFn) -> Combo:
         output = "parquet"  # MosaicML streaming's environment is not here (CI has it)
     mode = draw(st.sampled_from(("global", "global", "sharded")))
     algorithm = draw(st.sampled_from(SHARDED_PACKERS if mode == "sharded" else HISTOGRAM_PACKERS))
-    if algorithm == "bucket" and output in ("megatron", "olmo"):
+    if algorithm in ("bucket", "decompose") and output in ("megatron", "olmo"):
         algorithm = "bfd"  # one sequence length: their trainers refuse several (tested elsewhere)
+    if algorithm == "decompose" and (chat or sources):
+        algorithm = "bfd"  # plain text, no mixture (refused, tests/pipeline/test_decompose_job.py)
     # text_fields and metadata_fields read records: not where every file is a text file.
     fields = not (fmt == "text" and not sources)
     text_fields = ("title+body",) if kind == "plain" and fields else ()
@@ -136,7 +139,16 @@ def combos(draw: st.DrawFn) -> Combo:
         backend=draw(st.sampled_from(("auto", "tokenizers"))),
         add_bos=draw(st.booleans()) and kind == "plain",  # the chat model names no BOS
         max_depth=draw(st.sampled_from((None, None, 3))),
-        seq_len=draw(st.sampled_from((64, 96, 160) if kind == "plain" else (160, 256, 384))),
+        seq_len=draw(
+            st.sampled_from(
+                (64, 128)
+                if algorithm == "decompose"
+                else (64, 96, 160)
+                if kind == "plain"
+                else (160, 256, 384)
+            )
+        ),
+        min_seq_len=draw(st.sampled_from((None, 4, 16))) if algorithm == "decompose" else None,
         seed=draw(st.integers(0, 2**16)),
         # Chat: the real tokenizer with ChatML's tokens added (chatdata.chat_model).
         tokenizer=draw(st.sampled_from(("trained", "trained", *REAL_TOKENIZERS))),
@@ -300,6 +312,7 @@ def config(
             "seed": combo.seed,
             "max_depth": combo.max_depth,
             "shards_per_group": 2,
+            **({"min_seq_len": combo.min_seq_len} if combo.min_seq_len is not None else {}),
         },
         "output": {"path": str(out), "format": combo.output, "shard_rows": 7},
     }
@@ -351,6 +364,23 @@ def expected_documents(
         if any(mask[1:]):
             found[d.id] = oracle.Expected(ids, mask)
     return found
+
+
+def tails(combo: Combo, expected: dict[str, oracle.Expected]) -> int:
+    """Rejects of decompose's tails: a document each whose kept tokens (after pack.overflow) are not
+    a multiple of min_seq_len."""
+    low = combo.min_seq_len or 1
+    if combo.algorithm != "decompose" or low == 1:
+        return 0
+    count = 0
+    for want in expected.values():
+        keep = len(want.tokens)
+        if combo.overflow == "truncate":
+            keep = min(keep, combo.seq_len)
+        elif combo.overflow == "drop" and keep > combo.seq_len:
+            keep = 0
+        count += keep % low > 0
+    return count
 
 
 def pad_of(combo: Combo, tokenizer: Path, model: Path) -> int:
@@ -449,6 +479,7 @@ def run_and_check(combo: Combo, tokenizers: dict[str, Path], models: dict[str, P
         # into each chat source's first JSONL file.
         rejected = sum(d.reject or d.id not in expected for d in corpus.docs)
         rejected += combo.kind != "plain" and combo.format != "parquet"
+        rejected += tails(combo, expected)
         assert result.rejects == rejected, (result.reject_reasons, rejected)
         copies, partial = copies_of(outs[0], combo, corpus, expected)
         packs = oracle.read_output(outs[0], manifest, root)
@@ -463,6 +494,7 @@ def run_and_check(combo: Combo, tokenizers: dict[str, Path], models: dict[str, P
             pad=pad_of(combo, tokenizer, model) if combo.output not in ("trl", "bridge") else None,
             masked=masked,
             max_depth=combo.max_depth,
+            min_seq_len=(combo.min_seq_len or 1) if combo.algorithm == "decompose" else None,
         )
         if combo.metadata:  # every document's, as the reader gives them
             found = {r.pop("doc_id"): r for r in document_metadata(str(outs[0])).to_pylist()}

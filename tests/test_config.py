@@ -36,6 +36,10 @@ from raypack.config import ConfigError, JobConfig, PackConfig, apply_overrides, 
         ({"seq_len": 6, "pad_multiple": 8}, "use seq_len 8$"),
         ({"seq_len": 64, "algorithm": "bucket", "pad_multiple": 16}, r"every bucket length; \[8\] do not"),
         ({"algorithm": "concat", "mode": "sharded", "pad_multiple": 4}, "concat cuts one stream"),
+        (
+            {"algorithm": "decompose", "seq_len": 1024, "min_seq_len": 64, "pad_multiple": 8},
+            "decompose's chunks are powers of two of at least pack.min_seq_len",
+        ),
     ],
 )
 def test_bad_values_name_the_key(data: dict[str, object], message: str) -> None:

@@ -50,7 +50,7 @@ def _positions(plan: Plan, stop: int | None = None) -> list[tuple[int, int]]:
     streams = plan._streams(0, None)
     out = []
     for b in plan.schedule[:stop].tolist():
-        for g, first, count in streams[b].parts(plan.batch_size):
+        for g, first, count in streams[b].parts(plan.rows[b]):
             start = int(plan.buckets[b].starts[g]) + first
             out += [(b, start + k) for k in range(count)]
     return out

@@ -55,7 +55,7 @@ def _positions(plan: Plan, stop: int | None = None) -> list[tuple[int, int]]:
     streams = plan._streams(0, None)
     out = []
     for b in plan.schedule[:stop].tolist():
-        for g, first, count in streams[b].parts(plan.batch_size):
+        for g, first, count in streams[b].parts(plan.rows[b]):
             start = int(plan.buckets[b].starts[g]) + first
             out += [(b, start + k) for k in range(count)]
     return out
@@ -264,7 +264,7 @@ def test_a_balanced_rank_decodes_each_row_group_once_an_epoch(bucketed: Path) ->
     # what it keeps of them: the rows it reads, not whole groups
     streams = plan._streams(0, plan.read)
     for b in plan.schedule.tolist():
-        streams[b].take(plan.batch_size)
+        streams[b].take(plan.rows[b])
     held = sum(t.num_rows for s in streams for t in s._cached.values())
     assert 0 < held <= len(_positions(plan))
 

@@ -264,3 +264,29 @@ def test_mosaicml_streaming_reads_the_snippet_s_sample(packed: dict[str, Path]) 
     assert got["n"] == len(index) and got["doc_offsets"] == first["doc_offsets"]
     assert got["num_tokens"] == first["num_tokens"] and len(got["tokens"]) == SEQ
     assert set(got["tokens"][first["num_tokens"] :]) <= {got["pad"]}
+
+
+def test_the_variable_sequence_length_snippet_follows_its_curriculum(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """The page's loop on a decompose dataset, with a tiny Hugging Face model: every batch 1,024
+    tokens, its lengths Grow-P2's schedule (the longest first), every chunk at most once."""
+    pytest.importorskip("transformers")
+    from raypack.packing.curriculum import Curriculum
+    from raypack.reader import Plan, batching_of, pin
+    from tests.test_clients import llama
+
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=30, seed=8)
+    pack = {"algorithm": "decompose", "seq_len": 1024, "min_seq_len": 16}
+    run_job(
+        load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack))), log=lambda _: None
+    )
+    out = tmp_path / "out"
+    model = llama("sdpa", vocab=512, positions=1024)
+    space = run("Variable sequence length", out, model=model)
+    plan = Plan.of(
+        pin(str(out)), batching_of(None, 1024, Curriculum("grow_p2", 2), "drop"), 0, 1, 0, "drop", None
+    )
+    assert space["lengths"] == [plan.buckets[b].length for b in plan.schedule.tolist()]
+    assert space["lengths"][0] == max(space["lengths"]) and len(set(space["lengths"])) > 2
+    assert next(model.parameters()).grad is not None  # loss.backward() ran

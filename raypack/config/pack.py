@@ -57,8 +57,9 @@ class PackConfig:
     """`nnlshp`: tokens per length class (None: seq_len / 256, rounded up)."""
     min_seq_len: int | None = None
     """`decompose`: the shortest chunk, a power of two (seq_len, the longest, one too). A document's
-    last `length mod min_seq_len` tokens are left out (counted in metrics' tokens_dropped) as
-    OLMo-core's VSL dataset does (it takes 256); None: 1, every token kept."""
+    last `length mod min_seq_len` tokens are left out, as OLMo-core's VSL dataset does (it takes
+    256): counted in metrics' tokens_dropped, and a reject each in rejects/ (standing for no
+    record: the document is packed); None: 1, every token kept."""
     mode: str = "global"
     """global: one plan over the whole corpus (histogram packers). sharded: every group of
     `shards_per_group` input shards is packed on its own by one task (bfd, ffd, greedy): no shuffle of

@@ -200,8 +200,8 @@ def require_one_length_and_eos(settings: Settings, one_length: str, eos: str) ->
     documents by EOS: `one_length` and `eos` say why, in the trainer's own terms."""
     if settings.bucketed:
         raise ConfigError(
-            f"{one_length}, and pack.algorithm bucket makes packs of several lengths; use output.format "
-            "parquet or mds"
+            f"{one_length}, and pack.algorithm bucket or decompose makes packs of several lengths; use "
+            "output.format parquet or mds"
         )
     if not settings.add_eos or settings.eos_id is None:
         raise ConfigError(

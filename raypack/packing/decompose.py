@@ -69,12 +69,13 @@ def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split", *, mi
 @njit
 def _count(kept, shift, low):
     total = 0
+    mask = (1 << shift) - 1
     for n in kept:
         total += n >> shift
-        rest = (n & ((1 << shift) - 1)) >> low
-        while rest:
-            total += rest & 1
-            rest >>= 1
+        rest = (n & mask) >> low
+        while rest:  # one step a set bit (a chunk), not one a bit
+            rest &= rest - 1
+            total += 1
     return total
 
 
@@ -83,15 +84,27 @@ def _chunk(kept, shift, low, doc_start, out_length):
     k = 0
     doc_start[0] = 0
     seq_len = 1 << shift
+    mask = (1 << shift) - 1
+    floor = (1 << low) - 1
     for d in range(len(kept)):
         n = kept[d]
         for _ in range(n >> shift):
             out_length[k] = seq_len
             k += 1
-        for b in range(shift - 1, low - 1, -1):
-            if n >> b & 1:
-                out_length[k] = 1 << b
-                k += 1
+        rest = n & mask & ~floor
+        bits = 0
+        probe = rest
+        while probe:
+            probe &= probe - 1
+            bits += 1
+        # The rest's powers of two, largest first: written from the last slot back, lowest bit first.
+        at = k + bits - 1
+        while rest:
+            bit = rest & -rest
+            out_length[at] = bit
+            at -= 1
+            rest ^= bit
+        k += bits
         doc_start[d + 1] = k
 
 

@@ -188,7 +188,7 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
     fmt = manifest.get("format") or {"name": "parquet"}
     size = total_bytes(files, fmt.get("files", []))
     algorithm = pack["algorithm"]
-    if algorithm == "bucket":
+    if algorithm in ("bucket", "decompose"):
         algorithm += f" (buckets {', '.join(str(b['length']) for b in manifest.get('buckets', []))})"
     return (
         ("output", dataset),

@@ -464,6 +464,7 @@ def test_configs_a_trainer_cannot_read_right_are_refused_before_any_work(
     cases = [
         ("megatron", {"pack": {"algorithm": "bucket"}}, "several lengths"),
         ("olmo", {"pack": {"algorithm": "bucket"}}, "several lengths"),
+        ("olmo", {"pack": {"algorithm": "decompose", "seq_len": 256}}, "bucket or decompose"),
         ("megatron", {"tokenizer": {"add_eos": False}}, "add_eos"),
         ("olmo", {"tokenizer": {"add_eos": False}}, "add_eos"),
         # Padding of EOS (a tokenizer without a pad token: Mistral's, tekken) would read as one-token

@@ -89,8 +89,10 @@ def test_alignment_is_refused_where_it_cannot_hold() -> None:
         make_items(np.array([5]), 16, pad_multiple=3)
     with pytest.raises(ValueError, match="pad_multiple must be >= 1"):
         pack([5], 16, pad_multiple=0)
-    with pytest.raises(ValueError, match="concat cuts one stream"):
+    with pytest.raises(ValueError, match="concat cannot pad its items"):
         pack([5, 7], 16, "concat", pad_multiple=4)
+    with pytest.raises(ValueError, match="decompose cannot pad its items"):
+        pack([5, 7], 16, "decompose", pad_multiple=4)
 
 
 def test_alignment_costs_packs_only_through_padding() -> None:

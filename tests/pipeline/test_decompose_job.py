@@ -57,6 +57,15 @@ def test_pack_decompose_keeps_every_token_in_power_of_two_chunks_and_reruns_alik
     assert metrics["tokens_dropped"] == dropped > 0
     assert metrics["tokens"] + dropped == sum(len(t) for t in expected.values())
 
+    # Each document with a tail has a reject that says why; it stands for no record (the document
+    # is packed), so no reject gate counts it.
+    rejects = pq.read_table(out / "rejects")
+    assert rejects.num_rows == sum(len(t) % 8 > 0 for t in expected.values())
+    assert set(rejects.column("reason").to_pylist()) == {
+        "decompose: its last tokens past a multiple of pack.min_seq_len (8) are in no chunk"
+    }
+    assert set(rejects.column("records").to_pylist()) == {0}
+
     report = verify(str(out), load_config(str(cfg)))
     assert report.ok, report.problems
     assert report.sampled > 0

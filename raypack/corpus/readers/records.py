@@ -66,6 +66,12 @@ class Reject:
         return cls(row, reason, raw_prefix(raw))
 
     @classmethod
+    def cut(cls, row: int, reason: str, raw: bytes | str = "") -> Reject:
+        """Tokens of a record that no pack holds by the packer's rule (decompose's tail below
+        pack.min_seq_len): the record itself is packed, so the reject stands for no record."""
+        return cls(row, reason, raw_prefix(raw), records=0)
+
+    @classmethod
     def lost(cls, row: int, reason: str, records: int = 1) -> Reject:
         """A file, or its rest from `row` on, that could not be read: `records` it held (at least 1)."""
         return cls(row, reason, "", records=max(1, records), lost_file=True)

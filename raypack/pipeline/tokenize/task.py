@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from isal.isal_zlib import crc32
 
-from raypack import schema
+from raypack import mixture, schema
 from raypack.config import JobConfig, StorageConfig
 from raypack.corpus.metadata import metadata_array
 from raypack.corpus.readers import Batch, Reject, read_unit
@@ -222,6 +222,25 @@ class TokenizeShards:
         empty = schema.TOKENIZED.empty_table().select(["row", "file", "doc_id", "length"])
         return pa.concat_tables(docs) if docs else empty, [r["reason"] for r in rejects], lost, metadata
 
+    def _tails(
+        self, batch: Batch, lengths: np.ndarray, unit: WorkUnit, rejects: list[dict[str, Any]]
+    ) -> None:
+        """A reject for each document whose last tokens decompose's rule leaves out (its length past a
+        multiple of pack.min_seq_len, after pack.overflow): the document is packed, so the reject
+        stands for no record; index.length - index.placed are its tokens."""
+        pack = self.cfg.pack
+        low = pack.min_seq_len or 1
+        if pack.algorithm != "decompose" or low == 1:
+            return
+        some = np.flatnonzero(lengths > 0)
+        placed = pack.make_items(lengths[some]).placed_per_doc()
+        kept = mixture.kept(lengths[some], pack.seq_len, pack.overflow)
+        reason = f"decompose: its last tokens past a multiple of pack.min_seq_len ({low}) are in no chunk"
+        for i in some[kept > placed].tolist():
+            reject = Reject.cut(batch.rows[i], reason, str(batch.texts[i]))
+            file = batch.files[i] if batch.files is not None else 0
+            rejects.append(dataclasses.replace(reject, file=file).as_row(unit.relpaths))
+
     def _write_metadata(self, metadata: pa.StructArray, path: str) -> int:
         """The unit's documents' metadata, written beside its token file; its bytes' CRC-32."""
         buffer = pa.BufferOutputStream()
@@ -249,6 +268,7 @@ class TokenizeShards:
             self._cuts,
         )
         self._trained += int(np.count_nonzero(flat >= 0)) if chat else len(flat)
+        self._tails(batch, lengths, unit, rejects)
         empty = np.flatnonzero(lengths == 0)
         if empty.size:  # plain text without BOS/EOS that the tokenizer maps to nothing; chat rejects
             for i in empty.tolist():

@@ -95,7 +95,14 @@ def token_settings(
         chat = {"loss": cfg.loss, "render_version": RENDER_VERSION}
         if template is not None:
             chat |= template.key()
+    tails = None
+    if cfg.pack.algorithm == "decompose" and (cfg.pack.min_seq_len or 1) > 1:
+        # decompose's tails are rejects beside the token file (TokenizeShards._tails). In the key only
+        # where it leaves tokens out: every other job keys its units as before.
+        p = cfg.pack
+        tails = {"decompose": {"seq_len": p.seq_len, "min_seq_len": p.min_seq_len, "overflow": p.overflow}}
     return {
+        **(tails or {}),
         "chat": chat,
         "token_format": TOKEN_FORMAT,
         "read_version": READ_VERSION,
