@@ -14,8 +14,10 @@ MDS_TORCH := $(if $(filter aarch64 arm64,$(shell uname -m)),torch==2.9.1 torchvi
 # is not installed (it pins numpy < 2.4 on Python 3.11, which .venv does not hold).
 WHEELS ?= .cache/wheels
 MISTRAL_COMMON := mistral_common-1.13.1-py3-none-any.whl
+AI21 := ai21_tokenizer-1.1.0-py3-none-any.whl
+DJANGO := django-5.2.8-py3-none-any.whl
 
-.PHONY: demo plan-demo test test-fast test-slow soak lint browser mds-client real-tokenizers bench report-screenshot clean
+.PHONY: demo plan-demo test test-fast test-slow soak lint browser mds-client real-tokenizers bench-inputs bench report-screenshot clean
 
 # Two installs into the one .venv, each with its stamp: `make demo` (and plan-demo) needs raypack's
 # runtime dependencies only (`pip install -e .`); `make test`, lint and the rest need the test stack
@@ -77,7 +79,18 @@ mds-client: $(MDS_VENV)/bin/python
 $(WHEELS)/$(MISTRAL_COMMON): $(DEV)
 	$(BIN)/python -m pip download --quiet --no-deps --dest $(WHEELS) "mistral-common==1.13.1"
 
+$(WHEELS)/$(AI21): $(DEV)
+	$(BIN)/python -m pip download --quiet --no-deps --dest $(WHEELS) "ai21-tokenizer==1.1.0"
+
+$(WHEELS)/$(DJANGO): $(DEV)
+	$(BIN)/python -m pip download --quiet --no-deps --dest $(WHEELS) "Django==5.2.8"
+
 real-tokenizers: $(WHEELS)/$(MISTRAL_COMMON)
+
+# What benchmarks/bench_backends.py reads beyond the tests' tokenizers (not on `make test`'s path):
+# AI21's Unigram model (tests/real_tokenizers.j2_unigram) and Django's message catalogs (its
+# multilingual corpus).
+bench-inputs: real-tokenizers $(WHEELS)/$(AI21) $(WHEELS)/$(DJANGO)
 
 # Two pytest-xdist workers, a module at a time (tests/conftest.py): 14-15 min on 2 cores, 19 on one.
 # A bare `pytest` runs in one process (for -s, --pdb, a single test).

@@ -191,7 +191,7 @@ def large_tokenizer(work: Path) -> Path:
 # `make real-tokenizers` downloads): SentencePiece BPE 32k in its published shape and as
 # transformers 5 converts it, tekken (a 131k tiktoken-style byte-level BPE), and tekken with an NFKC
 # normalizer (a byte-level BPE that normalizes: fastokens takes the texts NFKC leaves as they are).
-REAL = ("mistral-v1", "mistral-v1-metaspace", "tekken", "tekken-nfkc")
+REAL = ("mistral-v1", "mistral-v1-metaspace", "tekken", "tekken-nfkc", "j2-unigram")
 
 
 def real_tokenizer(work: Path, name: str) -> Path:
@@ -213,6 +213,7 @@ def real_tokenizer(work: Path, name: str) -> Path:
         "mistral-v1": real_tokenizers.mistral_v1,
         "mistral-v1-metaspace": real_tokenizers.mistral_v1_metaspace,
         "tekken": real_tokenizers.tekken,
+        "j2-unigram": real_tokenizers.j2_unigram,
     }[name]
     made = make(out)
     if made != path:

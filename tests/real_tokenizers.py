@@ -7,6 +7,9 @@ installed), converted to tokenizer.json by transformers as a Hugging Face user c
   pre-tokenizer), which prepends `▁` to any text, even one that starts with a space.
 - `mistral_v1_metaspace`: the same model as transformers 5 converts it (a Metaspace pre-tokenizer,
   `prepend_scheme: always`, which prepends only where the text does not start with `▁`).
+- `j2_unigram`: a Unigram model with a Precompiled (charsmap) normalizer, as transformers converts an
+  XLM-R style SentencePiece model: AI21's Jurassic-2 model of 262,144 pieces, which the
+  ai21-tokenizer wheel ships (`make bench-inputs` downloads it).
 """
 
 from __future__ import annotations
@@ -16,17 +19,21 @@ import os
 import zipfile
 from pathlib import Path
 
-__all__ = ["mistral_v1", "mistral_v1_metaspace", "tekken", "wheel"]
+__all__ = ["j2_unigram", "mistral_v1", "mistral_v1_metaspace", "tekken", "wheel"]
 
 WHEEL = "mistral_common-1.13.1-py3-none-any.whl"
+AI21 = "ai21_tokenizer-1.1.0-py3-none-any.whl"
+DJANGO = "django-5.2.8-py3-none-any.whl"  # its message catalogs: the benchmarks' multilingual text
 
 
-def wheel() -> Path:
-    """The mistral-common wheel; an error that says how to fetch it when it is missing."""
+def wheel(name: str = WHEEL) -> Path:
+    """A downloaded package (the mistral-common wheel by default); an error that says how to fetch
+    it when it is missing."""
     root = Path(os.environ.get("RAYPACK_WHEELS", Path(__file__).resolve().parents[1] / ".cache/wheels"))
-    path = root / WHEEL
+    path = root / name
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `make real-tokenizers` (it downloads the wheel)")
+        target = "real-tokenizers" if name == WHEEL else "bench-inputs"
+        raise FileNotFoundError(f"{path} is missing: run `make {target}` (it downloads it)")
     return path
 
 
@@ -97,3 +104,19 @@ def tekken(out: Path) -> Path:
     path = out / "tokenizer.json"
     tok.save(str(path))
     return path
+
+
+def j2_unigram(out: Path) -> Path:
+    """tokenizer.json of AI21's Jurassic-2 SentencePiece model (the ai21-tokenizer 1.1.0 wheel's
+    j2-tokenizer.model: a Unigram model of 262,144 pieces and the nmt_nfkc charsmap), converted by
+    transformers' XLMRobertaTokenizer: a Precompiled normalizer, WhitespaceSplit then Metaspace, and
+    no byte fallback (the converter leaves the model's out), 262,146 ids."""
+    from transformers import XLMRobertaTokenizer
+
+    source = out / "source"
+    source.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel(AI21)) as z:
+        model = z.read("ai21_tokenizer/resources/j2-tokenizer/j2-tokenizer.model")
+    (source / "sentencepiece.bpe.model").write_bytes(model)
+    XLMRobertaTokenizer.from_pretrained(str(source)).save_pretrained(str(out / "converted"))
+    return out / "converted" / "tokenizer.json"
