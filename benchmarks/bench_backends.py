@@ -372,6 +372,61 @@ def run(
     return cells
 
 
+def unigram_parts(path: Path, texts: list[str], rounds: int) -> None:
+    """For a Unigram tokenizer (a Precompiled normalizer, WhitespaceSplit and Metaspace): what a fast
+    path that kept `tokenizers`' own normalizer and pre-tokenizer would pay before any model runs
+    (normalize_str, then pre_tokenize_str, on one thread, against encode_batch_fast's seconds), and
+    whether kitoken's and tokie's Unigram models alone give `tokenizers`' ids on the words
+    `tokenizers` makes of backends.PROBES (each word encoded apart, no added token)."""
+    from tokenizers import Tokenizer
+
+    from raypack.text.backends import PROBES
+
+    ref = Tokenizer.from_file(str(path))
+    normalizer, pre = ref.normalizer, ref.pre_tokenizer
+    steps = {
+        "encode_batch_fast": lambda: ref.encode_batch_fast(texts, add_special_tokens=False),
+        "normalize": lambda: [normalizer.normalize_str(t) for t in texts],
+        "normalize + pre-tokenize": lambda: [
+            pre.pre_tokenize_str(normalizer.normalize_str(t)) for t in texts
+        ],
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            step()
+            seconds[name].append(time.perf_counter() - t0)
+    whole = statistics.median(seconds["encode_batch_fast"])
+    print(
+        "tokenizers' steps: "
+        + ", ".join(
+            f"{n} {statistics.median(v):.2f} s ({statistics.median(v) / whole:.0%})"
+            for n, v in seconds.items()
+        )
+    )
+    spec = json.loads(path.read_text())
+    bare = dict(spec, normalizer=None, pre_tokenizer=None)
+    bare["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < 8]  # <unk> and the specials
+    folder = Path(tempfile.mkdtemp(prefix="unigram-"))
+    (folder / "tokenizer.json").write_text(json.dumps(bare))
+    for name in ("kitoken", "tokie"):
+        try:
+            encode = BACKENDS[name](folder / "tokenizer.json")
+        except ImportError:
+            continue
+        differ = []
+        for i, text in enumerate(PROBES):
+            words = [w for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(text))]
+            got = [int(t) for ids in encode(words) for t in ids] if words else []
+            if got != ref.encode(text, add_special_tokens=False).ids:
+                differ.append(i)
+        print(
+            f"{name}'s Unigram model alone, on tokenizers' words: {len(differ)} of {len(PROBES)} "
+            f"probes differ {differ}"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -382,6 +437,7 @@ def main() -> int:
     parser.add_argument("--tokenizers", default=",".join(REAL))
     parser.add_argument("--corpora", default=",".join(CORPORA))
     parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--unigram", action="store_true", help="j2-unigram's parts (unigram_parts) only")
     args = parser.parse_args()
     names = ["tokenizers", *[b for b in args.backends.split(",") if b != "tokenizers"]]
     work = Path(args.work)
@@ -396,6 +452,9 @@ def main() -> int:
             "rounds; × = tokenizers' seconds / the backend's in a round: median (spread)",
             flush=True,
         )
+        if args.unigram:
+            unigram_parts(real_tokenizer(work, "j2-unigram"), texts, args.rounds)
+            continue
         table: dict[str, dict[str, str]] = {}
         for tokenizer in args.tokenizers.split(","):
             path = real_tokenizer(work, tokenizer)
