@@ -418,8 +418,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             raise ConfigError(f"--seq-len must be >= 1, got {n}")
     # Before the lengths: a file of millions takes seconds.
     settings = dryrun.plan_settings(_plan_overrides(args.overrides) if cfg is None else _pack_settings(cfg))
-    if args.algorithm == "all" and settings.get("pad_multiple", 1) > 1:  # concat cannot align its cuts
-        algorithms = [a for a in algorithms if a != "concat"]
     if args.report:
         _check_report_dir(args.report)  # before the sweep, which may take minutes
     sample = _plan_sample(args, cfg) if cfg is not None else None

@@ -169,11 +169,12 @@ def run_sweep(
     settings: dict[str, Any] | None = None,
 ) -> list[Run]:
     """Pack with every (algorithm, seq_len); returns metrics, pack fill and seconds spent packing.
-    ["all"]: every packer of ALGORITHMS that plans at the seq_len (decompose at a power of two)."""
+    ["all"]: every packer of ALGORITHMS that plans at the seq_len (decompose at a power of two) with
+    these settings (with a pad_multiple, those that align: not concat or decompose)."""
     settings = plan_settings(settings or {})
     results = []
     for seq_len in seq_lens:
-        for name in _every(algorithms, seq_len):
+        for name in _every(algorithms, seq_len, settings.get("pad_multiple", 1)):
             cfg = _config_for(name, seq_len, settings)
             options = cfg.algorithm_options()
             # Load the numba loops on a few lengths first, so `seconds` is packing time alone; at a
@@ -190,12 +191,18 @@ def run_sweep(
     return results
 
 
-def _every(algorithms: Iterable[str], seq_len: int) -> list[str]:
-    """The packers a sweep runs at `seq_len`: as named, or for ["all"] each that plans there."""
+def _every(algorithms: Iterable[str], seq_len: int, pad_multiple: int) -> list[str]:
+    """The packers a sweep runs at `seq_len`: as named, or for ["all"] each that plans there and
+    aligns its items where `pad_multiple` asks it to."""
     names = list(algorithms)
     if names != ["all"]:
         return names
-    return [n for n in ALGORITHMS if n != "decompose" or decompose.is_power_of_two(seq_len)]
+    return [
+        n
+        for n in ALGORITHMS
+        if (n != "decompose" or decompose.is_power_of_two(seq_len))
+        and (pad_multiple == 1 or ALGORITHMS[n].aligns)
+    ]
 
 
 def plan_settings(settings: dict[str, Any]) -> dict[str, Any]:
