@@ -6,16 +6,22 @@ Why: packs of equal tokens are not equal work. Attention over a document of l to
 cost is Σ l² + per_token · Σ l over its documents. In data-parallel training every rank waits for the
 slowest one at each step, so a step lasts as long as its dearest rank's packs.
 
-How, for `n` packs in a seeded order (the reader's shuffle) read in global steps of `world` ranks ×
-`batch` packs: the steps are cut into windows of `WINDOW_PACKS` packs' worth of steps, consecutive in
-that order, and each window is balanced on its own:
-1. its packs go to `steps × world` bins of `batch` packs each, a round at a time: the round's packs
-   (the next `bins` of them, dearest first) to the bins, the dearest pack to the cheapest bin so far
-   (LPT's rule, every bin taking one pack a round);
-2. the bins, dearest first, are cut into the window's steps, `world` bins a step: where bins cannot
+How, for the packs of an epoch read in global steps of `world` ranks × `batch` packs, each rank's
+share of them (a contiguous range of the reader's seeded order, as the unbalanced reader splits it)
+cut into windows of `RANK_WINDOW_PACKS` packs' worth of steps, the same steps on every rank:
+1. the ranks form neighbourhoods of consecutive ranks, enough of them that a window pools
+   `WINDOW_PACKS` packs (`neighbourhood`); a pack goes only to a rank of its own share's
+   neighbourhood, so a rank reads its neighbourhood's shares, not every rank's: at 1,024 packs a
+   rank a window, 4 ranks' (where a rank's share is smaller, more ranks, about WINDOW_PACKS packs);
+2. each neighbourhood's packs of the window go to `steps × ranks` bins of `batch` packs each, a
+   round at a time: the round's packs (the next `bins` of them, dearest first) to the bins, the
+   dearest pack to the cheapest bin so far (LPT's rule, every bin taking one pack a round); the
+   bins, dearest first, are cut into steps of one bin a rank of the neighbourhood: where bins cannot
    cost alike (a pack of one 64k-token document outweighs any two packs of short ones), the bins
    holding such packs share steps, so each step's ranks still cost alike;
-3. the steps' order within the window and the ranks' order within a step are seeded permutations.
+3. the neighbourhoods' steps are matched by rank in cost order (quantile matching: the window's
+   dearest step takes every neighbourhood's dearest), the steps' order within the window and the
+   ranks' order within a neighbourhood's step are seeded permutations.
 Windows follow the seeded order, and a step's packs are all of its window, so the epoch stays a
 shuffle at the window's scale: no step's mean cost trends with its index. Deterministic: the same
 costs and key give the same steps.
@@ -23,6 +29,7 @@ costs and key give the same steps.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass
 
@@ -33,10 +40,12 @@ from raypack.packing import PackPermutation
 __all__ = [
     "ATTENTION_PER_TOKEN",
     "BALANCE",
+    "RANK_WINDOW_PACKS",
     "WINDOW_PACKS",
     "Balance",
     "balanced_steps",
     "imbalance",
+    "neighbourhood",
     "pack_terms",
     "positions_of",
     "spans_of",
@@ -50,28 +59,56 @@ BALANCE = ("attention",)
 # a 7-8B model's (d = 4,096). Pass 12 × another model's d, or 0 for attention alone.
 ATTENTION_PER_TOKEN = 49_152.0
 
-# Large enough that the packs of long documents fill whole steps together (64 ranks × 1 pack, the
-# hardest case, on docs/benchmarks.md's corpus at 32k: max/mean 1.04), small enough that a reader
-# keeps a window's row groups decoded.
+# The packs a neighbourhood pools a window: large enough that the packs of long documents fill
+# whole steps together (docs/benchmarks.md: 64 ranks × 2 at 64k, attention alone, XXX).
 WINDOW_PACKS = 4096
+
+# A rank's packs a window, which its reader keeps decoded (1,024 packs of 32k int32 tokens: 128 MiB);
+# a rank reads its neighbourhood's WINDOW_PACKS / RANK_WINDOW_PACKS = 4 shares where its share is
+# larger than this.
+RANK_WINDOW_PACKS = 1024
 
 
 @dataclass(frozen=True, slots=True)
 class Balance:
-    """How a reader balances its steps: by attention cost, with this per-token weight."""
+    """How a reader balances its steps: by attention cost, with this per-token weight, in windows of
+    these sizes (module docstring; a test's small dataset may ask for small ones)."""
 
     per_token: float = ATTENTION_PER_TOKEN
+    window: int = WINDOW_PACKS
+    """The packs a neighbourhood pools a window."""
+    rank_window: int = RANK_WINDOW_PACKS
+    """A rank's packs a window."""
 
     def __post_init__(self) -> None:
         if not np.isfinite(self.per_token) or self.per_token < 0:
             raise ValueError(f"the balance's per_token must be a finite number >= 0, got {self.per_token!r}")
+        for name in ("window", "rank_window"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"the balance's {name} must be an integer >= 1, got {value!r}")
 
     def cost(self, squares: np.ndarray, tokens: np.ndarray) -> np.ndarray:
         """Each pack's cost from pack_terms' (Σ l², Σ l)."""
         return squares + self.per_token * tokens
 
+    def steps(
+        self, costs: np.ndarray, shares: np.ndarray, batch: int, key: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """balanced_steps in this balance's windows."""
+        return balanced_steps(costs, shares, batch, key, self.window, self.rank_window)
+
+    def neighbourhood(self, world: int, batch: int, full: int) -> int:
+        """`neighbourhood` in this balance's windows."""
+        return neighbourhood(world, batch, full, self.window, self.rank_window)
+
     def to_state(self) -> dict[str, object]:
-        return {"kind": "attention", "per_token": self.per_token}
+        return {
+            "kind": "attention",
+            "per_token": self.per_token,
+            "window": self.window,
+            "rank_window": self.rank_window,
+        }
 
     @classmethod
     def of(cls, balance: str | None, per_token: float = ATTENTION_PER_TOKEN) -> Balance | None:
@@ -91,12 +128,20 @@ class Balance:
 
     @classmethod
     def of_state(cls, state: object) -> Balance | None:
-        """A run's balance as a state records it (to_state; None: none)."""
+        """A run's balance as a state records it (to_state; None: none). ValueError for a state of a
+        balance that dealt every window to every rank (no `rank_window`: an earlier raypack's), whose
+        steps this one cannot tell again."""
         if state is None:
             return None
         if not isinstance(state, dict) or state.get("kind") != "attention":
             raise ValueError(f"not a raypack balance: {state!r}")
-        return cls.of("attention", state.get("per_token"))  # type: ignore[arg-type]
+        if "rank_window" not in state:
+            raise ValueError(
+                "the state is of a balanced run by an earlier raypack, which dealt each window to "
+                "every rank: resume it with that raypack, or start the epoch afresh"
+            )
+        per_token = cls.attention(state.get("per_token")).per_token  # type: ignore[arg-type]
+        return cls(per_token, state.get("window"), state.get("rank_window"))  # type: ignore[arg-type]
 
 
 def pack_terms(offsets: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -114,6 +159,11 @@ def pack_terms(offsets: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.
     return squares, np.bincount(owner, weights=docs, minlength=packs)
 
 
+def _key(*parts: object) -> int:
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
 def _bins(costs: np.ndarray, bins: int) -> np.ndarray:
     """The bin of each of `costs`, `bins` bins filled a round at a time: the round's packs (dearest
     first) each to a bin, the dearest to the cheapest bin so far; a last round short of `bins` packs
@@ -129,40 +179,74 @@ def _bins(costs: np.ndarray, bins: int) -> np.ndarray:
     return out
 
 
-def _window(costs: np.ndarray, world: int, batch: int, key: int) -> tuple[np.ndarray, np.ndarray]:
-    """(step within the window, rank) of each pack of one window (module docstring, 1-3)."""
-    steps = -(-len(costs) // (world * batch))  # a short step is a window of its own: 1 step
-    bins = steps * world
+def neighbourhood(
+    world: int, batch: int, full: int, window: int = WINDOW_PACKS, rank_window: int = RANK_WINDOW_PACKS
+) -> int:
+    """How many consecutive ranks pool their packs in a window (module docstring), for `full` steps
+    that every rank fills: enough that a window pools `window` packs, at most `world`."""
+    steps = min(full, max(1, rank_window // batch))
+    return min(world, max(1, -(-window // max(1, steps * batch))))
+
+
+def _groups(world: int, size: int) -> list[np.ndarray]:
+    """The ranks of each neighbourhood: consecutive, as even in size as `size` allows."""
+    count = -(-world // size)
+    cuts = [world * g // count for g in range(count + 1)]
+    return [np.arange(a, b) for a, b in itertools.pairwise(cuts)]
+
+
+def _pool(costs: np.ndarray, ranks: int, steps: int, key: int) -> tuple[np.ndarray, np.ndarray]:
+    """(step in the pool's cost order, place among its `ranks`) of each pack of one neighbourhood's
+    window (module docstring, 2)."""
+    bins = ranks * steps
     of = _bins(costs, bins)
     load = np.bincount(of, weights=costs, minlength=bins)
-    dearest = np.argsort(-load, kind="stable")
     slot = np.empty(bins, dtype=np.int64)
-    slot[dearest] = np.arange(bins)  # slot // world: the bin's step in cost order; % world: its place
-    step_order = PackPermutation(steps, key)(np.arange(steps)) if steps > 1 else np.zeros(1, np.int64)
-    place = PackPermutation(bins, key + 1)(np.arange(bins)).reshape(steps, world)
+    slot[np.argsort(-load, kind="stable")] = np.arange(bins)  # // ranks: its step; % ranks: its place
+    place = PackPermutation(bins, key)(np.arange(bins)).reshape(steps, ranks)
     rank_of_place = np.argsort(np.argsort(place, axis=1, kind="stable"), axis=1, kind="stable").reshape(-1)
-    return step_order[slot[of] // world], rank_of_place[slot[of]]
+    return slot[of] // ranks, rank_of_place[slot[of]]
 
 
-def balanced_steps(costs: np.ndarray, world: int, batch: int, key: int) -> tuple[np.ndarray, np.ndarray]:
-    """(global step, rank) of each pack of `costs` (in the order read unbalanced) for steps of `world`
-    ranks × `batch` packs: every step but the last holds world × batch packs, `batch` a rank; a
-    last step short of that gives each rank its share within one pack. Each step's ranks' costs are as
-    even as the module docstring's windows make them; `key` seeds the permutations."""
+def balanced_steps(
+    costs: np.ndarray,
+    shares: np.ndarray,
+    batch: int,
+    key: int,
+    window: int = WINDOW_PACKS,
+    rank_window: int = RANK_WINDOW_PACKS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(global step, rank) of each pack of `costs` for steps of `batch` packs a rank: `costs` holds
+    each rank's unbalanced share (`shares[r]` packs of rank r, rank after rank, in its reading
+    order). Every step but the last holds `batch` packs a rank; where shares differ (by one pack,
+    last_batch="short"), the last step takes each rank's rest of its own share. A pack goes only to
+    a rank of its own rank's neighbourhood (module docstring), so a rank reads at most its
+    neighbourhood's shares; each step's ranks' costs are as even as the windows make them (`window`
+    packs a neighbourhood, `rank_window` a rank: module docstring). `key` seeds the permutations;
+    the same costs, shares and key give the same steps."""
     costs = np.asarray(costs, dtype=np.float64)
-    n = len(costs)
-    if world < 1 or batch < 1:
-        raise ValueError(f"need world >= 1 and batch >= 1, got {world} and {batch}")
-    step = np.empty(n, dtype=np.int64)
-    rank = np.empty(n, dtype=np.int64)
-    per_step = world * batch
-    window = max(1, WINDOW_PACKS // per_step) * per_step
-    full = n // per_step * per_step
-    cuts = [*range(0, full, window), full] + ([n] if n > full else [])
-    for k, (lo, hi) in enumerate(itertools.pairwise(cuts)):
-        s, r = _window(costs[lo:hi], world, batch, key + 2 * k)
-        step[lo:hi] = s + lo // per_step
-        rank[lo:hi] = r
+    shares = np.asarray(shares, dtype=np.int64)
+    if len(shares) < 1 or batch < 1 or (shares < 0).any() or shares.sum() != len(costs):
+        raise ValueError(f"need shares >= 0 summing to the {len(costs)} costs and batch >= 1")
+    world = len(shares)
+    first = np.r_[0, np.cumsum(shares)[:-1]]
+    full = int(shares.min()) // batch
+    groups = _groups(world, neighbourhood(world, batch, full, window, rank_window))
+    per_window = max(1, rank_window // batch)
+    step = np.empty(len(costs), dtype=np.int64)
+    rank = np.empty(len(costs), dtype=np.int64)
+    for k, lo in enumerate(range(0, full, per_window)):
+        steps = min(per_window, full - lo)
+        order = PackPermutation(steps, _key(key, k))(np.arange(steps))
+        for g, ranks in enumerate(groups):
+            packs = (first[ranks, None] + lo * batch + np.arange(steps * batch)).reshape(-1)
+            at, place = _pool(costs[packs], len(ranks), steps, _key(key, k, g))
+            step[packs] = lo + order[at]
+            rank[packs] = ranks[place]
+    for r in range(world):  # a short last step: each rank's rest of its own share
+        rest = np.arange(first[r] + full * batch, first[r] + shares[r])
+        step[rest] = full + np.arange(len(rest)) // batch
+        rank[rest] = r
     return step, rank
 
 

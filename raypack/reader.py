@@ -31,17 +31,18 @@ compute alike. A batch never mixes bucket lengths.
 
 Balance. `balance="attention"` chooses each step's packs and their split among the ranks together,
 so that every rank's cost in a step (Σ l² over its documents + `balance_per_token` · Σ l) is as even
-as raypack.balance makes it: each bucket's sequence is cut into windows of steps (~4,096 packs,
-balance.WINDOW_PACKS), and each window's packs are spread over its steps and ranks by cost, its
-steps in a seeded order; a pack is read in the steps of its window, so the epoch stays a shuffle (no
-curriculum), and last_batch's rules hold as above. The costs come from the pack indexes'
-doc_offsets, read when the reader starts (no token is read; 1M packs: ~1-3 s and ~165 MB while it
-plans, docs/benchmarks.md). What it costs: a step's packs are no longer one rank's contiguous range,
-so each rank reads every row group (world_size × the unbalanced reader's reading, which reads
-1/world_size of them), and keeps the rows it reads of a window's row groups (up to 6 groups; a
-world_size-th of their rows: at 8 ranks ~770 packs, 96 MiB at 32k int32 tokens, besides the one
-group it decodes at a time). A balanced run's state resumes as any other (below): what it leaves is
-the packs of the steps it had not taken.
+as raypack.balance makes it: each rank's share of a bucket (the range it reads unbalanced) is cut
+into windows of steps (1,024 packs a rank, balance.RANK_WINDOW_PACKS), and a window's packs of a
+neighbourhood of consecutive ranks (4 of them, enough to pool 4,096 packs: balance.WINDOW_PACKS)
+are spread over its steps and ranks by cost, its steps in a seeded order; a pack is read in the steps
+of its window, so the epoch stays a shuffle (no curriculum), and last_batch's rules hold as above.
+The costs come from the pack indexes' doc_offsets, read when the reader starts (no token is read;
+1M packs: ~1-3 s and ~165 MB while it plans, docs/benchmarks.md). What it costs: a rank reads its
+neighbourhood's shares, 4 × the unbalanced reader's reading whatever the world size (where a share
+is under 1,024 packs, about 4,096 packs' row groups), and keeps the rows it reads of a window's row
+groups (its own ~1,024 packs: 128 MiB at 32k int32 tokens, besides the one group it decodes at a
+time). A balanced run's state resumes as any other (below): what it leaves is the packs of the
+steps it had not taken.
 
 Variable sequence length (a dataset of pack.algorithm decompose, or any of several buckets):
 `tokens_per_batch=T` instead of batch_size makes every batch of a rank T tokens, T / L packs of
@@ -118,9 +119,7 @@ import pyarrow.parquet as pq
 
 from raypack.balance import (
     ATTENTION_PER_TOKEN,
-    WINDOW_PACKS,
     Balance,
-    balanced_steps,
     imbalance,
     pack_terms,
     positions_of,
@@ -372,15 +371,16 @@ def _within(spans: Spans, lo: int, hi: int) -> Spans:
 
 
 def _balanced(
-    spans: Spans, costs: np.ndarray, world: int, batch: int, last_batch: str, key: int
+    spans: Spans, costs: np.ndarray, world: int, batch: int, last_batch: str, key: int, balance: Balance
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(position, step, rank) of every pack an epoch over `spans` reads, balanced (raypack.balance):
     the slots last_batch's rule gives (short: every position; wrap: rounds of world × batch, from
-    the start again; drop: whole rounds), in the order of `spans`."""
+    the start again; drop: whole rounds), in the order of `spans`, each rank's unbalanced share
+    (_share) handed to raypack.balance as its own, so a pack moves only within its neighbourhood."""
     total = sum(b - a for a, b in spans)
-    steps = _share(total, 0, world, batch, last_batch)[2]
-    real = positions_of(spans, np.arange(total if last_batch == "short" else steps * world * batch))
-    step, rank = balanced_steps(costs[real], world, batch, key)
+    bounds = [_share(total, r, world, batch, last_batch)[:2] for r in range(world)]
+    real = positions_of(spans, np.arange(bounds[-1][1]))
+    step, rank = balance.steps(costs[real], np.array([hi - lo for lo, hi in bounds]), batch, key)
     return real, step, rank
 
 
@@ -388,8 +388,8 @@ class _RankStream:
     """One rank's packs of one bucket: the positions of `spans` in order ([lo, hi) of the bucket's
     sequence; after an elastic resume, the rank's share of what the earlier run left), read a row
     group at a time through `load`, the last `keep` of them cached. With keep > 1 (a balanced
-    epoch's steps go to and fro between the row groups of a window) a group is cached as the rows
-    the stream reads of it alone: a balanced rank reads a world_size-th of a window's packs."""
+    epoch's steps go to and fro between the row groups of a window's slices of its neighbourhood's
+    shares) a group is cached as the rows the stream reads of it alone: about a quarter of them."""
 
     def __init__(self, index: int, bucket: _Bucket, spans: Spans, load: GroupLoader | None, keep: int = 1):
         self.index, self.bucket, self.load, self.keep = index, bucket, load, keep
@@ -576,7 +576,8 @@ class Run:
                     raise RuntimeError("a balanced run's rest needs the packs' terms")
                 key = _key(self.seed, "balance", buckets[i].length, *salt)
                 costs = self.balance.cost(*terms[i])
-                real, step, _ = _balanced(spans, costs, self.world_size, n, self.last_batch, key)
+                world, last = self.world_size, self.last_batch
+                real, step, _ = _balanced(spans, costs, world, n, last, key, self.balance)
                 left.append(spans_of(real[step >= taken]))
                 continue
             rest: Spans = []
@@ -793,7 +794,8 @@ class Plan:
     seed: int
     storage: StorageConfig | None
     keep: int = 1
-    """Row groups a stream keeps decoded: a balanced window's (raypack.balance.WINDOW_PACKS)."""
+    """Row groups a stream keeps decoded: a balanced window's (its neighbourhood's slices,
+    raypack.balance.RANK_WINDOW_PACKS a rank)."""
 
     @classmethod
     def of(
@@ -819,25 +821,30 @@ class Plan:
             for k, earlier in enumerate(resume.runs):
                 left = earlier.left(buckets, left, resume.salt(k), terms)
         salt = resume.salt() if resume is not None else ()
-        shares, steps = [], []
+        shares, steps, full = [], [], []
         for i, (spans, size) in enumerate(zip(left, rows, strict=True)):
             total = sum(b - a for a, b in spans)
             lo, hi, n = _share(total, rank, world_size, size, last_batch)
             steps.append(n)
+            full.append(total // world_size // size if last_batch == "short" else n)
             if balance is None or terms is None:
                 shares.append(_within(spans, lo, hi))
                 continue
             key = _key(seed, "balance", buckets[i].length, *salt)
             costs = balance.cost(*terms[i])
-            real, step, owner = _balanced(spans, costs, world_size, size, last_batch, key)
+            real, step, owner = _balanced(spans, costs, world_size, size, last_batch, key, balance)
             mine = np.flatnonzero(owner == rank)
             shares.append(spans_of(real[mine[np.argsort(step[mine], kind="stable")]]))
         keep = 1
         if balance is not None:
-            # A window's packs span this many row groups of the mean size, and 2 at its edges.
+            # A window's packs are a slice of each of a neighbourhood's shares, each slice over this
+            # many row groups of the mean size and 2 at its edges.
             groups = sum(len(bucket.groups) for bucket in buckets)
             per_group = sum(bucket.packs for bucket in buckets) / max(1, groups)
-            keep = int(np.ceil(WINDOW_PACKS / max(1.0, per_group))) + 2
+            ranks = max(
+                (balance.neighbourhood(world_size, b, n) for b, n in zip(rows, full, strict=True)), default=1
+            )
+            keep = ranks * (int(np.ceil(balance.rank_window / max(1.0, per_group))) + 2)
         order = _schedule(steps, seed, *salt, curriculum=batching.curriculum)
         return cls(pinned, buckets, shares, order, rows, seed, storage, keep)
 
@@ -1162,7 +1169,7 @@ def attention_imbalance(
             ranks.append(np.bincount(np.arange(len(mine)) // batch_size, weights=mine, minlength=steps))
         plain.append(np.array(ranks).T)
         key = _key(seed, "balance", bucket.length)
-        real, step, owner = _balanced(spans, costs, world_size, batch_size, last_batch, key)
+        real, step, owner = _balanced(spans, costs, world_size, batch_size, last_batch, key, balance)
         balanced.append(step_costs(costs[real], step, owner, world_size))
     return {
         "unbalanced": imbalance(np.concatenate(plain)),

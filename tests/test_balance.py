@@ -9,10 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypack.balance import (
+    RANK_WINDOW_PACKS,
     WINDOW_PACKS,
     Balance,
     balanced_steps,
     imbalance,
+    neighbourhood,
     pack_terms,
     step_costs,
 )
@@ -39,32 +41,55 @@ def _heavy_tailed(docs: int, seq_len: int, seed: int = 0) -> np.ndarray:
     return np.bincount(a.pack, weights=item * item, minlength=a.num_packs)
 
 
-@settings(max_examples=60, deadline=None)
+def _shares(total: int, world: int) -> np.ndarray:
+    """The reader's last_batch="short" split: rank r's share, the counts a pack apart at most."""
+    return np.diff([total * r // world for r in range(world + 1)])
+
+
+@settings(max_examples=80, deadline=None)
 @given(
     costs=st.lists(st.integers(0, 10**6), min_size=0, max_size=300),
     world=st.integers(1, 9),
     batch=st.integers(1, 4),
     key=st.integers(0, 2**62),
+    windows=st.sampled_from([(WINDOW_PACKS, RANK_WINDOW_PACKS), (8, 4), (12, 2), (5, 5)]),
 )
-def test_every_pack_takes_one_slot_and_every_step_but_the_last_is_full(
-    costs: list[int], world: int, batch: int, key: int
+def test_every_pack_takes_one_slot_of_its_neighbourhood_and_every_step_but_the_last_is_full(
+    costs: list[int], world: int, batch: int, key: int, windows: tuple[int, int]
 ) -> None:
     """Each pack one (step, rank); every step but the last has `batch` packs on each rank; the last
-    gives the ranks counts within one of each other; the same key gives the same steps."""
+    holds each rank's rest of its own share; a pack goes only to a rank of its share's
+    neighbourhood (consecutive ranks, `neighbourhood` of them at most), so a rank takes packs of that
+    many shares at most; the same key gives the same steps."""
     c = np.array(costs, dtype=np.float64)
-    step, rank = balanced_steps(c, world, batch, key)
+    shares = _shares(len(c), world)
+    step, rank = balanced_steps(c, shares, batch, key, *windows)
     assert len(step) == len(rank) == len(c)
     if not len(c):
         return
-    steps = -(-len(c) // (world * batch))
+    steps = -(-int(shares.max()) // batch)
     assert step.min() == 0 and step.max() == steps - 1
     assert rank.min() >= 0 and rank.max() < world
     counts = np.bincount(step * world + rank, minlength=steps * world).reshape(steps, world)
-    assert (counts[:-1] == batch).all()
-    assert counts[-1].max() - counts[-1].min() <= 1
-    assert counts[-1].sum() == len(c) - (steps - 1) * world * batch
-    again = balanced_steps(c, world, batch, key)
+    full = int(shares.min()) // batch
+    assert (counts[:full] == batch).all()
+    assert (counts[full:].sum(axis=0) == shares - full * batch).all()
+    owner = np.repeat(np.arange(world), shares)
+    size = neighbourhood(world, batch, full, *windows)
+    assert (np.abs(rank - owner) < size).all()
+    for r in range(world):
+        assert len(np.unique(owner[rank == r])) <= size
+    again = balanced_steps(c, shares, batch, key, *windows)
     assert np.array_equal(again[0], step) and np.array_equal(again[1], rank)
+
+
+@pytest.mark.parametrize("world", [8, 64, 1_000, 100_000])
+def test_a_rank_reads_four_shares_at_most_whatever_the_world_size(world: int) -> None:
+    """Where a rank's share is at least a rank's window, a neighbourhood is WINDOW_PACKS /
+    RANK_WINDOW_PACKS = 4 ranks at any world size (the old balance dealt every window to all)."""
+    assert neighbourhood(world, 2, 10**6) == WINDOW_PACKS // RANK_WINDOW_PACKS == 4
+    assert neighbourhood(world, 2, RANK_WINDOW_PACKS // 2) == 4
+    assert neighbourhood(world, 1, 10) == min(world, -(-WINDOW_PACKS // 10))  # a small share: ~4,096 packs
 
 
 def test_balanced_beats_a_split_that_is_provably_uneven() -> None:
@@ -74,7 +99,7 @@ def test_balanced_beats_a_split_that_is_provably_uneven() -> None:
     n = 4 * WINDOW_PACKS
     costs = np.r_[np.full(n // 2, 100.0), np.full(n // 2, 1.0)]
     assert imbalance(_unbalanced(costs, 2, 1)) == pytest.approx(200 / 101)
-    step, rank = balanced_steps(costs, 2, 1, key=5)
+    step, rank = balanced_steps(costs, _shares(n, 2), 1, key=5)
     assert imbalance(step_costs(costs, step, rank, 2)) == 1.0
 
 
@@ -85,10 +110,24 @@ def test_a_long_document_corpus_meets_the_goal(world: int, batch: int) -> None:
     costs = _heavy_tailed(40_000, 32_768)
     before = imbalance(_unbalanced(costs, world, batch))
     n = len(costs) // (world * batch) * world * batch
-    step, rank = balanced_steps(costs[:n], world, batch, key=1)
+    step, rank = balanced_steps(costs[:n], _shares(n, world), batch, key=1)
     after = imbalance(step_costs(costs[:n], step, rank, world))
     assert before > 1.4
     assert after <= 1.05
+
+
+def test_neighbourhoods_of_four_meet_the_goal_where_shares_are_large() -> None:
+    """64 ranks × 2 at 16k, ~1,500 packs a rank: 4 ranks a neighbourhood (a rank reads 4 shares, as
+    at any world size where a rank's share exceeds 1,024 packs); max/mean still at most 1.05
+    (unbalanced: over 1.4)."""
+    world, batch = 64, 2
+    costs = _heavy_tailed(400_000, 16_384, seed=2)
+    n = len(costs) // (world * batch) * world * batch
+    shares = _shares(n, world)
+    assert neighbourhood(world, batch, n // world // batch) == 4
+    step, rank = balanced_steps(costs[:n], shares, batch, key=4)
+    assert imbalance(_unbalanced(costs, world, batch)) > 1.4
+    assert imbalance(step_costs(costs[:n], step, rank, world)) <= 1.05
 
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -98,22 +137,25 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
 
 def test_the_order_stays_a_shuffle() -> None:
     """No trend of a step's mean cost with its index (|Spearman ρ| within 4 standard errors, which a
-    length-sorted order far exceeds); every pack is read in the steps of its window (of the seeded
-    order, world × batch packs a step), and the dear packs are not put first within a window."""
+    length-sorted order far exceeds); every pack is read in the steps of its window (the steps its
+    share's unbalanced rank reads it in, cut at RANK_WINDOW_PACKS a rank), and the dear packs are
+    not put first within a window."""
     world, batch = 8, 2
     costs = _heavy_tailed(40_000, 32_768, seed=3)
     n = len(costs) // (world * batch) * world * batch
     costs = costs[:n]
-    step, rank = balanced_steps(costs, world, batch, key=9)
+    step, rank = balanced_steps(costs, _shares(n, world), batch, key=9)
     means = step_costs(costs, step, rank, world).mean(axis=1)
     bound = 4 / np.sqrt(len(means))
     assert abs(_spearman(np.arange(len(means)), means)) < bound
     curriculum = np.sort(costs).reshape(-1, world * batch).mean(axis=1)  # what must not happen
     assert abs(_spearman(np.arange(len(curriculum)), curriculum)) > bound
-    window_steps = WINDOW_PACKS // (world * batch)
-    read_at = np.arange(n) // (world * batch)
+    window_steps = RANK_WINDOW_PACKS // batch
+    read_at = np.arange(n) % (n // world) // batch  # the step its own rank reads it at unbalanced
     assert (step // window_steps == read_at // window_steps).all()
-    first = step % window_steps < window_steps // 2
+    total = int(step.max()) + 1
+    size = np.minimum(window_steps, total - step // window_steps * window_steps)  # each pack's window's
+    first = step % window_steps < size // 2
     dear = costs >= np.quantile(costs, 0.9)
     assert 0.4 < first[dear].mean() < 0.6
 
@@ -138,3 +180,9 @@ def test_a_balance_a_reader_cannot_follow_is_refused() -> None:
         Balance.of("attention", "big")  # type: ignore[arg-type]
     assert Balance.of(None) is None
     assert Balance.of_state(Balance(7.0).to_state()) == Balance(7.0)
+    with pytest.raises(ValueError, match="window must be an integer >= 1"):
+        Balance(window=0)
+    with pytest.raises(ValueError, match="by an earlier raypack, which dealt each window to every rank"):
+        Balance.of_state({"kind": "attention", "per_token": 7.0})
+    small = Balance(7.0, window=64, rank_window=16)
+    assert Balance.of_state(small.to_state()) == small

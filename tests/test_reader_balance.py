@@ -22,6 +22,8 @@ from raypack.reader import Plan, Resume, iter_batches, pin
 from tests.conftest import job_config, make_corpus
 
 ATTENTION = Balance(per_token=0.0)
+SMALL = Balance(per_token=0.0, window=12, rank_window=3)
+"""Windows small enough that the test datasets' epochs hold many, in neighbourhoods of a few ranks."""
 
 
 @pytest.fixture(scope="module")
@@ -149,17 +151,18 @@ def test_the_same_settings_give_the_same_bytes_and_wrap_drop_keep_full_batches(b
 
 @settings(max_examples=12, deadline=None)
 @given(
-    first=st.tuples(st.integers(1, 5), st.integers(1, 4), st.booleans()),
-    second=st.tuples(st.integers(1, 5), st.integers(1, 4), st.booleans()),
-    third=st.tuples(st.integers(1, 4), st.integers(1, 4), st.booleans()),
+    first=st.tuples(st.integers(1, 5), st.integers(1, 4), st.sampled_from([None, ATTENTION, SMALL])),
+    second=st.tuples(st.integers(1, 5), st.integers(1, 4), st.sampled_from([None, ATTENTION, SMALL])),
+    third=st.tuples(st.integers(1, 4), st.integers(1, 4), st.sampled_from([None, ATTENTION, SMALL])),
     cut=st.tuples(st.floats(0, 1), st.floats(0, 1)),
 )
 def test_every_pack_once_over_a_chain_of_world_sizes_balanced_or_not(
     bucketed: Path, first: Any, second: Any, third: Any, cut: Any
 ) -> None:
     """W1 ranks stop mid-epoch, W2 ranks go on from rank 0's state and stop, W3 ranks finish, each
-    run balanced or not: every pack of every bucket exactly once."""
-    runs = [(w, b, ATTENTION if on else None) for w, b, on in (first, second, third)]
+    run balanced (in one window, or in many of small neighbourhoods) or not: every pack of every
+    bucket exactly once."""
+    runs = [first, second, third]
     everything = _run(bucketed, 1, 1, None, None, None)[0]
     _, steps1 = _run(bucketed, *runs[0][:2], None, None, runs[0][2])
     s1 = int(cut[0] * steps1)
@@ -173,16 +176,19 @@ def test_every_pack_once_over_a_chain_of_world_sizes_balanced_or_not(
     assert sorted(a + b + c) == sorted(everything)
 
 
+@pytest.mark.parametrize("balance", [ATTENTION, SMALL])
 @pytest.mark.parametrize("last_batch", ["drop", "wrap"])
-def test_drop_and_wrap_keep_their_rule_across_a_balanced_resume(bucketed: Path, last_batch: str) -> None:
+def test_drop_and_wrap_keep_their_rule_across_a_balanced_resume(
+    bucketed: Path, last_batch: str, balance: Balance
+) -> None:
     """4 balanced ranks of 3 stop half-way, 3 balanced ranks of 5 finish: under drop no pack twice
     and fewer than a round of each run left out per bucket; under wrap every pack at least once and
     fewer repeats than a round of each run per bucket."""
     everything = Counter(_run(bucketed, 1, 1, None, None, None)[0])
-    _, steps = _run(bucketed, 4, 3, None, None, ATTENTION, last_batch)
-    a, _ = _run(bucketed, 4, 3, steps // 2, None, ATTENTION, last_batch)
-    resume = Resume.of(_state(4, 3, steps // 2, ATTENTION, last_batch=last_batch))[0]
-    b, _ = _run(bucketed, 3, 5, None, resume, ATTENTION, last_batch)
+    _, steps = _run(bucketed, 4, 3, None, None, balance, last_batch)
+    a, _ = _run(bucketed, 4, 3, steps // 2, None, balance, last_batch)
+    resume = Resume.of(_state(4, 3, steps // 2, balance, last_batch=last_batch))[0]
+    b, _ = _run(bucketed, 3, 5, None, resume, balance, last_batch)
     got = Counter(a + b)
     for bucket in {bucket for bucket, _ in everything}:
         want = {p for p in everything if p[0] == bucket}
@@ -245,23 +251,66 @@ def test_a_bad_balance_is_one_clear_error(bucketed: Path) -> None:
         PackedDataset(str(bucketed), 2, balance="attention", balance_per_token=float("nan"))
 
 
-def test_a_balanced_rank_decodes_each_row_group_once_an_epoch(bucketed: Path) -> None:
-    """A step's packs jump between the row groups of their window: the rank keeps what it reads of
-    the window's groups, so over its epoch it loads each group it reads once, not once a step (and,
-    unlike an unbalanced rank's quarter, it reads from most of them), holding its own rows alone."""
-    pinned = pin(str(bucketed))
-    plan = Plan.of(pinned, 2, 1, 4, 3, "short", None, None, ATTENTION)
+@pytest.fixture(scope="module")
+def many_groups(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> Path:
+    """One bucket of packs of 64 tokens in row groups of 8 packs (a file each): over 100 groups,
+    several to every rank at 8 and 32 ranks."""
+    tmp = tmp_path_factory.mktemp("groups")
+    corpus = make_corpus(tmp, shards=3, docs_per_shard=120, seed=5)
+    cfg = job_config(tmp, f"{corpus}/*", tokenizer_path, pack={"seq_len": 64}, output={"shard_rows": 8})
+    run_job(load_config(str(cfg)), log=lambda _: None)
+    return tmp / "out"
+
+
+def _loads(plan: Plan) -> list[tuple[int, int]]:
+    """The (bucket, row group) of every row group the plan's rank decodes over its epoch, its
+    batches read through the plan's own loader."""
     loads: list[tuple[int, int]] = []
 
     def load(bucket: int, group: int) -> Any:
         loads.append((bucket, group))
         return plan.read(bucket, group)
 
-    assert sum(b["input_ids"].shape[0] for b in plan.steps(0, 1, load)) > 0
-    touched = {pair for step in plan.touches(0) for pair in step}
-    assert len(touched) > sum(len(b.groups) for b in plan.buckets) / 2  # far beyond its quarter
-    assert sorted(loads) == sorted(touched)
-    # what it keeps of them: the rows it reads, not whole groups
+    for _ in plan.steps(0, 1, load):
+        pass
+    return loads
+
+
+@pytest.mark.parametrize("world", [8, 32])
+def test_a_balanced_rank_decodes_its_neighbourhoods_row_groups_not_every_one(
+    many_groups: Path, world: int
+) -> None:
+    """Windows of 16 packs a rank and 64 a neighbourhood (4 ranks): over its epoch each balanced rank
+    decodes at most 4 × groups / world + 8 row groups (its 4 shares' groups; a group at a share's
+    edge again where another share of the neighbourhood read it long before); an unbalanced rank
+    decodes groups /
+    world + 2. Every pack is still yielded once over the ranks, and the steps' ranks cost closer
+    alike than unbalanced."""
+    pinned = pin(str(many_groups))
+    groups = sum(len(b.groups) for b in Plan.of(pinned, 2, 0, 1, 3, "short", None).buckets)
+    assert groups >= 80
+    seen: list[tuple[int, int]] = []
+    costs = {}
+    small = Balance(per_token=0.0, window=64, rank_window=16)
+    for balance in (None, small):
+        per_rank = []
+        for rank in range(world):
+            plan = Plan.of(pinned, 2, rank, world, 3, "short", None, None, balance)
+            loads = _loads(plan)
+            bound = (4 * groups / world + 8) if balance is not None else (groups / world + 2)
+            assert len(loads) <= bound
+            if balance is not None:
+                seen += _positions(plan)
+            per_rank.append([_cost(b) for b in plan.steps(0, 1)])
+        costs[balance] = imbalance(np.array(per_rank).T)
+    assert sorted(seen) == sorted(_run(many_groups, 1, 1, None, None, None)[0])
+    assert costs[small] < costs[None]
+
+
+def test_a_balanced_rank_holds_only_its_own_rows(bucketed: Path) -> None:
+    """A step's packs jump between the row groups of their window's slices: the rank keeps what it
+    reads of them, the rows it yields alone, not whole groups."""
+    plan = Plan.of(pin(str(bucketed)), 2, 1, 4, 3, "short", None, None, ATTENTION)
     streams = plan._streams(0, plan.read)
     for b in plan.schedule.tolist():
         streams[b].take(plan.rows[b])
