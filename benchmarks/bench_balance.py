@@ -10,11 +10,13 @@ not on this machine): a lognormal body (median 1,024 tokens, σ 1.5, web-like) a
 from a Pareto tail (from 8,192 tokens, α 1.1: books, code repositories), clipped to 16..262,144
 tokens; `--docs` documents a draw, packed by raypack's bfd at 32k and 64k (documents past seq_len cut
 into chunks), packs in bfd's seeded order, as a dataset's sequence is. Each of `--seeds` draws is a
-corpus of its own.
+corpus of its own; `--large-docs` adds one draw that large, whose ranks' shares pass 1,024 packs
+(4 ranks a neighbourhood, as at any larger scale).
 
 Imbalance: the mean over steps of max / mean rank cost, a rank's cost Σ l² + per_token · Σ l of its
 documents; unbalanced as the reader splits whole rounds (rank r the r-th world-th of the order,
-batch packs a step), balanced by raypack.balance.balanced_steps; per_token 0 (attention alone, the
+batch packs a step), balanced by raypack.balance.balanced_steps given those shares (its
+"neighbourhood": the ranks a pack may move among); per_token 0 (attention alone, the
 128k-context regime) and the default (raypack.balance.ATTENTION_PER_TOKEN, a 7-8B model). The
 shuffle check: Spearman's ρ of a step's mean cost against its index, balanced and unbalanced
 (4/√steps: four standard errors of ρ where steps are independent; a window's steps share its mean,
@@ -26,6 +28,10 @@ packs a row group, zstd, as raypack writes them; doc_offsets tiled from the firs
 at 32k), listed by a megatron-format manifest (the open reads no token, so its .bin files are not
 written). Each round opens one rank's Plan (world 64, batch 2) unbalanced and balanced, each in a
 fresh process (its wall time and peak RSS), in interleaved rounds; medians and the spread.
+
+Reading: on that dataset, the row groups a rank decodes over its epoch at 8 and 64 ranks × 2,
+unbalanced and balanced, counted through the reader's own streams and cache (a decode gives a table
+of the group's row count: nothing is read, so the .bin files need not exist).
 """
 
 from __future__ import annotations
@@ -42,10 +48,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from raypack.balance import ATTENTION_PER_TOKEN, balanced_steps, imbalance, step_costs
+from raypack.balance import ATTENTION_PER_TOKEN, Balance, balanced_steps, imbalance, neighbourhood, step_costs
 from raypack.formats import PARQUET_SETTINGS, ROW_GROUP_ROWS
 from raypack.packing import pack
-from raypack.reader import attention_imbalance, iter_batches
+from raypack.reader import Plan, attention_imbalance, iter_batches, pin
 from raypack.schema import OUTPUT_SCHEMA_VERSION
 
 CONFIGS = ((8, 2), (64, 2), (64, 1), (64, 4))
@@ -87,12 +93,14 @@ def imbalance_figures(docs: int, seeds: int) -> list[dict[str, object]]:
                 for world, batch in CONFIGS:
                     n = len(costs) // (world * batch) * world * batch
                     t0 = time.perf_counter()
-                    step, rank = balanced_steps(costs[:n], world, batch, key=seed)
+                    shares = np.full(world, n // world)
+                    step, rank = balanced_steps(costs[:n], shares, batch, key=seed)
                     seconds = time.perf_counter() - t0
                     per_rank = step_costs(costs[:n], step, rank, world)
                     row = rows.setdefault((seq_len, per_token, world, batch), {})
                     for name, value in (
                         ("packs", float(n)),
+                        ("neighbourhood", float(neighbourhood(world, batch, n // world // batch))),
                         ("unbalanced", imbalance(unbalanced(costs, world, batch))),
                         ("balanced", imbalance(per_rank)),
                         ("rho", spearman(per_rank.mean(axis=1))),
@@ -205,6 +213,42 @@ def open_figures(root: Path, rounds: int) -> dict[str, object]:
     return figures
 
 
+def decoded_groups(plan: Plan) -> int:
+    """The row groups the plan's rank decodes over its epoch: its streams as the reader runs them
+    (the same cache), each group's decode a table of its row count (nothing read)."""
+    count = 0
+
+    def load(bucket: int, group: int) -> pa.Table:
+        nonlocal count
+        count += 1
+        return pa.table({"row": np.arange(plan.buckets[bucket].groups[group].rows)})
+
+    streams = plan._streams(0, load)
+    for b in plan.schedule.tolist():
+        streams[b].take(plan.batch_size)
+    return count
+
+
+def reading_figures(root: Path, worlds: tuple[int, ...], batch: int) -> list[dict[str, object]]:
+    """Row groups a rank decodes over its epoch, unbalanced and balanced, for ranks 0, the middle
+    one and the last (ranks alike), and the dataset's groups / world."""
+    pinned = pin(str(root))
+    groups = sum(len(f["row_groups"]) for f in pinned.manifest["files"])
+    out = []
+    for world in worlds:
+        ranks = sorted({0, world // 2, world - 1})
+        row: dict[str, object] = {"world": world, "batch": batch, "groups": groups, "ranks": ranks}
+        for name, balance in (("unbalanced", None), ("balanced", Balance())):
+            row[name] = [
+                decoded_groups(Plan.of(pinned, batch, r, world, 1, "short", None, None, balance))
+                for r in ranks
+            ]
+        row["groups_per_world"] = round(groups / world, 2)
+        row["ratio"] = round(max(row["balanced"]) / max(row["unbalanced"]), 2)  # type: ignore[arg-type]
+        out.append(row)
+    return out
+
+
 def read_figures(path: str, world: int, batch: int, rounds: int) -> dict[str, object]:
     """Every rank's epoch read in one process, unbalanced and balanced in interleaved rounds (their
     order alternating), after an untimed pass of each: seconds, and balanced over unbalanced."""
@@ -237,10 +281,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--docs", type=int, default=400_000)
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--large-docs", type=int, default=3_000_000, help="one draw this large too (0: none)")
     parser.add_argument("--open-packs", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", default="/tmp/raypack-bench-balance")
     parser.add_argument("--skip-open", action="store_true")
+    parser.add_argument("--skip-reading", action="store_true")
     parser.add_argument(
         "--dataset", help="also a packed dataset's figure (raypack.reader.attention_imbalance)"
     )
@@ -275,8 +321,15 @@ def main() -> int:
             "batch": 2,
             **open_figures(root, args.rounds),
         }
+    if not args.skip_reading:
+        root = write_index_dataset(Path(args.work) / f"index-{args.open_packs}", args.open_packs)
+        for figure in reading_figures(root, (8, 64), 2):
+            print(json.dumps({"reading": figure}))
     for figure in result.pop("imbalance"):  # type: ignore[attr-defined]
         print(json.dumps(figure))
+    if args.large_docs:
+        for figure in imbalance_figures(args.large_docs, 1):
+            print(json.dumps({"large": args.large_docs, **figure}))
     print(json.dumps(result))
     return 0
 
