@@ -135,22 +135,23 @@ def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def test_the_order_stays_a_shuffle() -> None:
+@pytest.mark.parametrize("windows", [(WINDOW_PACKS, RANK_WINDOW_PACKS), (512, 128)])
+def test_the_order_stays_a_shuffle(windows: tuple[int, int]) -> None:
     """No trend of a step's mean cost with its index (|Spearman ρ| within 4 standard errors, which a
     length-sorted order far exceeds); every pack is read in the steps of its window (the steps its
-    share's unbalanced rank reads it in, cut at RANK_WINDOW_PACKS a rank), and the dear packs are
-    not put first within a window."""
+    share's unbalanced rank reads it in, cut at a rank's window), and the dear packs are not put
+    first within a window; in one window (the default sizes) and in 5 (a rank's window 128 packs)."""
     world, batch = 8, 2
     costs = _heavy_tailed(40_000, 32_768, seed=3)
     n = len(costs) // (world * batch) * world * batch
     costs = costs[:n]
-    step, rank = balanced_steps(costs, _shares(n, world), batch, key=9)
+    step, rank = balanced_steps(costs, _shares(n, world), batch, 9, *windows)
     means = step_costs(costs, step, rank, world).mean(axis=1)
     bound = 4 / np.sqrt(len(means))
     assert abs(_spearman(np.arange(len(means)), means)) < bound
     curriculum = np.sort(costs).reshape(-1, world * batch).mean(axis=1)  # what must not happen
     assert abs(_spearman(np.arange(len(curriculum)), curriculum)) > bound
-    window_steps = RANK_WINDOW_PACKS // batch
+    window_steps = windows[1] // batch
     read_at = np.arange(n) % (n // world) // batch  # the step its own rank reads it at unbalanced
     assert (step // window_steps == read_at // window_steps).all()
     total = int(step.max()) + 1
