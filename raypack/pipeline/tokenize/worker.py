@@ -222,14 +222,17 @@ def early_loads(ctx: JobContext, tokenizer_json: str) -> dict[str, tuple[str, st
 
 
 def load_fast(tokenizer_json: str, key: str | None = None) -> tuple[FastokensEncoder | None, str]:
-    """fastokens' copy of the tokenizer, or why it refused it (its objects do not pickle: each
+    """fastokens' copy of the tokenizer, warmed (FastokensEncoder.warm: in a local pool's zygote,
+    once for every worker it forks), or why it refused it (its objects do not pickle: each
     process that encodes builds or inherits its own); `key`: the zygote's early build of it, where
     there is one."""
     from raypack.engine.zygote import early
 
     try:
-        return FastokensEncoder(tokenizer_json, (lambda: early(key)) if key else None), ""
-    except Exception as e:  # FastRefused, or fastokens not installed on this node
+        fast = FastokensEncoder(tokenizer_json, (lambda: early(key)) if key else None)
+        fast.warm()
+        return fast, ""
+    except Exception as e:  # FastRefused, FastFailed, or fastokens not installed on this node
         return None, str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
