@@ -52,6 +52,8 @@ import hashlib
 import json
 import multiprocessing
 import os
+import resource
+import statistics
 import struct
 import subprocess
 import sys
@@ -66,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_job
 import bench_store
 
+ROOT = Path(__file__).resolve().parents[1]
 CORPORA = ("prose", "code", "json", "multilingual")
 TOKENIZERS = ("tekken", "mistral-v1", "claude", "j2-unigram")
 KERNEL = "linux-source-6.1"
@@ -76,6 +79,9 @@ MAX_FILE = 2_000_000
 # Shards of 2 MB of text: a corpus of 32 MB makes 16 units, so that 2 cores are not left with one
 # unit more than the other at the end (bench_job's 6.25 MB make 5 units of 32 MB).
 SHARD_BYTES = 2_000_000
+# Settings a family needs: Claude's tokenizer.json names its end of text <EOT> (id 0), which raypack
+# does not guess.
+SECTIONS: dict[str, dict[str, dict[str, object]]] = {"claude": {"tokenizer": {"eos_id": 0}}}
 WHEELS = {"claude": "anthropic==0.37.1", "j2-unigram": "ai21-tokenizer==1.1.0"}
 
 
@@ -266,17 +272,22 @@ def _alone_part(tokenizer: str, backend: str, texts: list[str], barrier: Any, co
     """In a forked child: the encoder loaded and warmed, then every text encoded on one thread."""
     os.environ["RAYON_NUM_THREADS"] = "1"
     os.environ["FASTOKENS_BPE_THREADS"] = "1"
+    t0, c0 = time.perf_counter(), time.process_time()
     encoder = _encoder(tokenizer, backend)
     encoder.encode(["warm up 日本語", "x" * 1000])
+    load, load_cpu = time.perf_counter() - t0, time.process_time() - c0
     barrier.wait()
-    t0, n = time.perf_counter(), 0
+    t0, c0, n = time.perf_counter(), time.process_time(), 0
     for group in batches(texts):
         n += int(encoder.encode(group)[1].sum())
-    conn.send((time.perf_counter() - t0, n))
+    conn.send((time.perf_counter() - t0, load, n, time.process_time() - c0, load_cpu))
 
 
-def alone_seconds(tokenizer: Path, backend: str, texts: list[str]) -> tuple[float, int]:
-    """The exact encoder alone, one single-threaded process a core (the slowest one's seconds)."""
+def alone_seconds(tokenizer: Path, backend: str, texts: list[str]) -> dict[str, float]:
+    """The exact encoder alone, one single-threaded process a core: the slowest one's seconds to
+    encode ("alone"), and to load it ("load": tokenizers' parse, and fastokens' build where it is
+    the encoder); the processes' CPU seconds of each ("alone_cpu": all of them, "load_cpu": one
+    load, which a job does once); the tokens."""
     cores = len(os.sched_getaffinity(0))
     shares: list[list[str]] = [[] for _ in range(cores)]
     loads = [0] * cores
@@ -296,7 +307,13 @@ def alone_seconds(tokenizer: Path, backend: str, texts: list[str]) -> tuple[floa
     results = [recv.recv() for recv, _ in pipes]
     for proc in procs:
         proc.join()
-    return max(s for s, _ in results), sum(n for _, n in results)
+    return {
+        "alone": max(r[0] for r in results),
+        "load": max(r[1] for r in results),
+        "tokens": sum(r[2] for r in results),
+        "alone_cpu": sum(r[3] for r in results),
+        "load_cpu": max(r[4] for r in results),
+    }
 
 
 class _Timed:
@@ -342,7 +359,10 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
         JobConfig,
         {
             "input": {"paths": [str(corpus / "*.jsonl.gz")]},
-            "tokenizer": {"path": str(tokenizer)},
+            "tokenizer": {
+                "path": str(tokenizer),
+                **SECTIONS.get(tokenizer.parent.name, {}).get("tokenizer", {}),
+            },
             "output": {"path": str(corpus.parent / "parts-out")},
         },
     )
@@ -401,85 +421,159 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
 
 
 def job(
-    work: Path, corpus: Path, tokenizer: Path, name: str, backend: str
-) -> tuple[float, dict[str, Any], str, str]:
-    """`raypack pack` on the corpus: (seconds, metrics.json, its data files' digest, backend chosen)."""
-    seconds, metrics, _ = bench_job.run_command(work, corpus, tokenizer, name, backend=backend)
+    work: Path, corpus: Path, tokenizer: Path, name: str, backend: str, tree: Path | None = None
+) -> dict[str, Any]:
+    """`raypack pack` on the corpus (seq_len 8192, bfd; `tree`: that checkout's raypack, else this
+    one's), timed from start to exit: its seconds, its processes' CPU seconds (the driver, the
+    pool's zygote and workers: each reaps its children), metrics.json, its data files' digest, the
+    backend it chose."""
+    config = {
+        "input": {"paths": [str(corpus / "*.jsonl.gz")], "max_reject_ratio": 0.05},
+        "tokenizer": {"path": str(tokenizer), "backend": backend},
+        "pack": {"seq_len": 8192},
+        "output": {"path": str(work / f"out-{name}")},
+    }
+    for section, values in SECTIONS.get(tokenizer.parent.name, {}).items():
+        config[section] = {**config[section], **values}
+    path = work / f"{name}.yaml"
+    path.write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "PYTHONPATH")}
+    # The other tree on PYTHONPATH, and its CLI run with the editable install's finder removed
+    # (bench_against's runner): the zygote imports raypack before it hears the driver's sys.path.
+    tree = tree or ROOT
+    env["PYTHONPATH"] = str(tree)
+    run = (
+        "import sys; sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+        f"sys.path.insert(0, {str(tree)!r}); from raypack.cli import run; run()"
+    )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", run, "pack", str(path), "--overwrite", "--quiet"],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        raise SystemExit(f"raypack pack failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     out = work / f"out-{name}"
     manifest = json.loads((out / "manifest.json").read_text())
-    chosen = manifest["tokenizer"].get("backend", {}).get("chosen", "?")
-    return seconds, metrics, bench_job.data_digest(out), str(chosen)
+    return {
+        "seconds": seconds,
+        "cpu": after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+        "metrics": json.loads((out / "metrics.json").read_text()),
+        "digest": bench_job.data_digest(out),
+        "chosen": str(manifest["tokenizer"].get("backend", {}).get("chosen", "?")),
+    }
 
 
 def cell(work: Path, corpus: str, folder: Path, texts: list[str], family: str, args: Any) -> dict[str, Any]:
-    """One corpus × tokenizer cell's figures (module docstring)."""
+    """One corpus × tokenizer cell's figures (module docstring), in --rounds interleaved rounds of
+    the baseline's processes, the job (and --against's job), the encoder alone; the medians."""
     tokenizer = tokenizer_file(work, family)
     name = f"tok-{corpus}-{family}"
-    procs_s, procs_n = bench_job.processes_seconds(tokenizer, texts)
     fast_s, fast_n = bench_job.encode_seconds(tokenizer, texts, fast=True)
-    assert procs_n == fast_n
-    runs = sorted(
-        (job(work, folder, tokenizer, name, "auto") for _ in range(args.rounds)), key=lambda r: r[0]
-    )
-    seconds, metrics, digest, chosen = runs[len(runs) // 2]
-    backend = "fastokens" if str(chosen).startswith("fastokens") else "tokenizers"
-    alone_s, alone_n = alone_seconds(tokenizer, backend, texts)
-    assert alone_n == fast_n, f"the encoder alone gave {alone_n} tokens, tokenizers {fast_n}"
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        procs_s, procs_n = bench_job.processes_seconds(tokenizer, texts)
+        assert procs_n == fast_n
+        done = {"this": job(work, folder, tokenizer, name, "auto")}
+        if args.against:
+            done["against"] = job(work, folder, tokenizer, name + "-against", "auto", args.against)
+            assert done["against"]["digest"] == done["this"]["digest"], f"{name}: the trees wrote other bytes"
+        backend = "fastokens" if done["this"]["chosen"].startswith("fastokens") else "tokenizers"
+        alone = alone_seconds(tokenizer, backend, texts)
+        assert alone["tokens"] == fast_n, (
+            f"the encoder alone gave {alone['tokens']} tokens, tokenizers {fast_n}"
+        )
+        rounds.append({"procs": procs_s, **alone, **done})
     exact = "not checked"
     if args.exact:
-        ref = job(work, folder, tokenizer, name + "-ref", "tokenizers")[2]
-        exact = "exact" if ref == digest else "DIFFERENT"
-        assert ref == digest, f"{name}: the data files differ from tokenizers'"
+        ref = job(work, folder, tokenizer, name + "-ref", "tokenizers")["digest"]
+        exact = "exact" if ref == rounds[-1]["this"]["digest"] else "DIFFERENT"
+        assert exact == "exact", f"{name}: the data files differ from tokenizers'"
     floor = bench_store.floor_seconds(work / f"out-{name}", len(os.sched_getaffinity(0)))
-    stages = metrics["stage_seconds"]
-    return {
+    row = {
         "corpus": corpus,
         "tokenizer": family,
         "mb": sum(len(t.encode("utf-8", "surrogatepass")) for t in texts) / 1e6,
         "docs": len(texts),
         "tokens": fast_n,
-        "baseline": min(procs_s, fast_s),
-        "alone": alone_s,
-        "job": seconds,
-        "runs": [r[0] for r in runs],
-        "stages": stages,
+        "baseline": min(fast_s, statistics.median(r["procs"] for r in rounds)),
         "floor": floor,
-        "backend": chosen,
+        "floor_cpu": floor * len(os.sched_getaffinity(0)),
+        "backend": rounds[-1]["this"]["chosen"],
         "exact": exact,
         "parts": parts_seconds(tokenizer, backend, folder) if args.parts else {},
+    }
+    for key in ("alone", "load", "alone_cpu", "load_cpu"):
+        row[key] = statistics.median(r[key] for r in rounds)
+    for tree in ("this", "against") if args.against else ("this",):
+        runs = [r[tree] for r in rounds]
+        row[tree] = {
+            "job": statistics.median(r["seconds"] for r in runs),
+            "cpu": statistics.median(r["cpu"] for r in runs),
+            "stage": statistics.median(r["metrics"]["stage_seconds"]["tokenize"] for r in runs),
+            "runs": [r["seconds"] for r in runs],
+            "cpus": [r["cpu"] for r in runs],
+            "stages": [r["metrics"]["stage_seconds"]["tokenize"] for r in runs],
+        }
+    return row
+
+
+def ratios(row: dict[str, Any], tree: str) -> dict[str, float]:
+    """A cell's ratios for one tree's jobs: stage / alone, stage / (alone + load), job / (alone +
+    floor), job's CPU / (alone's + one load's + floor's CPU), and the × encode_batch_fast."""
+    run, alone = row[tree], row["alone"]
+    return {
+        "stage/alone": run["stage"] / alone,
+        "stage/(alone+load)": run["stage"] / (alone + row["load"]),
+        "job/(alone+floor)": run["job"] / (alone + row["floor"]),
+        "cpu": run["cpu"] / (row["alone_cpu"] + row["load_cpu"] + row["floor_cpu"]),
+        "x": row["baseline"] / run["job"],
     }
 
 
 def show(row: dict[str, Any]) -> str:
-    stage = row["stages"]["tokenize"]
-    parts = ", ".join(f"{k} {v:.2f}" for k, v in row["parts"].items())
-    return (
+    lines = [
         f"{row['corpus']} × {row['tokenizer']} ({row['mb']:.1f} MB, {row['docs']:,} docs, "
-        f"{row['tokens']:,} tokens, {row['backend']}, {row['exact']}): baseline {row['baseline']:.2f} s, "
-        f"encoder alone {row['alone']:.2f} s, stage {stage:.2f} s (×{stage / row['alone']:.2f} alone), "
-        f"job {row['job']:.2f} s (runs {', '.join(f'{r:.2f}' for r in row['runs'])}; "
-        f"×{row['baseline'] / row['job']:.2f} encode_batch_fast; "
-        f"{row['job'] / (row['alone'] + row['floor']):.2f}× alone + floor {row['floor']:.2f} s); "
-        f"stages {', '.join(f'{k} {v:.2f}' for k, v in row['stages'].items())}; "
-        f"parts on one core (s): {parts}"
-    )
+        f"{row['tokens']:,} tokens, {row['backend']}, {row['exact']}): baseline {row['baseline']:.2f} s; "
+        f"encoder alone {row['alone']:.2f} s ({row['alone_cpu']:.2f} CPU-s), its load {row['load']:.2f} s "
+        f"({row['load_cpu']:.2f} CPU-s); write floor {row['floor']:.2f} s; parts on one core (s): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in row["parts"].items())
+    ]
+    for tree in ("this", "against"):
+        if tree in row:
+            run = row[tree]
+            lines.append(
+                f"  {tree}: stage {run['stage']:.2f} s ({', '.join(f'{v:.2f}' for v in run['stages'])}), "
+                f"job {run['job']:.2f} s ({', '.join(f'{v:.2f}' for v in run['runs'])}), job CPU "
+                f"{run['cpu']:.2f} s ({', '.join(f'{v:.2f}' for v in run['cpus'])}); "
+                + ", ".join(f"{k} {v:.2f}" for k, v in ratios(row, tree).items())
+            )
+    return "\n".join(lines)
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    """The matrix as markdown: per cell stage / alone, job / (alone + floor), the ×."""
+def table(rows: list[dict[str, Any]], tree: str) -> str:
+    """One tree's matrix as markdown: per cell stage / alone (stage / alone with its load), job /
+    (alone + floor), job CPU / (alone + load + floor CPU), the × encode_batch_fast."""
     families = list(dict.fromkeys(r["tokenizer"] for r in rows))
     lines = ["| corpus | " + " | ".join(families) + " |", "|---|" + "---|" * len(families)]
     for corpus in dict.fromkeys(r["corpus"] for r in rows):
         cells = []
         for family in families:
             row = next((r for r in rows if r["corpus"] == corpus and r["tokenizer"] == family), None)
-            if row is None:
+            if row is None or tree not in row:
                 cells.append("")
                 continue
-            stage = row["stages"]["tokenize"]
+            q = ratios(row, tree)
             cells.append(
-                f"{stage / row['alone']:.2f} / {row['job'] / (row['alone'] + row['floor']):.2f} / "
-                f"×{row['baseline'] / row['job']:.2f}"
+                f"{q['stage/alone']:.2f} ({q['stage/(alone+load)']:.2f}) / {q['job/(alone+floor)']:.2f}"
+                f" / {q['cpu']:.2f} / ×{q['x']:.2f}"
             )
         lines.append(f"| {corpus} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -497,18 +591,25 @@ def main() -> int:
     parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--parts", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument(
+        "--against", type=Path, help="another checkout: its job runs beside this one's in each round"
+    )
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0))
-    print(f"{cores} cores; cells: stage / encoder alone, job / (alone + write floor), × encode_batch_fast")
+    print(
+        f"{cores} cores; cells: stage / encoder alone (stage / alone and its load), job / (alone + write "
+        "floor), job CPU / (alone + load + floor CPU), × encode_batch_fast"
+    )
     rows = []
     for corpus in args.corpora.split(","):
         folder, texts = write_corpus(args.work, corpus, args.mb)
         for family in args.tokenizers.split(","):
             rows.append(cell(args.work, corpus, folder, texts, family, args))
             print(show(rows[-1]), flush=True)
-    print()
-    print(table(rows))
+    for tree in ("this", "against") if args.against else ("this",):
+        print(f"\n{tree}:")
+        print(table(rows, tree))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0
