@@ -1,8 +1,8 @@
 """The tokenize stage per tokenizer family and corpus: where its time goes, against the exact encoder
 alone on the same texts and cores, and the whole `raypack pack` against `encode_batch_fast`.
 
-    python benchmarks/bench_tokenize.py --mb 16
-    python benchmarks/bench_tokenize.py --mb 16 --corpora code --tokenizers mistral-v1 --rounds 3
+    python benchmarks/bench_tokenize.py --mb 32 --against /tmp/base    # /tmp/base: `git archive REV`
+    python benchmarks/bench_tokenize.py --mb 32 --corpora code --tokenizers mistral-v1 --rounds 3
 
 Corpora (each --mb of text, gzipped JSONL shards of SHARD_BYTES, one document a file, files in the order
 of their paths' sha1, so each corpus mixes its folders; built once into --work):
@@ -24,15 +24,19 @@ Tokenizers, four families, each a real model's file from a registry package:
   XLMRobertaTokenizer as a Hugging Face user converts an XLM-R style model (a Precompiled
   normalizer, WhitespaceSplit and Metaspace).
 
-Per cell (corpus × tokenizer), in one run:
+Per cell (corpus × tokenizer), in --rounds interleaved rounds (the baseline's processes, the job,
+--against's job, the encoder alone), medians shown:
 - baseline: `tokenizers`' encode_batch_fast on every text, the faster of one process on every core
   and one single-threaded process a core (bench_job's two baselines);
 - encoder alone: the exact encoder the job chose (raypack's fastokens with its rewrites, or
   tokenizers) on the same texts, whole, in ~1 MiB batches, one single-threaded process a core,
   texts dealt largest first, timed from a barrier after each process loaded it (the slowest
-  process's seconds);
+  process's seconds), its load timed apart (tokenizers' parse, and fastokens' build), and both
+  processes' CPU seconds;
 - job: `raypack pack` (default executor, tokenizer.backend auto) from start to exit, its stages from
-  metrics.json; the median of --rounds. Exact: its data files equal those of the same job with
+  metrics.json, its processes' CPU seconds (getrusage of the children: the driver reaps the pool's
+  zygote, which reaps its workers); --against: another checkout's job on the same corpus in each
+  round, whose data files must be the same. Exact: the data files equal those of the same job with
   tokenizer.backend tokenizers (checked; --no-exact skips it);
 - floor: the write floor of bench_store (a copy of the output's tokens and their zstd, every core);
 - parts: the stage's own steps on every shard in this process, on one core, with raypack's
@@ -41,7 +45,9 @@ Per cell (corpus × tokenizer), in one run:
   checks), offsets (framing, the token lists' offsets and the Arrow table), token files (the IPC
   write and its checksums). Their sum is the stage's CPU on one core without scheduling, loading,
   summaries and the other core's idling.
-Ratios: stage / alone (goal ≤ 1.3), job / (alone + floor) (goal ≤ 1.5), baseline / job (the ×).
+Ratios: stage / alone (goal ≤ 1.3; also against alone and its load), job / (alone + floor) (goal
+≤ 1.5), job CPU / (alone + one load + floor CPU), baseline / job (the ×). On a shared machine one
+round's wall time is the machine's as much as the job's: read the CPU ratio beside it.
 """
 
 from __future__ import annotations
