@@ -672,24 +672,3 @@ def test_a_fast_encoder_is_loaded_warm_so_a_forked_worker_starts_with_its_tables
     os.waitpid(pid, 0)
     assert ids == TokenizersEncoder(Tokenizer.from_file(str(tekken))).encode(first)[0].tolist()
     assert cold <= 3 * warm + 0.01, (cold, warm)
-
-
-def test_the_cut_rule_is_proven_where_the_job_state_loads_fastokens(tmp_path: Path, tekken: Path) -> None:
-    """job_state proves the cut rule for long texts while fastokens builds (a local pool's zygote,
-    before it forks): a worker's first long text finds it proven, with no encode of the proof's
-    ~40 KB on tokenizers (0.02-0.12 s of CPU for tekken)."""
-    from raypack.pipeline.tokenize.worker import JobContext, forget, job_state
-    from raypack.text.tokenizer import TOKENIZER_FILE, tokenizer_sha256
-
-    cfg = load_config(job_config(tmp_path, str(tmp_path / "corpus" / "*.jsonl"), tekken))
-    files = {TOKENIZER_FILE: tekken.read_bytes()}
-    state = job_state(JobContext(cfg, tokenizer_sha256(files), fast=True), files)
-    try:
-        assert state.fast is not None, state.fast_error
-        t0 = time.process_time()
-        rule, why = state.tok.cut_rule()
-        spent = time.process_time() - t0
-    finally:
-        forget()
-    assert rule is not None and rule.name == "before", why
-    assert spent < 0.01, spent

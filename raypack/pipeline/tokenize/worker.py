@@ -120,11 +120,6 @@ def job_state(ctx: JobContext, files: dict[str, bytes] | None = None) -> JobStat
             if cfg.input.chat:  # here, in a local pool's zygote, not in each worker it forks
                 tok.offsets()
             warm_worker(cfg)
-            if loading is not None and not cfg.input.chat:
-                # The cut rule for texts over PIECE_CHARS, proven while fastokens still builds
-                # (0.02-0.12 s on tokenizers against its 0.6-1.1 s): once in a local pool's zygote,
-                # not again by each worker on its first long text.
-                tok.cut_rule()
             state = JobState(ctx, tok)
             if loading is not None:
                 state.fast, state.fast_error = loading.result()
