@@ -36,7 +36,8 @@ alike depends on the word and on what precedes it in the word.
 Speed: `tokenizers`' encode_batch_fast, way 1 (SentencePiece's own speed on whole texts: its
 ceiling) and way 4 (the adjusted path, Python included; the share of its seconds spent in
 SentencePiece's encode), in `--rounds` interleaved rounds, the order rotated each round; × =
-tokenizers' seconds / the way's in the same round: median (spread).
+tokenizers' seconds / the way's in the same round: median (spread). And what a check for ties would
+cost: SentencePiece's second-best search (nbest_encode of 2) against its Viterbi on the same words.
 """
 
 from __future__ import annotations
@@ -280,6 +281,25 @@ def speed(reference: Any, texts: list[str], encoders: dict[str, Encode], rounds:
     return ", ".join(out)
 
 
+def tie_check_cost(texts: list[str], words: Sectioned, rounds: int) -> str:
+    """What finding a tie would cost: SentencePiece's second-best search (nbest_encode, 2 paths)
+    against its Viterbi (encode) on the same words, in interleaved rounds."""
+    runs = [item for t in texts for item in words._texts(t) if isinstance(item, str)]
+    split = [w for r in runs for w in r.split(" ") if w]
+    ratios = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        words.processor.encode(split, num_threads=1)
+        viterbi = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        words.processor.nbest_encode(split, nbest_size=2)
+        ratios.append((time.perf_counter() - t0) / viterbi)
+    return (
+        f"second-best search ×{statistics.median(ratios):.1f} ({min(ratios):.1f}-{max(ratios):.1f}) "
+        f"the Viterbi's seconds on the same {len(split):,} words"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -312,6 +332,9 @@ def main() -> int:
             print("  tied runs alone: " + ties_alone(reference, encoders["word by word"]), flush=True)
         else:
             print("  speed, one thread: " + speed(reference, texts, fast, args.rounds), flush=True)
+            words = encoders["word by word"]
+            assert isinstance(words, Sectioned)
+            print("  " + tie_check_cost(texts, words, args.rounds), flush=True)
     return 0
 
 
