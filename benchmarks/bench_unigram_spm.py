@@ -27,9 +27,10 @@ before, so that each adjustment's effect on the number of documents whose ids di
 4. `word by word`: as 3, each whitespace-separated word given to SentencePiece apart (its Viterbi
    then sums a word's scores, not a whole text's, in its float precision).
 
-For the last way each differing document is classed by the scores of the two id sequences (the
+In each way each differing document is classed by the scores of the two id sequences (the
 vocabulary's scores, summed in float64): `tie` where they are equal (two segmentations of the same
-score, which the two encoders break differently), else `lower` where SentencePiece's is lower.
+score, which the two encoders break differently), `lower` where SentencePiece's is lower, `higher`
+where it is higher (only where the two search other segmentations: ways 1 and 2).
 Beside the probes, a few words of the tied runs found, alone (TIED): whether the two break a tie
 alike depends on the word and on what precedes it in the word.
 
