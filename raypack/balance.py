@@ -21,7 +21,9 @@ cut into windows of `RANK_WINDOW_PACKS` packs' worth of steps, the same steps on
    holding such packs share steps, so each step's ranks still cost alike;
 3. the neighbourhoods' steps are matched by rank in cost order (quantile matching: the window's
    dearest step takes every neighbourhood's dearest), the steps' order within the window and the
-   ranks' order within a neighbourhood's step are seeded permutations.
+   ranks' order within a neighbourhood's step are seeded permutations. No cost decides the
+   matching's permutation, so a neighbourhood's steps depend on its own packs' costs alone: a rank
+   plans from its neighbourhood's (`neighbourhood_steps`), not from every pack's.
 Windows follow the seeded order, and a step's packs are all of its window, so the epoch stays a
 shuffle at the window's scale: no step's mean cost trends with its index. Deterministic: the same
 costs and key give the same steps.
@@ -46,6 +48,8 @@ __all__ = [
     "balanced_steps",
     "imbalance",
     "neighbourhood",
+    "neighbourhood_steps",
+    "neighbourhoods",
     "pack_terms",
     "positions_of",
     "spans_of",
@@ -98,6 +102,16 @@ class Balance:
     ) -> tuple[np.ndarray, np.ndarray]:
         """balanced_steps in this balance's windows."""
         return balanced_steps(costs, shares, batch, key, self.window, self.rank_window)
+
+    def neighbourhoods(self, shares: np.ndarray, batch: int) -> list[np.ndarray]:
+        """`neighbourhoods` in this balance's windows."""
+        return neighbourhoods(shares, batch, self.window, self.rank_window)
+
+    def neighbourhood_steps(
+        self, costs: np.ndarray, shares: np.ndarray, g: int, batch: int, key: int
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """neighbourhood_steps in this balance's windows."""
+        return neighbourhood_steps(costs, shares, g, batch, key, self.window, self.rank_window)
 
     def neighbourhood(self, world: int, batch: int, full: int) -> int:
         """`neighbourhood` in this balance's windows."""
@@ -209,6 +223,60 @@ def _pool(costs: np.ndarray, ranks: int, steps: int, key: int) -> tuple[np.ndarr
     return slot[of] // ranks, rank_of_place[slot[of]]
 
 
+def _check(costs: np.ndarray, shares: np.ndarray, batch: int) -> None:
+    if len(shares) < 1 or batch < 1 or (shares < 0).any() or shares.sum() != len(costs):
+        raise ValueError(f"need shares >= 0 summing to the {len(costs)} costs and batch >= 1")
+
+
+def neighbourhoods(
+    shares: np.ndarray, batch: int, window: int = WINDOW_PACKS, rank_window: int = RANK_WINDOW_PACKS
+) -> list[np.ndarray]:
+    """The ranks of each neighbourhood (module docstring, 1) for ranks of these `shares` (packs a
+    rank) in steps of `batch` packs a rank: from the shares' sizes alone, no cost."""
+    shares = np.asarray(shares, dtype=np.int64)
+    if len(shares) < 1 or batch < 1:
+        raise ValueError(f"need at least one rank's share and batch >= 1, got {len(shares)} and {batch}")
+    full = int(shares.min()) // batch
+    return _groups(len(shares), neighbourhood(len(shares), batch, full, window, rank_window))
+
+
+def neighbourhood_steps(
+    costs: np.ndarray,
+    shares: np.ndarray,
+    g: int,
+    batch: int,
+    key: int,
+    window: int = WINDOW_PACKS,
+    rank_window: int = RANK_WINDOW_PACKS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """balanced_steps' (global step, rank) of the packs of neighbourhood `g` alone (its ranks'
+    shares, `costs` theirs only, rank after rank): what balanced_steps gives them, from their costs
+    and every rank's share's size (`shares`), not from other neighbourhoods' costs. A neighbourhood's
+    steps are matched to the others' by their place in its own cost order, through a permutation of
+    the window's steps that no cost decides, so its packs' steps depend on its packs alone."""
+    costs = np.asarray(costs, dtype=np.float64)
+    shares = np.asarray(shares, dtype=np.int64)
+    ranks = neighbourhoods(shares, batch, window, rank_window)[g]
+    _check(costs, shares[ranks], batch)
+    first = np.r_[0, np.cumsum(shares[ranks])[:-1]]
+    full = int(shares.min()) // batch
+    per_window = max(1, rank_window // batch)
+    step = np.empty(len(costs), dtype=np.int64)
+    rank = np.empty(len(costs), dtype=np.int64)
+    for k, lo in enumerate(range(0, full, per_window)):
+        steps = min(per_window, full - lo)
+        order = PackPermutation(steps, _key(key, k))(np.arange(steps))
+        packs = (first[:, None] + lo * batch + np.arange(steps * batch)).reshape(-1)
+        at, place = _pool(costs[packs], len(ranks), steps, _key(key, k, g))
+        step[packs] = lo + order[at]
+        rank[packs] = ranks[place]
+    for i, r in enumerate(ranks.tolist()):  # a short last step: each rank's rest of its own share
+        rest = np.arange(first[i] + full * batch, first[i] + shares[r])
+        step[rest] = full + np.arange(len(rest)) // batch
+        rank[rest] = r
+    return step, rank
+
+
 def balanced_steps(
     costs: np.ndarray,
     shares: np.ndarray,
@@ -224,30 +292,19 @@ def balanced_steps(
     a rank of its own rank's neighbourhood (module docstring), so a rank reads at most its
     neighbourhood's shares; each step's ranks' costs are as even as the windows make them (`window`
     packs a neighbourhood, `rank_window` a rank: module docstring). `key` seeds the permutations;
-    the same costs, shares and key give the same steps."""
+    the same costs, shares and key give the same steps. Each neighbourhood's part is
+    neighbourhood_steps' of its own packs (a rank plans from its neighbourhood's costs alone)."""
     costs = np.asarray(costs, dtype=np.float64)
     shares = np.asarray(shares, dtype=np.int64)
-    if len(shares) < 1 or batch < 1 or (shares < 0).any() or shares.sum() != len(costs):
-        raise ValueError(f"need shares >= 0 summing to the {len(costs)} costs and batch >= 1")
-    world = len(shares)
-    first = np.r_[0, np.cumsum(shares)[:-1]]
-    full = int(shares.min()) // batch
-    groups = _groups(world, neighbourhood(world, batch, full, window, rank_window))
-    per_window = max(1, rank_window // batch)
+    _check(costs, shares, batch)
+    first = np.r_[0, np.cumsum(shares)]
     step = np.empty(len(costs), dtype=np.int64)
     rank = np.empty(len(costs), dtype=np.int64)
-    for k, lo in enumerate(range(0, full, per_window)):
-        steps = min(per_window, full - lo)
-        order = PackPermutation(steps, _key(key, k))(np.arange(steps))
-        for g, ranks in enumerate(groups):
-            packs = (first[ranks, None] + lo * batch + np.arange(steps * batch)).reshape(-1)
-            at, place = _pool(costs[packs], len(ranks), steps, _key(key, k, g))
-            step[packs] = lo + order[at]
-            rank[packs] = ranks[place]
-    for r in range(world):  # a short last step: each rank's rest of its own share
-        rest = np.arange(first[r] + full * batch, first[r] + shares[r])
-        step[rest] = full + np.arange(len(rest)) // batch
-        rank[rest] = r
+    for g, ranks in enumerate(neighbourhoods(shares, batch, window, rank_window)):
+        lo, hi = first[ranks[0]], first[ranks[-1] + 1]
+        step[lo:hi], rank[lo:hi] = neighbourhood_steps(
+            costs[lo:hi], shares, g, batch, key, window, rank_window
+        )
     return step, rank
 
 

@@ -104,6 +104,7 @@ Fields, per pack of length L with documents at doc_offsets o_0=0 < o_1 < ... < o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -323,23 +324,63 @@ Terms = list[tuple[np.ndarray, np.ndarray]]
 """Each bucket's packs' (Σ l², Σ l) in its sequence's order (balance.pack_terms)."""
 
 
+def _terms_at(
+    pinned: Pinned, bucket: _Bucket, positions: np.ndarray, seed: int, storage: StorageConfig | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ l², Σ l) of the packs at `positions` of the bucket's sequence (a position may repeat), from
+    the doc_offsets of the row groups holding them alone: no token and no other row group is read.
+    16 bytes a position, besides one file's groups' offsets at a time."""
+    positions = np.asarray(positions, dtype=np.int64)
+    of = np.searchsorted(bucket.starts, positions, side="right") - 1
+    by_group = np.argsort(of, kind="stable")
+    needed, firsts = np.unique(of[by_group], return_index=True)
+    ends = np.r_[firsts[1:], len(positions)].astype(np.int64)
+    by_file: dict[int, list[int]] = {}
+    for k, g in enumerate(needed.tolist()):
+        by_file.setdefault(bucket.groups[g].entry, []).append(k)
+    squares, tokens = np.zeros(len(positions)), np.zeros(len(positions))
+    for entry, ks in by_file.items():
+        ks.sort(key=lambda k: bucket.groups[int(needed[k])].index)
+        groups = [bucket.groups[int(needed[k])] for k in ks]
+        offsets = read_offsets(
+            pinned.path, pinned.manifest["files"][entry], storage, [g.index for g in groups]
+        )
+        file_squares, file_tokens = pack_terms(
+            offsets.flatten().to_numpy(), np.diff(offsets.offsets.to_numpy())
+        )
+        at = 0  # the group's first row among the groups read of the file
+        for k, group in zip(ks, groups, strict=True):
+            here = by_group[firsts[k] : ends[k]]
+            rows = at + _group_order(group, seed)[positions[here] - bucket.starts[needed[k]]]
+            squares[here], tokens[here] = file_squares[rows], file_tokens[rows]
+            at += group.rows
+    return squares, tokens
+
+
 def _terms(pinned: Pinned, buckets: list[_Bucket], seed: int, storage: StorageConfig | None) -> Terms:
-    """The packs' attention terms, from the pack indexes' doc_offsets alone (no token is read):
-    32 bytes a pack (each file's, then the buckets'), besides one file's offsets at a time."""
-    files: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    out = []
-    for bucket in buckets:
-        squares, tokens = np.zeros(bucket.packs), np.zeros(bucket.packs)
-        for g, group in enumerate(bucket.groups):
-            if group.entry not in files:
-                offsets = read_offsets(pinned.path, pinned.manifest["files"][group.entry], storage)
-                counts = np.diff(offsets.offsets.to_numpy())
-                files[group.entry] = pack_terms(offsets.flatten().to_numpy(), counts)
-            rows = group.first + _group_order(group, seed)
-            lo, hi = int(bucket.starts[g]), int(bucket.starts[g + 1])
-            squares[lo:hi], tokens[lo:hi] = files[group.entry][0][rows], files[group.entry][1][rows]
-        out.append((squares, tokens))
-    return out
+    """Every pack's attention terms (_terms_at of every position): 16 bytes a pack, and every pack
+    index file's doc_offsets read. O(the dataset): a resume of a balanced run's epoch and
+    attention_imbalance need them all; a fresh epoch's plan reads its neighbourhood's (_Costs)."""
+    return [_terms_at(pinned, bucket, np.arange(bucket.packs), seed, storage) for bucket in buckets]
+
+
+@dataclass(frozen=True)
+class _Costs:
+    """The packs' costs a balanced plan asks for: read from the pack index's row groups that hold
+    them (a fresh epoch's: a rank's neighbourhood's, raypack.balance.neighbourhood_steps), or taken
+    from every pack's terms (`terms`: a resume of a balanced run, which needs them all, Run.left)."""
+
+    pinned: Pinned
+    seed: int
+    storage: StorageConfig | None
+    balance: Balance
+    terms: Terms | None = None
+
+    def at(self, i: int, bucket: _Bucket, positions: np.ndarray) -> np.ndarray:
+        """The costs of bucket `i`'s packs at `positions`."""
+        if self.terms is not None:
+            return self.balance.cost(self.terms[i][0][positions], self.terms[i][1][positions])
+        return self.balance.cost(*_terms_at(self.pinned, bucket, positions, self.seed, self.storage))
 
 
 GroupLoader = Callable[[int, int], pa.Table]
@@ -382,6 +423,30 @@ def _balanced(
     real = positions_of(spans, np.arange(bounds[-1][1]))
     step, rank = balance.steps(costs[real], np.array([hi - lo for lo, hi in bounds]), batch, key)
     return real, step, rank
+
+
+def _balanced_share(
+    spans: Spans,
+    costs: Callable[[np.ndarray], np.ndarray],
+    rank: int,
+    world: int,
+    batch: int,
+    last_batch: str,
+    key: int,
+    balance: Balance,
+) -> Spans:
+    """Rank `rank`'s positions of _balanced's epoch over `spans`, in the order of its steps, from the
+    costs of its neighbourhood's shares alone (`costs`: of the positions given): O(its
+    neighbourhood's packs), not O(the bucket's)."""
+    total = sum(b - a for a, b in spans)
+    bounds = [_share(total, r, world, batch, last_batch)[:2] for r in range(world)]
+    shares = np.array([hi - lo for lo, hi in bounds], dtype=np.int64)
+    groups = balance.neighbourhoods(shares, batch)
+    g = next(g for g, ranks in enumerate(groups) if ranks[0] <= rank <= ranks[-1])
+    real = positions_of(spans, np.arange(bounds[groups[g][0]][0], bounds[groups[g][-1]][1]))
+    step, owner = balance.neighbourhood_steps(costs(real), shares, g, batch, key)
+    mine = np.flatnonzero(owner == rank)
+    return spans_of(real[mine[np.argsort(step[mine], kind="stable")]])
 
 
 class _RankStream:
@@ -813,8 +878,9 @@ class Plan:
         batching = batch_size if isinstance(batch_size, Batching) else Batching(batch_size)
         buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
         rows = batching.rows(buckets)
-        balanced = balance is not None or (resume is not None and resume.balanced)
-        terms = _terms(pinned, buckets, seed, storage) if balanced else None
+        # Every pack's terms only where an earlier run was balanced: what its ranks left (Run.left)
+        # needs every neighbourhood's steps of that run. A fresh epoch reads its neighbourhood's.
+        terms = _terms(pinned, buckets, seed, storage) if resume is not None and resume.balanced else None
         left = [[(0, b.packs)] for b in buckets]  # what the epoch has left of each bucket
         if resume is not None:
             resume.check_seed(seed)
@@ -827,14 +893,12 @@ class Plan:
             lo, hi, n = _share(total, rank, world_size, size, last_batch)
             steps.append(n)
             full.append(total // world_size // size if last_batch == "short" else n)
-            if balance is None or terms is None:
+            if balance is None:
                 shares.append(_within(spans, lo, hi))
                 continue
             key = _key(seed, "balance", buckets[i].length, *salt)
-            costs = balance.cost(*terms[i])
-            real, step, owner = _balanced(spans, costs, world_size, size, last_batch, key, balance)
-            mine = np.flatnonzero(owner == rank)
-            shares.append(spans_of(real[mine[np.argsort(step[mine], kind="stable")]]))
+            costs = functools.partial(_Costs(pinned, seed, storage, balance, terms).at, i, buckets[i])
+            shares.append(_balanced_share(spans, costs, rank, world_size, size, last_batch, key, balance))
         keep = 1
         if balance is not None:
             # A window's packs are a slice of each of a neighbourhood's shares, each slice over this

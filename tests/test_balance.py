@@ -15,6 +15,8 @@ from raypack.balance import (
     balanced_steps,
     imbalance,
     neighbourhood,
+    neighbourhood_steps,
+    neighbourhoods,
     pack_terms,
     step_costs,
 )
@@ -81,6 +83,38 @@ def test_every_pack_takes_one_slot_of_its_neighbourhood_and_every_step_but_the_l
         assert len(np.unique(owner[rank == r])) <= size
     again = balanced_steps(c, shares, batch, key, *windows)
     assert np.array_equal(again[0], step) and np.array_equal(again[1], rank)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    costs=st.lists(st.integers(0, 10**6), min_size=1, max_size=300),
+    world=st.integers(1, 12),
+    batch=st.integers(1, 4),
+    key=st.integers(0, 2**62),
+    windows=st.sampled_from([(WINDOW_PACKS, RANK_WINDOW_PACKS), (8, 4), (12, 2), (5, 5), (20, 3)]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_a_neighbourhoods_steps_come_from_its_own_packs_costs_alone(
+    costs: list[int], world: int, batch: int, key: int, windows: tuple[int, int], seed: int
+) -> None:
+    """neighbourhood_steps of one neighbourhood's packs, given their costs alone, are balanced_steps'
+    for them, whatever every other pack costs (redrawn here): a rank needs its neighbourhood's
+    costs only."""
+    c = np.array(costs, dtype=np.float64)
+    shares = _shares(len(c), world)
+    first = np.r_[0, np.cumsum(shares)]
+    groups = neighbourhoods(shares, batch, *windows)
+    assert np.array_equal(np.concatenate(groups), np.arange(world))
+    step, rank = balanced_steps(c, shares, batch, key, *windows)
+    rng = np.random.default_rng(seed)
+    for g, ranks in enumerate(groups):
+        lo, hi = first[ranks[0]], first[ranks[-1] + 1]
+        mine = neighbourhood_steps(c[lo:hi], shares, g, batch, key, *windows)
+        assert np.array_equal(mine[0], step[lo:hi]) and np.array_equal(mine[1], rank[lo:hi])
+        other = rng.integers(0, 10**6, len(c)).astype(np.float64)
+        other[lo:hi] = c[lo:hi]
+        again = balanced_steps(other, shares, batch, key, *windows)
+        assert np.array_equal(again[0][lo:hi], step[lo:hi]) and np.array_equal(again[1][lo:hi], rank[lo:hi])
 
 
 @pytest.mark.parametrize("world", [8, 64, 1_000, 100_000])

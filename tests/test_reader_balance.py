@@ -6,6 +6,7 @@ where the unbalanced reader's do not."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raypack.balance import Balance, imbalance
+from raypack import balance as balance_module
+from raypack.balance import Balance, imbalance, neighbourhood, pack_terms, positions_of, spans_of
 from raypack.config import load_config
+from raypack.formats import read_offsets
+from raypack.packing import PackPermutation
 from raypack.pipeline.job import run_job
-from raypack.reader import Plan, Resume, iter_batches, pin
+from raypack.reader import Plan, Resume, _key, _share, iter_batches, pin
 from tests.conftest import job_config, make_corpus
 
 ATTENTION = Balance(per_token=0.0)
@@ -337,3 +341,119 @@ def test_attention_imbalance_is_what_the_ranks_batches_cost(bucketed: Path, last
         ]
         assert got[name] == pytest.approx(imbalance(np.array([[_cost(b) for b in rank] for rank in ranks]).T))
     assert got["balanced"] < got["unbalanced"]
+
+
+def _all_packs_steps(
+    costs: np.ndarray, shares: np.ndarray, batch: int, key: int, balance: Balance
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: raypack.balance.balanced_steps as it was before a rank planned from its
+    neighbourhood alone, every neighbourhood's steps from every pack's costs in one pass."""
+    world = len(shares)
+    first = np.r_[0, np.cumsum(shares)[:-1]]
+    full = int(shares.min()) // batch
+    size = neighbourhood(world, batch, full, balance.window, balance.rank_window)
+    groups = balance_module._groups(world, size)
+    per_window = max(1, balance.rank_window // batch)
+    step = np.empty(len(costs), dtype=np.int64)
+    rank = np.empty(len(costs), dtype=np.int64)
+    for k, lo in enumerate(range(0, full, per_window)):
+        steps = min(per_window, full - lo)
+        order = PackPermutation(steps, balance_module._key(key, k))(np.arange(steps))
+        for g, ranks in enumerate(groups):
+            packs = (first[ranks, None] + lo * batch + np.arange(steps * batch)).reshape(-1)
+            at, place = balance_module._pool(costs[packs], len(ranks), steps, balance_module._key(key, k, g))
+            step[packs] = lo + order[at]
+            rank[packs] = ranks[place]
+    for r in range(world):
+        rest = np.arange(first[r] + full * batch, first[r] + shares[r])
+        step[rest] = full + np.arange(len(rest)) // batch
+        rank[rest] = r
+    return step, rank
+
+
+def _all_packs_shares(
+    path: Path, batch: int, world: int, seed: int, last_batch: str, balance: Balance
+) -> list[list[list[tuple[int, int]]]]:
+    """Every rank's balanced share of every bucket of a fresh epoch as the reader planned it before:
+    every pack index file's doc_offsets read whole, every pack's cost, _all_packs_steps."""
+    pinned = pin(str(path))
+    files = pinned.manifest["files"]
+    out: list[list[list[tuple[int, int]]]] = [[] for _ in range(world)]
+    for bucket in Plan.of(pinned, batch, 0, 1, seed, last_batch, None).buckets:
+        squares, tokens = np.zeros(bucket.packs), np.zeros(bucket.packs)
+        for g, group in enumerate(bucket.groups):
+            offsets = read_offsets(pinned.path, files[group.entry], None)
+            sq, tok = pack_terms(offsets.flatten().to_numpy(), np.diff(offsets.offsets.to_numpy()))
+            order = np.argsort(
+                PackPermutation(group.rows, _key(seed, "rows", group.name, group.index))(
+                    np.arange(group.rows)
+                )
+            )
+            rows = group.first + order
+            lo, hi = int(bucket.starts[g]), int(bucket.starts[g + 1])
+            squares[lo:hi], tokens[lo:hi] = sq[rows], tok[rows]
+        costs = balance.cost(squares, tokens)
+        bounds = [_share(bucket.packs, r, world, batch, last_batch)[:2] for r in range(world)]
+        real = positions_of([(0, bucket.packs)], np.arange(bounds[-1][1]))
+        shares = np.array([hi - lo for lo, hi in bounds])
+        step, owner = _all_packs_steps(
+            costs[real], shares, batch, _key(seed, "balance", bucket.length), balance
+        )
+        for r in range(world):
+            mine = np.flatnonzero(owner == r)
+            out[r].append(spans_of(real[mine[np.argsort(step[mine], kind="stable")]]))
+    return out
+
+
+@settings(max_examples=14, deadline=None)
+@given(
+    world=st.integers(1, 9),
+    batch=st.integers(1, 4),
+    seed=st.integers(0, 3),
+    last_batch=st.sampled_from(["wrap", "drop", "short"]),
+    balance=st.sampled_from(
+        [ATTENTION, SMALL, Balance(window=20, rank_window=4), Balance(window=6, rank_window=6)]
+    ),
+)
+def test_a_fresh_balanced_epoch_plans_every_rank_as_the_all_packs_computation(
+    bucketed: Path, world: int, batch: int, seed: int, last_batch: str, balance: Balance
+) -> None:
+    """Each rank's plan, from its neighbourhood's costs alone, takes the very positions in the very
+    order that every pack's costs and every neighbourhood's steps gave (_all_packs_shares): its
+    batches are the same bytes."""
+    pinned = pin(str(bucketed))
+    want = _all_packs_shares(bucketed, batch, world, seed, last_batch, balance)
+    for rank in range(world):
+        plan = Plan.of(pinned, batch, rank, world, seed, last_batch, None, None, balance)
+        assert plan.shares == want[rank]
+
+
+def test_a_balanced_rank_reads_its_neighbourhoods_index_files_alone(
+    many_groups: Path, tmp_path: Path
+) -> None:
+    """8 ranks in 2 neighbourhoods of 4 (windows of 16 packs a rank, 64 a neighbourhood): with every
+    file that holds none of the first neighbourhood's packs deleted, its ranks still plan as every
+    pack's costs give (_all_packs_shares, on the whole dataset) and yield the same bytes."""
+    small = Balance(per_token=0.0, window=64, rank_window=16)
+    want = _all_packs_shares(many_groups, 2, 8, 3, "short", small)
+    whole = pin(str(many_groups))
+    bucket = Plan.of(whole, 2, 0, 1, 3, "short", None).buckets[0]
+    shares = np.array([sum(b - a for a, b in want[r][0]) for r in range(8)])
+    assert small.neighbourhood(8, 2, int(shares.min()) // 2) == 4
+    positions = np.concatenate([np.arange(a, b) for r in range(4) for a, b in want[r][0]])
+    groups = np.unique(np.searchsorted(bucket.starts, positions, side="right") - 1)
+    kept = {whole.manifest["files"][bucket.groups[g].entry]["path"] for g in groups.tolist()}
+    copy = tmp_path / "copy"
+    shutil.copytree(many_groups, copy)
+    dropped = [f["path"] for f in whole.manifest["files"] if f["path"] not in kept]
+    assert len(dropped) >= len(whole.manifest["files"]) // 3
+    for name in dropped:
+        (copy / name).unlink()
+    for rank in range(4):
+        plan = Plan.of(pin(str(copy)), 2, rank, 8, 3, "short", None, None, small)
+        assert plan.shares == want[rank]
+        assert _digests(plan.steps(0, 1)) == _digests(
+            Plan.of(whole, 2, rank, 8, 3, "short", None, None, small).steps(0, 1)
+        )
+    with pytest.raises(FileNotFoundError):
+        Plan.of(pin(str(copy)), 2, 7, 8, 3, "short", None, None, small)

@@ -466,12 +466,19 @@ def _index_file(entry: dict[str, Any]) -> str:
     return str(entry.get("index") or entry["path"])
 
 
-def read_offsets(dataset: str, entry: dict[str, Any], storage: Any) -> pa.ListArray:
+def read_offsets(
+    dataset: str, entry: dict[str, Any], storage: Any, groups: Sequence[int] | None = None
+) -> pa.ListArray:
     """doc_offsets of every pack of one file, in the file's order, from its pack index alone (no
-    token is read): what a reader balancing attention costs needs."""
+    token is read): what a reader balancing attention costs needs. `groups`: of those row groups
+    alone (the manifest's `row_groups`), one after another in the order given."""
     fs, inner = resolve(join(dataset, _index_file(entry)), storage)
     with fs.open_input_file(inner) as handle:
-        column = pq.ParquetFile(handle).read(columns=["doc_offsets"]).column("doc_offsets")
+        parquet = pq.ParquetFile(handle)
+        if groups is None:
+            column = parquet.read(columns=["doc_offsets"]).column("doc_offsets")
+        else:
+            column = parquet.read_row_groups(list(groups), columns=["doc_offsets"]).column("doc_offsets")
     return column.combine_chunks()
 
 
