@@ -3,6 +3,7 @@ balanced against unbalanced, and what balancing costs when a reader opens a larg
 
     python benchmarks/bench_balance.py                       # both parts
     python benchmarks/bench_balance.py --skip-open           # the imbalance figures alone
+    python benchmarks/bench_balance.py --skip-imbalance --skip-reading --baseline /tmp/old  # the open
     python benchmarks/bench_balance.py --dataset out/ --world 8 --batch 2   # and a dataset's
 
 Corpus: a long-document corpus drawn with a documented heavy tail (real long-context corpora are
@@ -26,8 +27,13 @@ Figures: the median over draws, and the lowest and highest.
 Open: a dataset of `--open-packs` packs whose pack index is real raypack pack index files (1,024
 packs a row group, zstd, as raypack writes them; doc_offsets tiled from the first draw's bfd packs
 at 32k), listed by a megatron-format manifest (the open reads no token, so its .bin files are not
-written). Each round opens one rank's Plan (world 64, batch 2) unbalanced and balanced, each in a
-fresh process (its wall time and peak RSS), in interleaved rounds; medians and the spread.
+written). Each round opens rank 0's Plan at 8 and at 64 ranks × 2, each in a fresh process (its
+wall time and peak RSS, pandas imported first as a reader's first batch imports it): unbalanced,
+balanced, an elastic resume of a balanced run (64 ranks stopped half-way, resumed balanced at
+this world size) and, with `--baseline DIR` (a raypack checkout of another commit, e.g.
+`git archive <commit> raypack | tar -x -C DIR`), that raypack's balanced open; in interleaved
+rounds, their order rotating; medians and the spread, and each one's extra seconds over the
+unbalanced open of its round.
 
 Reading: on that dataset, the row groups a rank decodes over its epoch at 8 and 64 ranks × 2,
 unbalanced and balanced, counted through the reader's own streams and cache (a decode gives a table
@@ -38,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -180,10 +187,22 @@ def write_index_dataset(root: Path, packs: int, seq_len: int = 32_768) -> Path:
 
 OPEN = """
 import json, sys, time
+# pyarrow's first to_numpy imports pandas (~0.5 s, ~45 MB): a reader's first batch does, balanced or
+# not; imported first so that each figure is the plan's own.
+import pandas
 from raypack.balance import Balance
-from raypack.reader import Plan, pin
+from raypack.reader import Plan, Resume, pin
+path, kind, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
+resume = None
+if kind == "resume":  # a balanced run of 64 ranks x 2 stopped half-way through the epoch
+    pinned = pin(path)
+    steps = len(Plan.of(pinned, 2, 0, 64, 1, "short", None).schedule)
+    state = {"batch_size": 2, "world_size": 64, "seed": 1, "last_batch": "short", "next_step": steps // 2,
+             "balance": Balance().to_state(), "resumed_from": None}
+    resume = Resume.of(state)[0]
 t0 = time.perf_counter()
-plan = Plan.of(pin(sys.argv[1]), 2, 0, 64, 1, "short", None, None, Balance() if sys.argv[2] == "1" else None)
+balance = None if kind == "unbalanced" else Balance()
+plan = Plan.of(pin(path), 2, 0, world, 1, "short", None, resume, balance)
 seconds = time.perf_counter() - t0
 # VmHWM: this process's own peak (ru_maxrss would carry the parent's across fork and exec)
 hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
@@ -191,26 +210,50 @@ print(json.dumps({"seconds": seconds, "steps": len(plan.schedule), "peak_rss_mb"
 """
 
 
-def open_figures(root: Path, rounds: int) -> dict[str, object]:
-    runs: dict[str, list[dict[str, float]]] = {"unbalanced": [], "balanced": []}
-    for _ in range(rounds):
-        for name, flag in (("unbalanced", "0"), ("balanced", "1")):
-            out = subprocess.run(
-                [sys.executable, "-c", OPEN, str(root), flag], check=True, capture_output=True, text=True
-            )
-            runs[name].append(json.loads(out.stdout))
-    figures: dict[str, object] = {}
-    for name, values in runs.items():
-        for key in ("seconds", "peak_rss_mb"):
-            xs = [v[key] for v in values]
-            figures[f"{name}_{key}"] = [round(float(np.median(xs)), 2), round(min(xs), 2), round(max(xs), 2)]
-    extra = [b["seconds"] - u["seconds"] for u, b in zip(runs["unbalanced"], runs["balanced"], strict=True)]
-    figures["balanced_extra_seconds"] = [
-        round(float(np.median(extra)), 2),
-        round(min(extra), 2),
-        round(max(extra), 2),
-    ]
-    return figures
+def _open(root: Path, kind: str, world: int, code: Path) -> dict[str, float]:
+    """One rank's open in a fresh process, importing raypack from `code` (its directory the
+    process's first path entry)."""
+    out = subprocess.run(
+        [sys.executable, "-c", OPEN, str(root), kind, str(world)],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=code,
+        env={**os.environ, "PYTHONPATH": str(code)},
+    )
+    return json.loads(out.stdout)
+
+
+def _spread(xs: list[float]) -> list[float]:
+    return [round(float(np.median(xs)), 2), round(min(xs), 2), round(max(xs), 2)]
+
+
+def open_figures(
+    root: Path, rounds: int, worlds: tuple[int, ...], baseline: Path | None
+) -> list[dict[str, object]]:
+    """Rank 0's open at each world size × 2 packs, unbalanced, balanced, balanced by the `baseline`
+    raypack (a checkout of another commit, if given) and an elastic resume of a balanced run (64
+    ranks stopped half-way) at this world size, in interleaved rounds (their order rotating):
+    medians and the spread of seconds and peak RSS, and balanced's extra seconds paired."""
+    code = Path(__file__).resolve().parents[1]
+    kinds = [("unbalanced", "unbalanced", code), ("balanced", "balanced", code), ("resume", "resume", code)]
+    if baseline is not None:
+        kinds.append(("baseline_balanced", "balanced", baseline))
+    out = []
+    for world in worlds:
+        runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in kinds}
+        for k in range(rounds):
+            for name, kind, where in kinds[k % len(kinds) :] + kinds[: k % len(kinds)]:
+                runs[name].append(_open(root, kind, world, where))
+        figures: dict[str, object] = {"world": world, "batch": 2}
+        for name, values in runs.items():
+            for key in ("seconds", "peak_rss_mb"):
+                figures[f"{name}_{key}"] = _spread([v[key] for v in values])
+        for name in (n for n, _, _ in kinds[1:]):
+            extra = [b["seconds"] - u["seconds"] for u, b in zip(runs["unbalanced"], runs[name], strict=True)]
+            figures[f"{name}_extra_seconds"] = _spread(extra)
+        out.append(figures)
+    return out
 
 
 def decoded_groups(plan: Plan) -> int:
@@ -286,6 +329,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--work", default="/tmp/raypack-bench-balance")
     parser.add_argument("--skip-open", action="store_true")
+    parser.add_argument(
+        "--baseline", type=Path, help="a raypack checkout (of another commit) whose balanced open to time too"
+    )
+    parser.add_argument("--skip-imbalance", action="store_true", help="leave out the corpus draws' figures")
     parser.add_argument("--skip-reading", action="store_true")
     parser.add_argument(
         "--dataset", help="also a packed dataset's figure (raypack.reader.attention_imbalance)"
@@ -308,29 +355,20 @@ def main() -> int:
                 )
             )
         print(json.dumps(read_figures(args.dataset, args.world, args.batch, args.rounds)))
-    result: dict[str, object] = {
-        "docs": args.docs,
-        "seeds": args.seeds,
-        "imbalance": imbalance_figures(args.docs, args.seeds),
-    }
     if not args.skip_open:
         root = write_index_dataset(Path(args.work) / f"index-{args.open_packs}", args.open_packs)
-        result["open"] = {
-            "packs": args.open_packs,
-            "world": 64,
-            "batch": 2,
-            **open_figures(root, args.rounds),
-        }
+        for figure in open_figures(root, args.rounds, (8, 64), args.baseline):
+            print(json.dumps({"open": args.open_packs, **figure}))
     if not args.skip_reading:
         root = write_index_dataset(Path(args.work) / f"index-{args.open_packs}", args.open_packs)
         for figure in reading_figures(root, (8, 64), 2):
             print(json.dumps({"reading": figure}))
-    for figure in result.pop("imbalance"):  # type: ignore[attr-defined]
-        print(json.dumps(figure))
-    if args.large_docs:
-        for figure in imbalance_figures(args.large_docs, 1):
-            print(json.dumps({"large": args.large_docs, **figure}))
-    print(json.dumps(result))
+    if not args.skip_imbalance:
+        for figure in imbalance_figures(args.docs, args.seeds):
+            print(json.dumps({"docs": args.docs, "seeds": args.seeds, **figure}))
+        if args.large_docs:
+            for figure in imbalance_figures(args.large_docs, 1):
+                print(json.dumps({"large": args.large_docs, **figure}))
     return 0
 
 

@@ -36,8 +36,11 @@ into windows of steps (1,024 packs a rank, balance.RANK_WINDOW_PACKS), and a win
 neighbourhood of consecutive ranks (4 of them, enough to pool 4,096 packs: balance.WINDOW_PACKS)
 are spread over its steps and ranks by cost, its steps in a seeded order; a pack is read in the steps
 of its window, so the epoch stays a shuffle (no curriculum), and last_batch's rules hold as above.
-The costs come from the pack indexes' doc_offsets, read when the reader starts (no token is read;
-1M packs: ~1-3 s and ~165 MB while it plans, docs/benchmarks.md). What it costs: a rank reads its
+The costs come from the pack indexes' doc_offsets, read when the reader starts (no token is read):
+a rank reads those of its neighbourhood's row groups alone and computes its neighbourhood's steps
+alone (raypack.balance.neighbourhood_steps), O(4 × packs / world_size) whatever the dataset's size;
+a resume of a balanced run's epoch reads every pack's, once (O(packs): what every neighbourhood of
+that run left, Run.left; docs/benchmarks.md measures both). What it costs: a rank reads its
 neighbourhood's shares, 4 × the unbalanced reader's reading whatever the world size (where a share
 is under 1,024 packs, about 4,096 packs' row groups), and keeps the rows it reads of a window's row
 groups (its own ~1,024 packs: 128 MiB at 32k int32 tokens, besides the one group it decodes at a
