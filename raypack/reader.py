@@ -429,7 +429,8 @@ def _balanced(
 
 
 def _balanced_share(
-    spans: Spans,
+    at: Callable[[np.ndarray], np.ndarray],
+    total: int,
     costs: Callable[[np.ndarray], np.ndarray],
     rank: int,
     world: int,
@@ -438,15 +439,15 @@ def _balanced_share(
     key: int,
     balance: Balance,
 ) -> Spans:
-    """Rank `rank`'s positions of _balanced's epoch over `spans`, in the order of its steps, from the
-    costs of its neighbourhood's shares alone (`costs`: of the positions given): O(its
-    neighbourhood's packs), not O(the bucket's)."""
-    total = sum(b - a for a, b in spans)
+    """Rank `rank`'s positions of _balanced's epoch over a sequence of `total` positions (`at`: the
+    positions at given indices of it, past its end from its start again), in the order of its
+    steps, from the costs of its neighbourhood's shares alone (`costs`: of the positions given):
+    O(its neighbourhood's packs), not O(the bucket's)."""
     bounds = [_share(total, r, world, batch, last_batch)[:2] for r in range(world)]
     shares = np.array([hi - lo for lo, hi in bounds], dtype=np.int64)
     groups = balance.neighbourhoods(shares, batch)
     g = next(g for g, ranks in enumerate(groups) if ranks[0] <= rank <= ranks[-1])
-    real = positions_of(spans, np.arange(bounds[groups[g][0]][0], bounds[groups[g][-1]][1]))
+    real = at(np.arange(bounds[groups[g][0]][0], bounds[groups[g][-1]][1]))
     step, owner = balance.neighbourhood_steps(costs(real), shares, g, batch, key)
     mine = np.flatnonzero(owner == rank)
     return spans_of(real[mine[np.argsort(step[mine], kind="stable")]])
@@ -616,16 +617,11 @@ class Run:
         balance = Balance.of_state(state.get("balance"))
         return cls(state["world_size"], size, state["seed"], state["last_batch"], step, batching, balance)
 
-    def left(
-        self, buckets: list[_Bucket], before: list[Spans], salt: tuple[object, ...], terms: Terms | None
-    ) -> list[Spans]:
-        """What the epoch has left of each bucket after this run's `step` steps, from what it had
-        left before the run (`before`: the bucket's whole sequence for a run that began the epoch).
-        Every rank of the run took its share of `before` as Plan.of gives it and had taken, by
-        `step`, as many batches of each bucket as the run's schedule (salted by `salt`, the runs'
-        before it: Resume.salt) gives every rank; a balanced run's steps are its balanced ones
-        (`terms`: the packs' costs, _terms), and what they left is in the order of `before`."""
-        totals = [sum(b - a for a, b in spans) for spans in before]
+    def taken(
+        self, buckets: list[_Bucket], totals: list[int], salt: tuple[object, ...]
+    ) -> tuple[list[int], list[int]]:
+        """(packs a batch, batches every rank had taken) of each bucket, for a run over `totals`
+        packs of each bucket on its schedule salted by `salt` (Run.left)."""
         rows = self.batching.rows(buckets)
         steps = [
             _share(t, 0, self.world_size, n, self.last_batch)[2] for t, n in zip(totals, rows, strict=True)
@@ -636,7 +632,19 @@ class Run:
                 f"the state's step {self.step:,} is past the {len(schedule):,} steps its run's epoch has "
                 "(a state of another dataset, or edited?)"
             )
-        done = np.bincount(schedule[: self.step], minlength=len(buckets)).tolist()
+        return rows, np.bincount(schedule[: self.step], minlength=len(buckets)).tolist()
+
+    def left(
+        self, buckets: list[_Bucket], before: list[Spans], salt: tuple[object, ...], terms: Terms | None
+    ) -> list[Spans]:
+        """What the epoch has left of each bucket after this run's `step` steps, from what it had
+        left before the run (`before`: the bucket's whole sequence for a run that began the epoch).
+        Every rank of the run took its share of `before` as Plan.of gives it and had taken, by
+        `step`, as many batches of each bucket as the run's schedule (salted by `salt`, the runs'
+        before it: Resume.salt) gives every rank; a balanced run's steps are its balanced ones
+        (`terms`: the packs' costs, _terms), and what they left is in the order of `before`."""
+        totals = [sum(b - a for a, b in spans) for spans in before]
+        rows, done = self.taken(buckets, totals, salt)
         left: list[Spans] = []
         for i, (spans, total, taken, n) in enumerate(zip(before, totals, done, rows, strict=True)):
             if self.balance is not None:
@@ -654,6 +662,88 @@ class Run:
                 rest += _within(spans, min(lo + taken * n, hi), hi)
             left.append(rest)
         return left
+
+
+@dataclass(frozen=True)
+class _Leftover:
+    """What a balanced run that began the epoch left of one bucket (Run.left's sequence: each of its
+    neighbourhoods' unyielded packs, one neighbourhood after another, in the bucket's order), never
+    listed whole: `at` gives the positions at some of its indices from the steps of the
+    neighbourhoods holding them alone (their costs through `costs`). How many packs a neighbourhood
+    left needs no cost: each of its ranks took `taken` batches of its own share's size."""
+
+    run: Run
+    balance: Balance
+    """The run's."""
+    packs: int
+    batch: int
+    taken: int
+    key: int
+    costs: Callable[[np.ndarray], np.ndarray]
+
+    def _layout(self) -> tuple[list[tuple[int, int]], np.ndarray, list[np.ndarray], np.ndarray]:
+        """The run's shares' bounds and sizes, its neighbourhoods, and where each one's leftovers end."""
+        run, batch = self.run, self.batch
+        bounds = [
+            _share(self.packs, r, run.world_size, batch, run.last_batch)[:2] for r in range(run.world_size)
+        ]
+        shares = np.array([hi - lo for lo, hi in bounds], dtype=np.int64)
+        groups = self.balance.neighbourhoods(shares, batch)
+        left = shares - np.minimum(self.taken * batch, shares)
+        return bounds, shares, groups, np.cumsum([int(left[g].sum()) for g in groups], dtype=np.int64)
+
+    @property
+    def total(self) -> int:
+        ends = self._layout()[3]
+        return int(ends[-1]) if len(ends) else 0
+
+    def at(self, virtual: np.ndarray) -> np.ndarray:
+        """The positions at these indices of the sequence (past its end, from its start again)."""
+        bounds, shares, groups, ends = self._layout()
+        total = int(ends[-1]) if len(ends) else 0
+        if not total or not len(virtual):  # as positions_of: nothing left, no position
+            return np.zeros(0, dtype=np.int64)
+        out = np.empty(len(virtual), dtype=np.int64)
+        index = np.asarray(virtual, dtype=np.int64) % total
+        of = np.searchsorted(ends, index, side="right")
+        for g in np.unique(of).tolist():
+            ranks = groups[g]
+            real = positions_of([(0, self.packs)], np.arange(bounds[ranks[0]][0], bounds[ranks[-1]][1]))
+            step, _ = self.balance.neighbourhood_steps(self.costs(real), shares, g, self.batch, self.key)
+            kept = real[step >= self.taken]
+            here = of == g
+            out[here] = kept[index[here] - (int(ends[g]) - len(kept))]
+        return out
+
+
+Left = Spans | _Leftover
+"""What the epoch has left of a bucket: spans of its sequence, or a balanced first run's leftovers."""
+
+
+def _left(
+    pinned: Pinned, buckets: list[_Bucket], resume: Resume | None, seed: int, storage: StorageConfig | None
+) -> tuple[list[Left], Terms | None]:
+    """What the epoch has left of each bucket after the runs of `resume`, and every pack's terms
+    where that needed them. After one balanced run that began the epoch, its leftovers are read a
+    neighbourhood at a time (_Leftover: a rank reads the earlier run's neighbourhoods its own holds
+    packs of); after a chain of runs with a balanced one, every pack's terms, once (O(packs))."""
+    if resume is None:
+        return [[(0, b.packs)] for b in buckets], None
+    resume.check_seed(seed)
+    first = resume.runs[0]
+    if len(resume.runs) == 1 and first.balance is not None:
+        rows, done = first.taken(buckets, [b.packs for b in buckets], ())
+        out: list[Left] = []
+        for i, bucket in enumerate(buckets):
+            costs = functools.partial(_Costs(pinned, seed, storage, first.balance).at, i, bucket)
+            key = _key(first.seed, "balance", bucket.length)
+            out.append(_Leftover(first, first.balance, bucket.packs, rows[i], done[i], key, costs))
+        return out, None
+    terms = _terms(pinned, buckets, seed, storage) if resume.balanced else None
+    left: list[Spans] = [[(0, b.packs)] for b in buckets]
+    for k, earlier in enumerate(resume.runs):
+        left = earlier.left(buckets, left, resume.salt(k), terms)
+    return list(left), terms
 
 
 @dataclass(frozen=True)
@@ -881,27 +971,23 @@ class Plan:
         batching = batch_size if isinstance(batch_size, Batching) else Batching(batch_size)
         buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
         rows = batching.rows(buckets)
-        # Every pack's terms only where an earlier run was balanced: what its ranks left (Run.left)
-        # needs every neighbourhood's steps of that run. A fresh epoch reads its neighbourhood's.
-        terms = _terms(pinned, buckets, seed, storage) if resume is not None and resume.balanced else None
-        left = [[(0, b.packs)] for b in buckets]  # what the epoch has left of each bucket
-        if resume is not None:
-            resume.check_seed(seed)
-            for k, earlier in enumerate(resume.runs):
-                left = earlier.left(buckets, left, resume.salt(k), terms)
+        left, terms = _left(pinned, buckets, resume, seed, storage)
         salt = resume.salt() if resume is not None else ()
         shares, steps, full = [], [], []
-        for i, (spans, size) in enumerate(zip(left, rows, strict=True)):
-            total = sum(b - a for a, b in spans)
+        for i, (seq, size) in enumerate(zip(left, rows, strict=True)):
+            total = seq.total if isinstance(seq, _Leftover) else sum(b - a for a, b in seq)
             lo, hi, n = _share(total, rank, world_size, size, last_batch)
             steps.append(n)
             full.append(total // world_size // size if last_batch == "short" else n)
+            at = seq.at if isinstance(seq, _Leftover) else functools.partial(positions_of, seq)
             if balance is None:
-                shares.append(_within(spans, lo, hi))
+                shares.append(
+                    _within(seq, lo, hi) if isinstance(seq, list) else spans_of(at(np.arange(lo, hi)))
+                )
                 continue
             key = _key(seed, "balance", buckets[i].length, *salt)
             costs = functools.partial(_Costs(pinned, seed, storage, balance, terms).at, i, buckets[i])
-            shares.append(_balanced_share(spans, costs, rank, world_size, size, last_batch, key, balance))
+            shares.append(_balanced_share(at, total, costs, rank, world_size, size, last_batch, key, balance))
         keep = 1
         if balance is not None:
             # A window's packs are a slice of each of a neighbourhood's shares, each slice over this

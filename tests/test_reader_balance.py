@@ -433,7 +433,8 @@ def test_a_balanced_rank_reads_its_neighbourhoods_index_files_alone(
 ) -> None:
     """8 ranks in 2 neighbourhoods of 4 (windows of 16 packs a rank, 64 a neighbourhood): with every
     file that holds none of the first neighbourhood's packs deleted, its ranks still plan as every
-    pack's costs give (_all_packs_shares, on the whole dataset) and yield the same bytes."""
+    pack's costs give (_all_packs_shares, on the whole dataset) and yield the same bytes; so do the
+    ranks that take its leftovers after a resume."""
     small = Balance(per_token=0.0, window=64, rank_window=16)
     want = _all_packs_shares(many_groups, 2, 8, 3, "short", small)
     whole = pin(str(many_groups))
@@ -457,3 +458,72 @@ def test_a_balanced_rank_reads_its_neighbourhoods_index_files_alone(
         )
     with pytest.raises(FileNotFoundError):
         Plan.of(pin(str(copy)), 2, 7, 8, 3, "short", None, None, small)
+    # Resumed half-way by 8 other ranks of 3 packs: the first 4 take what the first neighbourhood
+    # left (each neighbourhood left as many packs), from its files alone.
+    steps = len(Plan.of(whole, 2, 0, 8, 3, "short", None, None, small).schedule)
+    resume = Resume.of(_state(8, 2, steps // 2, small))[0]
+    for rank in range(4):
+        got = Plan.of(pin(str(copy)), 3, rank, 8, 3, "short", None, resume, small)
+        assert got.shares == Plan.of(whole, 3, rank, 8, 3, "short", None, resume, small).shares
+
+
+@settings(max_examples=14, deadline=None)
+@given(
+    first=st.tuples(st.integers(1, 6), st.integers(1, 3), st.sampled_from([ATTENTION, SMALL])),
+    then=st.tuples(st.integers(1, 6), st.integers(1, 4), st.sampled_from([None, ATTENTION, SMALL])),
+    cut=st.floats(0, 1),
+    last_batch=st.sampled_from(["wrap", "drop", "short"]),
+)
+def test_a_resume_of_a_balanced_run_plans_as_every_packs_leftovers_give(
+    bucketed: Path, first: Any, then: Any, cut: float, last_batch: str
+) -> None:
+    """After one balanced run that began the epoch, each new rank's plan, made from the earlier run's
+    neighbourhoods that its own holds packs of, yields the positions in the order that every pack's
+    costs and Run.left's whole leftovers give (a chain of two runs takes that path)."""
+    pinned = pin(str(bucketed))
+    w1, b1, balance1 = first
+    steps = len(Plan.of(pinned, b1, 0, w1, 3, last_batch, None, None, balance1).schedule)
+    one = Resume.of(_state(w1, b1, int(cut * steps), balance1, last_batch=last_batch))[0]
+    chained = Resume.of(
+        _state(
+            w1, b1, 0, balance1, before=Resume.of(_state(1, 1, 0, None))[0].to_state(), last_batch=last_batch
+        )
+    )[0]
+    w2, b2, balance2 = then
+    for rank in range(w2):
+        got = Plan.of(pinned, b2, rank, w2, 3, last_batch, None, one, balance2)
+        want = _reference_resume(pinned, one, b2, rank, w2, last_batch, balance2)
+        assert [_flat(s) for s in got.shares] == [_flat(s) for s in want]
+    assert len(chained.runs) == 2
+    Plan.of(pinned, b2, 0, w2, 3, last_batch, None, chained, balance2)
+
+
+def _flat(spans: list[tuple[int, int]]) -> list[int]:
+    return [p for a, b in spans for p in range(a, b)]
+
+
+def _reference_resume(
+    pinned: Any, resume: Resume, batch: int, rank: int, world: int, last_batch: str, balance: Balance | None
+) -> list[list[tuple[int, int]]]:
+    """A rank's share of each bucket after `resume`'s one run, from every pack's terms: Run.left's
+    whole leftovers, then _all_packs_steps over them (or the unbalanced split)."""
+    from raypack.reader import _terms, _within
+
+    buckets = Plan.of(pinned, batch, 0, 1, 3, last_batch, None).buckets
+    terms = _terms(pinned, buckets, 3, None)
+    left = resume.runs[0].left(buckets, [[(0, b.packs)] for b in buckets], (), terms)
+    out = []
+    for i, (bucket, spans) in enumerate(zip(buckets, left, strict=True)):
+        total = sum(b - a for a, b in spans)
+        bounds = [_share(total, r, world, batch, last_batch)[:2] for r in range(world)]
+        if balance is None:
+            out.append(_within(spans, *bounds[rank]))
+            continue
+        real = positions_of(spans, np.arange(bounds[-1][1]))
+        costs = balance.cost(*terms[i])[real]
+        shares = np.array([hi - lo for lo, hi in bounds])
+        key = _key(3, "balance", bucket.length, *resume.salt())
+        step, owner = _all_packs_steps(costs, shares, batch, key, balance)
+        mine = np.flatnonzero(owner == rank)
+        out.append(spans_of(real[mine[np.argsort(step[mine], kind="stable")]]))
+    return out
