@@ -31,7 +31,7 @@ written). Each round opens rank 0's Plan at 8 and at 64 ranks × 2, each in a fr
 wall time and peak RSS, pandas imported first as a reader's first batch imports it): unbalanced,
 balanced, an elastic resume of a balanced run (64 ranks stopped half-way, resumed balanced at
 this world size) and, with `--baseline DIR` (a raypack checkout of another commit, e.g.
-`git archive <commit> raypack | tar -x -C DIR`), that raypack's balanced open; in interleaved
+`git archive <commit> raypack | tar -x -C DIR`), that raypack's balanced open and resume; in interleaved
 rounds, their order rotating; medians and the spread, and each one's extra seconds over the
 unbalanced open of its round.
 
@@ -195,8 +195,9 @@ from raypack.reader import Plan, Resume, pin
 path, kind, world = sys.argv[1], sys.argv[2], int(sys.argv[3])
 resume = None
 if kind == "resume":  # a balanced run of 64 ranks x 2 stopped half-way through the epoch
-    pinned = pin(path)
-    steps = len(Plan.of(pinned, 2, 0, 64, 1, "short", None).schedule)
+    # its steps from the manifest (a Plan made here would warm what the timed open loads first)
+    packs = sum(f["rows"] for f in json.load(open(path + "/manifest.json"))["files"])
+    steps = -(-(-(-packs // 64)) // 2)
     state = {"batch_size": 2, "world_size": 64, "seed": 1, "last_batch": "short", "next_step": steps // 2,
              "balance": Balance().to_state(), "resumed_from": None}
     resume = Resume.of(state)[0]
@@ -238,7 +239,7 @@ def open_figures(
     code = Path(__file__).resolve().parents[1]
     kinds = [("unbalanced", "unbalanced", code), ("balanced", "balanced", code), ("resume", "resume", code)]
     if baseline is not None:
-        kinds.append(("baseline_balanced", "balanced", baseline))
+        kinds += [("baseline_balanced", "balanced", baseline), ("baseline_resume", "resume", baseline)]
     out = []
     for world in worlds:
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in kinds}

@@ -38,9 +38,11 @@ are spread over its steps and ranks by cost, its steps in a seeded order; a pack
 of its window, so the epoch stays a shuffle (no curriculum), and last_batch's rules hold as above.
 The costs come from the pack indexes' doc_offsets, read when the reader starts (no token is read):
 a rank reads those of its neighbourhood's row groups alone and computes its neighbourhood's steps
-alone (raypack.balance.neighbourhood_steps), O(4 × packs / world_size) whatever the dataset's size;
-a resume of a balanced run's epoch reads every pack's, once (O(packs): what every neighbourhood of
-that run left, Run.left; docs/benchmarks.md measures both). What it costs: a rank reads its
+alone (raypack.balance.neighbourhood_steps), O(4 × packs / world_size) whatever the dataset's size.
+Resuming a balanced run that began the epoch, a rank reads those of the earlier run's
+neighbourhoods whose leftovers its own neighbourhood takes (O(4 × packs / the smaller world size));
+after a chain of runs, one of them balanced, every pack's, once (Run.left; docs/benchmarks.md
+measures them). What it costs: a rank reads its
 neighbourhood's shares, 4 × the unbalanced reader's reading whatever the world size (where a share
 is under 1,024 packs, about 4,096 packs' row groups), and keeps the rows it reads of a window's row
 groups (its own ~1,024 packs: 128 MiB at 32k int32 tokens, besides the one group it decodes at a
@@ -362,16 +364,17 @@ def _terms_at(
 
 def _terms(pinned: Pinned, buckets: list[_Bucket], seed: int, storage: StorageConfig | None) -> Terms:
     """Every pack's attention terms (_terms_at of every position): 16 bytes a pack, and every pack
-    index file's doc_offsets read. O(the dataset): a resume of a balanced run's epoch and
-    attention_imbalance need them all; a fresh epoch's plan reads its neighbourhood's (_Costs)."""
+    index file's doc_offsets read. O(the dataset): a resume after a chain of runs with a balanced
+    one and attention_imbalance need them all; a fresh epoch's plan, or one resuming a single
+    balanced run, reads its neighbourhood's (_Costs, _Leftover)."""
     return [_terms_at(pinned, bucket, np.arange(bucket.packs), seed, storage) for bucket in buckets]
 
 
 @dataclass(frozen=True)
 class _Costs:
     """The packs' costs a balanced plan asks for: read from the pack index's row groups that hold
-    them (a fresh epoch's: a rank's neighbourhood's, raypack.balance.neighbourhood_steps), or taken
-    from every pack's terms (`terms`: a resume of a balanced run, which needs them all, Run.left)."""
+    them (a rank's neighbourhood's, raypack.balance.neighbourhood_steps), or taken from every pack's
+    terms (`terms`: a resume after a chain of runs with a balanced one, Run.left)."""
 
     pinned: Pinned
     seed: int
