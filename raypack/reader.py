@@ -1308,7 +1308,7 @@ def attention_imbalance(
     """How uneven iter_batches' steps are on this dataset at `world_size` ranks of `batch_size`
     packs: the mean over steps of max / mean rank cost (Σ l² + balance_per_token · Σ l over a
     rank's documents), as "unbalanced" and "balanced" (balance="attention") read the epoch. From
-    the pack indexes' doc_offsets alone, as a balanced reader's start reads them; no token is read."""
+    every pack index's doc_offsets (O(the dataset), once; no token is read)."""
     check_args(batch_size, 0, world_size, last_batch)
     balance = Balance.attention(balance_per_token)
     pinned = pin(path, storage)
