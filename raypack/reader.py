@@ -113,6 +113,7 @@ import functools
 import hashlib
 import itertools
 import json
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -939,6 +940,30 @@ def balance_of(balance: str | None, per_token: float, tokens_per_batch: int | No
     return balanced
 
 
+def _warn_short_buckets(buckets: list[_Bucket], rows: list[int], world: int, last_batch: str) -> None:
+    """Warn of the buckets a fixed token count reads badly: one with fewer packs than a global step
+    holds (`rows` a rank × `world`) fills its one step by reading its packs again ("wrap") or is
+    never read ("drop"); one of length 1 has no token a shifted label trains (each chunk's first
+    token has none), so its steps' loss is 0/0. Raise pack.min_seq_len, or lower tokens_per_batch."""
+    short = [
+        (b.length, b.packs, n * world) for b, n in zip(buckets, rows, strict=True) if b.packs < n * world
+    ]
+    if short:
+        what = "read again to fill it" if last_batch == "wrap" else "never read"
+        listed = ", ".join(f"length {length} ({packs:,} of {step:,})" for length, packs, step in short)
+        warnings.warn(
+            f"tokens_per_batch: buckets with fewer sequences than one step of all ranks takes are {what}: "
+            f"{listed}; raise pack.min_seq_len or lower tokens_per_batch",
+            stacklevel=4,
+        )
+    if any(b.length == 1 and b.packs for b in buckets):
+        warnings.warn(
+            "tokens_per_batch: the dataset has a bucket of 1-token sequences, whose steps train no token "
+            "(a chunk's first token has no label): pack with pack.min_seq_len >= 2",
+            stacklevel=4,
+        )
+
+
 @dataclass(frozen=True)
 class Plan:
     """One rank's epoch over a pinned dataset: each bucket's share of positions and the bucket of every
@@ -974,6 +999,8 @@ class Plan:
         batching = batch_size if isinstance(batch_size, Batching) else Batching(batch_size)
         buckets = _buckets(pinned.path, pinned.manifest, seed, storage)
         rows = batching.rows(buckets)
+        if batching.tokens_per_batch is not None:
+            _warn_short_buckets(buckets, rows, world_size, last_batch)
         left, terms = _left(pinned, buckets, resume, seed, storage)
         salt = resume.salt() if resume is not None else ()
         shares, steps, full = [], [], []

@@ -5,6 +5,7 @@ schedule, every chunk once an epoch, and resume (start_step, resume=, load_state
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -295,3 +296,17 @@ def test_load_state_dict_at_another_token_count_goes_on_elastically(decomposed: 
     assert rest and all(b.size == 2 * TOKENS for b in rest)
     seen = head + [_key(row) for b in rest for row in b]
     assert len(seen) == len(set(seen))
+
+
+def test_buckets_a_step_cannot_fill_are_named_in_a_warning(decomposed: Path) -> None:
+    """A bucket with fewer chunks than one step of every rank takes is read again to fill it (wrap)
+    or never read (drop): the reader says which, where the token count is too large for it."""
+    counts = {int(b.length): b.packs for b in Plan.of(pin(str(decomposed)), 1, 0, 1, 0, "wrap", None).buckets}
+    large = 512 * max(counts.values())  # every bucket but the 512 one is short of one step's chunks
+    with pytest.warns(UserWarning, match=r"never read: length 16 \("):
+        list(iter_batches(str(decomposed), tokens_per_batch=large, last_batch="drop"))
+    with pytest.warns(UserWarning, match="read again to fill it"):
+        next(iter_batches(str(decomposed), tokens_per_batch=large, world_size=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        next(iter_batches(str(decomposed), tokens_per_batch=TOKENS))

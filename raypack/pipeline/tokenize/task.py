@@ -235,9 +235,11 @@ class TokenizeShards:
         some = np.flatnonzero(lengths > 0)
         placed = pack.make_items(lengths[some]).placed_per_doc()
         kept = mixture.kept(lengths[some], pack.seq_len, pack.overflow)
-        reason = f"decompose: its last tokens past a multiple of pack.min_seq_len ({low}) are in no chunk"
-        for i in some[kept > placed].tolist():
-            reject = Reject.cut(batch.rows[i], reason, str(batch.texts[i]))
+        tail = f"decompose: its last tokens past a multiple of pack.min_seq_len ({low}) are in no chunk"
+        whole = f"decompose: shorter than pack.min_seq_len ({low}), the whole document is in no chunk"
+        cut = kept > placed
+        for i, none in zip(some[cut].tolist(), (placed[cut] == 0).tolist(), strict=True):
+            reject = Reject.cut(batch.rows[i], whole if none else tail, str(batch.texts[i]))
             file = batch.files[i] if batch.files is not None else 0
             rejects.append(dataclasses.replace(reject, file=file).as_row(unit.relpaths))
 
