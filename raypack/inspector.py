@@ -382,8 +382,8 @@ def render(view: PackView, *, full: bool = False, ids: bool = False, color: bool
         f"{len(view.items)} item{'s' if len(view.items) != 1 else ''}, {view.num_tokens:,} of "
         f"{view.capacity:,} tokens{trained}",
     ]
-    for k, item in enumerate(view.items):
-        lines.append(_item_header(k, item))
+    for k, (item, end) in enumerate(zip(view.items, padded_ends(view), strict=True)):
+        lines.append(_item_header(k, item, end - item.end))
         if item.parts:
             lines.append(_styled(_elided(item.parts, full), color))
         if ids or not item.parts:
@@ -392,7 +392,14 @@ def render(view: PackView, *, full: bool = False, ids: bool = False, color: bool
     return "\n".join(lines)
 
 
-def _item_header(k: int, item: Item) -> str:
+def padded_ends(view: PackView) -> list[int]:
+    """Each item's end with its alignment padding (pack.pad_multiple: up to the next multiple of it,
+    where the next item starts); an item's own end where the dataset aligns none."""
+    k = int(spec_of(view.pinned.manifest).pad_multiple)
+    return [-(-item.end // k) * k for item in view.items]
+
+
+def _item_header(k: int, item: Item, aligned: int = 0) -> str:
     tokens = len(item.ids)
     if item.chunks is None:
         which = f"chunk_index {item.chunk_index}"
@@ -404,19 +411,24 @@ def _item_header(k: int, item: Item) -> str:
         which = f"chunk_index {item.chunk_index} of {item.chunks} chunks"
     trained = f", {int(item.mask.sum()):,} trained" if item.mask is not None else ""
     where = f"positions {item.start:,}..{item.end:,}"
+    if aligned:
+        where += f" + {aligned:,} of alignment padding"
     return f"── item {k} · {item.doc_id} · {which} · {tokens:,} tokens{trained} · {where}"
 
 
 def _padding_line(view: PackView) -> str:
-    pad = view.capacity - view.num_tokens
-    if not pad:
+    ends = padded_ends(view)
+    end = view.capacity - (ends[-1] if ends else 0)
+    aligned = sum(e - item.end for item, e in zip(view.items, ends, strict=True))
+    if not end and not aligned:
         return "── no padding"
     name = view.names.get(view.pad_id)
     string = view.token_strings.get(view.pad_id)
     what = " ".join(s for s in (f"⟨{name}⟩" if name else "", string or "") if s)
-    return f"── padding: {pad:,} position{'s' if pad != 1 else ''} of id {view.pad_id}" + (
+    line = f"── padding: {end:,} position{'s' if end != 1 else ''} at the end, of id {view.pad_id}" + (
         f" ({what})" if what else ""
     )
+    return line + (f"; {aligned:,} of alignment padding after the items" if aligned else "")
 
 
 def _elided(parts: list[Part], full: bool) -> list[Part]:
@@ -490,6 +502,7 @@ def json_record(view: PackView) -> dict[str, Any]:
         "capacity": view.capacity,
         "num_tokens": view.num_tokens,
         "padding": view.capacity - view.num_tokens,
+        "end_padding": view.capacity - (padded_ends(view)[-1] if view.items else 0),
         "pad_id": view.pad_id,
         "loss_mask": view.masked,
         "tokenizer": view.tokenizer or None,
@@ -503,12 +516,13 @@ def json_record(view: PackView) -> dict[str, Any]:
                 "document_tokens": item.length,
                 "start": item.start,
                 "end": item.end,
+                "padded_end": end,
                 "tokens": len(item.ids),
                 "ids": item.ids.tolist(),
                 "text": item.text,
                 "trained": int(item.mask.sum()) if item.mask is not None else None,
                 "untrained": item.untrained_spans() if item.mask is not None else None,
             }
-            for item in view.items
+            for item, end in zip(view.items, padded_ends(view), strict=True)
         ],
     }

@@ -60,7 +60,7 @@ def plain(tmp_path_factory: pytest.TempPathFactory, tokenizer_path: Path) -> dic
         fmt: _pack(tmp, fmt, inputs, tokenizer_path, output={"format": fmt})
         for fmt in ("parquet", "megatron")
     }
-    return {"tmp": tmp, "corpus": corpus, "out": out, "texts": _texts(corpus)}
+    return {"tmp": tmp, "corpus": corpus, "out": out, "texts": _texts(corpus), "tokenizer": tokenizer_path}
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +159,40 @@ def test_the_text_view_shows_documents_markers_chunks_and_padding(
                 assert f"chunk_index {chunk} of " in header.group(1)
         pad = SEQ - row["num_tokens"]
         positions = f"{pad} position{'s' if pad != 1 else ''}"
-        want = f"── padding: {positions} of id {PAD} (⟨pad⟩ <|pad|>)" if pad else "── no padding"
+        want = f"── padding: {positions} at the end, of id {PAD} (⟨pad⟩ <|pad|>)" if pad else "── no padding"
         assert shown.rstrip().endswith(want)
     assert "tokenizer  " in shown and "⟨eos⟩ 0 <|endoftext|>" in shown
+
+
+def test_alignment_padding_is_shown_after_each_item_and_apart_from_the_end(
+    plain: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pack.pad_multiple: each item's padding up to the next multiple is shown after it, the
+    pack's end padding apart, and the positions add up to the pack's capacity."""
+    out = _pack(
+        plain["tmp"],
+        "aligned",
+        {"paths": [f"{plain['corpus']}/*"], "group_bytes": 0},
+        plain["tokenizer"],
+        pack={"pad_multiple": 16},
+    )
+    seen = 0
+    for number in range(len(_reader_packs(out))):
+        record = _json(capsys, str(out), str(number))
+        items = record["items"]
+        assert [i["padded_end"] % 16 for i in items] == [0] * len(items)
+        assert [i["start"] for i in items[1:]] == [i["padded_end"] for i in items[:-1]]
+        aligned = sum(i["padded_end"] - i["end"] for i in items)
+        assert record["end_padding"] == SEQ - items[-1]["padded_end"]
+        assert record["num_tokens"] + aligned + record["end_padding"] == SEQ
+        assert main(["inspect", str(out), str(number)]) == 0
+        shown = capsys.readouterr().out
+        if aligned:
+            seen += 1
+            assert f"; {aligned:,} of alignment padding after the items" in shown
+            gap = items[0]["padded_end"] - items[0]["end"]
+            assert (f" + {gap:,} of alignment padding\n" in shown) == (gap > 0)
+    assert seen > 0
 
 
 def test_long_texts_are_elided_unless_full_and_ids_are_shown_with_ids(
