@@ -502,7 +502,7 @@ def cell(work: Path, corpus: str, folder: Path, texts: list[str], family: str, a
         ref = job(work, folder, tokenizer, name + "-ref", "tokenizers")["digest"]
         exact = "exact" if ref == rounds[-1]["this"]["digest"] else "DIFFERENT"
         assert exact == "exact", f"{name}: the data files differ from tokenizers'"
-    floor = bench_store.floor_seconds(work / f"out-{name}", len(os.sched_getaffinity(0)))
+    floor, floor_cpu = bench_store.floor_seconds(work / f"out-{name}", len(os.sched_getaffinity(0)))
     row = {
         "corpus": corpus,
         "tokenizer": family,
@@ -511,7 +511,7 @@ def cell(work: Path, corpus: str, folder: Path, texts: list[str], family: str, a
         "tokens": fast_n,
         "baseline": min(fast_s, statistics.median(r["procs"] for r in rounds)),
         "floor": floor,
-        "floor_cpu": floor * len(os.sched_getaffinity(0)),
+        "floor_cpu": floor_cpu,
         "backend": rounds[-1]["this"]["chosen"],
         "exact": exact,
         "parts": parts_seconds(tokenizer, backend, folder) if args.parts else {},
