@@ -1335,7 +1335,8 @@ def attention_imbalance(
     """How uneven iter_batches' steps are on this dataset at `world_size` ranks of `batch_size`
     packs: the mean over steps of max / mean rank cost (Σ l² + balance_per_token · Σ l over a
     rank's documents), as "unbalanced" and "balanced" (balance="attention") read the epoch. From
-    every pack index's doc_offsets (O(the dataset), once; no token is read)."""
+    every pack index's doc_offsets (O(the dataset), once; no token is read). ValueError where the
+    epoch makes no step."""
     check_args(batch_size, 0, world_size, last_batch)
     balance = Balance.attention(balance_per_token)
     pinned = pin(path, storage)
@@ -1354,7 +1355,10 @@ def attention_imbalance(
         key = _key(seed, "balance", bucket.length)
         real, step, owner = _balanced(spans, costs, world_size, batch_size, last_batch, key, balance)
         balanced.append(step_costs(costs[real], step, owner, world_size))
-    return {
-        "unbalanced": imbalance(np.concatenate(plain)),
-        "balanced": imbalance(np.concatenate(balanced)),
-    }
+    per_step = np.concatenate(plain)
+    if not len(per_step):
+        raise ValueError(
+            f"the dataset's {sum(b.packs for b in buckets):,} packs make no step of {world_size:,} ranks × "
+            f"{batch_size:,} packs (last_batch={last_batch!r})"
+        )
+    return {"unbalanced": imbalance(per_step), "balanced": imbalance(np.concatenate(balanced))}

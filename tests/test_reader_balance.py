@@ -527,3 +527,11 @@ def _reference_resume(
         mine = np.flatnonzero(owner == rank)
         out.append(spans_of(real[mine[np.argsort(step[mine], kind="stable")]]))
     return out
+
+
+def test_attention_imbalance_of_an_epoch_with_no_step_is_an_error(bucketed: Path) -> None:
+    """More ranks × packs than the dataset holds under drop: no step to measure, said, not 1.0."""
+    from raypack.reader import attention_imbalance
+
+    with pytest.raises(ValueError, match="make no step of 100,000 ranks"):
+        attention_imbalance(str(bucketed), 2, 100_000)

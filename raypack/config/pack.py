@@ -156,6 +156,7 @@ class PackConfig:
             raise ConfigError(
                 f"pack.pad_multiple {k} must divide pack.seq_len {self.seq_len} (every pack and every "
                 f"chunk of a split document is then a multiple of it); use seq_len {near}"
+                + ("" if k % 2 == 0 else " (context parallelism takes 2 x CP, an even number)")
             )
         if self.algorithm == "bucket":
             lengths = self.bucket_lengths or default_buckets(self.seq_len)
