@@ -39,7 +39,6 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 os.environ["FASTOKENS_BPE_THREADS"] = "1"
 
 import argparse
-import hashlib
 import json
 import statistics
 import sys
@@ -53,7 +52,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_job import REAL, ROOTS, real_tokenizer
+from bench_job import REAL, real_tokenizer, source_texts
 
 CORPORA = ("prose", "code", "multilingual")
 SUFFIXES = {"prose": {".md", ".rst", ".txt"}, "code": {".c", ".cc", ".cpp", ".h", ".hpp"}}
@@ -65,35 +64,12 @@ def corpus(name: str, mb: float) -> list[str]:
     """`mb` MB of the named corpus's documents (CORPORA), distinct, in a fixed order."""
     texts: list[str] = []
     total = 0
-    for text in _multilingual() if name == "multilingual" else _files(SUFFIXES[name]):
+    for text in _multilingual() if name == "multilingual" else source_texts(SUFFIXES[name]):
         texts.append(text)
         total += len(text.encode("utf-8", "surrogatepass"))
         if total >= mb * 1e6:
             break
     return texts
-
-
-def _files(suffixes: set[str]) -> Iterator[str]:
-    """The UTF-8 files of 1 kB-2 MB with one of `suffixes` under bench_job.ROOTS, each once."""
-    seen: set[bytes] = set()
-    for root in ROOTS:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                path = Path(dirpath, name)
-                if path.suffix not in suffixes or path.is_symlink():
-                    continue
-                try:
-                    if not 1_000 <= path.stat().st_size <= 2_000_000:
-                        continue
-                    data = path.read_bytes()
-                    text = data.decode("utf-8")
-                except (OSError, UnicodeDecodeError):
-                    continue
-                digest = hashlib.sha1(data).digest()
-                if digest not in seen:
-                    seen.add(digest)
-                    yield text
 
 
 def _multilingual() -> Iterator[str]:

@@ -81,7 +81,21 @@ UNIT_MB = 16  # work units of the one-file comparison: ~8 a core on 2 cores at 1
 LARGE_VOCAB = 131_072
 
 
-def source_texts() -> Iterator[str]:
+def deal(texts: list[str], cores: int) -> list[list[str]]:
+    """`texts` dealt to `cores` shares, largest first to the share with the fewest characters so far
+    (so the shares' sizes differ by less than one text)."""
+    shares: list[list[str]] = [[] for _ in range(cores)]
+    loads = [0] * cores
+    for text in sorted(texts, key=len, reverse=True):
+        k = loads.index(min(loads))
+        shares[k].append(text)
+        loads[k] += len(text)
+    return shares
+
+
+def source_texts(suffixes: set[str] = SUFFIXES) -> Iterator[str]:
+    """The UTF-8 files of 1 kB-2 MB with one of `suffixes` under ROOTS, each distinct file once, in
+    a fixed order."""
     seen: set[bytes] = set()
     for root in ROOTS:
         if not root.is_dir():
@@ -90,7 +104,7 @@ def source_texts() -> Iterator[str]:
             dirnames.sort()
             for name in sorted(filenames):
                 path = Path(dirpath, name)
-                if path.suffix not in SUFFIXES or path.is_symlink():
+                if path.suffix not in suffixes or path.is_symlink():
                     continue
                 try:
                     size = path.stat().st_size
@@ -258,12 +272,7 @@ def processes_seconds(tokenizer: Path, texts: list[str]) -> tuple[float, int]:
     import multiprocessing
 
     cores = os.cpu_count() or 1
-    shares: list[list[str]] = [[] for _ in range(cores)]
-    loads = [0] * cores
-    for text in sorted(texts, key=len, reverse=True):
-        k = loads.index(min(loads))
-        shares[k].append(text)
-        loads[k] += len(text)
+    shares = deal(texts, cores)
     ctx = multiprocessing.get_context("fork")
     pipes = [ctx.Pipe(duplex=False) for _ in range(cores)]
     t0 = time.perf_counter()

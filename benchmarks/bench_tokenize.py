@@ -295,12 +295,7 @@ def alone_seconds(tokenizer: Path, backend: str, texts: list[str]) -> dict[str, 
     the encoder); the processes' CPU seconds of each ("alone_cpu": all of them, "load_cpu": one
     load, which a job does once); the tokens."""
     cores = len(os.sched_getaffinity(0))
-    shares: list[list[str]] = [[] for _ in range(cores)]
-    loads = [0] * cores
-    for text in sorted(texts, key=len, reverse=True):
-        k = loads.index(min(loads))
-        shares[k].append(text)
-        loads[k] += len(text)
+    shares = bench_job.deal(texts, cores)
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(cores)
     pipes = [ctx.Pipe(duplex=False) for _ in range(cores)]
