@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from raypack.packing._jit import njit
-from raypack.packing.items import Items, check_lengths, make_items
+from raypack.packing.items import Items, kept_lengths
 
 __all__ = ["assign", "make_concat_items"]
 
@@ -19,12 +19,7 @@ __all__ = ["assign", "make_concat_items"]
 def make_concat_items(lengths: np.ndarray, seq_len: int, overflow: str) -> Items:
     """Items are the pieces the stream cuts make. `truncate`/`drop` still apply first, so a user who
     asked for them gets the same tokens as with any other packer; `split` adds nothing (cuts do)."""
-    if overflow == "split":
-        doc_length = check_lengths(lengths)
-        stream = doc_length
-    else:
-        base = make_items(lengths, seq_len, overflow)
-        doc_length, stream = base.doc_length, base.placed_per_doc()
+    doc_length, stream = kept_lengths(lengths, seq_len, overflow)
     n_items = _count_pieces(stream, seq_len)
     doc_start = np.empty(len(stream) + 1, dtype=np.int64)
     length = np.empty(n_items, dtype=np.int32)

@@ -20,8 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from raypack.packing._jit import njit
-from raypack.packing.items import Items, check_depth, check_lengths
-from raypack.packing.items import make_items as base_items
+from raypack.packing.items import Items, check_depth, kept_lengths
 from raypack.packing.plan import Plan
 
 __all__ = ["check_lengths_of", "chunk_lengths", "is_power_of_two", "make_items", "plan"]
@@ -52,12 +51,7 @@ def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split", *, mi
     truncate or drop applies first (as for any packer); split adds nothing: the rule cuts every
     document longer than seq_len already."""
     check_lengths_of(seq_len, min_seq_len)
-    if overflow == "split":
-        doc_length = check_lengths(lengths)
-        kept = doc_length
-    else:
-        base = base_items(lengths, seq_len, overflow)
-        doc_length, kept = base.doc_length, base.placed_per_doc()
+    doc_length, kept = kept_lengths(lengths, seq_len, overflow)
     shift = seq_len.bit_length() - 1
     low = min_seq_len.bit_length() - 1
     doc_start = np.empty(len(kept) + 1, dtype=np.int64)

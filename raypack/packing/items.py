@@ -147,6 +147,17 @@ def make_items(lengths: np.ndarray, seq_len: int, overflow: str = "split", pad_m
     return Items(doc_length=doc_length, doc_start=doc_start, length=length, pad_multiple=pad_multiple)
 
 
+def kept_lengths(lengths: np.ndarray, seq_len: int, overflow: str) -> tuple[np.ndarray, np.ndarray]:
+    """(every document's length, the tokens of each that `overflow` keeps) for a packer that cuts
+    documents its own way: truncate and drop apply first, as for any packer; split keeps every
+    token (the packer's own cuts split)."""
+    if overflow == "split":
+        doc_length = check_lengths(lengths)
+        return doc_length, doc_length
+    base = make_items(lengths, seq_len, overflow)
+    return base.doc_length, base.placed_per_doc()
+
+
 def check_pad_multiple(pad_multiple: int, seq_len: int) -> None:
     """ValueError unless pad_multiple is at least 1 and divides seq_len."""
     if pad_multiple < 1:
