@@ -48,7 +48,7 @@ from raypack.mixture import (
     targets,
     unit_keys,
 )
-from raypack.packing import item_histogram, make_items
+from raypack.packing import item_histogram
 from raypack.pipeline.tokenize.summary import Totals, write_index
 from raypack.storage import resolve
 
@@ -216,7 +216,7 @@ def select_run(
                 chosen, tokens = chosen_by.layer(c)
                 if not len(chosen):
                     break
-                items = make_items(tokens, seq_len, overflow, cfg.pack.pad_multiple)
+                items = cfg.pack.make_items(tokens)
                 hists[c] += item_histogram(items.span, seq_len)
                 cut_short = tokens < length[chosen]  # a partial copy: a truncation of its document
                 layer = DocStats.from_items(items, cut=cut_short)
