@@ -16,6 +16,7 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -340,6 +341,23 @@ def packed_documents(out: Path) -> dict[str, list[int]]:
                     (row["chunk_index"][k], row["input_ids"][ends[k] : ends[k + 1]])
                 )
     return {doc_id: [t for _, part in sorted(parts) for t in part] for doc_id, parts in pieces.items()}
+
+
+def assert_epoch_read_under(
+    last_batch: str, everything: Counter[tuple[int, int]], got: Counter[tuple[int, int]], slack: int
+) -> None:
+    """Per bucket, an epoch read in runs (`got`: each (bucket, position) read, with its count) against
+    every pack (`everything`): under "drop" none twice and fewer than `slack` (the runs' rounds) left
+    unread; otherwise every one read, fewer than `slack` of them twice."""
+    for bucket in {bucket for bucket, _ in everything}:
+        want = {p for p in everything if p[0] == bucket}
+        have = Counter({p: n for p, n in got.items() if p[0] == bucket})
+        if last_batch == "drop":
+            assert max(have.values(), default=1) == 1 and set(have) <= want
+            assert len(want) - len(have) < slack
+        else:
+            assert set(have) == want
+            assert sum(have.values()) - len(want) < slack
 
 
 def train_tokenizer(path: Path, vocab_size: int, seed: int) -> Path:
