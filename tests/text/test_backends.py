@@ -10,6 +10,7 @@ import json
 import random
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -637,6 +638,35 @@ def test_the_in_run_check_leaves_out_what_tokenizers_encoded(tokenizer_path: Pat
     checker.check(texts, flat, lengths, 10.0, routed)  # a budget for every text
     seen = [t for batch in spy.seen for t in batch]
     assert len(seen) == 30 and all(int(t.split()[1].rstrip(":")) % 2 for t in seen)
+
+
+def test_the_in_run_check_keeps_its_share_over_a_workers_units_not_a_floor_a_unit(
+    tokenizer_path: Path,
+) -> None:
+    """A worker's units share one CheckBudget: 40 units of a fast encoder's 1 ms each re-check
+    CHECK_SHARE of the 40 ms (at least CHECK_FLOOR_S), what one unit could not afford left to the
+    next, where a budget a unit (its floor each time) would re-check 40 floors' worth: 25× the
+    share, as a 300 MB/s encoder on 2 MB units made it."""
+    from raypack.text.encode import CHECK_FLOOR_S, CHECK_SHARE, CheckBudget, Checker
+
+    _, reference, _ = _encoders(tokenizer_path)
+    rate = 1024.0  # characters a second: a 1-character text costs 1/1024 s, exactly
+    texts = ["x"] * 64
+
+    def checked(budget_of: Callable[[], CheckBudget]) -> int:
+        total = 0
+        for unit in range(40):
+            checker = Checker(reference, f"unit {unit}", budget_of())
+            checker.budget.rate = rate
+            picked = checker._pick(texts, 0.001)
+            checker.budget.check_s += len(picked) / rate  # as _spent adds the seconds it took
+            total += len(picked)
+        return total
+
+    shared = CheckBudget()
+    allowed = max(CHECK_FLOOR_S, CHECK_SHARE * 40 * 0.001) * rate
+    assert allowed - 1 <= checked(lambda: shared) <= allowed
+    assert checked(CheckBudget) >= 40 * int(CHECK_FLOOR_S * rate)
 
 
 def test_a_fast_encoder_is_loaded_warm_so_a_forked_worker_starts_with_its_tables_built(tekken: Path) -> None:

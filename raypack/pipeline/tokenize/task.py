@@ -44,7 +44,7 @@ from raypack.pipeline.tokenize.token_files import (
 )
 from raypack.storage import atomic_output, open_output, read_bytes, whole_output, write_bytes
 from raypack.text.backends import Encoder, Guarded, Mismatch, TokenizersEncoder
-from raypack.text.encode import Checker, encode_batch
+from raypack.text.encode import CheckBudget, Checker, encode_batch
 from raypack.text.files import chat_template
 from raypack.text.offsets import Coder, reference_coder
 
@@ -93,6 +93,7 @@ class TokenizeShards:
                     f"fastokens did not load on a node ({loaded.fast_error}): tokenizers encoded there"
                 )
         self._checker: Checker | None = None
+        self._budget = CheckBudget()  # the in-run check's share, kept over this worker's units
         self._cuts = [0, 0, 0]
         self._trained = 0
         self.template = chat_template(cfg, self.tok)
@@ -127,7 +128,7 @@ class TokenizeShards:
             self.fast.routed[:] = [0, 0]  # this unit's texts fastokens' copy does not take
         if self.encoder is self.reference:
             return self._tokenize(unit)
-        self._checker = Checker(self.reference, f"{unit.label}:{unit.shard.unit_start}")
+        self._checker = Checker(self.reference, f"{unit.label}:{unit.shard.unit_start}", self._budget)
         try:
             return self._tokenize(unit)
         except Mismatch as e:
