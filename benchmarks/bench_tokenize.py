@@ -259,6 +259,7 @@ def _encoder(tokenizer: str, backend: str) -> Any:
         return reference
     fast = FastokensEncoder(text)
     fast.reference = reference
+    fast.warm()  # its first-encode tables, built where the job's zygote loads it (part of the load)
     return fast
 
 
@@ -335,6 +336,20 @@ class _Timed:
             self.seconds += time.perf_counter() - t0
 
 
+class _TimedCall:
+    """A function whose calls' seconds are added up."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.seconds = fn, 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+
 def parts_seconds(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
     """The stage's steps on every shard of `corpus`, on one core in this process (module docstring)."""
     os.environ.setdefault("RAYON_NUM_THREADS", "1")
@@ -352,8 +367,8 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
     from raypack.corpus.readers import jsonl
     from raypack.pipeline.tokenize.token_files import Checksum
     from raypack.storage import Shard, resolve
-    from raypack.text.cuts import cut_text
-    from raypack.text.encode import PIECE_CHARS, Checker, encode_flat
+    from raypack.text import encode
+    from raypack.text.encode import CheckBudget, Checker, encode_flat
     from raypack.text.tokenizer import TOKENIZER_FILE, load_tokenizer
 
     cfg = from_dict(
@@ -370,6 +385,12 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
     tok = load_tokenizer(cfg.tokenizer, {TOKENIZER_FILE: tokenizer.read_bytes()}, framed=cfg.framed)
     encoder = _encoder(str(tokenizer), backend)
     timed = _Timed(encoder)
+    # The cuts of texts over PIECE_CHARS (their checks with tokenizers), timed where encode_flat
+    # makes them; the in-run check's account kept over the shards, as a worker keeps it.
+    cutting = _TimedCall(encode.cut_text)
+    encode.cut_text = cutting  # type: ignore[assignment]
+    budget = CheckBudget()
+    pa.array(["x"])  # pyarrow's question whether pandas is there, asked on a first array: as warm_worker
     reading = cfg.input.reading()
     seconds = dict.fromkeys(("read+inflate", "parse", "encode", "checks", "offsets", "token files"), 0.0)
     for k, path in enumerate(sorted(corpus.glob("part-*.jsonl.gz"))):
@@ -381,17 +402,12 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
         t0 = time.perf_counter()
         read = list(jsonl.read(fs, inner, shard, reading, cfg.tokenizer.batch_size))
         seconds["parse"] += time.perf_counter() - t0
-        checker = Checker(encoder if backend != "fastokens" else encoder.reference, path.name)
+        checker = Checker(encoder if backend != "fastokens" else encoder.reference, path.name, budget)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, schema.TOKENIZED) as writer:
             checksum = Checksum()
             for batch in read:
-                long = [t for t in batch.texts if len(t) > PIECE_CHARS]
-                t0 = time.perf_counter()
-                for text in long:
-                    cut_text(text, PIECE_CHARS, tok.cut_rule()[0], tok.encode_ids)
-                cut_s = time.perf_counter() - t0
-                before, checked = timed.seconds, checker.check_s
+                before, checked, cut = timed.seconds, checker.check_s, cutting.seconds
                 t0 = time.perf_counter()
                 flat, lengths = encode_flat(
                     tok, cfg.tokenizer, batch.texts, timed, checker if backend == "fastokens" else None
@@ -409,6 +425,7 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
                 )
                 spent = time.perf_counter() - t0
                 encode_s, check_s = timed.seconds - before, checker.check_s - checked
+                cut_s = cutting.seconds - cut
                 seconds["encode"] += encode_s
                 seconds["checks"] += check_s + cut_s
                 seconds["offsets"] += max(spent - encode_s - check_s - cut_s, 0.0)
