@@ -648,8 +648,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         report.warnings.append(f"no document re-tokenized: {note}; give --config or --set to say where")
     if report.ok:
         sampled = f", {report.sampled} documents re-tokenized and equal" if cfg and args.sample else ""
+        unpacked = f" ({report.unpacked:,} with no token packed)" if report.unpacked else ""
         print(
-            f"OK: {report.dataset}: {report.documents:,} documents, {report.items:,} items, "
+            f"OK: {report.dataset}: {report.documents:,} documents{unpacked}, {report.items:,} items, "
             f"{report.packs:,} packs, {report.tokens:,} tokens{sampled}"
         )
         if report.trial:

@@ -68,6 +68,9 @@ class VerifyReport:
     """Its output format (raypack.formats)."""
     problems: list[str] = field(default_factory=list)
     documents: int = 0
+    unpacked: int = 0
+    """Of the documents, those none of whose tokens is in the packs: dropped whole (overflow drop,
+    decompose's min_seq_len: rejects/ says why) or left out by a mixture."""
     items: int = 0
     packs: int = 0
     tokens: int = 0
@@ -175,6 +178,7 @@ def _count_documents(docs: pa.Table, report: VerifyReport) -> tuple[pa.Table, pa
     # the mixture left out): the documents are the rows of copy 0 or -1.
     originals = docs.filter(pc.less_equal(docs.column("copy"), 0))
     report.documents = originals.num_rows
+    report.unpacked = originals.num_rows - pc.sum(pc.greater(originals.column("placed"), 0)).as_py()
     per_id = docs.group_by("doc_id").aggregate(
         [("doc_id", "count"), ("chunks", "sum"), ("chunks", "max"), ("placed", "sum")]
     )

@@ -17,7 +17,7 @@ from raypack.config import load_config
 from raypack.errors import ConfigError
 from raypack.packing.decompose import chunk_lengths
 from raypack.verifier import verify
-from tests.conftest import cli, independent_tokens, job_config, make_corpus, packed_documents
+from tests.conftest import cli, independent_tokens, job_config, make_corpus, packed_documents, write_jsonl
 
 
 def _digests(out: Path) -> dict[str, str]:
@@ -31,6 +31,7 @@ def test_pack_decompose_keeps_every_token_in_power_of_two_chunks_and_reruns_alik
     tmp_path: Path, tokenizer_path: Path
 ) -> None:
     corpus = make_corpus(tmp_path, shards=2, docs_per_shard=50, seed=5)
+    write_jsonl(corpus / "short.jsonl", [{"text": "hi"}, {"text": "a few words"}])  # under 8 tokens
     pack = {"algorithm": "decompose", "seq_len": 256, "min_seq_len": 8}
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack)
     cli("pack", str(cfg), "--quiet")
@@ -71,6 +72,12 @@ def test_pack_decompose_keeps_every_token_in_power_of_two_chunks_and_reruns_alik
     report = verify(str(out), load_config(str(cfg)))
     assert report.ok, report.problems
     assert report.sampled > 0
+    # The documents shorter than min_seq_len are in the index, and verify says none of their tokens
+    # is packed rather than count them with the packed ones.
+    short = sum(len(t) < 8 for t in expected.values())
+    assert report.documents == len(expected) and report.unpacked == short > 0
+    said = cli("verify", str(out)).stdout
+    assert f"{len(expected):,} documents ({short:,} with no token packed)," in said
 
     first = _digests(out)
     cli("pack", str(cfg), "--quiet", "--overwrite")
