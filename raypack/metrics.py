@@ -115,6 +115,12 @@ class PackingMetrics:
     def packs_over_lower_bound(self) -> float:
         return self.packs / self.lower_bound if self.lower_bound else 1.0
 
+    @property
+    def lengths_vary(self) -> bool:
+        """Packs of several lengths (buckets, decompose's chunks): lower_bound counts packs of
+        seq_len, which says nothing of them; their positions (slots) and efficiency do."""
+        return self.slots != self.packs * self.seq_len
+
     def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["truncation_bands"] = [asdict(b) for b in self.truncation_bands]

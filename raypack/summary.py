@@ -7,7 +7,7 @@ from typing import Any
 from raypack.dataset.manifest import describe_sample
 from raypack.dataset.store import store_line
 from raypack.formats import total_bytes
-from raypack.metrics import slots_line
+from raypack.metrics import PackingMetrics, slots_line
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
@@ -64,10 +64,7 @@ def _packing_rows(result: JobResult) -> list[tuple[str, str]]:
     rows = [
         ("tokens", f"{m.tokens:,} packed, {m.tokens_dropped:,} dropped"),
         ("items", f"{m.items:,} from {m.documents - m.documents_dropped:,} documents"),
-        (
-            "packs",
-            f"{m.packs:,} of {m.seq_len} (lower bound {m.lower_bound:,}: {m.packs_over_lower_bound:.5f}x)",
-        ),
+        ("packs", _packs_line(m)),
         ("efficiency", f"{100 * m.efficiency:.4f}%  (padding ratio {m.padding_ratio:.5f})"),
     ]
     if m.alignment_padding:  # pack.pad_multiple: the padding it costs, apart from the packs' ends
@@ -96,6 +93,13 @@ def _packing_rows(result: JobResult) -> list[tuple[str, str]]:
         ("files", _files_line(result)),
     ]
     return rows
+
+
+def _packs_line(m: PackingMetrics) -> str:
+    if m.lengths_vary:
+        each = " (one chunk each)" if m.algorithm == "decompose" else ""
+        return f"{m.packs:,} of several lengths up to {m.seq_len}{each}, {m.slots:,} positions in all"
+    return f"{m.packs:,} of {m.seq_len} (lower bound {m.lower_bound:,}: {m.packs_over_lower_bound:.5f}x)"
 
 
 def _specials_rows(result: JobResult) -> list[tuple[str, str]]:

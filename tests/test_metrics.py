@@ -61,6 +61,23 @@ def test_bucket_slots_are_the_bucket_lengths() -> None:
     assert m.efficiency == pytest.approx(3 / 4)
 
 
+def test_packs_of_several_lengths_are_not_held_to_the_lower_bound_of_packs_of_seq_len() -> None:
+    """decompose's chunks and buckets are packs of several lengths: ceil(tokens / seq_len) packs of
+    seq_len bound nothing there (decompose: 7 chunks for 2 packs' worth), so the summary gives their
+    positions, not a ratio; packs of seq_len keep theirs."""
+    chunks = compute_metrics(pack([7, 12, 1], 8, "decompose"))
+    assert chunks.packs == 6 and chunks.lower_bound == 3 and chunks.lengths_vary
+    line = next(row for row in format_summary(_record(chunks)).splitlines() if row.startswith("packs"))
+    assert line.endswith("6 of several lengths up to 8 (one chunk each), 20 positions in all"), line
+    buckets = compute_metrics(pack([3, 8], 8, "bucket", bucket_lengths=(2, 4, 8), padding_threshold=0.5))
+    assert buckets.lengths_vary and "of several lengths up to 8, 12 positions" in format_summary(
+        _record(buckets)
+    )
+    whole = compute_metrics(pack([7, 12, 1], 8, "bfd"))
+    assert not whole.lengths_vary
+    assert "packs                3 of 8 (lower bound 3: 1.00000x)" in format_summary(_record(whole))
+
+
 def test_empty_corpus() -> None:
     m = compute_metrics(pack([], 8, "bfd"))
     assert (m.packs, m.tokens, m.lower_bound) == (0, 0, 0)

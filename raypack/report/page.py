@@ -150,8 +150,9 @@ def _metrics_table(runs: Sequence[Run]) -> str:
             r.name,
             f"{m.seq_len:,}",
             f"{m.packs:,}",
-            f"{m.lower_bound:,}",
-            f"{m.packs_over_lower_bound:.5f}",
+            # Packs of several lengths: a bound in packs of seq_len says nothing of them.
+            "—" if m.lengths_vary else f"{m.lower_bound:,}",
+            "—" if m.lengths_vary else f"{m.packs_over_lower_bound:.5f}",
             f"{100 * m.efficiency:.4f}%",
             f"{m.padding_ratio:.5f}",
             f"{m.truncation_ratio:.4f}",

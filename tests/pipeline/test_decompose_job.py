@@ -34,8 +34,11 @@ def test_pack_decompose_keeps_every_token_in_power_of_two_chunks_and_reruns_alik
     write_jsonl(corpus / "short.jsonl", [{"text": "hi"}, {"text": "a few words"}])  # under 8 tokens
     pack = {"algorithm": "decompose", "seq_len": 256, "min_seq_len": 8}
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack)
-    cli("pack", str(cfg), "--quiet")
+    said = cli("pack", str(cfg), "--quiet").stdout
     out = tmp_path / "out"
+    # Chunks of many lengths: no lower bound in packs of seq_len, in the summary or the report.
+    assert "of several lengths up to 256 (one chunk each)" in said and "lower bound" not in said
+    assert '<td class="num">—</td>' in (out / "report.html").read_text()
     lengths = sorted(int(d.name.split("=")[1]) for d in (out / "data").iterdir())
     assert lengths and set(lengths) <= {8, 16, 32, 64, 128, 256}
     for d in (out / "data").iterdir():
