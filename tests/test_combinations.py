@@ -110,7 +110,12 @@ def combos(draw: st.DrawFn) -> Combo:
     mode = draw(st.sampled_from(("global", "global", "sharded")))
     algorithm = draw(st.sampled_from(SHARDED_PACKERS if mode == "sharded" else HISTOGRAM_PACKERS))
     if algorithm in ("bucket", "decompose") and output in ("megatron", "olmo"):
-        algorithm = "bfd"  # one sequence length: their trainers refuse several (tested elsewhere)
+        # One sequence length: their trainers refuse several (tested elsewhere). decompose keeps
+        # its draw (it is the rarest: plain text without a mixture only) and writes parquet.
+        if algorithm == "decompose":
+            output = "parquet"
+        else:
+            algorithm = "bfd"
     if algorithm == "decompose" and (chat or sources):
         algorithm = "bfd"  # plain text, no mixture (refused, tests/pipeline/test_decompose_job.py)
     # text_fields and metadata_fields read records: not where every file is a text file.
@@ -539,7 +544,9 @@ def test_the_drawing_reaches_every_setting() -> None:
     """The strategy can draw every value of every axis (a combination it never draws is never tested)."""
     seen: dict[str, set[Any]] = {}
 
-    @settings(max_examples=400, deadline=None, database=None)
+    # Derandomized: the same 400 draws every run, so what it proves reachable does not depend on a
+    # seed (randomized, decompose, ~2% of draws, went unseen in about one run in three).
+    @settings(max_examples=400, deadline=None, database=None, derandomize=True)
     @given(combo=combos())
     def collect(combo: Combo) -> None:
         for key, value in vars(combo).items():
