@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raypack.corpus.readers.records import CUT_KINDS
 from raypack.dataset.manifest import describe_sample
 from raypack.dataset.store import store_line
 from raypack.formats import total_bytes
@@ -33,7 +34,7 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
         ("output", result.output),
         (
             "documents",
-            f"{result.documents:,} ({result.rejected_records:,} records rejected, see rejects/)"
+            f"{result.documents:,} ({_count(result.rejected_records, 'record')} rejected, see rejects/)"
             if result.rejected_records
             else f"{result.documents:,} (no record rejected)",
         ),
@@ -45,7 +46,7 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
             ("lost files", f"{result.lost_files:,} input files unreadable whole or in part (allowed)")
         )
     if result.reject_reasons:
-        rows.append(("rejects", ", ".join(f"{kind}: {n:,}" for kind, n in result.reject_reasons.items())))
+        rows.append(("rejects", _rejects_line(result.reject_reasons)))
     if result.duplicates and result.duplicates.ids:
         rows.append(
             (
@@ -55,6 +56,20 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
             )
         )
     return rows
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' if n != 1 else ''}"
+
+
+def _rejects_line(kinds: dict[str, int]) -> str:
+    records = {k: n for k, n in kinds.items() if not k.startswith(CUT_KINDS)}
+    cut = {k: n for k, n in kinds.items() if k.startswith(CUT_KINDS)}
+    parts = [", ".join(f"{kind}: {n:,}" for kind, n in records.items())] if records else []
+    if cut:
+        listed = ", ".join(f"{kind}: {n:,}" for kind, n in cut.items())
+        parts.append(f"documents packed in part or not at all: {listed}")
+    return "; ".join(parts)
 
 
 def _packing_rows(result: JobResult) -> list[tuple[str, str]]:

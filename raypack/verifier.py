@@ -320,22 +320,12 @@ def _check_rejects(
     output: str, counts: dict[str, Any], report: VerifyReport, storage: StorageConfig | None
 ) -> None:
     """rejects/ against the manifest: rows, the records they stand for, and the lost files by name."""
-    from raypack.dataset.layout import rejects_path
+    from raypack.dataset.layout import overflow_rejects_path, rejects_path
 
     rows = records = 0
     for shard in range(int(counts["shards"])):
-        path = rejects_path(output, shard)
-        if not exists(path, storage):
-            continue
-        table = pq.read_table(pa.BufferReader(read_bytes(path, storage)))
-        rows += table.num_rows
-        if "records" not in table.column_names:  # written before rejects counted records
-            records += table.num_rows
-            continue
-        records += int(pc.sum(table.column("records")).as_py() or 0)
-        lost = table.filter(table.column("lost_file"))
-        sources, reasons = lost["source"].to_pylist(), lost["reason"].to_pylist()
-        report.lost_files += [f"{s} ({r})" for s, r in zip(sources, reasons, strict=True)]
+        for path in (rejects_path(output, shard), overflow_rejects_path(output, shard)):
+            rows, records = _count_rejects(path, rows, records, report, storage)
     report.rejected_records = records
     if rows != int(counts["rejects"]):
         report.add(f"manifest counts {counts['rejects']} rejects, rejects/ holds {rows}")
@@ -344,6 +334,22 @@ def _check_rejects(
     if "lost_files" in counts and len(report.lost_files) != int(counts["lost_files"]):
         named = len(report.lost_files)
         report.add(f"manifest counts {counts['lost_files']} lost files, rejects/ names {named}")
+
+
+def _count_rejects(
+    path: str, rows: int, records: int, report: VerifyReport, storage: StorageConfig | None
+) -> tuple[int, int]:
+    """`rows` and `records` with one rejects file's added (none where it is absent); its lost files
+    named in `report`."""
+    if not exists(path, storage):
+        return rows, records
+    table = pq.read_table(pa.BufferReader(read_bytes(path, storage)))
+    if "records" not in table.column_names:  # written before rejects counted records
+        return rows + table.num_rows, records + table.num_rows
+    lost = table.filter(table.column("lost_file"))
+    sources, reasons = lost["source"].to_pylist(), lost["reason"].to_pylist()
+    report.lost_files += [f"{s} ({r})" for s, r in zip(sources, reasons, strict=True)]
+    return rows + table.num_rows, records + int(pc.sum(table.column("records")).as_py() or 0)
 
 
 def _pick_sample(

@@ -78,6 +78,23 @@ def test_packs_of_several_lengths_are_not_held_to_the_lower_bound_of_packs_of_se
     assert "packs                3 of 8 (lower bound 3: 1.00000x)" in format_summary(_record(whole))
 
 
+def test_the_summary_tells_rejected_records_from_documents_the_packing_cut() -> None:
+    """Rejects of records (not in the index) apart from those of documents packed in part or not at
+    all (pack.overflow, decompose's tails: in the index, standing for no record)."""
+    import dataclasses
+
+    result = dataclasses.replace(
+        _record(compute_metrics(pack([7, 12, 1], 8, "bfd"))),
+        rejected_records=1,
+        reject_reasons={"empty document": 1, "overflow drop": 3, "decompose": 2},
+    )
+    text = format_summary(result)
+    assert "documents            1 (1 record rejected, see rejects/)" in text
+    cut = "documents packed in part or not at all: overflow drop: 3, decompose: 2"
+    want = f"rejects              empty document: 1; {cut}"
+    assert want in text, text
+
+
 def test_empty_corpus() -> None:
     m = compute_metrics(pack([], 8, "bfd"))
     assert (m.packs, m.tokens, m.lower_bound) == (0, 0, 0)

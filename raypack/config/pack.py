@@ -38,7 +38,8 @@ class PackConfig:
     packer (bfd, lpfhp, spfhp, nnlshp, bucket); mode sharded bfd, ffd or greedy."""
     overflow: str = "split"
     """Documents longer than seq_len: split (chunks of seq_len + a remainder), truncate (the first
-    seq_len tokens kept), or drop. Chat data: truncate or drop, a conversation is never split."""
+    seq_len tokens kept), or drop. Chat data: truncate or drop, a conversation is never split. A
+    truncated or dropped document has a reject saying so in rejects/ (standing for no record)."""
     seed: int = 0
     """Seed for the order of packs in the output, and for a mixture's selection (input.sources)."""
     shuffle: bool = True

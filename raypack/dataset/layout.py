@@ -32,6 +32,7 @@ __all__ = [
     "latest_version",
     "list_versions",
     "next_version",
+    "overflow_rejects_path",
     "prune_versions",
     "rejects_path",
     "remove_incomplete",
@@ -61,6 +62,13 @@ def rejects_path(output: str, unit: int) -> str:
     """The rejects file of work unit `unit` in a dataset: every record of it that is not a document,
     with its reason."""
     return join(output, REJECTS, f"shard-{unit:06d}.parquet")
+
+
+def overflow_rejects_path(output: str, unit: int) -> str:
+    """The rejects of work unit `unit` that pack.overflow makes (truncate: a document's tokens past
+    seq_len; drop: the whole document), beside its rejects file: written by each job, as they depend
+    on its seq_len, where a token store's entry holds only what tokenizing found."""
+    return join(output, REJECTS, f"shard-{unit:06d}.overflow.parquet")
 
 
 def version_name(number: int) -> str:

@@ -206,7 +206,7 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
             f"{counts['documents']:,} documents, {counts['items']:,} items, {counts['packs']:,} packs, "
             f"{counts['tokens']:,} tokens",
         ),
-        ("files", f"{len(files):,} {fmt['name']} files, {size / 2**20:,.1f} MiB"),
+        ("files", _files_fact(len(files), fmt["name"], size)),
         *_store(manifest, counts["shards"]),
         *_time(doc),
         ("raypack", str(manifest.get("raypack_version", "?"))),
@@ -225,6 +225,10 @@ def _sample(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     """A trial on a subset of the input (input.limit_bytes), said as such."""
     trial = describe_sample(manifest.get("sample"))
     return [] if trial is None else [("sample", trial)]
+
+
+def _files_fact(n: int, name: str, size: int) -> str:
+    return f"{n:,} {name} file{'' if n == 1 else 's'}, {size / 2**20:,.1f} MiB"
 
 
 def _store(manifest: dict[str, Any], units: int) -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from raypack._version import __version__
+from raypack.corpus.readers.records import CUT_KINDS
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.report import plots
 from raypack.report.model import Report, Run
@@ -180,12 +181,27 @@ def _figure(svg: str | None, alt: str, caption: str) -> str:
 
 def _rejects(report: Report) -> str:
     total = report.documents + report.rejects
-    if not report.rejects:
+    cut = sum(n for kind, n in report.rejects_by_reason.items() if kind.startswith(CUT_KINDS))
+    if not report.rejects and not cut:
         return f"<p>No rejects: all {report.documents:,} input records became documents.</p>"
     share = 100 * report.rejects / total if total else 0.0
-    parts = [
+    said = (
         f"<p>{report.rejects:,} of {total:,} input records ({share:.3f}%) were rejected; each is in "
-        "<code>rejects/</code> with its source, row, reason and first characters.</p>",
+        "<code>rejects/</code> with its source, row, reason and first characters.</p>"
+        if report.rejects
+        else f"<p>No record was rejected: all {report.documents:,} input records became documents.</p>"
+    )
+    parts = [
+        said,
+        *(
+            [
+                f"<p>{cut:,} documents were packed in part or not at all (pack.overflow, decompose's "
+                "min_seq_len): each is in the index and has a reject in <code>rejects/</code> that "
+                "stands for no record (the overflow and decompose rows below).</p>"
+            ]
+            if cut
+            else []
+        ),
         *(
             [
                 f"<p><strong>{report.lost_files:,} input files were lost</strong> whole or in part "

@@ -32,7 +32,11 @@ def test_every_conversation_is_packed_whole_or_truncated_or_rejected(
     out = packed["parquet"]
     want = expected(model, corpus)
     got = packed_conversations(out)
-    rejects = pq.read_table(out / "rejects").to_pylist()
+    everything = pq.read_table(out / "rejects").to_pylist()
+    # Rejected records (records 1) are not packed; a truncated conversation is packed and has a
+    # reject that stands for no record (pack.overflow's, checked below).
+    rejects = [r for r in everything if r["records"]]
+    cut = {f"{r['source']}:{r['row']}": r["reason"] for r in everything if not r["records"]}
     reasons = {f"{r['source']}:{r['row']}": r["reason"] for r in rejects}
     assert set(got) | set(reasons) >= {f"a.jsonl:{i}" for i in range(1, N + len(BAD) + 1)}
     assert not set(got) & set(reasons)
@@ -49,6 +53,11 @@ def test_every_conversation_is_packed_whole_or_truncated_or_rejected(
         got_ids, got_mask = got[doc]
         keep = min(len(ids), SEQ)
         truncated += keep < len(ids)
+        assert (doc in cut) == (keep < len(ids)), doc
+        assert (
+            keep == len(ids)
+            or cut[doc] == f"overflow truncate: its tokens past seq_len ({SEQ}) are in no pack"
+        )
         assert got_ids == ids[:keep], doc
         assert got_mask == mask[:keep], doc
     chat = json.loads((out / "metrics.json").read_text())["chat"]
@@ -209,9 +218,9 @@ def test_a_conversation_the_template_refuses_is_a_reject_and_the_report_counts_t
     )
     result = run_job(cfg, **quiet)
     rejects = pq.read_table(tmp_path / "refuses-out" / "rejects").to_pylist()
-    assert [(r["row"], r["reason"]) for r in rejects] == [
+    assert [(r["row"], r["reason"]) for r in rejects if r["records"]] == [
         (4, "chat template " + str(template) + ": System role not supported")
-    ]
+    ]  # (with the truncated conversations' rejects, which stand for no record)
     assert result.documents == 11
     page = (tmp_path / "refuses-out" / "report.html").read_text()
     assert "Chat data" in page and f"{result.chat['trained_tokens_packed']:,} of" in page

@@ -628,3 +628,44 @@ def test_an_entry_swapped_edited_or_damaged_in_its_metadata_is_a_miss(
         assert units(tmp_path / "out") == {"reused": 4 - missed, "tokenized": missed}, damage
         assert packed_documents(tmp_path / "out") == expected, damage
         assert manifest(tmp_path / "out")["counts"]["rejects"] == counts["rejects"], damage
+
+
+@pytest.mark.parametrize("overflow", ["truncate", "drop"])
+def test_what_overflow_leaves_out_is_in_rejects_for_every_job_of_a_store(
+    tmp_path: Path, tokenizer_path: Path, overflow: str
+) -> None:
+    """Each document pack.overflow cuts (truncate) or leaves out (drop) has a reject saying so,
+    standing for no record (the document stays in the index, its placed tokens what the packs hold).
+    They depend on seq_len, so a token store's entries hold none: a repack from the store at
+    another seq_len writes its own, and verify counts them against the manifest."""
+    import pyarrow.parquet as pq
+
+    corpus = make_corpus(tmp_path, shards=2, docs_per_shard=30, seed=3)
+    cfg = job_config(
+        tmp_path,
+        f"{corpus}/*",
+        tokenizer_path,
+        cache={"path": str(tmp_path / "store")},
+        pack={"overflow": overflow},
+    )
+    said = {
+        "truncate": "overflow truncate: its tokens past seq_len ({}) are in no pack",
+        "drop": "overflow drop: longer than seq_len ({}), the whole document is in no pack",
+    }[overflow]
+    for out, seq_len in (("first", 512), ("repack", 128)):
+        sets = ["--set", f"output.path={tmp_path / out}", "--set", f"pack.seq_len={seq_len}"]
+        assert main(["pack", str(cfg), "--quiet", *sets]) == 0
+        index = pq.read_table(tmp_path / out / "index").to_pylist()
+        over = {d["doc_id"] for d in index if d["length"] > seq_len}
+        assert over and all(
+            d["placed"] == (seq_len if overflow == "truncate" else 0) for d in index if d["doc_id"] in over
+        )
+        rejects = pq.read_table(tmp_path / out / "rejects").to_pylist()
+        assert {f"{r['source']}:{r['row']}" for r in rejects} == over
+        assert {(r["reason"], r["records"]) for r in rejects} == {(said.format(seq_len), 0)}
+        counts = manifest(tmp_path / out)["counts"]
+        assert counts["rejects"] == len(over) and counts["rejected_records"] == 0
+        report = verify(str(tmp_path / out))
+        assert report.ok, report.problems
+        assert report.documents == len(index) and report.unpacked == (len(over) if overflow == "drop" else 0)
+    assert units(tmp_path / "repack") == {"reused": 2, "tokenized": 0}

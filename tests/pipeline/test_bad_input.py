@@ -275,7 +275,7 @@ def test_the_summary_names_rejects_only_where_there_are_some(
     write_jsonl(corpus / "b.jsonl", [b"{not json"] + [{"text": f"the plan {i}"} for i in range(200)])
     assert main(["pack", str(cfg), "--quiet", "--overwrite"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("documents "))
-    assert "(1 records rejected, see rejects/)" in line and (tmp_path / "out" / "rejects").is_dir()
+    assert "(1 record rejected, see rejects/)" in line and (tmp_path / "out" / "rejects").is_dir()
 
 
 def test_files_with_a_renamed_text_column_count_as_all_their_rows_and_fail_the_job(

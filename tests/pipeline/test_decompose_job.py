@@ -38,7 +38,11 @@ def test_pack_decompose_keeps_every_token_in_power_of_two_chunks_and_reruns_alik
     out = tmp_path / "out"
     # Chunks of many lengths: no lower bound in packs of seq_len, in the summary or the report.
     assert "of several lengths up to 256 (one chunk each)" in said and "lower bound" not in said
-    assert '<td class="num">—</td>' in (out / "report.html").read_text()
+    page = (out / "report.html").read_text()
+    assert '<td class="num">—</td>' in page
+    # Its tails' rejects are documents packed in part, told apart from rejected records.
+    assert "documents were packed in part or not at all" in page
+    assert "rejects              documents packed in part or not at all: decompose: " in said
     lengths = sorted(int(d.name.split("=")[1]) for d in (out / "data").iterdir())
     assert lengths and set(lengths) <= {8, 16, 32, 64, 128, 256}
     for d in (out / "data").iterdir():

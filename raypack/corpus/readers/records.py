@@ -19,6 +19,7 @@ import pyarrow as pa
 from raypack.config import Reading
 
 __all__ = [
+    "CUT_KINDS",
     "MAX_BATCH_BYTES",
     "RAW_PREFIX",
     "Batch",
@@ -67,8 +68,9 @@ class Reject:
 
     @classmethod
     def cut(cls, row: int, reason: str, raw: bytes | str = "") -> Reject:
-        """Tokens of a record that no pack holds by the packer's rule (decompose's tail below
-        pack.min_seq_len): the record itself is packed, so the reject stands for no record."""
+        """Tokens of a record that no pack holds by the job's rule (pack.overflow's truncate or drop,
+        decompose's tail below pack.min_seq_len): the record is a document of the index, so the
+        reject stands for no record."""
         return cls(row, reason, raw_prefix(raw), records=0)
 
     @classmethod
@@ -149,6 +151,11 @@ def one_line(e: BaseException) -> str:
 # A number that stands alone ("byte 13", "(4096)", "22.5%"), not one inside a word or a path:
 # UTF-8 stays UTF-8, and /tmp/run-154/model0/ stays as it is.
 _NUMBER = re.compile(r"(?<![\w/.-])\d+(?:\.\d+)?(?![\w/-])")
+
+
+# The kinds of rejects (reason_counts) that stand for no record: a document of the index whose
+# tokens the packing left out in part or whole (Reject.cut: pack.overflow, decompose's tails).
+CUT_KINDS = ("overflow ", "decompose")
 
 
 def reason_counts(reasons: list[str]) -> dict[str, int]:

@@ -29,7 +29,7 @@ from raypack.corpus.metadata import metadata_array
 from raypack.corpus.readers import Batch, Reject, read_unit
 from raypack.corpus.readers.records import reason_counts
 from raypack.corpus.units import WorkUnit
-from raypack.dataset.layout import rejects_path
+from raypack.dataset.layout import overflow_rejects_path, rejects_path
 from raypack.engine import node_id
 from raypack.paths import is_uri
 from raypack.pipeline.tokenize.summary import summarize_shard
@@ -340,6 +340,33 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
     }
 
 
+def _overflow_rejects(cfg: JobConfig, unit: WorkUnit, docs: pa.Table) -> list[str]:
+    """A reject for each of the unit's documents whose tokens pack.overflow leaves out (truncate:
+    those past seq_len; drop: all of them), in its overflow rejects file (layout: this job's, beside
+    the unit's rejects); their reasons. The document stays in the index (placed: what the packs
+    hold), so each stands for no record; its raw text is not kept (a stored unit is not read)."""
+    pack = cfg.pack
+    length = docs.column("length").to_numpy()
+    over = np.flatnonzero(length > pack.seq_len) if pack.overflow != "split" else np.zeros(0, np.int64)
+    if not len(over):
+        return []
+    reason = (
+        f"overflow truncate: its tokens past seq_len ({pack.seq_len}) are in no pack"
+        if pack.overflow == "truncate"
+        else f"overflow drop: longer than seq_len ({pack.seq_len}), the whole document is in no pack"
+    )
+    files = docs.column("file").to_numpy()[over].tolist()
+    rows = [
+        dataclasses.replace(Reject.cut(row, reason), file=file).as_row(unit.relpaths)
+        for row, file in zip(docs.column("row").to_numpy()[over].tolist(), files, strict=True)
+    ]
+    buffer = pa.BufferOutputStream()
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema.REJECTS), buffer)
+    data = buffer.getvalue().to_pybytes()
+    write_bytes(overflow_rejects_path(cfg.output.path, unit.index), data, cfg.storage)
+    return [reason] * len(rows)
+
+
 def _beside(
     path: str, crc: int | None, storage: StorageConfig | None, column: str
 ) -> tuple[bytes, pa.Table] | None:
@@ -382,16 +409,17 @@ def _summary(
         doc_length,
         metadata,
     )
+    overflow = _overflow_rejects(cfg, unit, docs)
     return {
         "shard": unit.index,
         "node": node_id(),
         "cached": cached,
         "documents": len(doc_length),
         "tokens": int(doc_length.sum()),
-        "rejects": lost["rejects"],
+        "rejects": lost["rejects"] + len(overflow),
         "rejected_records": lost["records"],
         "lost_files": lost["lost_files"],
-        "reasons": json.dumps(reason_counts(reasons)),
+        "reasons": json.dumps(reason_counts(reasons + overflow)),
         # Trained tokens (chat data's loss mask; every token of plain text): a file written before
         # the count was kept trains every token it holds.
         "trained": int(lost.get("trained", doc_length.sum())),
