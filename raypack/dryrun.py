@@ -260,8 +260,9 @@ def format_table(results: Sequence[Run], scale: float | None = None) -> str:
                 m.algorithm,
                 str(m.seq_len),
                 str(m.packs),
-                str(m.lower_bound),
-                f"{m.packs_over_lower_bound:.5f}",
+                # Packs of several lengths (bucket, decompose): a bound in packs of seq_len says nothing.
+                "-" if m.lengths_vary else str(m.lower_bound),
+                "-" if m.lengths_vary else f"{m.packs_over_lower_bound:.5f}",
                 f"{100 * m.efficiency:.4f}%",
                 f"{m.padding_ratio:.5f}",
                 f"{m.truncation_ratio:.4f}",

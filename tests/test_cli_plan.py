@@ -75,9 +75,13 @@ def test_all_leaves_decompose_out_where_seq_len_is_no_power_of_two(
         "min_seq_len=16",
     ]
     assert main(args) == 0
-    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[3:]]
+    table = [line.split() for line in capsys.readouterr().out.splitlines()[3:]]
+    rows = [cells[:2] for cells in table]
     assert ["decompose", "1024"] in rows and ["decompose", "1000"] not in rows
     assert len(rows) == 2 * len(ALGORITHMS) - 1
+    # lower_bound and packs/LB: packs of seq_len, not of several lengths (bucket, decompose).
+    bounds = {(cells[0], cells[1]): cells[3:5] for cells in table}
+    assert bounds["decompose", "1024"] == ["-", "-"] and "-" not in bounds["bfd", "1024"]
     named = ["plan", "--sample", "50", "--seq-len", "1000", "--algorithm", "decompose"]
     assert main(named) == 2  # named, it is refused
     assert "must be a power of two for decompose" in capsys.readouterr().err
