@@ -62,6 +62,11 @@ def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'s' if n != 1 else ''}"
 
 
+def _size(n: int) -> str:
+    """Bytes in MiB, or KiB under one MiB (a run's re-checked texts are often a few hundred KiB)."""
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 def _rejects_line(kinds: dict[str, int]) -> str:
     records = {k: n for k, n in kinds.items() if not k.startswith(CUT_KINDS)}
     cut = {k: n for k, n in kinds.items() if k.startswith(CUT_KINDS)}
@@ -216,12 +221,12 @@ def _backend_line(b: dict[str, Any]) -> str:
     line = f"{b['chosen']}: {b['reason']}"
     checked = b["checked_in_run"]
     if checked["texts"]:
-        mib = checked["bytes"] / 2**20
-        line += f"; {checked['texts']:,} texts ({mib:.1f} MiB) re-checked with tokenizers in the run"
+        texts, size = _count(checked["texts"], "text"), _size(checked["bytes"])
+        line += f"; {texts} ({size}) re-checked with tokenizers in the run"
     routed = b.get("routed_to_tokenizers") or {}
     if routed.get("texts"):
         line += (
-            f"; {routed['texts']:,} texts ({routed['bytes'] / 2**20:.1f} MiB) encoded by tokenizers: "
+            f"; {_count(routed['texts'], 'text')} ({_size(routed['bytes'])}) encoded by tokenizers: "
             "fastokens' copy of this tokenizer does not encode them as it does"
         )
     if b["failovers"]:
@@ -232,7 +237,7 @@ def _backend_line(b: dict[str, Any]) -> str:
         where = {"dropped": "at spaces the next piece's ▁ stands for", "before": "before spaces"}
         if name in where:
             line += (
-                f"; texts over 1M characters cut at {long['cuts']:,} places {where[name]} ({proof}), "
+                f"; texts over 1M characters cut at {_count(long['cuts'], 'place')} {where[name]} ({proof}), "
                 f"each cut checked where it fell ({long['cuts_refused']:,} candidate cuts refused), "
                 f"{long['encoded_whole']:,} encoded whole"
             )

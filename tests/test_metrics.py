@@ -95,6 +95,22 @@ def test_the_summary_tells_rejected_records_from_documents_the_packing_cut() -> 
     assert want in text, text
 
 
+def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None:
+    import dataclasses
+
+    backend = {
+        "chosen": "fastokens 0.3.5",
+        "reason": "ids equal to tokenizers",
+        "checked_in_run": {"texts": 1, "bytes": 3_000},
+        "failovers": [],
+        "long_texts": {"cuts": 1, "cuts_refused": 0, "encoded_whole": 0, "rule": "before: a proof"},
+    }
+    result = dataclasses.replace(_record(compute_metrics(pack([7], 8, "bfd"))), backend=backend)
+    text = format_summary(result)
+    assert "; 1 text (2.9 KiB) re-checked with tokenizers in the run" in text, text
+    assert "cut at 1 place before spaces (a proof)" in text
+
+
 def test_empty_corpus() -> None:
     m = compute_metrics(pack([], 8, "bfd"))
     assert (m.packs, m.tokens, m.lower_bound) == (0, 0, 0)
