@@ -388,6 +388,14 @@ def tails(combo: Combo, expected: dict[str, oracle.Expected]) -> int:
     return count
 
 
+def overflows(combo: Combo, expected: dict[str, oracle.Expected]) -> int:
+    """Rejects of pack.overflow: a document each longer than seq_len under truncate or drop (it stays
+    in the index; the reject stands for no record)."""
+    if combo.overflow == "split":
+        return 0
+    return sum(len(want.tokens) > combo.seq_len for want in expected.values())
+
+
 def pad_of(combo: Combo, tokenizer: Path, model: Path) -> int:
     """What padding must hold: megatron's EOS, else the tokenizer's pad token (never a silent 0)."""
     if combo.kind == "plain":
@@ -484,7 +492,7 @@ def run_and_check(combo: Combo, tokenizers: dict[str, Path], models: dict[str, P
         # into each chat source's first JSONL file.
         rejected = sum(d.reject or d.id not in expected for d in corpus.docs)
         rejected += combo.kind != "plain" and combo.format != "parquet"
-        rejected += tails(combo, expected)
+        rejected += tails(combo, expected) + overflows(combo, expected)
         assert result.rejects == rejected, (result.reject_reasons, rejected)
         copies, partial = copies_of(outs[0], combo, corpus, expected)
         packs = oracle.read_output(outs[0], manifest, root)
