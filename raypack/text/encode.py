@@ -295,21 +295,30 @@ class Checker:
         self.texts = self.bytes = 0
 
     def _pick(self, texts: list[str], fast_s: float, routed: Sequence[int] = ()) -> list[int]:
-        """A seeded sample of `texts` the budget allows (fast_s: the fast backend's time on them;
-        `routed`: texts tokenizers encoded, not sampled)."""
+        """A seeded sample of `texts` (fast_s: the fast backend's time on them; `routed`: texts
+        tokenizers encoded, not sampled): each text drawn with the same chance, whatever its length,
+        so that every character is as likely to be checked, and the expected cost is what the
+        account holds. It may cost more than that, by up to the share of all the fast encoder's time
+        so far: the account then goes into debt (so the check never costs over twice its share), and
+        nothing is checked until the share has paid for it. (Drawing only the texts that fit the
+        account checked 2 KB texts of a corpus whose median is 10-17 KB.)"""
         account = self.budget
         account.fast_s += max(fast_s, 0.0)
-        budget = max(CHECK_SHARE * account.fast_s, CHECK_FLOOR_S) - account.check_s
-        picked, cost = [], 0.0
+        holds = max(CHECK_SHARE * account.fast_s, CHECK_FLOOR_S) - account.check_s
+        if holds <= 0:
+            return []
+        # The characters this call may check: what the account holds, and a debt of the share.
+        most = (holds + max(CHECK_SHARE * account.fast_s - CHECK_FLOOR_S, 0.0)) * account.rate
         skip = set(routed)
-        for i in self.rng.sample(range(len(texts)), len(texts)):
-            if i in skip:
-                continue
-            need = len(texts[i]) / account.rate
-            if cost + need <= budget:
+        drawn = [i for i, t in enumerate(texts) if 0 < len(t) <= most and i not in skip]
+        cost = sum(len(texts[i]) for i in drawn) / account.rate
+        chance = holds / cost if cost else 0.0  # chance × cost: what the account holds
+        picked, chars = [], 0
+        for i in drawn:
+            if self.rng.random() < chance and chars + len(texts[i]) <= most:
                 picked.append(i)
-                cost += need
-        return sorted(picked)
+                chars += len(texts[i])
+        return picked
 
     def _spent(self, texts: list[str], picked: list[int], seconds: float) -> None:
         self.check_s += seconds

@@ -640,33 +640,43 @@ def test_the_in_run_check_leaves_out_what_tokenizers_encoded(tokenizer_path: Pat
     assert len(seen) == 30 and all(int(t.split()[1].rstrip(":")) % 2 for t in seen)
 
 
-def test_the_in_run_check_keeps_its_share_over_a_workers_units_not_a_floor_a_unit(
+def test_the_in_run_check_keeps_its_share_over_a_workers_units_and_draws_by_length(
     tokenizer_path: Path,
 ) -> None:
-    """A worker's units share one CheckBudget: 40 units of a fast encoder's 1 ms each re-check
-    CHECK_SHARE of the 40 ms (at least CHECK_FLOOR_S), what one unit could not afford left to the
-    next, where a budget a unit (its floor each time) would re-check 40 floors' worth: 25× the
-    share, as a 300 MB/s encoder on 2 MB units made it."""
-    from raypack.text.encode import CHECK_FLOOR_S, CHECK_SHARE, CheckBudget, Checker
+    """A worker's units share one CheckBudget: 200 units of a fast encoder's 1 ms each re-check
+    about CHECK_SHARE of the 200 ms, where a budget a unit (its floor each time) re-checks ~200
+    floors' worth: 25× the share, as a 300 MB/s encoder on 2 MB units made it. And every
+    character is as likely to be checked: of texts of 1 and of 64 characters, as many characters
+    of each, about as many characters of each are checked (drawing only what fits the account
+    checked the short ones alone), at no more than twice the share at any time."""
+    from raypack.text.encode import CHECK_SHARE, CheckBudget, Checker
 
     _, reference, _ = _encoders(tokenizer_path)
-    rate = 1024.0  # characters a second: a 1-character text costs 1/1024 s, exactly
-    texts = ["x"] * 64
+    rate = 1024.0  # characters a second: a character costs 1/1024 s
+    texts = ["x"] * 64 + ["y" * 64]
 
-    def checked(budget_of: Callable[[], CheckBudget]) -> int:
-        total = 0
-        for unit in range(40):
+    def checked(budget_of: Callable[[], CheckBudget], units: int, fast_s: float) -> tuple[int, int]:
+        short = long = 0
+        for unit in range(units):
             checker = Checker(reference, f"unit {unit}", budget_of())
             checker.budget.rate = rate
-            picked = checker._pick(texts, 0.001)
-            checker.budget.check_s += len(picked) / rate  # as _spent adds the seconds it took
-            total += len(picked)
-        return total
+            picked = checker._pick(texts, fast_s)
+            checker.budget.check_s += sum(len(texts[i]) for i in picked) / rate  # as _spent adds it
+            short += sum(len(texts[i]) for i in picked if i < 64)
+            long += sum(len(texts[i]) for i in picked if i == 64)
+        return short, long
 
     shared = CheckBudget()
-    allowed = max(CHECK_FLOOR_S, CHECK_SHARE * 40 * 0.001) * rate
-    assert allowed - 1 <= checked(lambda: shared) <= allowed
-    assert checked(CheckBudget) >= 40 * int(CHECK_FLOOR_S * rate)
+    allowed = CHECK_SHARE * 200 * 0.001 * rate  # characters: 41
+    assert sum(checked(lambda: shared, 200, 0.001)) <= allowed + 128  # a draw: one unit's texts at most
+    assert shared.check_s <= CHECK_SHARE * shared.fast_s + 128 / rate
+    assert sum(checked(CheckBudget, 200, 0.001)) >= 10 * allowed
+
+    shared = CheckBudget()
+    short, long = checked(lambda: shared, 400, 0.05)  # 4,096 characters' worth in all
+    assert 0.25 <= long / (short + long) <= 0.75, (short, long)
+    assert shared.check_s <= 2 * CHECK_SHARE * shared.fast_s  # a debt of one text at most
+    assert abs(short + long - CHECK_SHARE * 400 * 0.05 * rate) <= 128 + 0.25 * CHECK_SHARE * 400 * 0.05 * rate
 
 
 def test_a_fast_encoder_is_loaded_warm_so_a_forked_worker_starts_with_its_tables_built(tekken: Path) -> None:
