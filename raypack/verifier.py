@@ -139,6 +139,7 @@ def verify(
         _check_decompose(manifest, docs, items, report)
     _check_counts(manifest["counts"], report)
     _check_rejects(output, manifest["counts"], report, storage)
+    _check_overflow_rejects(output, manifest, docs, report, storage)
     if config is not None and items is not None and report.ok:
         if not picks and report.documents and not differs:
             report.warnings.append(
@@ -334,6 +335,36 @@ def _check_rejects(
     if "lost_files" in counts and len(report.lost_files) != int(counts["lost_files"]):
         named = len(report.lost_files)
         report.add(f"manifest counts {counts['lost_files']} lost files, rejects/ names {named}")
+
+
+def _check_overflow_rejects(
+    output: str, manifest: dict[str, Any], docs: pa.Table, report: VerifyReport, storage: StorageConfig | None
+) -> None:
+    """pack.overflow's rejects (truncate, drop) name the documents of the index longer than seq_len,
+    one each, unit by unit and row by row. A dataset whose counts hold no such reject (written
+    before they were, or with no document that long) is left to the counts' check."""
+    from raypack.dataset.layout import overflow_rejects_path
+
+    pack = (manifest.get("config") or {}).get("pack") or {}
+    kinds = manifest["counts"].get("rejects_by_reason") or {}
+    if pack.get("overflow", "split") == "split" or not any(k.startswith("overflow ") for k in kinds):
+        return
+    seq_len = int(pack["seq_len"])
+    originals = docs.filter(pc.less_equal(docs.column("copy"), 0))
+    long = originals.filter(pc.greater(originals.column("length"), seq_len))
+    want = Counter(zip(long.column("shard").to_pylist(), long.column("row").to_pylist(), strict=True))
+    got: Counter[tuple[int, int]] = Counter()
+    for shard in range(int(manifest["counts"]["shards"])):
+        path = overflow_rejects_path(output, shard)
+        if exists(path, storage):
+            table = pq.read_table(pa.BufferReader(read_bytes(path, storage)), columns=["row"])
+            got.update((shard, row) for row in table.column("row").to_pylist())
+    if got != want:
+        missing, other = sum((want - got).values()), sum((got - want).values())
+        report.add(
+            f"pack.overflow {pack['overflow']}: {missing:,} documents longer than seq_len ({seq_len}) "
+            f"have no reject, {other:,} overflow rejects name a document that is not longer"
+        )
 
 
 def _count_rejects(

@@ -167,7 +167,9 @@ def from_dataset(path: str, storage: StorageConfig | None = None) -> Report:
         rejects=int(counts.get("rejected_records", counts["rejects"])),
         lost_files=int(counts.get("lost_files", 0)),
         rejects_by_reason=reasons,
-        reject_examples=_reject_examples(dataset, storage) if counts["rejects"] else (),
+        reject_examples=_reject_examples(dataset, storage, int(counts.get("rejected_records", 0)))
+        if counts["rejects"]
+        else (),
         notes=_notes(doc, metrics, manifest),
         sources=tuple(doc.get("sources", [])),
         chat=doc.get("chat"),
@@ -317,17 +319,28 @@ def _notes(doc: dict[str, Any], metrics: PackingMetrics, manifest: dict[str, Any
     return tuple(notes)
 
 
-def _reject_examples(dataset: str, storage: StorageConfig | None) -> tuple[dict[str, Any], ...]:
-    """The first rejects in shard order, reading only as many files as it takes."""
-    examples: list[dict[str, Any]] = []
-    infos = sorted(list_dir(join(dataset, "rejects"), storage), key=lambda i: i.base_name)
-    for info in infos:
-        if not info.base_name.endswith(".parquet"):
+def _reject_examples(dataset: str, storage: StorageConfig | None, records: int) -> tuple[dict[str, Any], ...]:
+    """The first rejects in shard order, rejected records first (what a user can mend), then those
+    of documents packed in part or not at all (records 0: pack.overflow's, decompose's tails),
+    reading only as many files as it takes: the record rejects' files alone until `records` (the
+    manifest's rejected records) are found or _EXAMPLES shown."""
+    found: list[dict[str, Any]] = []
+    cut: list[dict[str, Any]] = []
+    seen = 0
+    names = sorted(i.base_name for i in list_dir(join(dataset, "rejects"), storage))
+    # A unit's overflow rejects (its .overflow.parquet) are all of documents: after the others.
+    ordered = [n for n in names if not n.endswith(".overflow.parquet")]
+    ordered += [n for n in names if n.endswith(".overflow.parquet")]
+    for name in ordered:
+        if not name.endswith(".parquet"):
             continue
-        fs, inner = resolve(join(dataset, "rejects", info.base_name), storage)
-        with fs.open_input_file(inner) as f:
-            rows = pq.read_table(f).slice(0, _EXAMPLES - len(examples)).to_pylist()
-        examples.extend(rows)
-        if len(examples) >= _EXAMPLES:
+        if len(found) >= _EXAMPLES or (seen >= records and len(found) + len(cut) >= _EXAMPLES):
             break
-    return tuple(examples)
+        fs, inner = resolve(join(dataset, "rejects", name), storage)
+        with fs.open_input_file(inner) as f:
+            rows = pq.read_table(f).to_pylist()
+        for row in rows:
+            stands = int(row.get("records", 1))
+            seen += stands
+            (found if stands or row.get("lost_file") else cut).append(row)
+    return tuple((found[:_EXAMPLES] + cut)[:_EXAMPLES])

@@ -669,3 +669,22 @@ def test_what_overflow_leaves_out_is_in_rejects_for_every_job_of_a_store(
         assert report.ok, report.problems
         assert report.documents == len(index) and report.unpacked == (len(over) if overflow == "drop" else 0)
     assert units(tmp_path / "repack") == {"reused": 2, "tokenized": 0}
+
+    # A reject moved to a document that is not longer than seq_len: the counts still add up, the
+    # names do not.
+    out = tmp_path / "repack"
+    index = pq.read_table(out / "index").to_pylist()
+    path = sorted((out / "rejects").glob("*.overflow.parquet"))[0]
+    shard = int(path.name.split("-")[1].split(".")[0])
+    short = next(d for d in index if d["length"] <= 128 and d["shard"] == shard)
+    table = pq.read_table(path)
+    rows = table.column("row").to_pylist()
+    rows[0] = short["row"]
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("row"), "row", pa.array(rows, pa.int64())), path
+    )
+    problems = verify(str(out)).problems
+    assert problems == [
+        f"pack.overflow {overflow}: 1 documents longer than seq_len (128) have no reject, "
+        "1 overflow rejects name a document that is not longer"
+    ], problems

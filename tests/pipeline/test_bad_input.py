@@ -422,3 +422,29 @@ def test_a_reject_limit_names_how_many_kinds_it_does_not_show(tmp_path: Path) ->
     with pytest.raises(JobError) as caught:
         check_rejects(cfg, totals)  # type: ignore[arg-type]
     assert "a (5), b (4), c (3) and 2 more kinds; see" in str(caught.value)
+
+
+def test_the_report_shows_rejected_records_before_documents_overflow_dropped(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A unit's overflow rejects (documents packed in part or not at all) come after its rejected
+    records in the report's examples: 12 documents dropped by pack.overflow do not hide the one
+    record a user can mend."""
+    rng = random.Random(4)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    records = [{"text": random_text(rng, 60)} for _ in range(12)] + [{"text": ""}, {"text": "a few words"}]
+    write_jsonl(corpus / "a.jsonl", records)
+    pack = {"seq_len": 16, "overflow": "drop"}
+    cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack, input={"max_reject_ratio": 0.5})
+    run_job(load_config(str(cfg)), log=lambda _: None)
+    page = (tmp_path / "out" / "report.html").read_text()
+    examples = page[page.index("The first 10:") :]
+    assert examples.index("empty document") < examples.index("overflow drop: longer than seq_len (16)")
+    # The reject gate counts records, and names their reasons only.
+    with pytest.raises(JobError, match=r"1 of 14 records rejected \(7\.14%\), .*: empty document \(1\); see"):
+        run_job(
+            load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack))),
+            overwrite=True,
+            log=lambda _: None,
+        )

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from raypack.config import JobConfig
 from raypack.corpus.readers import read_unit
-from raypack.corpus.readers.records import reasons_text
+from raypack.corpus.readers.records import CUT_KINDS, reasons_text
 from raypack.corpus.units import WorkUnit
 from raypack.dataset import previous
 from raypack.dataset.failover import remember_failover, remembered_failover
@@ -477,7 +477,10 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     where = join(cfg.output.path, "rejects")
     if previous.held(cfg.output.path):  # the dataset this job was to replace comes back, rejects/ too
         where = f"{join(cfg.output.path, previous.FAILED_REJECTS)} (the dataset there before is kept)"
-    top = reasons_text(reasons, most=REJECT_EXAMPLES)
+    # The records' reasons: not those of documents packed in part or not at all (they stand for none).
+    top = reasons_text(
+        {k: n for k, n in reasons.items() if not k.startswith(CUT_KINDS)}, most=REJECT_EXAMPLES
+    )
     if documents == 0 and rejects == 0:
         raise JobError("no documents to pack: the input holds no records")
     if documents == 0:
