@@ -24,7 +24,7 @@ from raypack.errors import ConfigError, JobError, storage_cause
 if TYPE_CHECKING:
     import numpy as np
 
-    from raypack.config import JobConfig
+    from raypack.config import JobConfig, StorageConfig
     from raypack.dataset.store import StoreUsage
     from raypack.engine import Runner
     from raypack.plan_sample import CorpusSample
@@ -217,7 +217,11 @@ def _add_verify(sub: Subcommands) -> None:
         "config the dataset's manifest records)",
     )
     verify.add_argument("--sample", type=int, default=64, help="documents to re-tokenize (64; 0: none)")
-    _add_sets(verify, " (of --config, else of the manifest's config: e.g. where the inputs are now)")
+    _add_sets(
+        verify,
+        " (of --config, else of the manifest's config: e.g. where the inputs are now; without --config,"
+        " storage.* is also where the manifest is read: an S3 endpoint)",
+    )
 
 
 def _add_inspect(sub: Subcommands) -> None:
@@ -634,16 +638,19 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.sample < 0:
         raise ConfigError(f"--sample must be >= 0, got {args.sample}")
     note = ""
+    # Without --config, storage.* from --set is how verify reaches the manifest that holds the rest
+    # of the config (an S3 endpoint not in the environment).
+    storage = None if args.config else _storage_set(args.overrides)
     if args.config:
         # Packed from Ray Datasets: the config names them as raypack.pack did.
         cfg = _config_of(args, datasets_override(args.output))
     elif args.sample:
-        cfg, note = recorded_config(args.output, args.overrides)
-    elif args.overrides:
+        cfg, note = recorded_config(args.output, args.overrides, storage)
+    elif any(not o.strip().startswith("storage.") for o in args.overrides):
         raise ConfigError("--set overrides the config a sample is re-tokenized with: not with --sample 0")
     else:
         cfg = None
-    report = verify(args.output, cfg, sample=args.sample)
+    report = verify(args.output, cfg, sample=args.sample, storage=storage)
     if note and report.ok:
         report.warnings.append(f"no document re-tokenized: {note}; give --config or --set to say where")
     if report.ok:
@@ -665,6 +672,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     n = len(report.problems)
     print(f"FAIL: {n} problem{'s' if n != 1 else ''} found in {report.dataset}")
     return 1
+
+
+def _storage_set(overrides: list[str]) -> StorageConfig | None:
+    """The storage settings `--set storage.*` gives, with the environment's (None without any)."""
+    from raypack.config import StorageConfig, from_dict
+    from raypack.config.load import apply_overrides
+
+    sets = [o for o in overrides if o.strip().startswith("storage.")]
+    if not sets:
+        return None
+    return from_dict(StorageConfig, apply_overrides({"storage": {}}, sets)["storage"]).from_environment()
 
 
 def _print_lost_and_warnings(report: VerifyReport) -> None:

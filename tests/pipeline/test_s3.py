@@ -132,6 +132,35 @@ def test_cli_on_s3_never_shows_the_secret(tmp_path: Path, tokenizer_path: Path, 
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert s3server.SECRET_KEY not in proc.stdout + proc.stderr
     assert runs[1].stdout.startswith("OK: ")
+    # The endpoint given by --set alone (none in the environment): verify reads the manifest there,
+    # then re-tokenizes its sample with the config the manifest records.
+    plain = {k: v for k, v in env.items() if not k.startswith("AWS_ENDPOINT_URL")}
+    out = f"s3://{s3server.BUCKET}/secret/out"
+    said = []
+    for extra in ([], ["--sample", "0"]):
+        by_set = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "raypack.cli",
+                "verify",
+                out,
+                "--set",
+                f"storage.endpoint={s3.endpoint}",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            env=plain,
+            timeout=300,
+            check=False,
+            cwd=ROOT,
+        )
+        assert by_set.returncode == 0 and by_set.stdout.startswith("OK: "), (
+            by_set.stdout + by_set.stderr[-2000:]
+        )
+        said.append(by_set.stdout)
+    assert "re-tokenized and equal" in said[0] and "re-tokenized" not in said[1]
     written = read_tree(s3.filesystem(), f"{s3server.BUCKET}/secret", "out")
     assert "manifest.json" in {Path(p).name for p in written}
     for path, content in written.items():
