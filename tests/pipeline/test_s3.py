@@ -105,6 +105,19 @@ def test_the_same_job_on_s3_again_and_again(tmp_path: Path, tokenizer_path: Path
     assert sorted(work.iterdir()) == []
 
 
+def _raypack(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`raypack ARGS` as a user types it, in `env` (its exit status left to the caller)."""
+    return subprocess.run(
+        [sys.executable, "-m", "raypack.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+        cwd=ROOT,
+    )
+
+
 def test_cli_on_s3_never_shows_the_secret(tmp_path: Path, tokenizer_path: Path, s3) -> None:
     """The whole CLI run, as a user would start it, with credentials in the environment: the secret
     must appear in no output stream and no file written (endpoint from AWS_ENDPOINT_URL this time)."""
@@ -114,15 +127,7 @@ def test_cli_on_s3_never_shows_the_secret(tmp_path: Path, tokenizer_path: Path, 
     cfg_path.write_text(yaml.safe_dump(data))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"AWS_ENDPOINT_URL": s3.endpoint}
     runs = [
-        subprocess.run(
-            [sys.executable, "-m", "raypack.cli", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-            cwd=ROOT,
-        )
+        _raypack(args, env)
         for args in (
             ["pack", str(cfg_path)],
             ["verify", f"s3://{s3server.BUCKET}/secret/out", "--config", str(cfg_path)],
@@ -138,24 +143,7 @@ def test_cli_on_s3_never_shows_the_secret(tmp_path: Path, tokenizer_path: Path, 
     out = f"s3://{s3server.BUCKET}/secret/out"
     said = []
     for extra in ([], ["--sample", "0"]):
-        by_set = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "raypack.cli",
-                "verify",
-                out,
-                "--set",
-                f"storage.endpoint={s3.endpoint}",
-                *extra,
-            ],
-            capture_output=True,
-            text=True,
-            env=plain,
-            timeout=300,
-            check=False,
-            cwd=ROOT,
-        )
+        by_set = _raypack(["verify", out, "--set", f"storage.endpoint={s3.endpoint}", *extra], plain)
         assert by_set.returncode == 0 and by_set.stdout.startswith("OK: "), (
             by_set.stdout + by_set.stderr[-2000:]
         )
