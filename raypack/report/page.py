@@ -56,8 +56,7 @@ def render(report: Report) -> str:
         _figure(
             plots.length_figure(report),
             "Document length",
-            "Documents by length, before any cut (log-log). Dashed: seq_len; a document longer than it is "
-            "cut into seq_len-sized chunks and a remainder (or truncated/dropped, as pack.overflow says).",
+            "Documents by length, before any cut (log-log). Dashed: seq_len; " + _cut_rule(report)[0],
         ),
         *(
             _figure(
@@ -72,7 +71,7 @@ def render(report: Report) -> str:
             plots.truncation_figure(report),
             "Truncations per document",
             "A document cut into k pieces counts k - 1 truncations (one more if shortened or dropped). "
-            "Best-fit packing cuts only documents longer than seq_len (Ding et al., 2024).",
+            + _cut_rule(report)[1],
         ),
     ]
     if report.stage_seconds:
@@ -90,6 +89,35 @@ def render(report: Report) -> str:
         "</main></body></html>",
     ]
     return "\n".join(p for p in parts if p) + "\n"
+
+
+def _cut_rule(report: Report) -> tuple[str, str]:
+    """How the job's packer cuts documents, for the length and truncation figures' captions."""
+    algorithm = report.runs[0].metrics.algorithm if report.runs and not report.dry_run else ""
+    if report.dry_run:  # several packers side by side
+        return (
+            "a document longer than it is cut into seq_len-sized chunks and a remainder (or "
+            "truncated/dropped, as pack.overflow says) by every packer but decompose and concat.",
+            "The histogram and item packers cut only documents longer than seq_len (Ding et al., "
+            "2024); decompose cuts every length that is not a power of two, concat at every pack "
+            "boundary.",
+        )
+    if algorithm == "decompose":
+        return (
+            "decompose cuts every document into its binary form's chunks, largest first, none over "
+            "seq_len; the last length mod pack.min_seq_len tokens are in no chunk.",
+            "decompose cuts every document whose length is not a power of two (Pouransari et al., 2024).",
+        )
+    if algorithm == "concat":
+        return (
+            "concat cuts the stream of all documents at every seq_len.",
+            "concat cuts a document wherever a pack boundary falls in it.",
+        )
+    return (
+        "a document longer than it is cut into seq_len-sized chunks and a remainder (or "
+        "truncated/dropped, as pack.overflow says).",
+        "This packer cuts only documents longer than seq_len (Ding et al., 2024).",
+    )
 
 
 def _sources_table(sources: Sequence[dict[str, Any]]) -> str:

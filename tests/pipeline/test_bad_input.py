@@ -439,6 +439,7 @@ def test_the_report_shows_rejected_records_before_documents_overflow_dropped(
     cfg = job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack, input={"max_reject_ratio": 0.5})
     run_job(load_config(str(cfg)), log=lambda _: None)
     page = (tmp_path / "out" / "report.html").read_text()
+    assert "This packer cuts only documents longer than seq_len" in page  # bfd's rule, in its caption
     examples = page[page.index("The first 10:") :]
     assert examples.index("empty document") < examples.index("overflow drop: longer than seq_len (16)")
     # The reject gate counts records, and names their reasons only.

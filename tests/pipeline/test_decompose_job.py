@@ -42,6 +42,9 @@ def test_pack_decompose_keeps_every_token_in_power_of_two_chunks_and_reruns_alik
     assert '<td class="num">—</td>' in page
     # Its tails' rejects are documents packed in part, told apart from rejected records.
     assert "documents were packed in part or not at all" in page
+    # The figures' captions say how decompose cuts, not how bfd does.
+    assert "decompose cuts every document whose length is not a power of two" in page
+    assert "cuts only documents longer than seq_len" not in page
     assert "rejects              documents packed in part or not at all: decompose: " in said
     lengths = sorted(int(d.name.split("=")[1]) for d in (out / "data").iterdir())
     assert lengths and set(lengths) <= {8, 16, 32, 64, 128, 256}
