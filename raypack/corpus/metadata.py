@@ -60,11 +60,11 @@ def unify(a: str, b: str) -> str:
 
 def as_text(value: Any) -> str:
     """A value kept as a string: itself if it is one, else its JSON text, a float that is a whole
-    number below 2^53 as that integer's ("1", not "1.0": an int a unit made a float beside a float
-    reads as it would have alone)."""
+    number up to 2^53 as that integer's ("1", not "1.0": an int a unit made a float beside a float
+    reads as it would have alone; 2^53 itself is a float exactly)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, float) and value.is_integer() and abs(value) < 2.0**53:
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2.0**53:
         return str(int(value))
     return json.dumps(value)
 

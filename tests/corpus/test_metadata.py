@@ -67,3 +67,24 @@ def test_values_do_not_depend_on_how_the_documents_are_cut_into_units(
     assert kinds_of(whole) == kinds
     joined = [r for unit in units for r in conform(unit, len(unit), kinds).to_pylist()]
     assert joined == whole.to_pylist()
+
+
+def test_two_to_the_53_beside_a_float_and_a_bool_reads_the_same_whatever_the_units() -> None:
+    """2^53 is a float exactly: a unit that made it one (beside 0.0) gives the text the whole's
+    string of it does, "9007199254740992" (hypothesis found "...992.0" against "...992")."""
+    rows = [(2**53, None), (0.0, None), (False, None)]
+    units = [metadata_array(["x", "y"], rows[:2]), metadata_array(["x", "y"], rows[2:])]
+    kinds = {"x": "null", "y": "null"}
+    for unit in units:
+        for name, kind in kinds_of(unit).items():
+            kinds[name] = unify(kinds[name], kind)
+    joined = [r["x"] for unit in units for r in conform(unit, len(unit), kinds).to_pylist()]
+    assert (
+        joined
+        == [r["x"] for r in metadata_array(["x", "y"], rows).to_pylist()]
+        == [
+            "9007199254740992",
+            "0",
+            "false",
+        ]
+    )
