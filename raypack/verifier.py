@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from raypack import schema
 from raypack.config import JobConfig, PackConfig, StorageConfig
 from raypack.corpus.metadata import KINDS, conform, metadata_array
-from raypack.dataset.layout import MANIFEST, resolve_dataset
+from raypack.dataset.layout import MANIFEST, overflow_rejects_path, rejects_path, resolve_dataset
 from raypack.dataset.manifest import describe_sample, metadata_kinds, packed_settings
 from raypack.dataset.previous import aside_note
 from raypack.errors import ConfigError
@@ -138,8 +138,8 @@ def verify(
         _check_documents(per_id, items, report)
         _check_decompose(manifest, docs, items, report)
     _check_counts(manifest["counts"], report)
-    _check_rejects(output, manifest["counts"], report, storage)
-    _check_overflow_rejects(output, manifest, docs, report, storage)
+    overflow = _check_rejects(output, manifest["counts"], report, storage)
+    _check_overflow_rejects(manifest, docs, overflow, report)
     if config is not None and items is not None and report.ok:
         if not picks and report.documents and not differs:
             report.warnings.append(
@@ -319,14 +319,17 @@ def _settings_differ(config: JobConfig, manifest: dict[str, Any]) -> list[str]:
 
 def _check_rejects(
     output: str, counts: dict[str, Any], report: VerifyReport, storage: StorageConfig | None
-) -> None:
-    """rejects/ against the manifest: rows, the records they stand for, and the lost files by name."""
-    from raypack.dataset.layout import overflow_rejects_path, rejects_path
-
+) -> Counter[tuple[int, int]]:
+    """rejects/ against the manifest: rows, the records they stand for, and the lost files by name;
+    the (unit, row) of every pack.overflow reject, for _check_overflow_rejects."""
     rows = records = 0
+    overflow: Counter[tuple[int, int]] = Counter()
     for shard in range(int(counts["shards"])):
-        for path in (rejects_path(output, shard), overflow_rejects_path(output, shard)):
-            rows, records = _count_rejects(path, rows, records, report, storage)
+        rows, records, _ = _count_rejects(rejects_path(output, shard), rows, records, report, storage)
+        rows, records, cut = _count_rejects(
+            overflow_rejects_path(output, shard), rows, records, report, storage
+        )
+        overflow.update((shard, row) for row in cut)
     report.rejected_records = records
     if rows != int(counts["rejects"]):
         report.add(f"manifest counts {counts['rejects']} rejects, rejects/ holds {rows}")
@@ -335,16 +338,15 @@ def _check_rejects(
     if "lost_files" in counts and len(report.lost_files) != int(counts["lost_files"]):
         named = len(report.lost_files)
         report.add(f"manifest counts {counts['lost_files']} lost files, rejects/ names {named}")
+    return overflow
 
 
 def _check_overflow_rejects(
-    output: str, manifest: dict[str, Any], docs: pa.Table, report: VerifyReport, storage: StorageConfig | None
+    manifest: dict[str, Any], docs: pa.Table, got: Counter[tuple[int, int]], report: VerifyReport
 ) -> None:
-    """pack.overflow's rejects (truncate, drop) name the documents of the index longer than seq_len,
-    one each, unit by unit and row by row. A dataset whose counts hold no such reject (written
-    before they were, or with no document that long) is left to the counts' check."""
-    from raypack.dataset.layout import overflow_rejects_path
-
+    """pack.overflow's rejects (`got`: their unit and row) name the documents of the index longer
+    than seq_len, one each. A dataset whose counts hold no such reject (written before they were,
+    or with no document that long) is left to the counts' check."""
     pack = (manifest.get("config") or {}).get("pack") or {}
     kinds = manifest["counts"].get("rejects_by_reason") or {}
     if pack.get("overflow", "split") == "split" or not any(k.startswith("overflow ") for k in kinds):
@@ -353,12 +355,6 @@ def _check_overflow_rejects(
     originals = docs.filter(pc.less_equal(docs.column("copy"), 0))
     long = originals.filter(pc.greater(originals.column("length"), seq_len))
     want = Counter(zip(long.column("shard").to_pylist(), long.column("row").to_pylist(), strict=True))
-    got: Counter[tuple[int, int]] = Counter()
-    for shard in range(int(manifest["counts"]["shards"])):
-        path = overflow_rejects_path(output, shard)
-        if exists(path, storage):
-            table = pq.read_table(pa.BufferReader(read_bytes(path, storage)), columns=["row"])
-            got.update((shard, row) for row in table.column("row").to_pylist())
     if got != want:
         missing, other = sum((want - got).values()), sum((got - want).values())
         report.add(
@@ -369,18 +365,19 @@ def _check_overflow_rejects(
 
 def _count_rejects(
     path: str, rows: int, records: int, report: VerifyReport, storage: StorageConfig | None
-) -> tuple[int, int]:
-    """`rows` and `records` with one rejects file's added (none where it is absent); its lost files
-    named in `report`."""
+) -> tuple[int, int, list[int]]:
+    """`rows` and `records` with one rejects file's added (none where it is absent), and its rows'
+    `row`; its lost files named in `report`."""
     if not exists(path, storage):
-        return rows, records
+        return rows, records, []
     table = pq.read_table(pa.BufferReader(read_bytes(path, storage)))
+    named = table.column("row").to_pylist()
     if "records" not in table.column_names:  # written before rejects counted records
-        return rows + table.num_rows, records + table.num_rows
+        return rows + table.num_rows, records + table.num_rows, named
     lost = table.filter(table.column("lost_file"))
     sources, reasons = lost["source"].to_pylist(), lost["reason"].to_pylist()
     report.lost_files += [f"{s} ({r})" for s, r in zip(sources, reasons, strict=True)]
-    return rows + table.num_rows, records + int(pc.sum(table.column("records")).as_py() or 0)
+    return rows + table.num_rows, records + int(pc.sum(table.column("records")).as_py() or 0), named
 
 
 def _pick_sample(
