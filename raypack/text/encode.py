@@ -133,8 +133,9 @@ def encode_flat(
         out[start_of] = bos_id
         body[start_of] = False
     if eos_id is not None:
-        out[start_of + length - 1] = eos_id
-        body[start_of + length - 1] = False
+        last = start_of + length - 1
+        out[last] = eos_id
+        body[last] = False
     out[body] = raw
     return out, length
 
@@ -271,8 +272,8 @@ CHECK_FLOOR_S = 0.005
 @dataclass
 class CheckBudget:
     """The in-run check's account over the units one worker tokenizes in a pass: the fast encoder's
-    seconds, the check's, and the reference's measured speed. A unit checks what the share allows
-    of the whole, so a unit too short to afford one of its texts leaves the allowance to the next."""
+    seconds, the check's, and the reference's measured speed. What one unit's draw leaves unspent
+    goes to the next, and a debt one unit's draw makes is repaid by the next (Checker._pick)."""
 
     fast_s: float = 0.0
     check_s: float = 0.0
