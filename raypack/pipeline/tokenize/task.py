@@ -346,8 +346,9 @@ def _overflow_rejects(cfg: JobConfig, unit: WorkUnit, docs: pa.Table) -> list[st
     the unit's rejects); their reasons. The document stays in the index (placed: what the packs
     hold), so each stands for no record; its raw text is not kept (a stored unit is not read)."""
     pack = cfg.pack
-    length = docs.column("length").to_numpy()
-    over = np.flatnonzero(length > pack.seq_len) if pack.overflow != "split" else np.zeros(0, np.int64)
+    if pack.overflow == "split":
+        return []
+    over = np.flatnonzero(docs.column("length").to_numpy() > pack.seq_len)
     if not len(over):
         return []
     reason = (
