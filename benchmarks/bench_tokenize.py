@@ -41,8 +41,8 @@ Per cell (corpus × tokenizer), in --rounds interleaved rounds (the baseline's p
 - floor: the write floor of bench_store (a copy of the output's tokens and their zstd, every core);
 - parts: the stage's own steps on every shard in this process, on one core, with raypack's
   functions: read+inflate (the shard's bytes and ISA-L's inflate), parse (the JSONL reader less
-  that), encode (the encoder's own calls), checks (the in-run check's re-encoding, the cut rule's
-  checks), offsets (framing, the token lists' offsets and the Arrow table), token files (the IPC
+  that), encode (the encoder's own calls but the cuts' checks), checks (the in-run check's
+  re-encoding, the cuts' checks), offsets (framing, the token lists' offsets and the Arrow table), token files (the IPC
   write and its checksums). Their sum is the stage's CPU on one core without scheduling, loading,
   summaries and the other core's idling.
 Ratios: stage / alone (goal ≤ 1.3; also against alone and its load), job / (alone + floor) (goal
@@ -337,17 +337,18 @@ class _Timed:
 
 
 class _TimedCall:
-    """A function whose calls' seconds are added up."""
+    """A function whose calls' seconds are added up, and the seconds `timed` spent inside them."""
 
-    def __init__(self, fn: Any) -> None:
-        self.fn, self.seconds = fn, 0.0
+    def __init__(self, fn: Any, timed: _Timed) -> None:
+        self.fn, self.timed, self.seconds, self.inner = fn, timed, 0.0, 0.0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
+        t0, inner = time.perf_counter(), self.timed.seconds
         try:
             return self.fn(*args, **kwargs)
         finally:
             self.seconds += time.perf_counter() - t0
+            self.inner += self.timed.seconds - inner
 
 
 def parts_seconds(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
@@ -387,8 +388,9 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
     timed = _Timed(encoder)
     # The cuts of texts over PIECE_CHARS (their checks with tokenizers), timed where encode_flat
     # makes them; the in-run check's account kept over the shards, as a worker keeps it.
-    cutting = _TimedCall(encode.cut_text)
+    cutting = _TimedCall(encode.cut_text, timed)
     encode.cut_text = cutting  # type: ignore[assignment]
+    tok.cut_rule()  # proven once a worker (10-25 ms): a fixed cost, as the loads
     budget = CheckBudget()
     pa.array(["x"])  # pyarrow's question whether pandas is there, asked on a first array: as warm_worker
     reading = cfg.input.reading()
@@ -407,7 +409,8 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
         with pa.ipc.new_file(sink, schema.TOKENIZED) as writer:
             checksum = Checksum()
             for batch in read:
-                before, checked, cut = timed.seconds, checker.check_s, cutting.seconds
+                before, checked = timed.seconds, checker.check_s
+                cut, cut_inner = cutting.seconds, cutting.inner
                 t0 = time.perf_counter()
                 flat, lengths = encode_flat(
                     tok, cfg.tokenizer, batch.texts, timed, checker if backend == "fastokens" else None
@@ -424,8 +427,9 @@ def _parts(tokenizer: Path, backend: str, corpus: Path) -> dict[str, float]:
                     schema=schema.TOKENIZED,
                 )
                 spent = time.perf_counter() - t0
-                encode_s, check_s = timed.seconds - before, checker.check_s - checked
-                cut_s = cutting.seconds - cut
+                # The cuts' checks encode their windows with the job's encoder: the checks', not the encode's.
+                cut_s, cut_inner_s = cutting.seconds - cut, cutting.inner - cut_inner
+                encode_s, check_s = timed.seconds - before - cut_inner_s, checker.check_s - checked
                 seconds["encode"] += encode_s
                 seconds["checks"] += check_s + cut_s
                 seconds["offsets"] += max(spent - encode_s - check_s - cut_s, 0.0)
