@@ -204,7 +204,8 @@ class LocalPool:
 
     def early(self, loads: dict[str, tuple[str, str, tuple[Any, ...]]]) -> None:
         """Loads by key, (module, callable's dotted name, plain arguments), each started in a thread
-        of the zygote at once, for the preload to take (zygote.early) while it does the rest."""
+        of the zygote as it takes the request (after its imports), for the preload to take
+        (zygote.early) while it does the rest."""
         if loads:
             self._request(("early", loads))
 

@@ -211,9 +211,9 @@ def fast_key(ctx: JobContext) -> str:
 
 
 def early_loads(ctx: JobContext, tokenizer_json: str) -> dict[str, tuple[str, str, tuple[Any, ...]]]:
-    """What a local pool's zygote should start loading the moment it starts, beside its own imports
-    (raypack.engine.zygote.early): fastokens' build of the tokenizer, 1.1-1.5 s for a 128k BPE,
-    which then runs beside the imports (0.45 s), not after them."""
+    """What a local pool's zygote should start loading as soon as it is asked, beside the job's
+    preload (raypack.engine.zygote.early): fastokens' build of the tokenizer, ~1.0 s for a 128k BPE,
+    which then runs beside tokenizers' parse and the summary's loads (~0.8 s), not after them."""
     from raypack.text.backends import fast_json, fastokens_version
 
     if not ctx.fast or fastokens_version() is None:
