@@ -42,9 +42,9 @@ Per cell (corpus × tokenizer), in --rounds interleaved rounds (the baseline's p
 - parts: the stage's own steps on every shard in this process, on one core, with raypack's
   functions: read+inflate (the shard's bytes and ISA-L's inflate), parse (the JSONL reader less
   that), encode (the encoder's own calls but the cuts' checks), checks (the in-run check's
-  re-encoding, the cuts' checks), offsets (framing, the token lists' offsets and the Arrow table), token files (the IPC
-  write and its checksums). Their sum is the stage's CPU on one core without scheduling, loading,
-  summaries and the other core's idling.
+  re-encoding, the cuts' checks), offsets (framing, the token lists' offsets and the Arrow
+  table), token files (the IPC write and its checksums). Their sum is the stage's CPU on one
+  core without scheduling, loading, summaries and the other core's idling.
 Ratios: stage / alone (goal ≤ 1.3; also against alone and its load), job / (alone + floor) (goal
 ≤ 1.5), job CPU / (alone + one load + floor CPU), baseline / job (the ×). On a shared machine one
 round's wall time is the machine's as much as the job's: read the CPU ratio beside it.
