@@ -13,6 +13,8 @@ from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
 from raypack.text.chat import chat_rows
+from raypack.text.cuts import MAX_TRIES
+from raypack.text.encode import PIECE_CHARS
 from raypack.text.tokenizer import guessed
 
 __all__ = ["format_rebuild", "format_summary"]
@@ -233,22 +235,39 @@ def _backend_line(b: dict[str, Any]) -> str:
         line += f"; FAILED OVER to tokenizers: {b['failovers'][0]}"
     long = b.get("long_texts") or {}
     if long.get("cuts") or long.get("encoded_whole"):
-        name, _, proof = str(long["rule"]).partition(": ")
-        where = {"dropped": "at spaces the next piece's ▁ stands for", "before": "before spaces"}
-        if name in where:
-            line += (
-                f"; texts over 1M characters cut at {_count(long['cuts'], 'place')} {where[name]} ({proof}), "
-                f"each cut checked where it fell ({long['cuts_refused']:,} candidate cuts refused), "
-                f"{long['encoded_whole']:,} encoded whole"
-            )
-        else:  # no rule proven: every long text whole
-            line += f"; {long['encoded_whole']:,} texts over 1M characters encoded whole: {long['rule']}"
+        line += "; " + _long_texts_line(long)
     if long.get("units_unrecorded"):
         line += (
             f"; {long['units_unrecorded']:,} units from token store entries that predate the record of "
             "long texts' cuts: theirs are not counted"
         )
     return line
+
+
+def _long_texts_line(long: dict[str, Any]) -> str:
+    """How the texts over PIECE_CHARS were encoded (the manifest's tokenizer.backend.long_texts):
+    how many, where they were cut and by what rule, and how many were encoded whole from a place
+    on (no space between two words in the half-piece before it, or MAX_TRIES candidates refused)."""
+    known = long.get("texts")
+    texts = f"{_count(known, 'text')} over" if known else "texts over"
+    texts += f" {PIECE_CHARS:,} characters"
+    name, _, proof = str(long["rule"]).partition(": ")
+    where = {"dropped": "at spaces the next piece's ▁ stands for", "before": "before spaces"}
+    whole = long["encoded_whole"]
+    if name not in where:  # no rule proven: every long text whole
+        return f"{texts} encoded whole: {long['rule']}"
+    why = (
+        f"no space between two words in the {PIECE_CHARS // 2:,} characters before a piece's end, "
+        f"or {MAX_TRIES} candidates there refused"
+    )
+    refused = _count(long["cuts_refused"], "candidate")
+    if not long["cuts"]:
+        return f"{texts} encoded whole, no cut {where[name]} found ({why}; {refused} refused; {proof})"
+    line = (
+        f"{texts} encoded in pieces, cut at {_count(long['cuts'], 'place')} {where[name]} ({proof}), "
+        f"each checked where it fell by the encoder of its pieces ({refused} refused)"
+    )
+    return line + (f"; {whole:,} of them encoded whole from where no cut was found ({why})" if whole else "")
 
 
 def format_rebuild(result: RebuildResult, command_seconds: float | None = None) -> str:

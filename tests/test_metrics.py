@@ -96,6 +96,8 @@ def test_the_summary_tells_rejected_records_from_documents_the_packing_cut() -> 
 
 
 def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None:
+    """The tokenizer line in words: 1 text, KiB under a MiB; of long texts, how many there were,
+    where they were cut and checked (only where a cut was made), and why some were encoded whole."""
     import dataclasses
 
     backend = {
@@ -103,12 +105,20 @@ def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None
         "reason": "ids equal to tokenizers",
         "checked_in_run": {"texts": 1, "bytes": 3_000},
         "failovers": [],
-        "long_texts": {"cuts": 1, "cuts_refused": 0, "encoded_whole": 0, "rule": "before: a proof"},
+        "long_texts": {"texts": 1, "cuts": 1, "cuts_refused": 0, "encoded_whole": 0, "rule": "before: proof"},
     }
-    result = dataclasses.replace(_record(compute_metrics(pack([7], 8, "bfd"))), backend=backend)
-    text = format_summary(result)
+    record = _record(compute_metrics(pack([7], 8, "bfd")))
+    text = format_summary(dataclasses.replace(record, backend=backend))
     assert "; 1 text (2.9 KiB) re-checked with tokenizers in the run" in text, text
-    assert "cut at 1 place before spaces (a proof)" in text
+    assert (
+        "; 1 text over 1,048,576 characters encoded in pieces, cut at 1 place before spaces (proof), "
+        "each checked where it fell by the encoder of its pieces (0 candidates refused)\n"
+    ) in text, text
+    long = {"texts": 3, "cuts": 0, "cuts_refused": 1, "encoded_whole": 3, "rule": "before: p"}
+    backend["long_texts"] = long
+    text = format_summary(dataclasses.replace(record, backend=backend))
+    assert "3 texts over 1,048,576 characters encoded whole, no cut before spaces found (no space " in text
+    assert "or 8 candidates there refused; 1 candidate refused; p)\n" in text and "each checked" not in text
 
 
 def test_empty_corpus() -> None:

@@ -58,6 +58,7 @@ __all__ = [
     "Route",
     "TokenizersEncoder",
     "choose_backend",
+    "encode_aside",
     "failed_over",
     "fast_json",
     "fastokens_version",
@@ -537,9 +538,28 @@ class Guarded:
         routed: tuple[tuple[int, ...], float] = getattr(self.inner, "last_routed", ((), 0.0))
         return routed
 
+    @property
+    def routed(self) -> list[int] | None:
+        """The inner encoder's tally of texts it gave the reference (FastokensEncoder.routed), if any."""
+        tally: list[int] | None = getattr(self.inner, "routed", None)
+        return tally
+
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         with _failures_as(Mismatch, f"{self.name} ", f"{len(texts)} texts"):
             return self.inner.encode(texts)
+
+
+def encode_aside(encoder: Encoder, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`encoder`'s ids of texts that are none of a unit's documents (a cut's window, a segment the
+    in-run check compares), its tally of the texts it gave the reference (FastokensEncoder.routed,
+    which the summary counts as documents) left as it was."""
+    tally: list[int] | None = getattr(encoder, "routed", None)
+    before = list(tally) if tally is not None else None
+    try:
+        return encoder.encode(texts)
+    finally:
+        if tally is not None and before is not None:
+            tally[:] = before
 
 
 @dataclass
@@ -629,13 +649,14 @@ def choose_backend(
     except FastFailed as e:
         return refuse(f"fastokens {fastokens_version()} {task_raised(e)}")
     what = "ids and character offsets" if chat else "ids"
+    noun = ("conversation" if chat else "document") + ("s" if len(sample) != 1 else "")
+    texts = f"{len(sample):,} corpus {noun}"
     if differs is not None:
         return refuse(f"fastokens {fast.version} gave other {what} than tokenizers on {differs}")
     return Choice(
         "fastokens",
         fast.version,
-        f"{what} equal to tokenizers {reference.version} on {len(checked)} probes and "
-        f"{len(sample)} corpus {'conversations' if chat else 'documents'}",
+        f"{what} equal to tokenizers {reference.version} on {len(checked):,} probes and {texts}",
         len(checked),
         len(sample),
     )

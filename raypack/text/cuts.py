@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_TRIES", "WINDOW", "CutRule", "check_cut", "choose", "cut_text", "probe_text"]
+__all__ = ["MAX_TRIES", "WINDOW", "CutRule", "check_cut", "choose", "cut_text", "probe_text", "segments"]
 
 # Characters either side of a cut that check_cut encodes: a pre-token or a SentencePiece merge that
 # crosses a space is a few characters long; 4 KiB covers runs of whitespace and long words.
@@ -118,6 +118,23 @@ def cut_text(text: str, size: int, rule: CutRule | None, encode: Encode) -> tupl
         cuts.append(made)
         start = made + int(rule.drops_space)
     return rule.pieces(text, cuts), len(cuts), refused
+
+
+def segments(text: str, size: int) -> list[tuple[int, int]]:
+    """(start, end) of `text`'s segments, each of at most `size` characters (at least one), one after
+    the other: where the second half of a segment holds a space between two words, the next starts
+    there, so that a segment starts as a text of words does. What the in-run check encodes of a
+    text too long to check whole (encode.Checker.check): a text in its own right, not a piece of
+    the document's tokens (no cut rule is needed)."""
+    size = max(size, 1)
+    out = []
+    start = 0
+    while len(text) - start > size:
+        end = next(_spaces_back(text, start + size // 2, start + size), start + size)
+        out.append((start, end))
+        start = end
+    out.append((start, len(text)))
+    return out
 
 
 def probe_text(added: list[str]) -> str:

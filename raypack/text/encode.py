@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from raypack.config import JobConfig, TokenizerConfig
-from raypack.text.backends import Encoder, Mismatch, TokenizersEncoder
+from raypack.text.backends import Encoder, Mismatch, TokenizersEncoder, encode_aside
 from raypack.text.chat import (
     Chat,
     ChatTemplate,
@@ -27,7 +27,7 @@ from raypack.text.chat import (
     pair_spans,
     token_masks,
 )
-from raypack.text.cuts import cut_text
+from raypack.text.cuts import cut_text, segments
 from raypack.text.offsets import Coded, Coder, reference_coder
 from raypack.text.tokenizer import LoadedTokenizer
 
@@ -35,6 +35,7 @@ __all__ = [
     "CHECK_FLOOR_S",
     "CHECK_SHARE",
     "PIECE_CHARS",
+    "SEGMENT_MIN",
     "CheckBudget",
     "Checker",
     "encode_batch",
@@ -79,8 +80,8 @@ def encode_flat(
     seconds), and texts over PIECE_CHARS (and over `whole`) are encoded in pieces, cut where the
     tokenizer's proven rule and a check at each cut allow (raypack.text.cuts). `encoder`:
     tokenizers' unless given; `checker`: re-checks a sample of the pieces (Mismatch on a
-    difference); `cuts`: [cuts made, cuts refused, texts whose rest was encoded whole] are
-    added to it."""
+    difference); `cuts`: [cuts made, cuts refused, texts whose rest was encoded whole, texts over
+    PIECE_CHARS] are added to it."""
     encoder = encoder or TokenizersEncoder(tok.tokenizer)
     ids = _ids_of(encoder)
     pieces: list[str] = []
@@ -92,6 +93,7 @@ def encode_flat(
                 cuts[0] += made
                 cuts[1] += refused
                 cuts[2] += len(parts[-1]) > PIECE_CHARS  # its rest encoded whole
+                cuts[3] += 1
         else:
             parts = [text]
         pieces += parts
@@ -110,7 +112,7 @@ def encode_flat(
             # The texts a fast encoder gave tokenizers are tokenizers' ids already: neither their
             # time (20% of it would go to the check's budget) nor the texts are the check's.
             routed, routed_s = getattr(encoder, "last_routed", ((), 0.0))
-            checker.check(pieces[start:end], flat, n, time.perf_counter() - t0 - routed_s, routed)
+            checker.check(pieces[start:end], flat, n, time.perf_counter() - t0 - routed_s, routed, encoder)
         raws.append(flat)
         piece_len.append(n)
         start = end
@@ -148,7 +150,7 @@ def _ids_of(encoder: Encoder) -> Callable[[list[str]], list[list[int]]]:
     where `tokenizers` took ~3 ms (a fifth of fastokens' whole encoding of 128 MB of C)."""
 
     def ids(texts: list[str]) -> list[list[int]]:
-        flat, lengths = encoder.encode(texts)
+        flat, lengths = encode_aside(encoder, texts)
         return [part.tolist() for part in np.split(flat, np.cumsum(lengths)[:-1])]
 
     return ids
@@ -281,6 +283,10 @@ def _frame_pairs(
 # make the check of a 300 MB/s encoder cost 40-90% of its time on 2 MB units, not 20%.
 CHECK_SHARE = 0.2
 CHECK_FLOOR_S = 0.005
+# The least a draw must hold for a text too long to check whole to be drawn in segments: a 1 MiB piece
+# is then at most 256 candidates (a draw holds ~5 KB at the floor, ~0.2 MB once a worker has encoded
+# ~1 s).
+SEGMENT_MIN = 4096
 
 
 @dataclass
@@ -309,39 +315,53 @@ class Checker:
         """This unit's seconds of checking."""
         self.texts = self.bytes = 0
 
-    def _pick(self, texts: list[str], fast_s: float, routed: Sequence[int] = ()) -> list[int]:
-        """A seeded sample of `texts` (fast_s: the fast backend's time on them; `routed`: texts
-        tokenizers encoded, not sampled): each text drawn with the same chance, whatever its length,
-        so that every character is as likely to be checked, and the expected cost is what the
-        account holds. It may cost more than that, by up to the share of all the fast encoder's time
-        so far: the account then goes into debt (so the check never costs over twice its share), and
-        nothing is checked until the share has paid for it. (Drawing only the texts that fit the
-        account checked 2 KB texts of a corpus whose median is 10-17 KB.)"""
+    def _allowance(self, fast_s: float) -> tuple[float, float] | None:
+        """What one draw may cost, with `fast_s` of the fast encoder's time added to the account:
+        (the seconds the account holds, the most characters one draw may check: what it holds and
+        a debt of the share of all the fast encoder's time so far); None while it holds nothing."""
         account = self.budget
         account.fast_s += max(fast_s, 0.0)
         holds = max(CHECK_SHARE * account.fast_s, CHECK_FLOOR_S) - account.check_s
         if holds <= 0:
-            return []
-        # The characters this call may check: what the account holds, and a debt of the share.
-        most = (holds + max(CHECK_SHARE * account.fast_s - CHECK_FLOOR_S, 0.0)) * account.rate
-        skip = set(routed)
-        drawn = [i for i, t in enumerate(texts) if 0 < len(t) <= most and i not in skip]
-        cost = sum(len(texts[i]) for i in drawn) / account.rate
+            return None
+        return holds, (holds + max(CHECK_SHARE * account.fast_s - CHECK_FLOOR_S, 0.0)) * account.rate
+
+    def _draw(self, sizes: list[int], holds: float, most: float) -> list[int]:
+        """A seeded sample of candidates of `sizes` characters (0: not a candidate): each drawn with
+        the same chance, whatever its size, so that every character is as likely to be checked, and
+        the expected cost is what the account `holds`; at most `most` characters in all. A draw may
+        cost more than the account holds, by up to the share of all the fast encoder's time so far:
+        the account then goes into debt (so the check never costs over twice its share), and nothing
+        is checked until the share has paid for it. (Drawing only the texts that fit the account
+        checked 2 KB texts of a corpus whose median is 10-17 KB.)"""
+        cost = sum(sizes) / self.budget.rate
         chance = holds / cost if cost else 0.0  # chance × cost: what the account holds
         picked, chars = [], 0
-        for i in drawn:
-            if self.rng.random() < chance and chars + len(texts[i]) <= most:
+        for i, size in enumerate(sizes):
+            if size and self.rng.random() < chance and chars + size <= most:
                 picked.append(i)
-                chars += len(texts[i])
+                chars += size
         return picked
 
-    def _spent(self, texts: list[str], picked: list[int], seconds: float) -> None:
+    def _pick(self, texts: list[str], fast_s: float, routed: Sequence[int] = ()) -> list[int]:
+        """A seeded sample of whole `texts` (_draw; fast_s: the fast backend's time on them;
+        `routed`: texts tokenizers encoded, not sampled): one longer than a draw may check is not
+        drawn."""
+        allowance = self._allowance(fast_s)
+        if allowance is None:
+            return []
+        skip = set(routed)
+        most = allowance[1]
+        sizes = [len(t) if len(t) <= most and i not in skip else 0 for i, t in enumerate(texts)]
+        return self._draw(sizes, *allowance)
+
+    def _spent(self, texts: list[str], seconds: float) -> None:
+        """The check of `texts` took `seconds`: charged to the account, and counted."""
         self.check_s += seconds
         self.budget.check_s += seconds
-        chars = sum(len(texts[i]) for i in picked)
-        self.budget.rate = max(chars / max(seconds, 1e-6), 1e4)
-        self.texts += len(picked)
-        self.bytes += sum(len(texts[i].encode("utf-8", errors="surrogatepass")) for i in picked)
+        self.budget.rate = max(sum(map(len, texts)) / max(seconds, 1e-6), 1e4)
+        self.texts += len(texts)
+        self.bytes += sum(len(t.encode("utf-8", errors="surrogatepass")) for t in texts)
 
     def check_coded(self, texts: list[str], coded: Coded, fast_s: float, routed: Sequence[int] = ()) -> None:
         """The sampled texts' ids and character offsets against tokenizers' (a chat mask's input)."""
@@ -358,7 +378,7 @@ class Checker:
                 raise Mismatch(
                     f"a {len(texts[i]):,}-character conversation ({texts[i][:40]!r}): other {what}"
                 )
-        self._spent(texts, picked, time.perf_counter() - t0)
+        self._spent([texts[i] for i in picked], time.perf_counter() - t0)
 
     def check(
         self,
@@ -367,22 +387,57 @@ class Checker:
         lengths: np.ndarray,
         fast_s: float,
         routed: Sequence[int] = (),
+        encoder: Encoder | None = None,
     ) -> None:
-        picked = self._pick(pieces, fast_s, routed)
+        """A seeded sample of `pieces` (their ids: `lengths` runs of `flat`, by the fast encoder in
+        `fast_s`) against tokenizers' ids. A piece longer than one draw may check (a 1 MiB piece of
+        a long document, where a draw holds a few KiB on a small job) is a candidate in segments of
+        that size (text.cuts.segments), each drawn as a text is: a drawn segment is encoded by
+        `encoder` and by tokenizers and the two compared, so that every character of the unit is
+        as likely to be checked, long documents' too (once a draw holds SEGMENT_MIN characters).
+        Without `encoder`, whole pieces only."""
+        allowance = self._allowance(fast_s)
+        if allowance is None:
+            return
+        holds, most = allowance
+        spans = _spans(pieces, most, set(routed), encoder is not None and most >= SEGMENT_MIN)
+        picked = [spans[k] for k in self._draw([b - a for _, a, b in spans], holds, most)]
         if not picked:
             return
         t0 = time.perf_counter()
-        want, want_len = self.reference.encode([pieces[i] for i in picked])
+        texts = [pieces[i][a:b] for i, a, b in picked]
+        want = _runs(*self.reference.encode(texts))
+        got = _runs(flat, lengths, [i for i, _, _ in picked])
+        parts = [k for k, (i, a, b) in enumerate(picked) if b - a < len(pieces[i])]
+        if parts and encoder is not None:
+            for k, ids in zip(parts, _runs(*encode_aside(encoder, [texts[k] for k in parts])), strict=True):
+                got[k] = ids
         spent = time.perf_counter() - t0
-        ends = np.cumsum(lengths)
-        at = 0
-        for k, i in enumerate(picked):
-            got = flat[ends[i] - lengths[i] : ends[i]]
-            ref = want[at : at + want_len[k]]
-            at += int(want_len[k])
-            if not np.array_equal(got, ref):
-                raise Mismatch(
-                    f"a {len(pieces[i]):,}-character text ({pieces[i][:40]!r}): {len(got)} ids, "
-                    f"tokenizers {len(ref)}"
-                )
-        self._spent(pieces, picked, spent)
+        for (i, a, b), ids, ref in zip(picked, got, want, strict=True):
+            if not np.array_equal(ids, ref):
+                what = f"a {len(pieces[i]):,}-character text ({pieces[i][a : a + 40]!r})"
+                if b - a < len(pieces[i]):
+                    what = f"characters {a:,}-{b:,} of {what}"
+                raise Mismatch(f"{what}: {len(ids)} ids, tokenizers {len(ref)}")
+        self._spent(texts, spent)
+
+
+def _spans(pieces: list[str], most: float, skip: set[int], segmented: bool) -> list[tuple[int, int, int]]:
+    """The in-run check's candidates among `pieces`, as (piece, start, end): each piece of at most
+    `most` characters whole, and (`segmented`) each longer one in segments of that size; none of
+    the pieces in `skip` (tokenizers encoded them) or empty."""
+    spans: list[tuple[int, int, int]] = []
+    for i, text in enumerate(pieces):
+        if not text or i in skip:
+            continue
+        if len(text) <= most:
+            spans.append((i, 0, len(text)))
+        elif segmented:
+            spans += [(i, a, b) for a, b in segments(text, int(most))]
+    return spans
+
+
+def _runs(flat: np.ndarray, lengths: np.ndarray, which: list[int] | None = None) -> list[np.ndarray]:
+    """The ids of each text (`lengths` runs of `flat`), or of the texts `which` names."""
+    ends = np.cumsum(lengths)
+    return [flat[ends[i] - lengths[i] : ends[i]] for i in (range(len(lengths)) if which is None else which)]

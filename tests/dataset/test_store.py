@@ -201,6 +201,7 @@ def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(
         long_texts[out] = manifest(tmp_path / out)["tokenizer"]["backend"]["long_texts"]
     assert units(tmp_path / "repack") == {"reused": 1, "tokenized": 0}
     assert long_texts["first"]["cuts"] >= 3 and long_texts["first"]["rule"]
+    assert long_texts["first"]["texts"] == 1
     assert long_texts["first"]["units_unrecorded"] == 0
     assert long_texts["repack"] == long_texts["first"]
 
@@ -210,7 +211,8 @@ def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(
     with pa.ipc.open_file(pa.BufferReader(entry.read_bytes())) as reader:  # a copy: rewritten below
         batches = [reader.get_batch_with_custom_metadata(i) for i in range(reader.num_record_batches)]
     done = json.loads(batches[-1].custom_metadata[DONE])
-    recent = ("cuts", "cuts_refused", "long_whole", "cut_rule", "crc32", "rejects_crc32", "name", "key_crc32")
+    recent = ("long_texts", "cuts", "cuts_refused", "long_whole", "cut_rule")
+    recent += ("crc32", "rejects_crc32", "name", "key_crc32")
     older = {k: v for k, v in done.items() if k not in recent}  # and unchecked: no checksum either
     with pa.OSFile(str(entry), "wb") as sink, pa.ipc.new_file(sink, batches[0].batch.schema) as writer:
         for batch, meta in batches[:-1]:
@@ -220,7 +222,14 @@ def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(
     assert packed_documents(tmp_path / "old") == expected
     assert units(tmp_path / "old") == {"reused": 1, "tokenized": 0}
     said = manifest(tmp_path / "old")["tokenizer"]["backend"]["long_texts"]
-    assert said == {"rule": "", "cuts": 0, "cuts_refused": 0, "encoded_whole": 0, "units_unrecorded": 1}
+    assert said == {
+        "rule": "",
+        "texts": None,
+        "cuts": 0,
+        "cuts_refused": 0,
+        "encoded_whole": 0,
+        "units_unrecorded": 1,
+    }
 
 
 def test_any_change_of_content_or_settings_misses(tmp_path: Path, tokenizer_path: Path) -> None:

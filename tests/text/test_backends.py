@@ -28,7 +28,13 @@ from raypack.errors import ConfigError
 from raypack.pipeline.job import run_job
 from raypack.pipeline.tokenize import stage as tokenize_stage
 from raypack.text import backends
-from raypack.text.backends import FastokensEncoder, TokenizersEncoder, choose_backend, first_difference
+from raypack.text.backends import (
+    FastokensEncoder,
+    Mismatch,
+    TokenizersEncoder,
+    choose_backend,
+    first_difference,
+)
 from raypack.text.files import read_tokenizer
 from raypack.verifier import verify
 from tests.conftest import WORDS, job_config, make_corpus, write_jsonl
@@ -677,6 +683,68 @@ def test_the_in_run_check_keeps_its_share_over_a_workers_units_and_draws_by_leng
     assert 0.25 <= long / (short + long) <= 0.75, (short, long)
     assert shared.check_s <= 2 * CHECK_SHARE * shared.fast_s  # a debt of one text at most
     assert abs(short + long - CHECK_SHARE * 400 * 0.05 * rate) <= 128 + 0.25 * CHECK_SHARE * 400 * 0.05 * rate
+
+
+def test_the_in_run_check_reaches_inside_a_text_too_long_to_check_whole(tokenizer_path: Path) -> None:
+    """A fast encoder that differs only on a word deep inside a 200,000-character text: a draw
+    holds ~15,000 characters (0.05 s of fast encoding at the reference's 1 MB/s), so the text is
+    never drawn whole; drawn in segments (text.cuts.segments) as any text is, some seeds' draws
+    meet the difference, and their Mismatch names where. Without the encoder to encode segments
+    (as before), none does. A segment is checked as a text of its own, so that a fast encoder
+    with tokenizers' ids passes every draw."""
+    from raypack.text.encode import Checker
+
+    _, reference, fast = _encoders(tokenizer_path)
+    words = [" ".join(WORDS[(i * 3) % 40 : (i * 3) % 40 + 12]) for i in range(4000)]
+    long = "\n".join(words)[:200_000]
+    at = 150_000 + long[150_000:].index(" ")
+    long = long[:at] + " zqzqx" + long[at:]  # the one word the fake differs on
+    texts = [" ".join(WORDS[i : i + 30]) for i in range(8)] + [long]
+    differs = OneIdOff(fast, "zqzqx")
+    flat, lengths = differs.encode(texts)
+
+    def found(encoder: Any) -> list[str]:
+        seen = []
+        for seed in range(200):
+            checker = Checker(reference, f"seed {seed}")
+            try:
+                checker.check(texts, flat, lengths, 0.05, (), encoder)
+            except Mismatch as e:
+                seen.append(str(e))
+        return seen
+
+    caught = found(differs)
+    assert caught and all(m.startswith("characters ") and "-character text" in m for m in caught)
+    assert found(None) == []
+    fast_flat, fast_lengths = fast.encode(texts)
+    checked = 0
+    for seed in range(40):
+        checker = Checker(reference, f"seed {seed}")
+        checker.check(texts, fast_flat, fast_lengths, 0.05, (), fast)
+        checked += checker.texts
+    assert checked > 0
+
+
+def test_texts_encoded_aside_leave_the_tally_of_routed_texts_alone(
+    tmp_path: Path, tokenizer_path: Path
+) -> None:
+    """A cut's window and a check's segment are encoded aside (encode_aside): a text the fast
+    encoder gives tokenizers then is not counted among the unit's documents that went there."""
+    from raypack.text.backends import Guarded, encode_aside
+
+    nfkc = tmp_path / "nfkc.json"
+    _nfkc(tokenizer_path).save(str(nfkc))
+    _, reference, fast = _encoders(nfkc)
+    fast.reference = reference
+    guarded = Guarded(fast)
+    texts = ["plain words", "Ｘ<s>", "e\u0301<s>x"]
+    guarded.encode(texts)
+    assert fast.routed[0] == 2
+    flat, lengths = encode_aside(guarded, texts)
+    assert fast.routed[0] == 2
+    assert flat.tolist() == reference.encode(texts)[0].tolist() and lengths.tolist() == [
+        int(n) for n in reference.encode(texts)[1]
+    ]
 
 
 def test_a_fast_encoder_is_loaded_warm_so_a_forked_worker_starts_with_its_tables_built(tekken: Path) -> None:

@@ -4,6 +4,7 @@ byte-level BPE, and a tokenizer that merges across spaces (no cut is proven: enc
 
 from __future__ import annotations
 
+import itertools
 import json
 import sysconfig
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 import raypack
 from raypack.config import TokenizerConfig
 from raypack.text import encode
-from raypack.text.cuts import CutRule, cut_text
+from raypack.text.cuts import CutRule, cut_text, segments
 from raypack.text.files import read_tokenizer
 from raypack.text.tokenizer import LoadedTokenizer
 from tests.conftest import job_config, packed_documents, write_jsonl
@@ -69,13 +70,13 @@ def test_a_sentencepiece_bpes_long_documents_are_their_whole_texts_tokens(
     rule, proof = tok.cut_rule()
     assert rule is not None and "cuts of a" in proof
     assert rule.name == "dropped"  # for the Metaspace too: its pieces then start with no space
-    counts = [0, 0, 0]
+    counts = [0, 0, 0, 0]
     with pieces_of(256 << 10):
         flat, lengths = encode.encode_flat(tok, cfg, ["short", code, flat_code], cuts=counts)
     ends = lengths.cumsum().tolist()
     assert flat[ends[0] : ends[1]].tolist() == whole(tok, code)
     assert flat[ends[1] : ends[2]].tolist() == whole(tok, flat_code)
-    assert counts[0] >= 7 and counts[2] == 0  # cut (1 + 1.5 MiB in 256 KiB pieces), nothing whole
+    assert counts[0] >= 7 and counts[2] == 0 and counts[3] == 2  # cut (1 + 1.5 MiB in 256 KiB pieces)
     if shape == "mistral_v1":
         before = CutRule("before", "")
         pieces, made, _ = cut_text(flat_code, 256 << 10, before, lambda texts: [[] for _ in texts])
@@ -99,11 +100,11 @@ def test_a_tokenizer_that_merges_across_spaces_encodes_long_texts_whole(tmp_path
     rule, why = loaded_tok.cut_rule()
     assert rule is None and "encoded whole" in why
     text = sentence * 200
-    counts = [0, 0, 0]
+    counts = [0, 0, 0, 0]
     with pieces_of(1000):
         flat, _ = encode.encode_flat(loaded_tok, cfg, [text], cuts=counts)
     assert flat.tolist() == loaded_tok.encode_ids([text])[0]
-    assert counts == [0, 0, 1]
+    assert counts == [0, 0, 1, 1]
 
 
 def test_a_cut_the_check_refuses_moves_to_another_space(mistral_v1: Path) -> None:
@@ -153,7 +154,7 @@ def test_the_fast_encoder_checks_the_cuts_of_the_pieces_it_encodes(
     text = stdlib_text(512 << 10)
     tok.cut_rule()  # proven by the reference, as a worker does once
     monkeypatch.setattr(LoadedTokenizer, "encode_ids", counted)
-    counts = [0, 0, 0]
+    counts = [0, 0, 0, 0]
     with pieces_of(64 << 10):
         flat, _ = encode.encode_flat(tok, cfg, [text], encoder=Seen(), cuts=counts)  # type: ignore[arg-type]
     monkeypatch.undo()
@@ -219,9 +220,29 @@ def test_a_job_with_mistrals_tokenizer_packs_long_documents_exactly(
     assert packed["a.jsonl:5"] == whole(tok, "short text 3")
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     long_texts = manifest["tokenizer"]["backend"]["long_texts"]
-    assert long_texts["cuts"] >= 2 and long_texts["encoded_whole"] == 0
+    assert long_texts["cuts"] >= 2 and long_texts["encoded_whole"] == 0 and long_texts["texts"] == 1
     assert long_texts["rule"].startswith("dropped: ")
     assert manifest["tokenizer"]["backend"]["chosen"].startswith("fastokens ")
     assert record is not None
     report = raypack.verify(str(tmp_path / "out"), config=str(config))
     assert report.ok, report.problems
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(_FRAGMENTS), max_size=400), st.integers(1, 300))
+def test_segments_cover_a_text_one_after_another_and_start_at_words_where_they_can(
+    parts: list[str], size: int
+) -> None:
+    """Property: a text's segments are contiguous, cover it, hold at most `size` characters and at
+    least one each; one that follows another starts at a space between two words (cuts._candidate)
+    where the previous one's second half holds such a space."""
+    from raypack.text.cuts import _candidate
+
+    text = "".join(parts)
+    spans = segments(text, size)
+    assert spans[0][0] == 0 and spans[-1][1] == len(text)
+    assert all(a_end == b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
+    assert all(0 < b - a <= size for a, b in spans) or text == ""
+    for a, b in spans[:-1]:
+        half = [i for i in range(a + size // 2 + 1, a + size) if _candidate(text, i)]
+        assert (b in half and b == max(half)) if half else b == a + size

@@ -105,6 +105,7 @@ class Tokenized:
             "finished_on": self.choice.backend,
             "long_texts": {
                 "rule": self.cut_rule,
+                "texts": totals.long_texts,
                 "cuts": totals.cuts,
                 "cuts_refused": totals.cuts_refused,
                 "encoded_whole": totals.long_whole,

@@ -169,6 +169,9 @@ class Totals:
         self.cuts = self.cuts_refused = self.long_whole = 0
         """Where long texts were cut for encoding, the candidate cuts a check refused, and the long
         texts (or their rests) encoded whole."""
+        self.long_texts: int | None = 0
+        """Texts over PIECE_CHARS (encoded in pieces where they could be cut); None where a unit
+        from a token store entry written before they were counted has some unknown number."""
         self.cut_rule = ""
         """The rule that allowed the cuts, and its proof, as a worker said it ("" where none did)."""
         self.long_unrecorded = 0
@@ -212,6 +215,8 @@ class Totals:
         self.cuts += int(row.get("cuts", 0))
         self.cuts_refused += int(row.get("cuts_refused", 0))
         self.long_whole += int(row.get("long_whole", 0))
+        long_texts = int(row.get("long_texts", 0))
+        self.long_texts = None if self.long_texts is None or long_texts < 0 else self.long_texts + long_texts
         self.cut_rule = self.cut_rule or str(row.get("cut_rule", ""))
         self.long_unrecorded += int(row.get("long_unrecorded", 0))
         self.routed_texts += int(row.get("routed_texts", 0))

@@ -94,7 +94,7 @@ class TokenizeShards:
                 )
         self._checker: Checker | None = None
         self._budget = CheckBudget()  # the in-run check's share, kept over this worker's units
-        self._cuts = [0, 0, 0]
+        self._cuts = [0, 0, 0, 0]
         self._trained = 0
         self.template = chat_template(cfg, self.tok)
         # Chat data's mask needs each token's character offsets: tokenizers' own, or a byte-level
@@ -149,16 +149,22 @@ class TokenizeShards:
         }
 
     def _long_texts(self) -> dict[str, Any]:
-        """How this unit's long texts were encoded (pipeline.cuts): cuts made and refused, rests
-        encoded whole, and the rule that allowed the cuts with its proof (\"\" where none was
-        looked for). Kept in the token file too: a unit read from a token store reports what its
-        tokens went through, not zeros."""
-        made, refused, whole = self._cuts
+        """How this unit's long texts were encoded (text.cuts): how many there were, cuts made and
+        refused, rests encoded whole, and the rule that allowed the cuts with its proof (\"\" where
+        none was looked for). Kept in the token file too: a unit read from a token store reports
+        what its tokens went through, not zeros."""
+        made, refused, whole, texts = self._cuts
         rule = ""
         if made or refused or whole:
             found, why = self.tok.cut_rule()  # proven on this worker already (memoized)
             rule = f"{found.name}: {why}" if found is not None else why
-        return {"cuts": made, "cuts_refused": refused, "long_whole": whole, "cut_rule": rule}
+        return {
+            "long_texts": texts,
+            "cuts": made,
+            "cuts_refused": refused,
+            "long_whole": whole,
+            "cut_rule": rule,
+        }
 
     def _tokenize(self, unit: WorkUnit) -> Tokenized:
         """Tokenize the unit into its token file; rejects go beside it and into the output.
@@ -175,7 +181,7 @@ class TokenizeShards:
         docs: list[pa.Table] = []
         meta: list[tuple[Any, ...]] = []
         self._trained = 0
-        self._cuts = [0, 0, 0]  # long texts: cuts made, refused, rests whole (pipeline.cuts)
+        self._cuts = [0, 0, 0, 0]  # long texts: cuts made, refused, rests whole, texts (text.cuts)
         # The rejects count is known only at the end: it goes on the last, empty record batch.
         with (
             whole_output(path, self.storage, self.run) as sink,
@@ -428,6 +434,8 @@ def _summary(
         # a file written before these were kept says nothing of them, and is counted as such (not
         # as a unit without long texts).
         "cuts": int(lost.get("cuts", 0)),
+        # -1: a file written before the count of its long texts was kept (Totals.long_texts None).
+        "long_texts": int(lost.get("long_texts", -1)),
         "cuts_refused": int(lost.get("cuts_refused", 0)),
         "long_whole": int(lost.get("long_whole", 0)),
         "cut_rule": str(lost.get("cut_rule", "")),

@@ -66,8 +66,9 @@ TOKEN_FORMAT = 5
 # Completion key, on the last record batch (empty), written last: a token file without it is
 # unfinished (see TokenizeShards._tokenize). Its value: {"rejects": rows of the rejects file,
 # "records": input records they stand for, "lost_files": files (or rests of files) that could not
-# be read, "trained": trained tokens, and how its long texts were encoded: "cuts", "cuts_refused",
-# "long_whole", "cut_rule" (TokenizeShards._long_texts; absent from files written before), and
+# be read, "trained": trained tokens, and how its long texts were encoded: "long_texts", "cuts",
+# "cuts_refused", "long_whole", "cut_rule" (TokenizeShards._long_texts; absent from files written
+# before each was kept), and
 # "crc32": each column's Checksum (absent from files written before: not checked)}.
 DONE = b"raypack.rejects"
 _DONE_KEYS = {"rejects", "records", "lost_files"}  # in every completion key (TOKEN_FORMAT 4 on)
