@@ -654,10 +654,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if note and report.ok:
         report.warnings.append(f"no document re-tokenized: {note}; give --config or --set to say where")
     if report.ok:
-        sampled = f", {report.sampled} documents re-tokenized and equal" if cfg and args.sample else ""
+        sampled = f", {_documents(report.sampled)} re-tokenized and equal" if cfg and args.sample else ""
         unpacked = f" ({report.unpacked:,} with no token packed)" if report.unpacked else ""
         print(
-            f"OK: {report.dataset}: {report.documents:,} documents{unpacked}, {report.items:,} items, "
+            f"OK: {report.dataset}: {_documents(report.documents)}{unpacked}, {report.items:,} items, "
             f"{report.packs:,} packs, {report.tokens:,} tokens{sampled}"
         )
         if report.trial:
@@ -672,6 +672,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     n = len(report.problems)
     print(f"FAIL: {n} problem{'s' if n != 1 else ''} found in {report.dataset}")
     return 1
+
+
+def _documents(n: int) -> str:
+    return f"{n:,} document{'s' if n != 1 else ''}"
 
 
 def _storage_set(overrides: list[str]) -> StorageConfig | None:
@@ -845,7 +849,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         for problem in report.problems:
             print(f"FAIL: {problem}")
         return 1
-    print(f"verify: OK ({report.documents:,} documents present exactly once, {report.sampled} re-tokenized)")
+    present = f"{_documents(report.documents)} present exactly once"
+    print(f"verify: OK ({present}, {report.sampled:,} re-tokenized)")
     print(f"config: {out / 'demo.yaml'}  (raypack pack {out / 'demo.yaml'} --overwrite reruns it)")
     return 0
 

@@ -54,10 +54,11 @@ if TYPE_CHECKING:
 __all__ = ["VerifyReport", "recorded_config", "verify"]
 
 MAX_PROBLEMS = 20
-# A sampled document up to this many characters is re-tokenized whole (~100 bytes a token while
-# encoding: 64M characters ≈ 16M tokens ≈ 1.6 GB), whatever the job cut it at; longer ones at the
-# job's checked cuts (raypack.text.cuts).
-WHOLE_CHARS = 64 << 20
+# A sampled document up to this many characters is re-tokenized whole, whatever the job cut it at;
+# longer ones in pieces cut where tokenizers' own checks allow (raypack.text.cuts). Encoding one whole
+# holds 170-230 bytes a token (the Encoding and its ids), and CJK text is ~1 token a character: 8M
+# characters of it ≈ 1.9 GB, of English prose ~0.5 GB.
+WHOLE_CHARS = 8 << 20
 
 
 @dataclass
