@@ -80,13 +80,14 @@ def test_every_bad_line_is_a_recorded_reject(tmp_path: Path) -> None:
             {"text": "   \n\t"},
             b"[1, 2]",
             b"",
+            b" \t \r",
             {"text": "good two"},
         ],
     )
     docs, rejects = read_all(path)
-    assert [d[0] for d in docs] == [1, 9]
+    assert [d[0] for d in docs] == [1, 10]
     reasons = dict(rejects)
-    assert set(reasons) == {2, 3, 4, 5, 6, 7}  # line 8 is blank: not a record
+    assert set(reasons) == {2, 3, 4, 5, 6, 7}  # lines 8 and 9 are blank: no record, not counted
     assert reasons[2].startswith("malformed JSON")
     assert reasons[3] == "invalid UTF-8 at byte 13"
     assert reasons[4] == "missing text field 'text'"
