@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_TRIES", "WINDOW", "CutRule", "check_cut", "choose", "cut_text", "probe_text", "segments"]
+__all__ = ["MAX_TRIES", "WINDOW", "CutRule", "check_cut", "choose", "cut_text", "probe_text", "segment"]
 
 # Characters either side of a cut that check_cut encodes: a pre-token or a SentencePiece merge that
 # crosses a space is a few characters long; 4 KiB covers runs of whitespace and long words.
@@ -120,21 +120,20 @@ def cut_text(text: str, size: int, rule: CutRule | None, encode: Encode) -> tupl
     return rule.pieces(text, cuts), len(cuts), refused
 
 
-def segments(text: str, size: int) -> list[tuple[int, int]]:
-    """(start, end) of `text`'s segments, each of at most `size` characters (at least one), one after
-    the other: where the second half of a segment holds a space between two words, the next starts
-    there, so that a segment starts as a text of words does. What the in-run check encodes of a
-    text too long to check whole (encode.Checker.check): a text in its own right, not a piece of
-    the document's tokens (no cut rule is needed)."""
-    size = max(size, 1)
-    out = []
-    start = 0
-    while len(text) - start > size:
-        end = next(_spaces_back(text, start + size // 2, start + size), start + size)
-        out.append((start, end))
-        start = end
-    out.append((start, len(text)))
-    return out
+def segment(text: str, k: int, size: int) -> tuple[int, int]:
+    """(start, end) of the k-th of `text`'s ceil(len / size) segments: from boundary k·size to
+    boundary (k + 1)·size, a boundary moved back to a space between two words in the size/2
+    characters before it where there is one, so that a segment starts as a text of words does.
+    They follow one another and cover the text, each of size/2 to 1.5·size characters (the last
+    of fewer). Each is found alone, for the in-run check (encode.Checker.check), which encodes a
+    drawn one as a text in its own right: no cut rule is needed."""
+    return _boundary(text, k * size, size), _boundary(text, (k + 1) * size, size)
+
+
+def _boundary(text: str, at: int, size: int) -> int:
+    if at <= 0 or at >= len(text):
+        return min(max(at, 0), len(text))
+    return next(_spaces_back(text, at - size // 2, at + 1), at)
 
 
 def probe_text(added: list[str]) -> str:

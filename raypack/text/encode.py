@@ -27,7 +27,7 @@ from raypack.text.chat import (
     pair_spans,
     token_masks,
 )
-from raypack.text.cuts import cut_text, segments
+from raypack.text.cuts import cut_text, segment
 from raypack.text.offsets import Coded, Coder, reference_coder
 from raypack.text.tokenizer import LoadedTokenizer
 
@@ -35,7 +35,7 @@ __all__ = [
     "CHECK_FLOOR_S",
     "CHECK_SHARE",
     "PIECE_CHARS",
-    "SEGMENT_MIN",
+    "SEGMENT_CHARS",
     "CheckBudget",
     "Checker",
     "encode_batch",
@@ -283,10 +283,12 @@ def _frame_pairs(
 # make the check of a 300 MB/s encoder cost 40-90% of its time on 2 MB units, not 20%.
 CHECK_SHARE = 0.2
 CHECK_FLOOR_S = 0.005
-# The least a draw must hold for a text too long to check whole to be drawn in segments: a 1 MiB piece
-# is then at most 256 candidates (a draw holds ~5 KB at the floor, ~0.2 MB once a worker has encoded
-# ~1 s).
-SEGMENT_MIN = 4096
+# A text too long for one draw to check whole is a candidate in segments of this many characters: a
+# 1 MiB piece is 256 candidates. Small, so that a drawn one rarely takes the account far into debt
+# (segments as large as a draw allows cost a 131k byte-level BPE's check 43% of its encoding on 32 MB
+# of C, not 20%); drawn once a draw holds as many (~5 KB at the floor, ~0.2 MB once a worker has
+# encoded ~1 s).
+SEGMENT_CHARS = 4096
 
 
 @dataclass
@@ -392,16 +394,16 @@ class Checker:
         """A seeded sample of `pieces` (their ids: `lengths` runs of `flat`, by the fast encoder in
         `fast_s`) against tokenizers' ids. A piece longer than one draw may check (a 1 MiB piece of
         a long document, where a draw holds a few KiB on a small job) is a candidate in segments of
-        that size (text.cuts.segments), each drawn as a text is: a drawn segment is encoded by
+        SEGMENT_CHARS (text.cuts.segment), each drawn as a text is: a drawn segment is encoded by
         `encoder` and by tokenizers and the two compared, so that every character of the unit is
-        as likely to be checked, long documents' too (once a draw holds SEGMENT_MIN characters).
-        Without `encoder`, whole pieces only."""
+        as likely to be checked, long documents' too (once a draw holds a segment). Without
+        `encoder`, whole pieces only."""
         allowance = self._allowance(fast_s)
         if allowance is None:
             return
         holds, most = allowance
-        spans = _spans(pieces, most, set(routed), encoder is not None and most >= SEGMENT_MIN)
-        picked = [spans[k] for k in self._draw([b - a for _, a, b in spans], holds, most)]
+        spans = _spans(pieces, most, set(routed), encoder is not None and most >= SEGMENT_CHARS)
+        picked = [_span(pieces, *spans[k]) for k in self._draw([size for _, _, size in spans], holds, most)]
         if not picked:
             return
         t0 = time.perf_counter()
@@ -423,18 +425,28 @@ class Checker:
 
 
 def _spans(pieces: list[str], most: float, skip: set[int], segmented: bool) -> list[tuple[int, int, int]]:
-    """The in-run check's candidates among `pieces`, as (piece, start, end): each piece of at most
-    `most` characters whole, and (`segmented`) each longer one in segments of that size; none of
-    the pieces in `skip` (tokenizers encoded them) or empty."""
+    """The in-run check's candidates among `pieces`, as (piece, segment, characters): each piece of
+    at most `most` characters whole (segment -1), and (`segmented`) each longer one's segments of
+    SEGMENT_CHARS (text.cuts.segment, found only once drawn); none of the pieces in `skip`
+    (tokenizers encoded them) or empty."""
     spans: list[tuple[int, int, int]] = []
     for i, text in enumerate(pieces):
         if not text or i in skip:
             continue
         if len(text) <= most:
-            spans.append((i, 0, len(text)))
+            spans.append((i, -1, len(text)))
         elif segmented:
-            spans += [(i, a, b) for a, b in segments(text, int(most))]
+            n = -(-len(text) // SEGMENT_CHARS)
+            spans += [(i, k, SEGMENT_CHARS) for k in range(n - 1)]
+            spans.append((i, n - 1, len(text) - (n - 1) * SEGMENT_CHARS))
     return spans
+
+
+def _span(pieces: list[str], i: int, k: int, _: int) -> tuple[int, int, int]:
+    """A drawn candidate (_spans) as (piece, start, end)."""
+    if k < 0:
+        return i, 0, len(pieces[i])
+    return (i, *segment(pieces[i], k, SEGMENT_CHARS))
 
 
 def _runs(flat: np.ndarray, lengths: np.ndarray, which: list[int] | None = None) -> list[np.ndarray]:

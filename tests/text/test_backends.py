@@ -688,7 +688,7 @@ def test_the_in_run_check_keeps_its_share_over_a_workers_units_and_draws_by_leng
 def test_the_in_run_check_reaches_inside_a_text_too_long_to_check_whole(tokenizer_path: Path) -> None:
     """A fast encoder that differs only on a word deep inside a 200,000-character text: a draw
     holds ~15,000 characters (0.05 s of fast encoding at the reference's 1 MB/s), so the text is
-    never drawn whole; drawn in segments (text.cuts.segments) as any text is, some seeds' draws
+    never drawn whole; drawn in segments (text.cuts.segment) as any text is, some seeds' draws
     meet the difference, and their Mismatch names where. Without the encoder to encode segments
     (as before), none does. A segment is checked as a text of its own, so that a fast encoder
     with tokenizers' ids passes every draw."""

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import raypack
 from raypack.config import TokenizerConfig
 from raypack.text import encode
-from raypack.text.cuts import CutRule, cut_text, segments
+from raypack.text.cuts import CutRule, cut_text, segment
 from raypack.text.files import read_tokenizer
 from raypack.text.tokenizer import LoadedTokenizer
 from tests.conftest import job_config, packed_documents, write_jsonl
@@ -229,20 +229,23 @@ def test_a_job_with_mistrals_tokenizer_packs_long_documents_exactly(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(_FRAGMENTS), max_size=400), st.integers(1, 300))
+@given(st.lists(st.sampled_from(_FRAGMENTS), min_size=1, max_size=400), st.integers(2, 300))
 def test_segments_cover_a_text_one_after_another_and_start_at_words_where_they_can(
     parts: list[str], size: int
 ) -> None:
-    """Property: a text's segments are contiguous, cover it, hold at most `size` characters and at
-    least one each; one that follows another starts at a space between two words (cuts._candidate)
-    where the previous one's second half holds such a space."""
+    """Property: a text's ceil(len / size) segments follow one another and cover it, each found
+    alone; each but the last holds size/2 to 1.5·size characters; each after the first starts at
+    the last space between two words (cuts._candidate) in the size/2 characters before its
+    nominal start where there is one, else at that start."""
     from raypack.text.cuts import _candidate
 
     text = "".join(parts)
-    spans = segments(text, size)
+    n = -(-len(text) // size)
+    spans = [segment(text, k, size) for k in range(n)]
     assert spans[0][0] == 0 and spans[-1][1] == len(text)
     assert all(a_end == b_start for (_, a_end), (b_start, _) in itertools.pairwise(spans))
-    assert all(0 < b - a <= size for a, b in spans) or text == ""
-    for a, b in spans[:-1]:
-        half = [i for i in range(a + size // 2 + 1, a + size) if _candidate(text, i)]
-        assert (b in half and b == max(half)) if half else b == a + size
+    assert all(size // 2 <= b - a <= size + size // 2 for a, b in spans[:-1])
+    for k, (a, _) in enumerate(spans[1:], start=1):
+        at = k * size
+        found = [i for i in range(at - size // 2 + 1, at + 1) if _candidate(text, i)]
+        assert a == (max(found) if found else at)
