@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from raypack.config import Reading
-from raypack.corpus.readers.records import Batch, Reject
+from raypack.corpus.readers.records import Batch, Raw, Reject
 from raypack.text.chat import Chat
 
 __all__ = ["chat_fields", "chat_record"]
@@ -22,9 +22,7 @@ def chat_fields(reading: Reading) -> list[str]:
     return [str(reading.prompt_field), str(reading.completion_field)]
 
 
-def chat_record(
-    record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: bytes | str
-) -> Chat | None:
+def chat_record(record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: Raw) -> Chat | None:
     """The record's Chat, or None with a reject recorded (missing or mistyped fields, no messages)."""
 
     def reject(reason: str) -> Chat | None:

@@ -14,7 +14,7 @@ from typing import Any
 from raypack.config import Reading
 from raypack.corpus.metadata import not_scalar
 from raypack.corpus.readers.chat import chat_record
-from raypack.corpus.readers.records import Batch, Reject, empty_reason
+from raypack.corpus.readers.records import Batch, Raw, Reject, empty_reason
 
 __all__ = ["Document", "document", "read_fields"]
 
@@ -29,7 +29,7 @@ def read_fields(reading: Reading) -> tuple[str, ...]:
 
 
 def document(
-    record: dict[str, object], row: int, reading: Reading, default_id: str, batch: Batch, raw: bytes | str
+    record: dict[str, object], row: int, reading: Reading, default_id: str, batch: Batch, raw: Raw
 ) -> Document | None:
     """The (id, text or Chat, metadata) of one decoded record, or None with its Reject added to
     `batch`."""
@@ -76,9 +76,7 @@ def document(
     return _with_id(record, row, reading, default_id, batch, raw, text)
 
 
-def _joined(
-    record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: bytes | str
-) -> str | None:
+def _joined(record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: Raw) -> str | None:
     """text_fields' strings joined (those present and not empty), or None with a reject: none of
     them present (missing or null), or one that is not a string."""
     parts = []
@@ -102,7 +100,7 @@ def _joined(
 
 
 def _metadata(
-    record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: bytes | str
+    record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: Raw
 ) -> tuple[Any, ...] | None:
     """The record's metadata values (None for a field it lacks), or None with a reject for one
     that is a list or an object."""
@@ -121,7 +119,7 @@ def _with_id(
     reading: Reading,
     default_id: str,
     batch: Batch,
-    raw: bytes | str,
+    raw: Raw,
     doc: Any,
 ) -> Document | None:
     id_field = reading.id_field

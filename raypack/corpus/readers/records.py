@@ -23,6 +23,7 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "RAW_PREFIX",
     "Batch",
+    "Raw",
     "Reject",
     "empty_reason",
     "is_bad_data",
@@ -32,6 +33,9 @@ __all__ = [
 ]
 
 RAW_PREFIX = 200
+Raw = bytes | memoryview | str
+"""A record as read (a JSONL line: a view of the reader's chunk, or bytes), or its decoded text:
+what a Reject keeps the first RAW_PREFIX characters of."""
 # A batch ends at batch_size documents or this much text, whichever comes first. tokenizers keeps
 # ~100 bytes per token in an Encoding (ids, offsets, token strings, masks), so a batch bounded by
 # count alone grows with the longest documents it happens to meet, and a worker's peak memory with
@@ -62,12 +66,12 @@ class Reject:
     """Its file's number within its work unit (a run of small files: units.WorkUnit.files)."""
 
     @classmethod
-    def bad(cls, row: int, reason: str, raw: bytes | str = "") -> Reject:
+    def bad(cls, row: int, reason: str, raw: Raw = "") -> Reject:
         """A record that is not a document."""
         return cls(row, reason, raw_prefix(raw))
 
     @classmethod
-    def cut(cls, row: int, reason: str, raw: bytes | str = "") -> Reject:
+    def cut(cls, row: int, reason: str, raw: Raw = "") -> Reject:
         """Tokens of a record that no pack holds by the job's rule (pack.overflow's truncate or drop,
         decompose's tail below pack.min_seq_len): the record is a document of the index, so the
         reject stands for no record."""
@@ -125,7 +129,7 @@ class Batch:
 
 def empty_reason(text: str, reading: Reading) -> str | None:
     """Why an empty or whitespace-only text is rejected, or None (not empty, or input.empty: keep)."""
-    if text.strip() or reading.empty == "keep":
+    if (text and not text.isspace()) or reading.empty == "keep":  # strip() would copy the text
         return None
     return "empty document" if not text else "whitespace-only document"
 
@@ -137,9 +141,9 @@ def is_bad_data(e: BaseException) -> bool:
     return isinstance(e, OSError) and any(m in str(e) for m in _CORRUPT_STREAM)
 
 
-def raw_prefix(data: bytes | str) -> str:
-    if isinstance(data, bytes):
-        data = data[: RAW_PREFIX * 4].decode("utf-8", errors="replace")
+def raw_prefix(data: Raw) -> str:
+    if not isinstance(data, str):
+        data = bytes(data[: RAW_PREFIX * 4]).decode("utf-8", errors="replace")
     return data[:RAW_PREFIX]
 
 
