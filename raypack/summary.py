@@ -12,9 +12,8 @@ from raypack.metrics import PackingMetrics, slots_line
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
+from raypack.text.account import backend_line
 from raypack.text.chat import chat_rows
-from raypack.text.cuts import MAX_TRIES
-from raypack.text.encode import PIECE_CHARS
 from raypack.text.tokenizer import guessed
 
 __all__ = ["format_rebuild", "format_summary"]
@@ -62,11 +61,6 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
 
 def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'s' if n != 1 else ''}"
-
-
-def _size(n: int) -> str:
-    """Bytes in MiB, or KiB under one MiB (a run's re-checked texts are often a few hundred KiB)."""
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 def _rejects_line(kinds: dict[str, int]) -> str:
@@ -170,7 +164,7 @@ def _run_rows(result: JobResult, command_seconds: float | None, timed: str) -> l
             )
         )
     if result.backend:
-        rows.append(("tokenizer", _backend_line(result.backend)))
+        rows.append(("tokenizer", backend_line(result.backend)))
     rows.append(("report", result.report or "not written (see the warning above)"))
     rows.append(("time", _time_line(result, command_seconds, timed)))
     return rows
@@ -217,57 +211,6 @@ def _files_line(result: JobResult) -> str:
     size = total_bytes(result.files, result.output_format.get("files", []))
     n = len(result.files)
     return f"{n} {fmt} file{'s' if n != 1 else ''}, {size / 2**20:.1f} MiB"
-
-
-def _backend_line(b: dict[str, Any]) -> str:
-    line = f"{b['chosen']}: {b['reason']}"
-    checked = b["checked_in_run"]
-    if checked["texts"]:
-        texts, size = _count(checked["texts"], "text"), _size(checked["bytes"])
-        line += f"; {texts} ({size}) re-checked with tokenizers in the run"
-    routed = b.get("routed_to_tokenizers") or {}
-    if routed.get("texts"):
-        line += (
-            f"; {_count(routed['texts'], 'text')} ({_size(routed['bytes'])}) encoded by tokenizers: "
-            "fastokens' copy of this tokenizer does not encode them as it does"
-        )
-    if b["failovers"]:
-        line += f"; FAILED OVER to tokenizers: {b['failovers'][0]}"
-    long = b.get("long_texts") or {}
-    if long.get("cuts") or long.get("encoded_whole"):
-        line += "; " + _long_texts_line(long)
-    if long.get("units_unrecorded"):
-        line += (
-            f"; {long['units_unrecorded']:,} units from token store entries that predate the record of "
-            "long texts' cuts: theirs are not counted"
-        )
-    return line
-
-
-def _long_texts_line(long: dict[str, Any]) -> str:
-    """How the texts over PIECE_CHARS were encoded (the manifest's tokenizer.backend.long_texts):
-    how many, where they were cut and by what rule, and how many were encoded whole from a place
-    on (no space between two words in the half-piece before it, or MAX_TRIES candidates refused)."""
-    known = long.get("texts")
-    texts = f"{_count(known, 'text')} over" if known else "texts over"
-    texts += f" {PIECE_CHARS:,} characters"
-    name, _, proof = str(long["rule"]).partition(": ")
-    where = {"dropped": "at spaces the next piece's ▁ stands for", "before": "before spaces"}
-    whole = long["encoded_whole"]
-    if name not in where:  # no rule proven: every long text whole
-        return f"{texts} encoded whole: {long['rule']}"
-    why = (
-        f"no space between two words in the {PIECE_CHARS // 2:,} characters before a piece's end, "
-        f"or {MAX_TRIES} candidates there refused"
-    )
-    refused = _count(long["cuts_refused"], "candidate")
-    if not long["cuts"]:
-        return f"{texts} encoded whole, no cut {where[name]} found ({why}; {refused} refused; {proof})"
-    line = (
-        f"{texts} encoded in pieces, cut at {_count(long['cuts'], 'place')} {where[name]} ({proof}), "
-        f"each checked where it fell by the encoder of its pieces ({refused} refused)"
-    )
-    return line + (f"; {whole:,} of them encoded whole from where no cut was found ({why})" if whole else "")
 
 
 def format_rebuild(result: RebuildResult, command_seconds: float | None = None) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import html
 import itertools
+import json
 import os
 import re
 import shutil
@@ -19,6 +21,7 @@ from raypack.dryrun import run_sweep, sample_lengths
 from raypack.metrics import FILL_BINS, LENGTH_BINS_PER_OCTAVE, fill_percent_counts, length_bins
 from raypack.report import REPORT, Report, from_dry_run, plots, render
 from raypack.report.plots import FIGURE_PX
+from raypack.text.account import backend_line
 
 # A figure of the page: its name, then its inline SVG (width, height).
 _FIGURE = re.compile(r'<figure aria-label="([^"]*)">(<svg [^>]*width="(\d+)" height="(\d+)".*?</svg>)')
@@ -250,7 +253,7 @@ def test_a_real_browser_shows_every_plot(tmp_path: Path) -> None:
 def test_a_jobs_report_is_the_one_made_from_its_dataset(tmp_path: Path, tokenizer_path: Path) -> None:
     """The report a job writes after its commit is byte for byte the one `raypack report` makes from
     the dataset alone (manifest.json and metrics.json): figures included, nothing from the run's
-    memory."""
+    memory. It says what encoded the documents and what checked them, as the summary does."""
     from raypack.config import load_config
     from raypack.pipeline.job import run_job
     from tests.conftest import job_config, make_corpus
@@ -260,5 +263,7 @@ def test_a_jobs_report_is_the_one_made_from_its_dataset(tmp_path: Path, tokenize
     run_job(cfg, log=lambda _: None)
     page = (tmp_path / "out" / REPORT).read_text()
     assert next(name for name, *_ in _FIGURE.findall(page)) == "Document length"
+    backend = json.loads((tmp_path / "out" / "manifest.json").read_text())["tokenizer"]["backend"]
+    assert f"<tr><th>encoded by</th><td>{html.escape(backend_line(backend))}</td></tr>" in page
     assert main(["report", str(tmp_path / "out")]) == 0
     assert (tmp_path / "out" / REPORT).read_text() == page

@@ -31,6 +31,7 @@ from raypack.metrics import (
 )
 from raypack.packing.assignment import Assignment
 from raypack.storage import exists, join, list_dir, read_bytes, resolve
+from raypack.text.account import backend_line
 
 __all__ = ["Report", "Run", "from_dataset", "from_dry_run", "length_distribution", "run_of"]
 
@@ -197,6 +198,7 @@ def _facts(dataset: str, manifest: dict[str, Any], doc: dict[str, Any]) -> tuple
         ("input", _inputs(cfg["input"], counts["shards"], manifest["inputs"])),
         *_sample(manifest),
         ("tokenizer", f"{tok['path']} (vocab {tok['vocab_size']:,}, sha256 {tok['sha256'][:12]})"),
+        *([("encoded by", backend_line(tok["backend"]))] if tok.get("backend") else []),
         (
             "packing",
             f"{algorithm}, seq_len {pack['seq_len']}, overflow {pack['overflow']}, {doc['mode']} mode"

@@ -1,0 +1,74 @@
+"""The account of what encoded a job's documents, in words: the manifest's tokenizer.backend record
+(which backend and why, what the in-run check compared, what went to tokenizers, how long texts
+were cut) as the summary and the report show it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raypack.text.cuts import MAX_TRIES
+from raypack.text.encode import PIECE_CHARS
+
+__all__ = ["backend_line"]
+
+
+def backend_line(b: dict[str, Any]) -> str:
+    """What encoded a job and what checked it, in one line: the manifest's tokenizer.backend record
+    (raypack.pipeline.tokenize.stage.Tokenized.backend_record), for the summary and the report."""
+    line = f"{b['chosen']}: {b['reason']}"
+    checked = b["checked_in_run"]
+    if checked["texts"]:
+        texts, size = _count(checked["texts"], "text"), _size(checked["bytes"])
+        line += f"; {texts} ({size}) re-checked with tokenizers in the run"
+    routed = b.get("routed_to_tokenizers") or {}
+    if routed.get("texts"):
+        line += (
+            f"; {_count(routed['texts'], 'text')} ({_size(routed['bytes'])}) encoded by tokenizers: "
+            "fastokens' copy of this tokenizer does not encode them as it does"
+        )
+    if b["failovers"]:
+        line += f"; FAILED OVER to tokenizers: {b['failovers'][0]}"
+    long = b.get("long_texts") or {}
+    if long.get("cuts") or long.get("encoded_whole"):
+        line += "; " + _long_texts_line(long)
+    if long.get("units_unrecorded"):
+        line += (
+            f"; {long['units_unrecorded']:,} units from token store entries that predate the record of "
+            "long texts' cuts: theirs are not counted"
+        )
+    return line
+
+
+def _long_texts_line(long: dict[str, Any]) -> str:
+    """How the texts over PIECE_CHARS were encoded (the manifest's tokenizer.backend.long_texts):
+    how many, where they were cut and by what rule, and how many were encoded whole from a place
+    on (no space between two words in the half-piece before it, or MAX_TRIES candidates refused)."""
+    known = long.get("texts")
+    texts = f"{_count(known, 'text')} over" if known else "texts over"
+    texts += f" {PIECE_CHARS:,} characters"
+    name, _, proof = str(long["rule"]).partition(": ")
+    where = {"dropped": "at spaces the next piece's ▁ stands for", "before": "before spaces"}
+    whole = long["encoded_whole"]
+    if name not in where:  # no rule proven: every long text whole
+        return f"{texts} encoded whole: {long['rule']}"
+    why = (
+        f"no space between two words in the {PIECE_CHARS // 2:,} characters before a piece's end, "
+        f"or {MAX_TRIES} candidates there refused"
+    )
+    refused = _count(long["cuts_refused"], "candidate")
+    if not long["cuts"]:
+        return f"{texts} encoded whole, no cut {where[name]} found ({why}; {refused} refused; {proof})"
+    line = (
+        f"{texts} encoded in pieces, cut at {_count(long['cuts'], 'place')} {where[name]} ({proof}), "
+        f"each checked where it fell by the encoder of its pieces ({refused} refused)"
+    )
+    return line + (f"; {whole:,} of them encoded whole from where no cut was found ({why})" if whole else "")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' if n != 1 else ''}"
+
+
+def _size(n: int) -> str:
+    """Bytes in MiB, or KiB under one MiB (a run's re-checked texts are often a few hundred KiB)."""
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
