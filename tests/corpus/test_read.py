@@ -96,6 +96,19 @@ def test_every_bad_line_is_a_recorded_reject(tmp_path: Path) -> None:
     assert reasons[7] == "not a JSON object but list"
 
 
+@pytest.mark.parametrize(
+    "data", [b'\xef\xbb\xbf\n{"text": "x"}\n', b'\xef\xbb\xbf  \r\n{"text": "x"}\n', b"\xef\xbb\xbf"]
+)
+def test_a_bom_before_a_blank_first_line_is_no_record(tmp_path: Path, data: bytes) -> None:
+    """A file that starts with a BOM (as Windows editors save it) and a blank line, or holds the BOM
+    alone: the BOM is no part of the line, which is then blank, so no record and no reject."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(data)
+    docs, rejects = read_all(path)
+    assert rejects == []
+    assert [(row, text) for row, _, text in docs] == ([(2, "x")] if len(data) > 3 else [])
+
+
 # Lines where orjson and json disagree or refuse (raypack.corpus.readers.jsonl._parse_line): big
 # integers (orjson: a float), NaN/Infinity, lone surrogate escapes, deep nesting, a BOM, control
 # characters, non-objects, duplicate keys, ids of every scalar type.
@@ -375,11 +388,13 @@ def test_empty_documents_are_rejected_or_kept_as_configured(tmp_path: Path) -> N
     assert [d[2] for d in docs] == ["", " \n\t ", "x"] and rejects == []
 
 
-@pytest.mark.parametrize("kind", ["members", "bomb", "cut", "garbage after", "empty"])
+@pytest.mark.parametrize("kind", ["members", "bomb", "cut", "garbage after", "zeros after", "empty"])
 def test_gzip_is_inflated_as_arrow_inflates_it(tmp_path: Path, kind: str) -> None:
     """gzip shards go through ISA-L (readers.jsonl._gunzip), not Arrow's zlib stream: the same bytes for
     every member of a multi-member file, at most _CHUNK held for a highly compressed one, and a
-    damaged file an error where Arrow's would be one (a reject, with what came before kept)."""
+    damaged file an error where Arrow's would be one (a reject, with what came before kept). Zero
+    bytes after a member are padding, as gzip -t and Python's gzip read them (Arrow refuses them):
+    every line, no reject."""
     import pyarrow.fs as pafs
 
     lines = b"".join(json.dumps({"text": f"doc {i} " * 20}).encode() + b"\n" for i in range(3000))
@@ -387,7 +402,11 @@ def test_gzip_is_inflated_as_arrow_inflates_it(tmp_path: Path, kind: str) -> Non
         "members": gzip.compress(lines[:5000]) + gzip.compress(lines[5000:]) + gzip.compress(b""),
         "bomb": gzip.compress(b'{"text": "' + b"a" * (20 << 20) + b'"}\n' + lines),
         "cut": gzip.compress(lines)[:-5000],
-        "garbage after": gzip.compress(lines) + b"\x00" * 40,
+        "garbage after": gzip.compress(lines) + b"\x00" * 40 + b"not gzip",
+        "zeros after": gzip.compress(lines[:5000])
+        + b"\x00" * 40
+        + gzip.compress(lines[5000:])
+        + b"\x00" * 600_000,
         "empty": b"",
     }[kind]
     path = tmp_path / "a.jsonl.gz"
@@ -413,6 +432,11 @@ def test_gzip_is_inflated_as_arrow_inflates_it(tmp_path: Path, kind: str) -> Non
         with fs.open_input_stream(str(path), compression=None) as stream:
             yield from read_module._gunzip(stream)
 
+    if kind == "zeros after":
+        assert inflate(isal) == (gzip.decompress(data), None)
+        docs, rejects = read_all(path, batch=100)
+        assert rejects == [] and len(docs) == 3000
+        return
     (ours, our_error), (theirs, their_error) = inflate(isal), inflate(arrow)
     assert (our_error is None) == (their_error is None), (our_error, their_error)
     if our_error is None:
