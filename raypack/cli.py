@@ -678,6 +678,10 @@ def _documents(n: int) -> str:
     return f"{n:,} document{'s' if n != 1 else ''}"
 
 
+def _files(n: int) -> str:
+    return f"{n:,} input file{'s were' if n != 1 else ' was'}"
+
+
 def _storage_set(overrides: list[str]) -> StorageConfig | None:
     """The storage settings `--set storage.*` gives, with the environment's (None without any)."""
     from raypack.config import StorageConfig, from_dict
@@ -692,7 +696,7 @@ def _storage_set(overrides: list[str]) -> StorageConfig | None:
 def _print_lost_and_warnings(report: VerifyReport) -> None:
     if report.lost_files:
         print(
-            f"note: {len(report.lost_files):,} input files were lost whole or in part "
+            f"note: {_files(len(report.lost_files))} lost whole or in part "
             f"({report.rejected_records:,} rejected records in all), e.g. {'; '.join(report.lost_files[:3])}"
         )
     for warning in report.warnings:

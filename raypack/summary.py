@@ -44,7 +44,7 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
         rows.append(("sample", trial))
     if result.lost_files:
         rows.append(
-            ("lost files", f"{result.lost_files:,} input files unreadable whole or in part (allowed)")
+            ("lost files", f"{_count(result.lost_files, 'input file')} unreadable whole or in part (allowed)")
         )
     if result.reject_reasons:
         rows.append(("rejects", _rejects_line(result.reject_reasons)))

@@ -96,29 +96,37 @@ def test_the_summary_tells_rejected_records_from_documents_the_packing_cut() -> 
 
 
 def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None:
-    """The tokenizer line in words: 1 text, KiB under a MiB; of long texts, how many there were,
-    where they were cut and checked (only where a cut was made), and why some were encoded whole."""
+    """The tokenizer line in words: 1 text, KiB under a MiB, segments of long texts apart; of long
+    texts, how many there were, where they were cut and checked (only where a cut was made), how
+    many were encoded whole or from a place on, and why."""
     import dataclasses
 
     backend = {
         "chosen": "fastokens 0.3.5",
         "reason": "ids equal to tokenizers",
-        "checked_in_run": {"texts": 1, "bytes": 3_000},
+        "checked_in_run": {"texts": 1, "segments": 0, "bytes": 3_000},
         "failovers": [],
-        "long_texts": {"texts": 1, "cuts": 1, "cuts_refused": 0, "encoded_whole": 0, "rule": "before: proof"},
+        "long_texts": {"texts": 2, "cuts": 1, "cuts_refused": 0, "encoded_whole": 1, "rule": "before: p"},
     }
     record = _record(compute_metrics(pack([7], 8, "bfd")))
     text = format_summary(dataclasses.replace(record, backend=backend))
-    assert "; 1 text (2.9 KiB) re-checked with tokenizers in the run" in text, text
+    assert "; 1 text (2.9 KiB) re-checked with tokenizers in the run;" in text, text
     assert (
-        "; 1 text over 1,048,576 characters encoded in pieces, cut at 1 place before spaces (proof), "
-        "each checked where it fell by the encoder of its pieces (0 candidates refused)\n"
+        "; 2 texts over 1,048,576 characters encoded in pieces, cut at 1 place before spaces, each cut "
+        "checked where it fell by the encoder of its pieces (the rule proven by tokenizers: p); 1 of "
+        "them encoded whole, or the rest of them from where no cut was found (no space between two "
+        "words in the 524,288 characters before a piece's end)\n"
     ) in text, text
+    backend["checked_in_run"] = {"texts": 0, "segments": 3, "bytes": 12_288}
     long = {"texts": 3, "cuts": 0, "cuts_refused": 1, "encoded_whole": 3, "rule": "before: p"}
     backend["long_texts"] = long
     text = format_summary(dataclasses.replace(record, backend=backend))
-    assert "3 texts over 1,048,576 characters encoded whole, no cut before spaces found (no space " in text
-    assert "or 8 candidates there refused; 1 candidate refused; p)\n" in text and "each checked" not in text
+    assert "; 0 texts and 3 segments of longer ones (12.0 KiB) re-checked with tokenizers" in text
+    assert (
+        "3 texts over 1,048,576 characters encoded whole, as no cut before spaces was found (no space "
+        "between two words in the 524,288 characters before a piece's end, or 8 candidates there "
+        "refused (1 candidate in all); the rule proven by tokenizers: p)\n"
+    ) in text, text
 
 
 def test_empty_corpus() -> None:

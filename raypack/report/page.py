@@ -232,7 +232,8 @@ def _rejects(report: Report) -> str:
         ),
         *(
             [
-                f"<p><strong>{report.lost_files:,} input files were lost</strong> whole or in part "
+                f"<p><strong>{report.lost_files:,} input "
+                f"{'files were' if report.lost_files != 1 else 'file was'} lost</strong> whole or in part "
                 "(unreadable, or no readable text column); their records are counted above, and "
                 "<code>rejects/</code> names each file.</p>"
             ]

@@ -17,9 +17,11 @@ def backend_line(b: dict[str, Any]) -> str:
     (raypack.pipeline.tokenize.stage.Tokenized.backend_record), for the summary and the report."""
     line = f"{b['chosen']}: {b['reason']}"
     checked = b["checked_in_run"]
-    if checked["texts"]:
-        texts, size = _count(checked["texts"], "text"), _size(checked["bytes"])
-        line += f"; {texts} ({size}) re-checked with tokenizers in the run"
+    if checked["texts"] or checked.get("segments"):
+        what = _count(checked["texts"], "text")
+        if checked.get("segments"):
+            what += f" and {_count(checked['segments'], 'segment')} of longer ones"
+        line += f"; {what} ({_size(checked['bytes'])}) re-checked with tokenizers in the run"
     routed = b.get("routed_to_tokenizers") or {}
     if routed.get("texts"):
         line += (
@@ -41,28 +43,30 @@ def backend_line(b: dict[str, Any]) -> str:
 
 def _long_texts_line(long: dict[str, Any]) -> str:
     """How the texts over PIECE_CHARS were encoded (the manifest's tokenizer.backend.long_texts):
-    how many, where they were cut and by what rule, and how many were encoded whole from a place
-    on (no space between two words in the half-piece before it, or MAX_TRIES candidates refused)."""
+    how many, where they were cut and by what rule, and how many were encoded whole, or the rest of
+    them from where no cut was found, and why."""
     known = long.get("texts")
     texts = f"{_count(known, 'text')} over" if known else "texts over"
     texts += f" {PIECE_CHARS:,} characters"
     name, _, proof = str(long["rule"]).partition(": ")
     where = {"dropped": "at spaces the next piece's ▁ stands for", "before": "before spaces"}
-    whole = long["encoded_whole"]
     if name not in where:  # no rule proven: every long text whole
         return f"{texts} encoded whole: {long['rule']}"
-    why = (
-        f"no space between two words in the {PIECE_CHARS // 2:,} characters before a piece's end, "
-        f"or {MAX_TRIES} candidates there refused"
-    )
-    refused = _count(long["cuts_refused"], "candidate")
+    refused = long["cuts_refused"]
+    why = f"no space between two words in the {PIECE_CHARS // 2:,} characters before a piece's end"
+    if refused:
+        why += f", or {MAX_TRIES} candidates there refused ({_count(refused, 'candidate')} in all)"
+    rule = f"the rule proven by tokenizers: {proof}"
     if not long["cuts"]:
-        return f"{texts} encoded whole, no cut {where[name]} found ({why}; {refused} refused; {proof})"
+        return f"{texts} encoded whole, as no cut {where[name]} was found ({why}; {rule})"
     line = (
-        f"{texts} encoded in pieces, cut at {_count(long['cuts'], 'place')} {where[name]} ({proof}), "
-        f"each checked where it fell by the encoder of its pieces ({refused} refused)"
+        f"{texts} encoded in pieces, cut at {_count(long['cuts'], 'place')} {where[name]}, each cut checked "
+        f"where it fell by the encoder of its pieces ({rule})"
     )
-    return line + (f"; {whole:,} of them encoded whole from where no cut was found ({why})" if whole else "")
+    whole = long["encoded_whole"]
+    if whole:
+        line += f"; {whole:,} of them encoded whole, or the rest of them from where no cut was found ({why})"
+    return line
 
 
 def _count(n: int, noun: str) -> str:

@@ -315,7 +315,8 @@ class Checker:
         self.budget = budget if budget is not None else CheckBudget()
         self.check_s = 0.0
         """This unit's seconds of checking."""
-        self.texts = self.bytes = 0
+        self.texts = self.segments = self.bytes = 0
+        """Whole texts and segments of longer ones (Checker.check) checked, and their UTF-8 bytes."""
 
     def _allowance(self, fast_s: float) -> tuple[float, float] | None:
         """What one draw may cost, with `fast_s` of the fast encoder's time added to the account:
@@ -357,12 +358,14 @@ class Checker:
         sizes = [len(t) if len(t) <= most and i not in skip else 0 for i, t in enumerate(texts)]
         return self._draw(sizes, *allowance)
 
-    def _spent(self, texts: list[str], seconds: float) -> None:
-        """The check of `texts` took `seconds`: charged to the account, and counted."""
+    def _spent(self, texts: list[str], seconds: float, segments: int = 0) -> None:
+        """The check of `texts` (`segments` of them segments of longer ones) took `seconds`: charged
+        to the account, and counted."""
         self.check_s += seconds
         self.budget.check_s += seconds
         self.budget.rate = max(sum(map(len, texts)) / max(seconds, 1e-6), 1e4)
-        self.texts += len(texts)
+        self.texts += len(texts) - segments
+        self.segments += segments
         self.bytes += sum(len(t.encode("utf-8", errors="surrogatepass")) for t in texts)
 
     def check_coded(self, texts: list[str], coded: Coded, fast_s: float, routed: Sequence[int] = ()) -> None:
@@ -421,7 +424,7 @@ class Checker:
                 if b - a < len(pieces[i]):
                     what = f"characters {a:,}-{b:,} of {what}"
                 raise Mismatch(f"{what}: {len(ids)} ids, tokenizers {len(ref)}")
-        self._spent(texts, spent)
+        self._spent(texts, spent, len(parts))
 
 
 def _spans(pieces: list[str], most: float, skip: set[int], segmented: bool) -> list[tuple[int, int, int]]:

@@ -332,7 +332,7 @@ def test_a_truncated_text_file_is_a_lost_file(tmp_path: Path, tokenizer_path: Pa
         tmp_path, f"{corpus}/*", tokenizer_path, input={"format": "text", "max_reject_ratio": 0.5}
     )
     with pytest.raises(
-        JobError, match=r"^1 input files could not be read whole .*input\.max_lost_files \(0\)"
+        JobError, match=r"^1 input file could not be read whole .*input\.max_lost_files \(0\)"
     ):
         run_job(load_config(str(cfg)), log=quiet)
     result = run_job(load_config(str(cfg), ["input.max_lost_files=1"]), overwrite=True, log=quiet)

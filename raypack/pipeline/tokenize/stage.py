@@ -98,7 +98,11 @@ class Tokenized:
             "reason": chosen.reason,
             "self_check": {"probes": self.choice.probes, "corpus_texts": self.choice.sampled},
             "units_by_backend": dict(sorted(totals.encoded_by.items())),
-            "checked_in_run": {"texts": totals.checked_texts, "bytes": totals.checked_bytes},
+            "checked_in_run": {
+                "texts": totals.checked_texts,
+                "segments": totals.checked_segments,
+                "bytes": totals.checked_bytes,
+            },
             "routed_to_tokenizers": {"texts": totals.routed_texts, "bytes": totals.routed_bytes},
             "failovers": self.failovers,
             "notes": list(totals.notes),
@@ -488,7 +492,8 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
         raise JobError(f"no documents to pack: {rejects:,} records rejected: {top} (see {where})")
     if totals.lost_files > cfg.input.max_lost_files:
         raise JobError(
-            f"{totals.lost_files:,} input files could not be read whole (unreadable, or no readable text "
+            f"{totals.lost_files:,} input file{'s' if totals.lost_files != 1 else ''} could not be read "
+            "whole (unreadable, or no readable text "
             f"column), over input.max_lost_files ({cfg.input.max_lost_files:,}); rejects by reason: {top}; "
             f"see {where} "
             "for each file, or allow them with input.max_lost_files"

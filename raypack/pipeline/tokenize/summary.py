@@ -161,8 +161,9 @@ class Totals:
         self.lost_files = 0
         self.encoded_by: Counter[str] = Counter()
         """Units by what encoded them (a backend's name, or "cache")."""
-        self.checked_texts = self.checked_bytes = 0
-        """Texts (and their UTF-8 bytes) a fast backend's ids were re-checked on, with tokenizers."""
+        self.checked_texts = self.checked_segments = self.checked_bytes = 0
+        """Texts, and segments of longer ones (and their UTF-8 bytes), a fast backend's ids were
+        re-checked on, with tokenizers."""
         self.routed_texts = self.routed_bytes = 0
         """Texts (and UTF-8 bytes) that fastokens' copy of the tokenizer does not encode as the
         tokenizer does (an NFKC change, a Metaspace text that starts with a space): tokenizers'."""
@@ -210,6 +211,7 @@ class Totals:
         self.lost_files += int(row["lost_files"])
         self.encoded_by[str(row.get("backend", "tokenizers"))] += 1
         self.checked_texts += int(row.get("checked_texts", 0))
+        self.checked_segments += int(row.get("checked_segments", 0))
         self.trained += int(row.get("trained", row["tokens"]))
         self.checked_bytes += int(row.get("checked_bytes", 0))
         self.cuts += int(row.get("cuts", 0))

@@ -141,6 +141,7 @@ class TokenizeShards:
         return {
             "backend": self.encoder.name,
             "checked_texts": checker.texts if checker is not None else 0,
+            "checked_segments": checker.segments if checker is not None else 0,
             "checked_bytes": checker.bytes if checker is not None else 0,
             "failover": self.failover,
             "note": self.note,
@@ -338,6 +339,7 @@ def stored_unit(cfg: JobConfig, unit: WorkUnit) -> dict[str, Any] | None:
     return _summary(cfg, unit, docs, lost, reasons, metadata, cached=True) | {
         "backend": "cache",
         "checked_texts": 0,
+        "checked_segments": 0,
         "checked_bytes": 0,
         "failover": "",
         "note": "",
