@@ -98,7 +98,7 @@ def test_the_summary_tells_rejected_records_from_documents_the_packing_cut() -> 
 def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None:
     """The tokenizer line in words: 1 text, KiB under a MiB, segments of long texts apart; of long
     texts, how many there were, where they were cut and checked (only where a cut was made), how
-    many were encoded whole or from a place on, and why."""
+    have a piece longer (no cut passed near its end), and why."""
     import dataclasses
 
     backend = {
@@ -114,8 +114,8 @@ def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None
     assert (
         "; 2 texts over 1,048,576 characters encoded in pieces, cut at 1 place before spaces, each cut "
         "checked where it fell by the encoder of its pieces (the rule proven by tokenizers: p); 1 of "
-        "them encoded whole, or the rest of them from where no cut was found (no space between two "
-        "words in the 524,288 characters before a piece's end)\n"
+        "them with a longer piece, where no cut passed in the 524,288 characters before its end (no "
+        "space between two words): it runs on to the next cut that did, or to the text's end\n"
     ) in text, text
     backend["checked_in_run"] = {"texts": 0, "segments": 3, "bytes": 12_288}
     long = {"texts": 3, "cuts": 0, "cuts_refused": 1, "encoded_whole": 3, "rule": "before: p"}
@@ -123,9 +123,9 @@ def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None
     text = format_summary(dataclasses.replace(record, backend=backend))
     assert "; 0 texts and 3 segments of longer ones (12.0 KiB) re-checked with tokenizers" in text
     assert (
-        "3 texts over 1,048,576 characters encoded whole, as no cut before spaces was found (no space "
-        "between two words in the 524,288 characters before a piece's end, or 8 candidates there "
-        "refused (1 candidate in all); the rule proven by tokenizers: p)\n"
+        "3 texts over 1,048,576 characters encoded whole, as no cut before spaces passed (no space "
+        "between two words, or 8 candidates refused (1 candidate in all), in each 524,288 characters "
+        "searched; the rule proven by tokenizers: p)\n"
     ) in text, text
 
 

@@ -43,8 +43,8 @@ def backend_line(b: dict[str, Any]) -> str:
 
 def _long_texts_line(long: dict[str, Any]) -> str:
     """How the texts over PIECE_CHARS were encoded (the manifest's tokenizer.backend.long_texts):
-    how many, where they were cut and by what rule, and how many were encoded whole, or the rest of
-    them from where no cut was found, and why."""
+    how many, where they were cut and by what rule, and how many have a piece over PIECE_CHARS (no
+    cut passed near its end: it runs on to the next that did), and why."""
     known = long.get("texts")
     texts = f"{_count(known, 'text')} over" if known else "texts over"
     texts += f" {PIECE_CHARS:,} characters"
@@ -53,19 +53,24 @@ def _long_texts_line(long: dict[str, Any]) -> str:
     if name not in where:  # no rule proven: every long text whole
         return f"{texts} encoded whole: {long['rule']}"
     refused = long["cuts_refused"]
-    why = f"no space between two words in the {PIECE_CHARS // 2:,} characters before a piece's end"
+    why = "no space between two words"
     if refused:
-        why += f", or {MAX_TRIES} candidates there refused ({_count(refused, 'candidate')} in all)"
+        why += f", or {MAX_TRIES} candidates refused ({_count(refused, 'candidate')} in all)"
+    half = f"{PIECE_CHARS // 2:,} characters"
     rule = f"the rule proven by tokenizers: {proof}"
     if not long["cuts"]:
-        return f"{texts} encoded whole, as no cut {where[name]} was found ({why}; {rule})"
+        why += f", in each {half} searched"
+        return f"{texts} encoded whole, as no cut {where[name]} passed ({why}; {rule})"
     line = (
         f"{texts} encoded in pieces, cut at {_count(long['cuts'], 'place')} {where[name]}, each cut checked "
         f"where it fell by the encoder of its pieces ({rule})"
     )
     whole = long["encoded_whole"]
     if whole:
-        line += f"; {whole:,} of them encoded whole, or the rest of them from where no cut was found ({why})"
+        line += (
+            f"; {whole:,} of them with a longer piece, where no cut passed in the {half} before its end "
+            f"({why}): it runs on to the next cut that did, or to the text's end"
+        )
     return line
 
 

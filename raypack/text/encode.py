@@ -80,8 +80,8 @@ def encode_flat(
     seconds), and texts over PIECE_CHARS (and over `whole`) are encoded in pieces, cut where the
     tokenizer's proven rule and a check at each cut allow (raypack.text.cuts). `encoder`:
     tokenizers' unless given; `checker`: re-checks a sample of the pieces (Mismatch on a
-    difference); `cuts`: [cuts made, cuts refused, texts whose rest was encoded whole, texts over
-    PIECE_CHARS] are added to it."""
+    difference); `cuts`: [cuts made, cuts refused, texts with a piece over PIECE_CHARS (no cut
+    passed near its end), texts over PIECE_CHARS] are added to it."""
     encoder = encoder or TokenizersEncoder(tok.tokenizer)
     ids = _ids_of(encoder)
     pieces: list[str] = []
@@ -92,7 +92,7 @@ def encode_flat(
             if cuts is not None:
                 cuts[0] += made
                 cuts[1] += refused
-                cuts[2] += len(parts[-1]) > PIECE_CHARS  # its rest encoded whole
+                cuts[2] += max(map(len, parts)) > PIECE_CHARS  # a stretch with no cut passed
                 cuts[3] += 1
         else:
             parts = [text]

@@ -109,7 +109,8 @@ def test_a_tokenizer_that_merges_across_spaces_encodes_long_texts_whole(tmp_path
 
 def test_a_cut_the_check_refuses_moves_to_another_space(mistral_v1: Path) -> None:
     """Each cut is checked where it falls: the wrong rule for Mistral's shape (before the space) is
-    refused at every candidate, and after MAX_TRIES the rest of the text is one piece."""
+    refused at every candidate, MAX_TRIES in each half piece searched to the text's end, and the
+    text is one piece."""
     from raypack.text.cuts import MAX_TRIES, check_cut
 
     tok, _ = loaded(mistral_v1)
@@ -120,7 +121,29 @@ def test_a_cut_the_check_refuses_moves_to_another_space(mistral_v1: Path) -> Non
     assert check_cut(tok.encode_ids, CutRule("dropped", ""), text, at)
     assert not check_cut(tok.encode_ids, CutRule("before", ""), text, at)
     pieces, made, refused = cut_text(text, 16 << 10, CutRule("before", ""), tok.encode_ids)
-    assert (len(pieces), made, refused) == (1, 0, MAX_TRIES)
+    # Half pieces of 8 KiB from 8 KiB on: (8K, 16K), (16K, 24K), ..., (56K, 64K).
+    assert (len(pieces), made, refused) == (1, 0, MAX_TRIES * 7)
+
+
+def test_a_stretch_where_no_cut_passes_makes_one_longer_piece_not_the_rest_whole() -> None:
+    """Where every candidate near a piece's end is refused, the search moves on half a piece at a
+    time: the piece runs on to the first cut that passes, and the pieces after it are cut as
+    before (one bad stretch used to leave the rest of the document one piece)."""
+    from raypack.text.cuts import MAX_TRIES, WINDOW
+
+    text = " ".join(f"w{i}" for i in range(8000))
+    bad = range(6000, 14000, 100)  # a window holding "¤" encodes otherwise whole than in two
+    text = "".join("¤" if i in bad and c != " " else c for i, c in enumerate(text))
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [[0] if "¤" in t else [ord(c) for c in t] for t in texts]
+
+    size = 8192
+    pieces, made, refused = cut_text(text, size, CutRule("before", ""), encode)
+    assert "".join(pieces) == text
+    # Refused in (4K, 8K), (8K, 12K) and (12K, 16K); a cut passes once its window starts past 14K.
+    assert 14_000 + WINDOW < len(pieces[0]) < 20_480 and refused == 3 * MAX_TRIES
+    assert all(len(p) <= size for p in pieces[1:]) and made == len(pieces) - 1 >= 2
 
 
 @pytest.mark.parametrize("shape", ["mistral_v1", "mistral_v1_metaspace", "tokenizer_path"])

@@ -169,7 +169,7 @@ class Totals:
         tokenizer does (an NFKC change, a Metaspace text that starts with a space): tokenizers'."""
         self.cuts = self.cuts_refused = self.long_whole = 0
         """Where long texts were cut for encoding, the candidate cuts a check refused, and the long
-        texts (or their rests) encoded whole."""
+        texts with a piece over PIECE_CHARS (encoded whole, or no cut passed near a piece's end)."""
         self.long_texts: int | None = 0
         """Texts over PIECE_CHARS (encoded in pieces where they could be cut); None where a unit
         from a token store entry written before they were counted has some unknown number."""
