@@ -480,13 +480,13 @@ def test_records_over_the_size_limit_are_rejected_without_being_held(tmp_path: P
     docs, rejects = read_all(path, max_document_bytes=limit)
     assert [(d[0], d[2]) for d in docs] == [(1, "a"), (3, near)]
     size = len(json.dumps({"text": over}))
-    reason = f"record of {size} bytes, over input.max_document_bytes ({limit})"
+    reason = f"record of {size:,} bytes, over input.max_document_bytes ({limit:,})"
     assert rejects == [(2, reason), (4, reason)]
     text = tmp_path / "big.txt"
     text.write_text(over)
     docs, rejects = read_all(text, fmt="text", max_document_bytes=limit)
     assert docs == [] and rejects == [
-        (0, f"file of {len(over)} bytes, over input.max_document_bytes ({limit})")
+        (0, f"file of {len(over):,} bytes, over input.max_document_bytes ({limit:,})")
     ]
 
 

@@ -85,7 +85,7 @@ def test_every_kind_of_bad_jsonl_record_is_a_reject_and_every_good_token_is_pack
         "empty document",
         "whitespace-only document",
         "not a JSON object but list",
-        "record of 20012 bytes, over input.max_document_bytes (10000)",
+        "record of 20,012 bytes, over input.max_document_bytes (10,000)",
         "unpaired surrogate escape in the JSON (half a surrogate pair",
         "unpaired surrogate escape in the JSON (half a surrogate pair",
     ]
@@ -380,11 +380,14 @@ def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
     reasons = [
         "invalid UTF-8 at byte 13",
         "invalid UTF-8 at byte 4107",
-        "record of 20012 bytes, over input.max_document_bytes (10000)",
+        "record of 20,012 bytes, over input.max_document_bytes (10,000)",
         "chat template /tmp/run-154/model0/tokenizer_config.json: 'dict object' has no attribute 'content'",
         "message 0 of 'messages' is not an object with a string role",
         "message 12 of 'messages' is not an object with a string role",
         "a UTF-16 thing at 2.5%",
+        "text of 600 bytes, over input.max_document_bytes (500)",
+        "text of 1,234,567 bytes, over input.max_document_bytes (1,000)",
+        "values 1,2 and 3",
         "no trained token (pack.loss assistant: no assistant turn)",
         "column 'url' is list<element: string>, not a string (input.metadata_fields)",
     ]
@@ -396,6 +399,8 @@ def test_rejects_grouped_by_kind_keep_the_numbers_of_names_and_paths() -> None:
         "invalid UTF-8 at byte N": 2,
         "message N of 'messages' is not an object with a string role": 2,
         "record of N bytes, over input.max_document_bytes (N)": 1,
+        "text of N bytes, over input.max_document_bytes (N)": 2,  # a size with separators or without
+        "values N,N and N": 1,  # a list, not thousands
     }
 
 

@@ -41,7 +41,7 @@ def document(
             len(chat) > reading.max_document_bytes
         ):  # parquet: a cell over the limit (jsonl lines never get here)
             limit = reading.max_document_bytes
-            why = f"conversation of {len(chat)} characters, over input.max_document_bytes ({limit})"
+            why = f"conversation of {len(chat):,} characters, over input.max_document_bytes ({limit:,})"
             batch.rejects.append(Reject.bad(row, why, raw))
             return None
         return _with_id(record, row, reading, default_id, batch, raw, chat)

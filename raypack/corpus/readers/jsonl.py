@@ -39,7 +39,7 @@ def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_
         for lineno, line in _lines(_chunks(fs, inner, shard), limit, shard.first_row):
             last = lineno
             if isinstance(line, Oversize):
-                reason = f"record of {line.size} bytes, over input.max_document_bytes ({limit})"
+                reason = f"record of {line.size:,} bytes, over input.max_document_bytes ({limit:,})"
                 batch.rejects.append(Reject.bad(lineno, reason, line.prefix))
                 continue
             if lineno == 1 and line[:3] == BOM:  # the file's first line: a BOM is no part of the JSON

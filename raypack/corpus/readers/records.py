@@ -152,9 +152,10 @@ def one_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-# A number that stands alone ("byte 13", "(4096)", "22.5%"), not one inside a word or a path:
-# UTF-8 stays UTF-8, and /tmp/run-154/model0/ stays as it is.
-_NUMBER = re.compile(r"(?<![\w/.-])\d+(?:\.\d+)?(?![\w/-])")
+# A number that stands alone ("byte 13", "(4,096)", "22.5%"), not one inside a word or a path:
+# UTF-8 stays UTF-8, and /tmp/run-154/model0/ stays as it is. Thousands separators are part of it
+# (a size written "3,600" and one written "600" are one kind).
+_NUMBER = re.compile(r"(?<![\w/.-])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w/-])")
 
 
 # The kinds of rejects (reason_counts) that stand for no record: a document of the index whose

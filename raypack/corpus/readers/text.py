@@ -37,7 +37,7 @@ def read(fs: pafs.FileSystem, inner: str, shard: Shard, reading: Reading, batch_
         return
     if size:
         batch.rejects.append(
-            Reject.bad(0, f"file of {size} bytes, over input.max_document_bytes ({limit})", data)
+            Reject.bad(0, f"file of {size:,} bytes, over input.max_document_bytes ({limit:,})", data)
         )
     else:
         try:
