@@ -261,7 +261,8 @@ def test_convert_moves_the_masks_between_forms_and_refuses_maskless_formats(
 
 def test_reading_chat_records_rejects_what_is_not_a_conversation(corpus: Path) -> None:
     """read_unit alone: every record of a shard becomes a Chat or a reject with its reason, a parquet
-    cell over input.max_document_bytes included."""
+    row over input.max_document_bytes included: measured as a JSONL line of it is, the record as
+    JSON in UTF-8 bytes (not the characters of its contents alone)."""
     from raypack.config import InputConfig
     from raypack.corpus.files import input_files
     from raypack.corpus.readers import read_unit
@@ -281,8 +282,11 @@ def test_reading_chat_records_rejects_what_is_not_a_conversation(corpus: Path) -
     jsonl_docs, jsonl_reasons = by_file["a.jsonl"]
     assert jsonl_docs + len(jsonl_reasons) == N + len(BAD)  # jsonl lines over the limit are rejected unread
     parquet_docs, parquet_reasons = by_file["c.parquet"]
-    assert parquet_reasons and all("over input.max_document_bytes (600)" in r for r in parquet_reasons)
-    assert parquet_docs + len(parquet_reasons) == pq.read_metadata(corpus / "c.parquet").num_rows
+    rows = pq.read_table(corpus / "c.parquet").to_pylist()
+    sizes = [len(json.dumps(r, ensure_ascii=False).encode()) for r in rows]
+    over = sorted(f"record of {n:,} bytes, over input.max_document_bytes (600)" for n in sizes if n > 600)
+    assert parquet_reasons and sorted(parquet_reasons) == over
+    assert parquet_docs + len(parquet_reasons) == len(rows)
 
 
 def _data_files(out: Path) -> dict[str, bytes]:

@@ -37,11 +37,11 @@ def document(
         chat = chat_record(record, row, reading, batch, raw)
         if chat is None:
             return None
-        if (
-            len(chat) > reading.max_document_bytes
-        ):  # parquet: a cell over the limit (jsonl lines never get here)
-            limit = reading.max_document_bytes
-            why = f"conversation of {len(chat):,} characters, over input.max_document_bytes ({limit:,})"
+        # A Parquet or Dataset row over the limit (a JSONL line is measured as it is read): the
+        # record as JSON (its reader's raw), in UTF-8 bytes, as a JSONL line of it would be.
+        limit = reading.max_document_bytes
+        if isinstance(raw, str) and len(raw) * 4 > limit and (size := _utf8_bytes(raw)) > limit:
+            why = f"record of {size:,} bytes, over input.max_document_bytes ({limit:,})"
             batch.rejects.append(Reject.bad(row, why, raw))
             return None
         return _with_id(record, row, reading, default_id, batch, raw, chat)
@@ -69,11 +69,15 @@ def document(
     # A Parquet cell or a Dataset's row over the limit (jsonl lines never get here): its UTF-8 bytes,
     # encoded only where its characters could be that many (a character is at most 4 bytes).
     limit = reading.max_document_bytes
-    if len(text) * 4 > limit and (size := len(text.encode("utf-8", "surrogatepass"))) > limit:
+    if len(text) * 4 > limit and (size := _utf8_bytes(text)) > limit:
         reason = f"text of {size:,} bytes, over input.max_document_bytes ({limit:,})"
         batch.rejects.append(Reject.bad(row, reason, raw))
         return None
     return _with_id(record, row, reading, default_id, batch, raw, text)
+
+
+def _utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _joined(record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: Raw) -> str | None:

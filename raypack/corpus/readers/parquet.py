@@ -10,6 +10,7 @@ of them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -117,7 +118,9 @@ def record_batch_documents(record_batch: pa.RecordBatch, row: int, reading: Read
     batch = Batch()
     if reading.chat:  # conversations: a Python object a record (the template renders them anyway)
         for rec in record_batch.to_pylist():
-            doc = document(rec, row, reading, f"{relpath}:{row}", batch, str(rec)[:1000])
+            # Its raw: the record as JSON, what the size limit measures and a reject shows.
+            raw = json.dumps(rec, ensure_ascii=False, default=str)
+            doc = document(rec, row, reading, f"{relpath}:{row}", batch, raw)
             if doc is not None:
                 batch.add(row, doc[0], doc[1], meta=doc[2])
             row += 1
