@@ -19,7 +19,7 @@ import numpy as np
 
 from raypack.config import JobConfig
 from raypack.corpus.readers import Batch
-from raypack.corpus.readers.records import reasons_text
+from raypack.corpus.readers.records import reasons_text, reject_advice
 from raypack.corpus.sample import Drawn
 from raypack.errors import ConfigError
 from raypack.text.backends import Choice
@@ -232,8 +232,7 @@ def describe(sample: CorpusSample, source: str, max_reject_ratio: float | None =
     if max_reject_ratio is not None and records and sample.rejected / records > max_reject_ratio:
         lines.append(
             f"warning: the job would fail: {sample.rejected / records:.2%} of the records rejected, over "
-            f"input.max_reject_ratio ({max_reject_ratio:.2%}); most such corpora have a wrong "
-            "input.format or text field"
+            f"input.max_reject_ratio ({max_reject_ratio:.2%}); {reject_advice(sample.reasons)}"
         )
     scale = d.scale
     if d.whole:

@@ -64,9 +64,14 @@ def _count(n: int, noun: str) -> str:
 
 
 def _rejects_line(kinds: dict[str, int]) -> str:
-    records = {k: n for k, n in kinds.items() if not k.startswith(CUT_KINDS)}
+    """Rejected records by kind, the most frequent first (as the job's messages and the report
+    give them), each apart by "; " (a kind may hold commas: "record of N bytes, over ..."); then
+    the documents the packing cut."""
+    records = sorted(
+        ((k, n) for k, n in kinds.items() if not k.startswith(CUT_KINDS)), key=lambda kn: (-kn[1], kn[0])
+    )
     cut = {k: n for k, n in kinds.items() if k.startswith(CUT_KINDS)}
-    parts = [", ".join(f"{kind}: {n:,}" for kind, n in records.items())] if records else []
+    parts = ["; ".join(f"{kind}: {n:,}" for kind, n in records)] if records else []
     if cut:
         listed = ", ".join(f"{kind}: {n:,}" for kind, n in cut.items())
         parts.append(f"documents packed in part or not at all: {listed}")

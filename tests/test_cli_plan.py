@@ -418,8 +418,8 @@ def test_plan_from_a_config_prints_the_sample_and_the_sweep(
     assert " from 7 of 7 files " in out[0]
     assert out[1].startswith("tokenized as the job would, by fastokens")
     assert out[2] == (
-        "rejected as the job would: 5 records: empty document (1), malformed JSON (1), missing text "
-        "field 'text' (1), text field 'text' is int, not a string (1), whitespace-only document (1)"
+        "rejected as the job would: 5 records: empty document (1); malformed JSON (1); missing text "
+        "field 'text' (1); text field 'text' is int, not a string (1); whitespace-only document (1)"
     )
     assert out[3] == "the whole corpus was read: the counts below are the corpus's"
     rows = [line.split() for line in out[7:]]

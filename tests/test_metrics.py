@@ -93,12 +93,19 @@ def test_the_summary_tells_rejected_records_from_documents_the_packing_cut() -> 
     cut = "documents packed in part or not at all: overflow drop: 3, decompose: 2"
     want = f"rejects              empty document: 1; {cut}"
     assert want in text, text
+    # Kinds apart by "; " (a kind may hold commas), the most frequent first.
+    size = "record of N bytes, over input.max_document_bytes (N)"
+    reasons = {"empty document": 1, "malformed JSON": 4, size: 4, "overflow drop": 3}
+    text = format_summary(dataclasses.replace(result, rejected_records=9, reject_reasons=reasons))
+    want = f"rejects              malformed JSON: 4; {size}: 4; empty document: 1; documents packed in"
+    assert want in text, text
 
 
 def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None:
     """The tokenizer line in words: 1 text, KiB under a MiB, segments of long texts apart; of long
     texts, how many there were, where they were cut and checked (only where a cut was made), how
-    have a piece longer (no cut passed near its end), and why."""
+    many have a piece over 1 MiB (no cut passed near its end), and why; a manifest written before
+    long_pieces gives its encoded_whole."""
     import dataclasses
 
     backend = {
@@ -106,7 +113,7 @@ def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None
         "reason": "ids equal to tokenizers",
         "checked_in_run": {"texts": 1, "segments": 0, "bytes": 3_000},
         "failovers": [],
-        "long_texts": {"texts": 2, "cuts": 1, "cuts_refused": 0, "encoded_whole": 1, "rule": "before: p"},
+        "long_texts": {"texts": 2, "cuts": 1, "cuts_refused": 2, "long_pieces": 1, "rule": "before: p"},
     }
     record = _record(compute_metrics(pack([7], 8, "bfd")))
     text = format_summary(dataclasses.replace(record, backend=backend))
@@ -114,18 +121,20 @@ def test_the_backend_line_counts_in_words_and_sizes_under_a_mib_in_kib() -> None
     assert (
         "; 2 texts over 1,048,576 characters encoded in pieces, cut at 1 place before spaces, each cut "
         "checked where it fell by the encoder of its pieces (the rule proven by tokenizers: p); 1 of "
-        "them with a longer piece, where no cut passed in the 524,288 characters before its end (no "
-        "space between two words): it runs on to the next cut that did, or to the text's end\n"
+        "them with a piece over 1,048,576 characters, as no cut passed in the 524,288 characters "
+        "before its end (no space between two words or 8 candidates refused by their checks; 2 "
+        "refusals in all): such a piece runs on to the next cut that passed, or to the text's end (a "
+        "text where none did is one piece)\n"
     ) in text, text
     backend["checked_in_run"] = {"texts": 0, "segments": 3, "bytes": 12_288}
     long = {"texts": 3, "cuts": 0, "cuts_refused": 1, "encoded_whole": 3, "rule": "before: p"}
     backend["long_texts"] = long
     text = format_summary(dataclasses.replace(record, backend=backend))
-    assert "; 0 texts and 3 segments of longer ones (12.0 KiB) re-checked with tokenizers" in text
+    assert "; 3 segments of long texts (12.0 KiB) re-checked with tokenizers" in text
     assert (
         "3 texts over 1,048,576 characters encoded whole, as no cut before spaces passed (no space "
-        "between two words, or 8 candidates refused (1 candidate in all), in each 524,288 characters "
-        "searched; the rule proven by tokenizers: p)\n"
+        "between two words or 8 candidates refused by their checks; 1 refusal in all; the rule "
+        "proven by tokenizers: p)\n"
     ) in text, text
 
 

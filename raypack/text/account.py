@@ -18,9 +18,13 @@ def backend_line(b: dict[str, Any]) -> str:
     line = f"{b['chosen']}: {b['reason']}"
     checked = b["checked_in_run"]
     if checked["texts"] or checked.get("segments"):
-        what = _count(checked["texts"], "text")
-        if checked.get("segments"):
-            what += f" and {_count(checked['segments'], 'segment')} of longer ones"
+        segments = checked.get("segments", 0)
+        if not segments:
+            what = _count(checked["texts"], "text")
+        elif checked["texts"]:
+            what = f"{_count(checked['texts'], 'text')} and {_count(segments, 'segment')} of longer ones"
+        else:
+            what = f"{_count(segments, 'segment')} of long texts"
         line += f"; {what} ({_size(checked['bytes'])}) re-checked with tokenizers in the run"
     routed = b.get("routed_to_tokenizers") or {}
     if routed.get("texts"):
@@ -31,7 +35,7 @@ def backend_line(b: dict[str, Any]) -> str:
     if b["failovers"]:
         line += f"; FAILED OVER to tokenizers: {b['failovers'][0]}"
     long = b.get("long_texts") or {}
-    if long.get("cuts") or long.get("encoded_whole"):
+    if long.get("cuts") or _long_pieces(long):
         line += "; " + _long_texts_line(long)
     if long.get("units_unrecorded"):
         line += (
@@ -39,6 +43,12 @@ def backend_line(b: dict[str, Any]) -> str:
             "long texts' cuts: theirs are not counted"
         )
     return line
+
+
+def _long_pieces(long: dict[str, Any]) -> int:
+    """Texts with a piece over PIECE_CHARS (`encoded_whole` in manifests written before 2026-12-02,
+    when a text's rest was one piece from where no cut was found)."""
+    return int(long.get("long_pieces", long.get("encoded_whole", 0)))
 
 
 def _long_texts_line(long: dict[str, Any]) -> str:
@@ -55,21 +65,20 @@ def _long_texts_line(long: dict[str, Any]) -> str:
     refused = long["cuts_refused"]
     why = "no space between two words"
     if refused:
-        why += f", or {MAX_TRIES} candidates refused ({_count(refused, 'candidate')} in all)"
+        why += f" or {MAX_TRIES} candidates refused by their checks; {_count(refused, 'refusal')} in all"
     half = f"{PIECE_CHARS // 2:,} characters"
     rule = f"the rule proven by tokenizers: {proof}"
     if not long["cuts"]:
-        why += f", in each {half} searched"
         return f"{texts} encoded whole, as no cut {where[name]} passed ({why}; {rule})"
     line = (
         f"{texts} encoded in pieces, cut at {_count(long['cuts'], 'place')} {where[name]}, each cut checked "
         f"where it fell by the encoder of its pieces ({rule})"
     )
-    whole = long["encoded_whole"]
-    if whole:
+    if longer := _long_pieces(long):
         line += (
-            f"; {whole:,} of them with a longer piece, where no cut passed in the {half} before its end "
-            f"({why}): it runs on to the next cut that did, or to the text's end"
+            f"; {longer:,} of them with a piece over {PIECE_CHARS:,} characters, as no cut passed in the "
+            f"{half} before its end ({why}): such a piece runs on to the next cut that passed, or to "
+            "the text's end (a text where none did is one piece)"
         )
     return line
 

@@ -227,7 +227,7 @@ def test_a_repack_reports_the_cuts_its_stored_tokens_went_through(
         "texts": None,
         "cuts": 0,
         "cuts_refused": 0,
-        "encoded_whole": 0,
+        "long_pieces": 0,
         "units_unrecorded": 1,
     }
 

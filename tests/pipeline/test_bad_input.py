@@ -126,8 +126,8 @@ def test_too_many_rejects_fail_the_job_with_one_line(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (
         "raypack: job failed: 5 of 100 records rejected (5.00%), over input.max_reject_ratio (1.00%): "
-        f"malformed JSON (5); see {tmp_path / 'out' / 'rejects'} (most such corpora have a wrong "
-        "input.format or text field), or raise the limit"
+        f"malformed JSON (5). See {tmp_path / 'out' / 'rejects'}: most such corpora have a wrong "
+        "input.format or text field; or raise input.max_reject_ratio"
     )
     out = tmp_path / "out"
     assert not (out / "manifest.json").exists() and not (out / "_staging").exists()
@@ -426,7 +426,17 @@ def test_a_reject_limit_names_how_many_kinds_it_does_not_show(tmp_path: Path) ->
     totals = SimpleNamespace(documents=1, rejected_records=15, reasons=reasons, lost_files=0)
     with pytest.raises(JobError) as caught:
         check_rejects(cfg, totals)  # type: ignore[arg-type]
-    assert "a (5), b (4), c (3) and 2 more kinds; see" in str(caught.value)
+    assert "a (5); b (4); c (3) and 2 more kinds. See" in str(caught.value)
+    # Where records over the size limit lead, the advice is that limit, not the reading.
+    size = "record of N bytes, over input.max_document_bytes (N)"
+    totals.reasons = {size: 9, "malformed JSON": 2}
+    with pytest.raises(JobError) as caught:
+        check_rejects(cfg, totals)  # type: ignore[arg-type]
+    assert (
+        f"{size} (9); malformed JSON (2). See {tmp_path / 'rejects'}: most are over "
+        "input.max_document_bytes (268,435,456): raise it where such records are wanted; or raise "
+        "input.max_reject_ratio"
+    ) in str(caught.value), caught.value
 
 
 def test_the_report_shows_rejected_records_before_documents_overflow_dropped(
@@ -448,7 +458,7 @@ def test_the_report_shows_rejected_records_before_documents_overflow_dropped(
     examples = page[page.index("The first 10:") :]
     assert examples.index("empty document") < examples.index("overflow drop: longer than seq_len (16)")
     # The reject gate counts records, and names their reasons only.
-    with pytest.raises(JobError, match=r"1 of 14 records rejected \(7\.14%\), .*: empty document \(1\); see"):
+    with pytest.raises(JobError, match=r"1 of 14 records rejected \(7\.14%\), .*: empty document \(1\)\. See"):
         run_job(
             load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack))),
             overwrite=True,

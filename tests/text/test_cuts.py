@@ -243,7 +243,7 @@ def test_a_job_with_mistrals_tokenizer_packs_long_documents_exactly(
     assert packed["a.jsonl:5"] == whole(tok, "short text 3")
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     long_texts = manifest["tokenizer"]["backend"]["long_texts"]
-    assert long_texts["cuts"] >= 2 and long_texts["encoded_whole"] == 0 and long_texts["texts"] == 1
+    assert long_texts["cuts"] >= 2 and long_texts["long_pieces"] == 0 and long_texts["texts"] == 1
     assert long_texts["rule"].startswith("dropped: ")
     assert manifest["tokenizer"]["backend"]["chosen"].startswith("fastokens ")
     assert record is not None

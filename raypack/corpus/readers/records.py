@@ -30,6 +30,7 @@ __all__ = [
     "one_line",
     "raw_prefix",
     "reason_counts",
+    "reject_advice",
 ]
 
 RAW_PREFIX = 200
@@ -173,14 +174,25 @@ def reason_counts(reasons: list[str]) -> dict[str, int]:
 
 def reasons_text(kinds: dict[str, int], most: int | None = None) -> str:
     """Rejects by kind as the job's messages give them, the most frequent first, ties by name (the
-    same words whatever order the units finished in): "empty document (12), malformed JSON (1)";
-    past `most` kinds, how many more there are (not a hidden kind: they are in rejects/)."""
+    same words whatever order the units finished in), apart by "; " (a kind may hold commas):
+    "empty document (12); malformed JSON (1)"; past `most` kinds, how many more there are (not a
+    hidden kind: they are in rejects/)."""
     common = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
-    text = ", ".join(f"{kind} ({n:,})" for kind, n in common[:most]) or "none"
+    text = "; ".join(f"{kind} ({n:,})" for kind, n in common[:most]) or "none"
     if most is not None and len(common) > most:
         more = len(common) - most
         text += f" and {more} more kind{'s' if more > 1 else ''}"
     return text
+
+
+def reject_advice(kinds: dict[str, int], limit: int | None = None) -> str:
+    """What to change where too many records were rejected: the size limit where records over it
+    are the most frequent kind, else the reading (most corpora that fail so are read wrong)."""
+    common = min(kinds.items(), key=lambda kv: (-kv[1], kv[0]), default=("", 0))[0]
+    if "over input.max_document_bytes" in common:
+        now = f" ({limit:,})" if limit is not None else ""
+        return f"most are over input.max_document_bytes{now}: raise it where such records are wanted"
+    return "most such corpora have a wrong input.format or text field"
 
 
 def _kind(reason: str) -> str:

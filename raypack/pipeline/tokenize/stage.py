@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from raypack.config import JobConfig
 from raypack.corpus.readers import read_unit
-from raypack.corpus.readers.records import CUT_KINDS, reasons_text
+from raypack.corpus.readers.records import CUT_KINDS, reasons_text, reject_advice
 from raypack.corpus.units import WorkUnit
 from raypack.dataset import previous
 from raypack.dataset.failover import remember_failover, remembered_failover
@@ -112,7 +112,7 @@ class Tokenized:
                 "texts": totals.long_texts,
                 "cuts": totals.cuts,
                 "cuts_refused": totals.cuts_refused,
-                "encoded_whole": totals.long_whole,
+                "long_pieces": totals.long_whole,
                 # Units from token store entries older than this record: their cuts are not known.
                 "units_unrecorded": totals.long_unrecorded,
             },
@@ -483,9 +483,8 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     if previous.held(cfg.output.path):  # the dataset this job was to replace comes back, rejects/ too
         where = f"{join(cfg.output.path, previous.FAILED_REJECTS)} (the dataset there before is kept)"
     # The records' reasons: not those of documents packed in part or not at all (they stand for none).
-    top = reasons_text(
-        {k: n for k, n in reasons.items() if not k.startswith(CUT_KINDS)}, most=REJECT_EXAMPLES
-    )
+    records_by_kind = {k: n for k, n in reasons.items() if not k.startswith(CUT_KINDS)}
+    top = reasons_text(records_by_kind, most=REJECT_EXAMPLES)
     if documents == 0 and rejects == 0:
         raise JobError("no documents to pack: the input holds no records")
     if documents == 0:
@@ -494,15 +493,14 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
         raise JobError(
             f"{totals.lost_files:,} input file{'s' if totals.lost_files != 1 else ''} could not be read "
             "whole (unreadable, or no readable text "
-            f"column), over input.max_lost_files ({cfg.input.max_lost_files:,}); rejects by reason: {top}; "
-            f"see {where} "
-            "for each file, or allow them with input.max_lost_files"
+            f"column), over input.max_lost_files ({cfg.input.max_lost_files:,}); rejects by reason: {top}. "
+            f"See {where} for each file, or allow them with input.max_lost_files"
         )
     if ratio > cfg.input.max_reject_ratio:
         raise JobError(
             f"{rejects:,} of {records:,} records rejected ({ratio:.2%}), over input.max_reject_ratio "
-            f"({cfg.input.max_reject_ratio:.2%}): {top}; see {where} (most such corpora have a wrong "
-            "input.format or text field), or raise the limit"
+            f"({cfg.input.max_reject_ratio:.2%}): {top}. See {where}: "
+            f"{reject_advice(records_by_kind, cfg.input.max_document_bytes)}; or raise input.max_reject_ratio"
         )
 
 
