@@ -458,7 +458,8 @@ def test_the_report_shows_rejected_records_before_documents_overflow_dropped(
     examples = page[page.index("The first 10:") :]
     assert examples.index("empty document") < examples.index("overflow drop: longer than seq_len (16)")
     # The reject gate counts records, and names their reasons only.
-    with pytest.raises(JobError, match=r"1 of 14 records rejected \(7\.14%\), .*: empty document \(1\)\. See"):
+    gate = r"1 of 14 records rejected \(7\.14%\), .*: empty document \(1\)\. See"
+    with pytest.raises(JobError, match=gate):
         run_job(
             load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack=pack))),
             overwrite=True,
