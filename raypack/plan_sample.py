@@ -193,9 +193,7 @@ def _encode(
         if not len(batch):
             out.append((np.zeros(0, np.int64), []))
             continue
-        _, lengths, why = encode_batch(
-            tok, cfg, template, batch.texts, chat, encoder, coder, checker, [0, 0, 0]
-        )
+        _, lengths, why = encode_batch(tok, cfg, template, batch.texts, chat, encoder, coder, checker)
         out.append((lengths, why))
     return out
 

@@ -351,6 +351,20 @@ def chat_job(tmp_path: Path) -> Path:
     )
 
 
+@pytest.fixture
+def long_job(tmp_path: Path, tokenizer_path: Path) -> Path:
+    """Texts over 1 MiB of characters among short ones: the job encodes them in pieces, cut where
+    its rule proven for the tokenizer allows (raypack.text.cuts), and so must a sample."""
+    import random
+
+    from tests.conftest import random_text
+
+    corpus = make_corpus(tmp_path, shards=3, docs_per_shard=30, seed=5)
+    rng = random.Random(6)
+    write_jsonl(corpus / "long.jsonl", [{"text": random_text(rng, 200_000)} for _ in range(2)])
+    return job_config(tmp_path, f"{corpus}/*", tokenizer_path, pack={"seq_len": 512, "overflow": "split"})
+
+
 def _packed(config: Path) -> tuple[dict[str, int], dict[str, int]]:
     """Each document's length in the dataset the job writes (its index), and its rejects by kind."""
     import raypack
@@ -365,7 +379,7 @@ def _packed(config: Path) -> tuple[dict[str, int], dict[str, int]]:
     return {r["doc_id"]: r["length"] for r in index}, reason_counts(reasons)
 
 
-@pytest.mark.parametrize("kind", ["plain", "split", "chat"])
+@pytest.mark.parametrize("kind", ["plain", "split", "chat", "long"])
 def test_a_corpus_sample_has_the_lengths_the_job_packs(kind: str, request: pytest.FixtureRequest) -> None:
     """Each sampled document's length is its length in the job's dataset (BOS/EOS, the chat
     template, the backend as the job's); read whole, the sample is the job's documents and rejects."""

@@ -202,9 +202,10 @@ class InputConfig:
     are ~40 MB of text, about a second of a core's tokenizing."""
     max_document_bytes: int = 256 << 20
     """A record larger than this many bytes is rejected: a JSONL line or a text file unread, a
-    Parquet or Dataset text by its UTF-8 bytes, a conversation there as the JSON of its record.
-    Below it, a long document is tokenized piece by piece and split into packs: 256 MiB is ~60M
-    tokens."""
+    Parquet or Dataset text by its UTF-8 bytes, a conversation there as the JSON of its record
+    (UTF-8, no escapes, Parquet's null struct fields included: a JSONL line of it may differ by a
+    few bytes). Below it, a long document is tokenized piece by piece and split into packs: 256 MiB
+    is ~60M tokens."""
     max_reject_ratio: float = 0.01
     """The job fails, with nothing written but rejects/, when rejected records / (documents +
     rejected records) is over this: a corpus that is mostly bad usually means a wrong input.format

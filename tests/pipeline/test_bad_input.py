@@ -239,9 +239,8 @@ def test_a_job_where_every_record_is_bad_says_so(tmp_path: Path, tokenizer_path:
     corpus.mkdir()
     write_jsonl(corpus / "a.jsonl", [{"txt": "wrong field"}] * 3)
     cfg = load_config(str(job_config(tmp_path, f"{corpus}/*", tokenizer_path)))
-    with pytest.raises(
-        JobError, match=r"no documents to pack: 3 records rejected: missing text field 'text' \(3\)"
-    ):
+    said = r"no documents to pack: 3 records rejected: missing text field 'text' \(3\)\. See .*: most such"
+    with pytest.raises(JobError, match=said):
         run_job(cfg, log=quiet)
     # Its rejects stay, for the user to look at; no unit index, which no dataset holds.
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rejects"]
@@ -436,6 +435,14 @@ def test_a_reject_limit_names_how_many_kinds_it_does_not_show(tmp_path: Path) ->
         f"{size} (9); malformed JSON (2). See {tmp_path / 'rejects'}: most are over "
         "input.max_document_bytes (268,435,456): raise it where such records are wanted; or raise "
         "input.max_reject_ratio"
+    ) in str(caught.value), caught.value
+    # The commonest kind, but not most of them: the reading is the likelier cause, the limit named.
+    totals.reasons = {size: 9, "malformed JSON": 6, "missing text field 'text'": 6}
+    with pytest.raises(JobError) as caught:
+        check_rejects(cfg, totals)  # type: ignore[arg-type]
+    assert (
+        "most such corpora have a wrong input.format or text field; 9 of the records are over "
+        "input.max_document_bytes (268,435,456); or raise input.max_reject_ratio"
     ) in str(caught.value), caught.value
 
 

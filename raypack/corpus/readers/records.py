@@ -186,13 +186,17 @@ def reasons_text(kinds: dict[str, int], most: int | None = None) -> str:
 
 
 def reject_advice(kinds: dict[str, int], limit: int | None = None) -> str:
-    """What to change where too many records were rejected: the size limit where records over it
-    are the most frequent kind, else the reading (most corpora that fail so are read wrong)."""
-    common = min(kinds.items(), key=lambda kv: (-kv[1], kv[0]), default=("", 0))[0]
-    if "over input.max_document_bytes" in common:
-        now = f" ({limit:,})" if limit is not None else ""
+    """What to change where too many records were rejected: the size limit where more than half of
+    them are over it, else the reading (most corpora that fail so are read wrong), naming how many
+    are over the limit where some are."""
+    over = sum(n for kind, n in kinds.items() if "over input.max_document_bytes" in kind)
+    now = f" ({limit:,})" if limit is not None else ""
+    if over * 2 > sum(kinds.values()):
         return f"most are over input.max_document_bytes{now}: raise it where such records are wanted"
-    return "most such corpora have a wrong input.format or text field"
+    advice = "most such corpora have a wrong input.format or text field"
+    if over:
+        advice += f"; {over:,} of the records are over input.max_document_bytes{now}"
+    return advice
 
 
 def _kind(reason: str) -> str:

@@ -488,7 +488,8 @@ def check_rejects(cfg: JobConfig, totals: Totals) -> None:
     if documents == 0 and rejects == 0:
         raise JobError("no documents to pack: the input holds no records")
     if documents == 0:
-        raise JobError(f"no documents to pack: {rejects:,} records rejected: {top} (see {where})")
+        advice = reject_advice(records_by_kind, cfg.input.max_document_bytes)
+        raise JobError(f"no documents to pack: {rejects:,} records rejected: {top}. See {where}: {advice}")
     if totals.lost_files > cfg.input.max_lost_files:
         raise JobError(
             f"{totals.lost_files:,} input file{'s' if totals.lost_files != 1 else ''} could not be read "
