@@ -182,7 +182,7 @@ class TokenizeShards:
         docs: list[pa.Table] = []
         meta: list[tuple[Any, ...]] = []
         self._trained = 0
-        self._cuts = [0, 0, 0, 0]  # long texts: cuts made, refused, rests whole, texts (text.cuts)
+        self._cuts = [0, 0, 0, 0]  # long texts (text.cuts): cuts, refused, with a piece over 1 MiB, texts
         # The rejects count is known only at the end: it goes on the last, empty record batch.
         with (
             whole_output(path, self.storage, self.run) as sink,
