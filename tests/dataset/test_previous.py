@@ -103,7 +103,7 @@ def test_pack_overwrite_that_fails_leaves_the_dataset_it_was_to_replace(
         capsys.readouterr()
         code = main(["pack", str(cfg), "--overwrite", "--quiet", "--set", "input.max_reject_ratio=0.01"])
         err = capsys.readouterr().err
-        assert code != 0 and f"see {out / 'rejects.failed'} (the dataset there before is kept)" in err, err
+        assert code != 0 and f"See {out / 'rejects.failed'} (the dataset there before is kept)" in err, err
         after = files_of(out)
         failed = {k: v for k, v in after.items() if k.startswith("rejects.failed/")}
         assert failed and {k: v for k, v in after.items() if k not in failed} == before
