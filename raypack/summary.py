@@ -12,7 +12,7 @@ from raypack.metrics import PackingMetrics, slots_line
 from raypack.mixture import SOURCE_HEADER, source_cells
 from raypack.pipeline.job import JobResult
 from raypack.pipeline.rebuild import RebuildResult
-from raypack.text.account import backend_line
+from raypack.text.account import backend_line, counted
 from raypack.text.chat import chat_rows
 from raypack.text.tokenizer import guessed
 
@@ -35,7 +35,7 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
         ("output", result.output),
         (
             "documents",
-            f"{result.documents:,} ({_count(result.rejected_records, 'record')} rejected, see rejects/)"
+            f"{result.documents:,} ({counted(result.rejected_records, 'record')} rejected, see rejects/)"
             if result.rejected_records
             else f"{result.documents:,} (no record rejected)",
         ),
@@ -44,7 +44,10 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
         rows.append(("sample", trial))
     if result.lost_files:
         rows.append(
-            ("lost files", f"{_count(result.lost_files, 'input file')} unreadable whole or in part (allowed)")
+            (
+                "lost files",
+                f"{counted(result.lost_files, 'input file')} unreadable whole or in part (allowed)",
+            )
         )
     if result.reject_reasons:
         rows.append(("rejects", _rejects_line(result.reject_reasons)))
@@ -57,10 +60,6 @@ def _input_rows(result: JobResult) -> list[tuple[str, str]]:
             )
         )
     return rows
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n:,} {noun}{'s' if n != 1 else ''}"
 
 
 def _rejects_line(kinds: dict[str, int]) -> str:

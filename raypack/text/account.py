@@ -9,7 +9,7 @@ from typing import Any
 from raypack.text.cuts import MAX_TRIES
 from raypack.text.encode import PIECE_CHARS
 
-__all__ = ["backend_line"]
+__all__ = ["backend_line", "counted"]
 
 
 def backend_line(b: dict[str, Any]) -> str:
@@ -20,16 +20,16 @@ def backend_line(b: dict[str, Any]) -> str:
     if checked["texts"] or checked.get("segments"):
         segments = checked.get("segments", 0)
         if not segments:
-            what = _count(checked["texts"], "text")
+            what = counted(checked["texts"], "text")
         elif checked["texts"]:
-            what = f"{_count(checked['texts'], 'text')} and {_count(segments, 'segment')} of longer ones"
+            what = f"{counted(checked['texts'], 'text')} and {counted(segments, 'segment')} of longer ones"
         else:
-            what = f"{_count(segments, 'segment')} of long texts"
+            what = f"{counted(segments, 'segment')} of long texts"
         line += f"; {what} ({_size(checked['bytes'])}) re-checked with tokenizers in the run"
     routed = b.get("routed_to_tokenizers") or {}
     if routed.get("texts"):
         line += (
-            f"; {_count(routed['texts'], 'text')} ({_size(routed['bytes'])}) encoded by tokenizers: "
+            f"; {counted(routed['texts'], 'text')} ({_size(routed['bytes'])}) encoded by tokenizers: "
             "fastokens' copy of this tokenizer does not encode them as it does"
         )
     if b["failovers"]:
@@ -56,7 +56,7 @@ def _long_texts_line(long: dict[str, Any]) -> str:
     how many, where they were cut and by what rule, and how many have a piece over PIECE_CHARS (no
     cut passed near its end: it runs on to the next that did), and why."""
     known = long.get("texts")
-    texts = f"{_count(known, 'text')} over" if known else "texts over"
+    texts = f"{counted(known, 'text')} over" if known else "texts over"
     texts += f" {PIECE_CHARS:,} characters"
     name, _, proof = str(long["rule"]).partition(": ")
     where = {"dropped": "at spaces the next piece's ▁ stands for", "before": "before spaces"}
@@ -65,13 +65,13 @@ def _long_texts_line(long: dict[str, Any]) -> str:
     refused = long["cuts_refused"]
     why = "no space between two words"
     if refused:
-        why += f" or {MAX_TRIES} candidates refused by their checks; {_count(refused, 'refusal')} in all"
+        why += f" or {MAX_TRIES} candidates refused by their checks; {counted(refused, 'refusal')} in all"
     half = f"{PIECE_CHARS // 2:,} characters"
     rule = f"the rule proven by tokenizers: {proof}"
     if not long["cuts"]:
         return f"{texts} encoded whole, as no cut {where[name]} passed ({why}; {rule})"
     line = (
-        f"{texts} encoded in pieces, cut at {_count(long['cuts'], 'place')} {where[name]}, each cut checked "
+        f"{texts} encoded in pieces, cut at {counted(long['cuts'], 'place')} {where[name]}, each cut checked "
         f"where it fell by the encoder of its pieces ({rule})"
     )
     if longer := _long_pieces(long):
@@ -83,7 +83,8 @@ def _long_texts_line(long: dict[str, Any]) -> str:
     return line
 
 
-def _count(n: int, noun: str) -> str:
+def counted(n: int, noun: str) -> str:
+    """ "1 text", "2,048 texts": the summary's and the report's counts in words."""
     return f"{n:,} {noun}{'s' if n != 1 else ''}"
 
 

@@ -102,8 +102,8 @@ def check_cut(encode: Encode, rule: CutRule, text: str, at: int) -> bool:
 def cut_text(text: str, size: int, rule: CutRule | None, encode: Encode) -> tuple[list[str], int, int]:
     """`text` in pieces cut where it can be (each cut checked, check_cut): the pieces, the cuts
     made and the candidate cuts refused. A piece is at most `size` characters where a cut passes in
-    its last half; where none does, it runs on to the first half `size` after that holds one, and
-    without a rule, or from where no cut passes up to the text's end, it is the rest."""
+    its last half; where none does, it runs on to the first half piece after its end that holds
+    one, and without a rule, or from where no cut passes up to the text's end, it is the rest."""
     if rule is None or len(text) <= size:
         return [text], 0, 0
     cuts: list[int] = []

@@ -40,7 +40,7 @@ def document(
         # A Parquet or Dataset row over the limit (a JSONL line is measured as it is read): the
         # record as JSON (its reader's raw), in UTF-8 bytes, as a JSONL line of it would be.
         limit = reading.max_document_bytes
-        if isinstance(raw, str) and len(raw) * 4 > limit and (size := _utf8_bytes(raw)) > limit:
+        if isinstance(raw, str) and (size := _bytes_over(raw, limit)):
             why = f"record of {size:,} bytes, over input.max_document_bytes ({limit:,})"
             batch.rejects.append(Reject.bad(row, why, raw))
             return None
@@ -66,18 +66,22 @@ def document(
     if (empty := empty_reason(text, reading)) is not None:
         batch.rejects.append(Reject.bad(row, empty, raw))
         return None
-    # A Parquet cell or a Dataset's row over the limit (jsonl lines never get here): its UTF-8 bytes,
-    # encoded only where its characters could be that many (a character is at most 4 bytes).
+    # A Parquet cell or a Dataset's row over the limit (jsonl lines never get here).
     limit = reading.max_document_bytes
-    if len(text) * 4 > limit and (size := _utf8_bytes(text)) > limit:
+    if size := _bytes_over(text, limit):
         reason = f"text of {size:,} bytes, over input.max_document_bytes ({limit:,})"
         batch.rejects.append(Reject.bad(row, reason, raw))
         return None
     return _with_id(record, row, reading, default_id, batch, raw, text)
 
 
-def _utf8_bytes(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
+def _bytes_over(text: str, limit: int) -> int:
+    """`text`'s UTF-8 bytes where they are over `limit`, else 0: encoded only where its characters
+    could be that many (a character is at most 4 bytes)."""
+    if len(text) * 4 <= limit:
+        return 0
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > limit else 0
 
 
 def _joined(record: dict[str, object], row: int, reading: Reading, batch: Batch, raw: Raw) -> str | None:
